@@ -1,0 +1,176 @@
+/* libkvcache: the client library of kvcached.
+ *
+ * An engine connects to the node's kvcached daemon, registers the KV layout it
+ * uses as a pool, and then allocates, seals (publishes under a content hash),
+ * looks up, forks, copies-on-write and releases KV blocks. Blocks live in
+ * memory the daemon owns; the library maps it into this process, so
+ * kvc_block_ptr() gives a pointer the engine reads and writes directly, and
+ * every process of the same namespace sees the same bytes (zero copies).
+ *
+ * Conventions
+ * - Every function that can fail returns 0 or a count on success and a
+ *   negative error otherwise: -errno for a local or socket failure (-EPIPE,
+ *   -ECONNRESET, -ENOMEM, ...) or one of the KVC_E* codes below for an error
+ *   the daemon reported. kvc_strerror() names both; kvc_last_error() gives the
+ *   daemon's own message for the last call on a connection.
+ * - Output arrays are written only on success.
+ * - Batched calls are all-or-nothing: on error nothing changed in the daemon.
+ * - The library never prints and never aborts.
+ *
+ * Threads: a kvc_conn may be shared by threads; calls on it are serialized by
+ * an internal mutex (one request in flight per connection; use one connection
+ * per thread for parallelism). kvc_block_ptr() takes no lock.
+ *
+ * Handles: a kvc_block is an opaque 64-bit value (generation, pool, page and
+ * slot). A handle is valid while this connection holds a reference on it;
+ * once released, the daemon rejects it (KVC_ESTALE).
+ */
+#ifndef KVCACHE_H
+#define KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors reported by the daemon: -(1000 + the protocol's ErrorCode). */
+#define KVC_ERR_BASE 1000
+#define KVC_EINVAL (-1001)     /* malformed argument */
+#define KVC_ENOSPC (-1002)     /* pool full of held blocks, even after eviction */
+#define KVC_ENOENT (-1003)     /* no such pool */
+#define KVC_ESTALE (-1004)     /* stale, forged or foreign block handle */
+#define KVC_EPERM (-1005)      /* not allowed for this peer */
+#define KVC_EPROTO (-1006)     /* protocol violation; connection closed */
+#define KVC_EVERSION (-1007)   /* no common protocol version */
+#define KVC_EEXIST (-1008)     /* pool exists with another layout */
+#define KVC_E2BIG (-1009)      /* batch larger than the daemon's max_batch */
+#define KVC_EINTERNAL (-1010)  /* daemon bug */
+#define KVC_ESTATE (-1011)     /* block in the wrong state (e.g. sealed twice) */
+#define KVC_ESHUTDOWN (-1012)  /* daemon draining */
+
+typedef struct kvc_conn kvc_conn;
+typedef uint64_t kvc_block;
+
+/* A block content hash: 32 bytes (XXH3-128 fills 16 and zeroes the rest). */
+typedef struct kvc_hash {
+	uint8_t b[32];
+} kvc_hash;
+
+enum kvc_hash_algo {
+	KVC_HASH_SHA256 = 0,    /* default: prompts are adversarial input */
+	KVC_HASH_XXH3_128 = 1,  /* opt-in, for trusted deployments */
+};
+
+struct kvc_options {
+	const char *ns;           /* namespace (tenant); NULL or "" = "default" */
+	const char *client_name;  /* shown by `kvctl clients`; NULL = program name */
+};
+
+/* Resolves the daemon socket path the way the daemon, kvctl and kvbench do:
+ * $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock for root, else
+ * $XDG_RUNTIME_DIR/kvcached.sock, else /run/kvcached/kvcached.sock. Returns
+ * 0, or -ENAMETOOLONG if buf is too small. */
+int kvc_default_socket(char *buf, size_t len);
+
+/* Connects and says Hello. path NULL = kvc_default_socket(). opt may be NULL.
+ * On success *out owns the socket and every mapping; free with kvc_close(). */
+int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out);
+
+/* Closes the connection and unmaps everything; the daemon releases every
+ * reference the connection held (sealed blocks stay cached). NULL is fine.
+ * Pointers from kvc_block_ptr() are invalid afterwards. */
+void kvc_close(kvc_conn *c);
+
+struct kvc_pool_desc {
+	const char *name;         /* pool name; workers of one model share it */
+	uint32_t device;          /* device index (0 on the host backend) */
+	uint64_t block_bytes;     /* bytes of one KV block, >= 4096 */
+	uint32_t block_tokens;    /* tokens per block */
+	const char *dtype;        /* e.g. "fp16"; must match to share a pool */
+	const void *layout;       /* opaque layout description; must match */
+	size_t layout_len;
+};
+
+/* Registers (or joins) a pool. Returns the pool id (>= 0) or an error;
+ * KVC_EEXIST when the name exists with another layout. */
+int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d);
+
+/* Allocates n writable blocks (ref 1, held by this connection), evicting
+ * cached blocks in LRU order if needed. Returns n or KVC_ENOSPC. */
+int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out);
+
+/* Seals n full blocks under their hashes. out[i] is the block now held in
+ * place of blocks[i]: the same handle, or, when the hash was already cached
+ * (dedup), the existing block, and blocks[i] has been freed. out may alias
+ * blocks. Returns n. */
+int kvc_seal(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
+	     size_t n, kvc_block *out);
+
+/* Looks up a hash chain (head first) and returns the length k of the longest
+ * cached prefix; out[0..k) receive the blocks, each with a reference taken. */
+int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out);
+
+/* Drops one reference on each block. Sealed blocks whose count reaches 0 stay
+ * cached; unsealed ones are freed. List a chain head first: the daemon ages
+ * its tail first. Returns 0. */
+int kvc_release(kvc_conn *c, const kvc_block *blocks, size_t n);
+
+/* Takes another reference on each block (beam search, parallel sampling).
+ * out[i] == blocks[i]; each needs its own kvc_release(). Returns n. */
+int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
+
+/* Copy-on-write: for each block, a writable block only this connection holds
+ * with the same contents. A block already writable with a single reference is
+ * returned as is; otherwise a new block is allocated, the bytes copied and the
+ * reference on blocks[i] dropped. Returns n or KVC_ENOSPC. */
+int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
+
+/* The block's address in this process, or NULL for a handle whose pool or
+ * segment this connection has not seen. Valid until kvc_close(). Lock-free. */
+void *kvc_block_ptr(kvc_conn *c, kvc_block b);
+
+/* Bytes of one block of the pool, or 0 for an unknown pool. */
+uint64_t kvc_pool_block_bytes(kvc_conn *c, int pool);
+
+/* The daemon's message for the last failed call on c ("" if none). Valid
+ * until the next call on c. */
+const char *kvc_last_error(kvc_conn *c);
+
+/* A static description of an error code returned by this library. */
+const char *kvc_strerror(int err);
+
+/* --- Block hashes ---------------------------------------------------------
+ * h_i = H(h_{i-1} || u32le(ntokens) || ntokens x u32le(token) || u64le(lora_id)
+ *         || u32le(salt_len) || salt || u32le(mm_len) || mm)
+ * with h_{-1} = the seed: SHA-256 of the 18 ASCII bytes "kvcached/prefix/v1".
+ * H is SHA-256 (32 bytes) or XXH3-128 (16 bytes, canonical big-endian form,
+ * then 16 zero bytes); the parent always enters as its full 32 bytes. */
+struct kvc_hash_extra {
+	uint64_t lora_id;         /* 0 = none */
+	const void *salt;         /* cache salt (per-tenant isolation), may be NULL */
+	size_t salt_len;
+	const void *mm;           /* multimodal input hash, may be NULL */
+	size_t mm_len;
+};
+
+/* The fixed parent of the first block. */
+void kvc_hash_seed(kvc_hash *out);
+
+/* Hashes one block. parent NULL = the seed; extra NULL = no extra keys.
+ * Returns 0 or -EINVAL (unknown algo). */
+int kvc_hash_block(enum kvc_hash_algo algo, const kvc_hash *parent, const uint32_t *tokens,
+		   size_t ntokens, const struct kvc_hash_extra *extra, kvc_hash *out);
+
+/* Hashes the full blocks of a token sequence as a chain: block i covers
+ * tokens [i*block_tokens, (i+1)*block_tokens). Writes at most max hashes and
+ * returns how many (the partial last block is not hashed), or -EINVAL. */
+int kvc_hash_chain(enum kvc_hash_algo algo, const uint32_t *tokens, size_t ntokens,
+		   uint32_t block_tokens, const struct kvc_hash_extra *extra, kvc_hash *out,
+		   size_t max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

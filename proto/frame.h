@@ -1,0 +1,47 @@
+/* Framing of the kvcached protocol over an AF_UNIX stream socket.
+ *
+ * A frame is an 8-byte header then `len` bytes of protobuf payload:
+ *
+ *   offset 0  u32 len     payload bytes, little endian, <= the negotiated max
+ *   offset 4  u16 flags   reserved, must be 0 in version 1
+ *   offset 6  u16 magic   0x4B56, little endian
+ *
+ * File descriptors travel as SCM_RIGHTS ancillary data sent with the first
+ * byte of a frame. A receiver queues every fd it receives in arrival order and
+ * takes them off the queue as the frames that announce them are parsed (the
+ * kernel may deliver them together with the tail of an earlier frame).
+ *
+ * Used by both the daemon and libkvcache; knows nothing of either. */
+#ifndef KV_FRAME_H
+#define KV_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#define KV_FRAME_HDR 8u
+#define KV_FRAME_MAGIC 0x4B56u
+#define KV_FRAME_MAX_FDS 64   /* fds one sendmsg may carry */
+#define KV_PROTO_VERSION 1u
+
+void kv_frame_hdr_encode(uint8_t out[KV_FRAME_HDR], uint32_t len, uint16_t flags);
+
+/* Parses a header. Returns 0 and sets *len, -EPROTO for a bad magic or
+ * flags, -EMSGSIZE when the length exceeds max. *len is untouched on error. */
+int kv_frame_hdr_decode(const uint8_t in[KV_FRAME_HDR], uint32_t max, uint32_t *len);
+
+/* sendmsg() of iov with fds (nfds may be 0) attached. MSG_NOSIGNAL is always
+ * set; pass MSG_DONTWAIT in flags for a non-blocking send. Returns bytes sent
+ * (possibly short) or -errno. The fds remain the caller's. */
+ssize_t kv_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt,
+                       const int *fds, int nfds, int flags);
+
+/* recvmsg() into buf, collecting SCM_RIGHTS fds into fds[*nfds..maxfds) and
+ * advancing *nfds; fds beyond maxfds are closed and *truncated is set (may be
+ * NULL). All received fds are O_CLOEXEC. Returns bytes read, 0 on EOF, or
+ * -errno. */
+ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
+                       int maxfds, int flags, int *truncated);
+
+#endif
