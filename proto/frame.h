@@ -22,7 +22,7 @@
 
 #define KV_FRAME_HDR 8u
 #define KV_FRAME_MAGIC 0x4B56u
-#define KV_FRAME_MAX_FDS 64   /* fds one sendmsg may carry */
+#define KV_FRAME_MAX_FDS 253  /* fds one sendmsg may carry (SCM_MAX_FD) */
 #define KV_PROTO_VERSION 1u
 
 void kv_frame_hdr_encode(uint8_t out[KV_FRAME_HDR], uint32_t len, uint16_t flags);

@@ -1,0 +1,92 @@
+#include "index.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
+{
+	uint8_t key[4 + KV_HASH_BYTES];
+
+	memcpy(key, &pool, 4);
+	memcpy(key + 4, hash, KV_HASH_BYTES);
+	return (size_t)XXH3_64bits_withSeed(key, sizeof(key), ix->seed) & (nbuckets - 1);
+}
+
+int kv_index_init(struct kv_index *ix, uint64_t seed)
+{
+	memset(ix, 0, sizeof(*ix));
+	ix->nbuckets = 1024;
+	ix->seed = seed;
+	ix->buckets = calloc(ix->nbuckets, sizeof(*ix->buckets));
+	return ix->buckets ? 0 : -ENOMEM;
+}
+
+void kv_index_fini(struct kv_index *ix)
+{
+	free(ix->buckets);
+	ix->buckets = NULL;
+	ix->count = 0;
+}
+
+struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
+{
+	struct kv_index_entry *e = ix->buckets[ix_bucket(ix, ix->nbuckets, pool, hash)];
+
+	for (; e; e = e->next)
+		if (e->pool == pool && !memcmp(e->hash, hash, KV_HASH_BYTES))
+			return e;
+	return NULL;
+}
+
+/* Rehashes into twice the buckets. O(count), at most log2(blocks) times in a
+ * daemon's life, since the index never shrinks. */
+static void ix_grow(struct kv_index *ix)
+{
+	size_t n = ix->nbuckets * 2, i;
+	struct kv_index_entry **b = calloc(n, sizeof(*b));
+
+	if (!b)
+		return;
+	for (i = 0; i < ix->nbuckets; i++) {
+		struct kv_index_entry *e = ix->buckets[i], *next;
+
+		for (; e; e = next) {
+			size_t k = ix_bucket(ix, n, e->pool, e->hash);
+
+			next = e->next;
+			e->next = b[k];
+			b[k] = e;
+		}
+	}
+	free(ix->buckets);
+	ix->buckets = b;
+	ix->nbuckets = n;
+}
+
+void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
+{
+	size_t k;
+
+	if (ix->count >= ix->nbuckets)
+		ix_grow(ix);
+	k = ix_bucket(ix, ix->nbuckets, e->pool, e->hash);
+	e->next = ix->buckets[k];
+	ix->buckets[k] = e;
+	ix->count++;
+}
+
+void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e)
+{
+	struct kv_index_entry **p = &ix->buckets[ix_bucket(ix, ix->nbuckets, e->pool, e->hash)];
+
+	for (; *p; p = &(*p)->next) {
+		if (*p == e) {
+			*p = e->next;
+			e->next = NULL;
+			ix->count--;
+			return;
+		}
+	}
+}

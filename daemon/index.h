@@ -1,0 +1,43 @@
+/* The prefix index: (pool, 32-byte content hash) -> block.
+ *
+ * A chained hash table over entries embedded in the blocks themselves, so an
+ * insert never allocates (only a resize does). Bucket positions come from a
+ * keyed hash of the key with a random per-daemon seed: the content hashes
+ * arrive from clients, and a client that could pick bucket positions could
+ * make every lookup of another tenant walk one long chain. Keys are unique:
+ * inserting a key that is present is the caller's bug. */
+#ifndef KV_INDEX_H
+#define KV_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_HASH_BYTES 32
+
+struct kv_index_entry {
+	struct kv_index_entry *next;
+	uint32_t pool;
+	uint8_t hash[KV_HASH_BYTES];
+};
+
+struct kv_index {
+	struct kv_index_entry **buckets;
+	size_t nbuckets;  /* a power of two */
+	size_t count;
+	uint64_t seed;
+};
+
+/* Returns 0 or -ENOMEM. */
+int kv_index_init(struct kv_index *ix, uint64_t seed);
+void kv_index_fini(struct kv_index *ix);
+
+struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash);
+
+/* Links e (its pool and hash set). Grows the table when it is full; a failed
+ * grow is harmless (chains get longer). */
+void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e);
+
+/* Unlinks e, which must be in the index. */
+void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e);
+
+#endif

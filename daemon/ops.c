@@ -1,0 +1,590 @@
+/* Request handlers; see ops.h. */
+#include "ops.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "frame.h"
+#include "log.h"
+
+#define HASH KV_HASH_BYTES
+
+struct req {
+	struct kv_server *s;
+	struct kv_session *ss;
+	Kvcached__Response *rs;
+	struct kv_block **blk;  /* s->scratch: max_batch entries */
+};
+
+static int __attribute__((format(printf, 4, 5)))
+fail(struct req *q, Kvcached__ErrorCode code, int index, const char *fmt, ...)
+{
+	Kvcached__Error *e = kv_arena_alloc(&q->s->arena, sizeof(*e));
+	char *msg = kv_arena_alloc(&q->s->arena, 256);
+	va_list ap;
+
+	if (!e || !msg)
+		return -ENOMEM;
+	kvcached__error__init(e);
+	va_start(ap, fmt);
+	vsnprintf(msg, 256, fmt, ap);
+	va_end(ap);
+	e->code = code;
+	e->message = msg;
+	e->index = index;
+	q->rs->error = e;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
+	return code == KVCACHED__ERROR_CODE__EPROTO ? KV_OPS_CLOSE : 0;
+}
+
+/* The pool id names in this session's namespace, or NULL (error set). */
+static struct kv_pool *get_pool(struct req *q, uint32_t id)
+{
+	struct kv_pool *p = kv_pool_get(q->s->pools, id);
+
+	if (!p || p->ns != q->ss->ns) {
+		fail(q, KVCACHED__ERROR_CODE__ENOENT, -1, "no pool %u in namespace '%s'", id,
+		     kv_pools_ns_name(q->s->pools, q->ss->ns));
+		return NULL;
+	}
+	return p;
+}
+
+/* Replies with the handles of q->blk[0..n), sending the fd of every segment
+ * they live in that this session has not seen yet. */
+static int reply_blocks(struct req *q, size_t n)
+{
+	Kvcached__BlockList *bl = kv_arena_alloc(&q->s->arena, sizeof(*bl));
+	uint64_t *h = kv_arena_alloc(&q->s->arena, (n ? n : 1) * sizeof(uint64_t));
+	Kvcached__Segment **segs = NULL;
+	size_t i, nseg = 0;
+
+	if (!bl || !h)
+		return -ENOMEM;
+	kvcached__block_list__init(bl);
+	for (i = 0; i < n; i++) {
+		uint32_t dev, seg;
+		int r;
+
+		h[i] = kv_block_handle(q->blk[i]);
+		kv_block_where(q->blk[i], &dev, &seg);
+		r = kv_session_want_segment(q->ss, dev, seg);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			continue;
+		if (!segs && !(segs = kv_arena_alloc(&q->s->arena, n * sizeof(*segs))))
+			return -ENOMEM;
+		segs[nseg] = kv_arena_alloc(&q->s->arena, sizeof(**segs));
+		if (!segs[nseg])
+			return -ENOMEM;
+		kvcached__segment__init(segs[nseg]);
+		segs[nseg]->device = dev;
+		segs[nseg]->index = seg;
+		segs[nseg]->offset = (uint64_t)seg * q->s->be->segment_bytes;
+		segs[nseg]->bytes = q->s->be->segment_bytes;
+		nseg++;
+	}
+	bl->n_blocks = n;
+	bl->blocks = h;
+	q->rs->n_segments = nseg;
+	q->rs->segments = segs;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+	q->rs->blocks = bl;
+	return 0;
+}
+
+/* Resolves handles[0..n) into q->blk, each a block this session holds, of
+ * pool p when p is given. At most `per` references per block may be listed
+ * (0: as many as the session holds). Returns 0, or the error reply's code. */
+static int resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
+		   uint32_t per, int *err)
+{
+	size_t i;
+
+	*err = 0;
+	if (n == 0 || n > q->s->cfg.max_batch) {
+		*err = fail(q, n ? KVCACHED__ERROR_CODE__E2BIG : KVCACHED__ERROR_CODE__EINVAL, -1,
+			    "batch of %zu blocks: must be 1..%u", n, q->s->cfg.max_batch);
+		return -1;
+	}
+	for (i = 0; i < n; i++) {
+		struct kv_block *b = kv_block_lookup(q->s->pools, handles[i]);
+
+		if (!b || b->state == KV_BLOCK_FREE || kv_block_pool(b)->ns != q->ss->ns ||
+		    (p && kv_block_pool(b) != p)) {
+			*err = fail(q, KVCACHED__ERROR_CODE__ESTALE, (int)i,
+				    "block %#llx (index %zu) is stale, forged or %s",
+				    (unsigned long long)handles[i], i,
+				    b && p && kv_block_pool(b) != p ? "of another pool" : "unknown");
+			return -1;
+		}
+		b->check = 0;
+		q->blk[i] = b;
+	}
+	for (i = 0; i < n; i++) {
+		struct kv_block *b = q->blk[i];
+		uint32_t held = kv_refmap_get(&q->ss->refs, b);
+		uint32_t limit = per && per < held ? per : held;
+
+		if (++b->check > limit) {
+			*err = fail(q, held ? KVCACHED__ERROR_CODE__ESTATE : KVCACHED__ERROR_CODE__ESTALE,
+				    (int)i, "block %#llx (index %zu): %s",
+				    (unsigned long long)handles[i], i,
+				    !held ? "not held by this connection"
+					  : per == 1 ? "listed twice"
+						     : "listed more times than references held");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int op_hello(struct req *q, const Kvcached__Hello *h)
+{
+	struct kv_server *s = q->s;
+	Kvcached__HelloReply *r;
+	int ns;
+
+	if (q->ss->ns)
+		return fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "Hello sent twice");
+	if (h->min_version > KV_PROTO_VERSION || h->max_version < KV_PROTO_VERSION)
+		return fail(q, KVCACHED__ERROR_CODE__EVERSION, -1,
+			    "client speaks versions %u..%u, daemon speaks %u", h->min_version,
+			    h->max_version, KV_PROTO_VERSION);
+	ns = kv_pools_ns(s->pools, h->namespace_ && h->namespace_[0] ? h->namespace_ : "default");
+	if (ns < 0)
+		return fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%s': %s",
+			    h->namespace_, ns == -ENOSPC ? "too many namespaces" : "bad name");
+	q->ss->ns = (uint32_t)ns;
+	snprintf(q->ss->name, sizeof(q->ss->name), "%s", h->client_name ? h->client_name : "");
+	r = kv_arena_alloc(&s->arena, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	kvcached__hello_reply__init(r);
+	r->version = KV_PROTO_VERSION;
+	r->page_bytes = s->cfg.page_bytes;
+	r->segment_bytes = s->be->segment_bytes;
+	r->device_bytes = s->be->segment_bytes * s->be->segments[0];
+	r->devices = s->be->devices;
+	r->backend = (char *)s->be->name;
+	r->max_frame = s->cfg.max_frame;
+	r->max_batch = s->cfg.max_batch;
+	r->session_id = q->ss->id;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_HELLO;
+	q->rs->hello = r;
+	return 0;
+}
+
+static int op_register(struct req *q, const Kvcached__RegisterPool *m)
+{
+	struct kv_pool_desc d = {
+		.name = m->name, .device = m->device, .block_bytes = m->block_bytes,
+		.block_tokens = m->block_tokens, .dtype = m->dtype,
+		.layout = m->layout.data, .layout_len = m->layout.len,
+	};
+	Kvcached__RegisterPoolReply *r;
+	struct kv_pool *p;
+	char err[256];
+	int rc = kv_pool_register(q->s->pools, q->ss->ns, &d, &p, err, sizeof(err));
+
+	if (rc < 0)
+		return fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
+			       : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC
+					       : KVCACHED__ERROR_CODE__EINVAL, -1, "%s", err);
+	r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	kvcached__register_pool_reply__init(r);
+	r->pool_id = p->id;
+	r->run_bytes = (uint64_t)p->run_pages * q->s->cfg.page_bytes;
+	r->blocks_per_run = p->blocks_per_run;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_REGISTER_POOL;
+	q->rs->register_pool = r;
+	kv_debug("session %llu: pool %u '%s' block_bytes %llu: runs of %u pages, %u blocks",
+		 (unsigned long long)q->ss->id, p->id, p->name, (unsigned long long)p->block_bytes,
+		 p->run_pages, p->blocks_per_run);
+	return 0;
+}
+
+static int op_alloc(struct req *q, const Kvcached__Alloc *m)
+{
+	struct kv_pool *p = get_pool(q, m->pool_id);
+	char why[512];
+	uint32_t i;
+
+	if (!p)
+		return 0;
+	if (m->count == 0 || m->count > q->s->cfg.max_batch)
+		return fail(q, m->count ? KVCACHED__ERROR_CODE__E2BIG : KVCACHED__ERROR_CODE__EINVAL,
+			    -1, "alloc of %u blocks: must be 1..%u", m->count, q->s->cfg.max_batch);
+	if (kv_refmap_reserve(&q->ss->refs, m->count) < 0)
+		return -ENOMEM;
+	if (kv_pool_alloc(p, m->count, q->blk, why, sizeof(why)) < 0) {
+		q->s->enospc++;
+		return fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+	}
+	for (i = 0; i < m->count; i++)
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	return reply_blocks(q, m->count);
+}
+
+static int op_seal(struct req *q, const Kvcached__Seal *m)
+{
+	struct kv_pool *p = get_pool(q, m->pool_id);
+	size_t i;
+	int err;
+
+	if (!p)
+		return 0;
+	if (m->hashes.len != m->n_blocks * HASH)
+		return fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			    "seal of %zu blocks needs %zu hash bytes, got %zu", m->n_blocks,
+			    m->n_blocks * HASH, m->hashes.len);
+	if (resolve(q, p, m->blocks, m->n_blocks, 1, &err) < 0)
+		return err;
+	for (i = 0; i < m->n_blocks; i++)
+		if (q->blk[i]->state != KV_BLOCK_WRITABLE)
+			return fail(q, KVCACHED__ERROR_CODE__ESTATE, (int)i,
+				    "block %#llx (index %zu) is sealed already",
+				    (unsigned long long)m->blocks[i], i);
+	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0)
+		return -ENOMEM;
+	for (i = 0; i < m->n_blocks; i++) {
+		struct kv_block *b = q->blk[i];
+		struct kv_block *nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
+
+		if (nb != b) {
+			kv_refmap_sub(&q->ss->refs, b);
+			kv_refmap_add(&q->ss->refs, nb);
+			q->blk[i] = nb;
+		}
+	}
+	return reply_blocks(q, m->n_blocks);
+}
+
+static int op_lookup(struct req *q, const Kvcached__Lookup *m)
+{
+	struct kv_pool *p = get_pool(q, m->pool_id);
+	size_t n = m->hashes.len / HASH, k;
+
+	if (!p)
+		return 0;
+	if (m->hashes.len % HASH || n > q->s->cfg.max_batch)
+		return fail(q, m->hashes.len % HASH ? KVCACHED__ERROR_CODE__EINVAL
+						    : KVCACHED__ERROR_CODE__E2BIG, -1,
+			    "lookup of %zu hash bytes: must be a multiple of %d, at most %u hashes",
+			    m->hashes.len, HASH, q->s->cfg.max_batch);
+	for (k = 0; k < n; k++) {
+		struct kv_block *b = kv_pool_find(p, m->hashes.data + k * HASH);
+
+		if (!b)
+			break;
+		q->blk[k] = b;
+	}
+	if (kv_refmap_reserve(&q->ss->refs, k) < 0)
+		return -ENOMEM;
+	for (size_t i = 0; i < k; i++) {
+		kv_block_ref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	}
+	p->n.lookups += n;
+	p->n.hits += k;
+	return reply_blocks(q, k);
+}
+
+static int op_release(struct req *q, const Kvcached__Release *m)
+{
+	size_t i;
+	int err;
+
+	if (resolve(q, NULL, m->blocks, m->n_blocks, 0, &err) < 0)
+		return err;
+	/* Tail first: a chain listed head first leaves its tail the oldest in
+	 * the LRU, so eviction takes it before the head. */
+	for (i = m->n_blocks; i-- > 0;) {
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_block_unref(q->blk[i]);
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
+	return 0;
+}
+
+static int op_fork(struct req *q, const Kvcached__Fork *m)
+{
+	size_t i;
+	int err;
+
+	if (resolve(q, NULL, m->blocks, m->n_blocks, 0, &err) < 0)
+		return err;
+	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0)
+		return -ENOMEM;
+	for (i = 0; i < m->n_blocks; i++) {
+		kv_block_ref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	}
+	return reply_blocks(q, m->n_blocks);
+}
+
+static int op_cow(struct req *q, const Kvcached__Cow *m)
+{
+	struct kv_block **copy;
+	size_t i, n = m->n_blocks;
+	char why[512];
+	int err, r;
+
+	if (resolve(q, NULL, m->blocks, n, 0, &err) < 0)
+		return err;
+	copy = kv_arena_alloc(&q->s->arena, n * sizeof(*copy));
+	if (!copy || kv_refmap_reserve(&q->ss->refs, n) < 0)
+		return -ENOMEM;
+	/* Allocate every copy first so that ENOSPC changes nothing. A block
+	 * written only through this reference needs no copy. */
+	for (i = 0; i < n; i++) {
+		struct kv_block *b = q->blk[i];
+
+		copy[i] = NULL;
+		if (b->state == KV_BLOCK_WRITABLE && b->ref == 1)
+			continue;
+		if (kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why)) < 0) {
+			while (i-- > 0)
+				if (copy[i])
+					kv_block_unref(copy[i]);
+			q->s->enospc++;
+			return fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+		}
+	}
+	for (i = 0; i < n; i++) {
+		if (!copy[i])
+			continue;
+		r = kv_block_copy(copy[i], q->blk[i]);
+		if (r < 0) {
+			for (i = 0; i < n; i++)
+				if (copy[i])
+					kv_block_unref(copy[i]);
+			kv_err("copy-on-write: backend copy failed: %s", strerror(-r));
+			return fail(q, KVCACHED__ERROR_CODE__EINTERNAL, -1, "block copy failed: %s",
+				    strerror(-r));
+		}
+	}
+	for (i = 0; i < n; i++) {
+		if (!copy[i])
+			continue;
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_block_unref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, copy[i]);
+		q->blk[i] = copy[i];
+	}
+	return reply_blocks(q, n);
+}
+
+/* ---- stats, clients, check -------------------------------------------- */
+
+static char *arena_str(struct kv_arena *a, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = kv_arena_alloc(a, n);
+
+	if (p)
+		memcpy(p, s, n);
+	return p;
+}
+
+static int op_stats(struct req *q)
+{
+	struct kv_server *s = q->s;
+	Kvcached__StatsReply *r = kv_arena_alloc(&s->arena, sizeof(*r));
+	uint64_t total, nfree, page_bytes;
+	int admin = kv_session_is_admin(q->ss);
+	uint32_t id;
+
+	if (!r)
+		return -ENOMEM;
+	kvcached__stats_reply__init(r);
+	kv_pools_pages(s->pools, &total, &nfree, &page_bytes);
+	r->version = (char *)KV_VERSION;
+	r->backend = (char *)s->be->name;
+	r->uptime_ms = kv_now_ms() - s->start_ms;
+	r->page_bytes = page_bytes;
+	r->segment_bytes = s->be->segment_bytes;
+	r->pages_total = total;
+	r->pages_free = nfree;
+	r->segments = s->be->segments[0];
+	r->sessions = s->nsessions;
+	r->requests = s->requests;
+	r->enospc = s->enospc;
+	r->pools = kv_arena_alloc(&s->arena, KV_MAX_POOLS * sizeof(*r->pools));
+	if (!r->pools)
+		return -ENOMEM;
+	for (id = 0; id < KV_MAX_POOLS; id++) {
+		struct kv_pool *p = kv_pool_get(s->pools, id);
+		Kvcached__PoolInfo *pi;
+
+		if (!p)
+			break;
+		if (!admin && p->ns != q->ss->ns)
+			continue;
+		pi = kv_arena_alloc(&s->arena, sizeof(*pi));
+		if (!pi)
+			return -ENOMEM;
+		kvcached__pool_info__init(pi);
+		pi->pool_id = p->id;
+		pi->namespace_ = (char *)kv_pools_ns_name(s->pools, p->ns);
+		pi->name = p->name;
+		pi->device = p->device;
+		pi->block_bytes = p->block_bytes;
+		pi->block_tokens = p->block_tokens;
+		pi->dtype = p->dtype;
+		pi->run_bytes = (uint64_t)p->run_pages * page_bytes;
+		pi->blocks_per_run = p->blocks_per_run;
+		pi->runs = p->n.runs;
+		pi->blocks_free = p->n.free;
+		pi->blocks_writable = p->n.writable;
+		pi->blocks_sealed = p->n.sealed;
+		pi->blocks_cached = p->n.cached;
+		pi->allocs = p->n.allocs;
+		pi->lookups = p->n.lookups;
+		pi->hits = p->n.hits;
+		pi->evictions = p->n.evictions;
+		pi->dedups = p->n.dedups;
+		r->pools[r->n_pools++] = pi;
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_STATS;
+	q->rs->stats = r;
+	return 0;
+}
+
+static int op_clients(struct req *q)
+{
+	struct kv_server *s = q->s;
+	Kvcached__ClientsReply *r = kv_arena_alloc(&s->arena, sizeof(*r));
+	struct kv_list *pos;
+
+	if (!kv_session_is_admin(q->ss))
+		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
+			    "listing clients needs root or the daemon's uid");
+	if (!r)
+		return -ENOMEM;
+	kvcached__clients_reply__init(r);
+	r->clients = kv_arena_alloc(&s->arena, (s->nsessions + 1) * sizeof(void *));
+	if (!r->clients)
+		return -ENOMEM;
+	kv_list_for_each(pos, &s->sessions) {
+		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+		Kvcached__ClientInfo *ci = kv_arena_alloc(&s->arena, sizeof(*ci));
+
+		if (!ci)
+			return -ENOMEM;
+		kvcached__client_info__init(ci);
+		ci->session_id = ss->id;
+		ci->pid = ss->cred.pid;
+		ci->uid = ss->cred.uid;
+		ci->gid = ss->cred.gid;
+		ci->namespace_ = (char *)(ss->ns ? kv_pools_ns_name(s->pools, ss->ns) : "");
+		ci->name = ss->name;
+		ci->refs = ss->refs.refs;
+		ci->connected_ms = ss->connected_ms;
+		ci->requests = ss->requests;
+		r->clients[r->n_clients++] = ci;
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_CLIENTS;
+	q->rs->clients = r;
+	return 0;
+}
+
+struct check_ctx {
+	struct kv_arena *arena;
+	Kvcached__CheckReply *r;
+	size_t cap;
+};
+
+static void count_ref(void *key, uint32_t count, void *ctx)
+{
+	(void)ctx;
+	((struct kv_block *)key)->check += count;
+}
+
+static void add_problem(void *ctx, const char *msg)
+{
+	struct check_ctx *c = ctx;
+
+	if (c->r->n_problems < c->cap && (c->r->problems[c->r->n_problems] = arena_str(c->arena, msg)))
+		c->r->n_problems++;
+}
+
+/* Runs the whole invariant check, including that each block's refcount is
+ * exactly what the sessions hold. O(blocks); an operator's tool. */
+static int run_check(struct kv_server *s, Kvcached__CheckReply *r)
+{
+	struct check_ctx c = { .arena = &s->arena, .r = r, .cap = 100 };
+	struct kv_list *pos;
+	int problems;
+
+	r->problems = kv_arena_alloc(&s->arena, c.cap * sizeof(char *));
+	if (!r->problems)
+		return -ENOMEM;
+	kv_pools_check_clear(s->pools);
+	kv_list_for_each(pos, &s->sessions)
+		kv_refmap_each(&kv_container_of(pos, struct kv_session, link)->refs, count_ref, NULL);
+	problems = kv_pools_check(s->pools, 1, add_problem, &c, &r->blocks_checked);
+	r->ok = problems == 0;
+	if (problems)
+		kv_warn("invariant check: %d problems, first: %s", problems,
+			r->n_problems ? r->problems[0] : "?");
+	return 0;
+}
+
+static int op_check(struct req *q)
+{
+	Kvcached__CheckReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+
+	if (!kv_session_is_admin(q->ss))
+		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
+			    "the invariant check needs root or the daemon's uid");
+	if (!r)
+		return -ENOMEM;
+	kvcached__check_reply__init(r);
+	if (run_check(q->s, r) < 0)
+		return -ENOMEM;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_CHECK;
+	q->rs->check = r;
+	return 0;
+}
+
+int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Request *rq,
+		  Kvcached__Response *rs)
+{
+	struct req q = { .s = s, .ss = ss, .rs = rs, .blk = s->scratch };
+
+	rs->id = rq->id;
+	if (!ss->ns && rq->op_case != KVCACHED__REQUEST__OP_HELLO)
+		return fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
+	switch (rq->op_case) {
+	case KVCACHED__REQUEST__OP_HELLO:
+		return op_hello(&q, rq->hello);
+	case KVCACHED__REQUEST__OP_REGISTER_POOL:
+		return op_register(&q, rq->register_pool);
+	case KVCACHED__REQUEST__OP_ALLOC:
+		return op_alloc(&q, rq->alloc);
+	case KVCACHED__REQUEST__OP_SEAL:
+		return op_seal(&q, rq->seal);
+	case KVCACHED__REQUEST__OP_LOOKUP:
+		return op_lookup(&q, rq->lookup);
+	case KVCACHED__REQUEST__OP_RELEASE:
+		return op_release(&q, rq->release);
+	case KVCACHED__REQUEST__OP_FORK:
+		return op_fork(&q, rq->fork);
+	case KVCACHED__REQUEST__OP_COW:
+		return op_cow(&q, rq->cow);
+	case KVCACHED__REQUEST__OP_STATS:
+		return op_stats(&q);
+	case KVCACHED__REQUEST__OP_LIST_CLIENTS:
+		return op_clients(&q);
+	case KVCACHED__REQUEST__OP_CHECK:
+		return op_check(&q);
+	default:
+		return fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
+	}
+}

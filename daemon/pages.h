@@ -1,0 +1,52 @@
+/* The page allocator of one device: segments cut into fixed pages.
+ *
+ * Pages are handed out as runs of n contiguous pages inside one segment (a
+ * segment is mapped whole by clients, so a run never straddles two). Each
+ * segment belongs to at most one namespace at a time: pages of a segment go
+ * only to pools of the namespace that owns it, and a segment is free for
+ * another namespace once all its pages are free. The segment fd is the
+ * capability, so a client never receives an fd holding another tenant's data.
+ *
+ * Runs are rare events (one per blocks_per_run allocations); a search is a
+ * first-fit scan over the free bitmap of candidate segments. */
+#ifndef KV_PAGES_H
+#define KV_PAGES_H
+
+#include <stdint.h>
+
+struct kv_pages_seg {
+	uint32_t ns;        /* owning namespace id, 0 = none */
+	uint32_t last_ns;   /* the last owner: its clients may still map it */
+	uint32_t used;      /* pages in use */
+};
+
+struct kv_pages {
+	uint32_t dev;
+	uint64_t page_bytes, segment_bytes;
+	uint32_t nsegs, pages_per_seg, npages, nfree;
+	uint64_t *free_bits;          /* bit set = page free */
+	void **owner;                 /* per page: the run that holds it, or NULL */
+	uint32_t *gen;                /* per page: generation floor for a new run here */
+	struct kv_pages_seg *segs;
+};
+
+/* Returns 0 or -EINVAL (sizes not multiples) / -ENOMEM. */
+int kv_pages_init(struct kv_pages *p, uint32_t dev, uint32_t nsegs, uint64_t segment_bytes,
+		  uint64_t page_bytes);
+void kv_pages_fini(struct kv_pages *p);
+
+/* Claims n contiguous free pages inside one segment owned by ns, or else in a
+ * free segment, which then becomes ns's (*new_owner set to 1 when that segment
+ * had another owner before, so the caller must give it fresh memory).
+ * Returns the first page, or -ENOSPC. */
+int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner);
+
+/* Returns n pages from first on. */
+void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n);
+
+static inline uint32_t kv_pages_seg_of(const struct kv_pages *p, uint32_t page)
+{
+	return page / p->pages_per_seg;
+}
+
+#endif

@@ -1,0 +1,755 @@
+/* Pools, runs and blocks; see pool.h for the lifecycle and its invariants. */
+#include "pool.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#define GEN_MASK 0xfffffu
+
+struct kv_pools {
+	struct kv_backend *be;
+	struct kv_pages dev[KV_MAX_DEVICES];
+	uint32_t ndev;
+	struct kv_pool *pool[KV_MAX_POOLS];
+	uint32_t npools;
+	char ns_name[KV_MAX_NS][KV_NAME_MAX];
+	uint32_t nns;
+	struct kv_index index;
+	uint64_t tick;
+};
+
+int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools **out)
+{
+	struct kv_pools *ps = calloc(1, sizeof(*ps));
+	uint64_t seed = 0;
+	uint32_t d;
+	int r;
+
+	if (!ps)
+		return -ENOMEM;
+	ps->be = be;
+	ps->ndev = be->devices;
+	for (d = 0; d < be->devices; d++) {
+		r = kv_pages_init(&ps->dev[d], d, be->segments[d], be->segment_bytes, page_bytes);
+		if (r < 0)
+			goto err;
+	}
+	/* The bucket seed need not be secret from the daemon's peers' point of
+	 * view forever, only unpredictable: fall back to the clock. */
+	if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != sizeof(seed))
+		seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+	r = kv_index_init(&ps->index, seed);
+	if (r < 0)
+		goto err;
+	*out = ps;
+	return 0;
+err:
+	kv_pools_destroy(ps);
+	return r;
+}
+
+static void pool_free(struct kv_pool *p)
+{
+	struct kv_list *pos, *tmp;
+
+	if (!p)
+		return;
+	kv_list_for_each_safe(pos, tmp, &p->runs)
+		free(kv_container_of(pos, struct kv_run, link));
+	free(p->layout);
+	free(p);
+}
+
+void kv_pools_destroy(struct kv_pools *ps)
+{
+	uint32_t i;
+
+	if (!ps)
+		return;
+	for (i = 0; i < ps->npools; i++)
+		pool_free(ps->pool[i]);
+	for (i = 0; i < ps->ndev; i++)
+		kv_pages_fini(&ps->dev[i]);
+	kv_index_fini(&ps->index);
+	free(ps);
+}
+
+int kv_pools_ns(struct kv_pools *ps, const char *name)
+{
+	size_t len = strlen(name);
+	uint32_t i;
+
+	if (!len || len >= KV_NAME_MAX)
+		return -EINVAL;
+	for (i = 0; i < ps->nns; i++)
+		if (!strcmp(ps->ns_name[i], name))
+			return (int)i + 1;
+	if (ps->nns == KV_MAX_NS)
+		return -ENOSPC;
+	memcpy(ps->ns_name[ps->nns], name, len + 1);
+	return (int)++ps->nns;
+}
+
+const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns)
+{
+	return ns >= 1 && ns <= ps->nns ? ps->ns_name[ns - 1] : "?";
+}
+
+int kv_pool_run_size(uint64_t page_bytes, uint32_t pages_per_seg, uint64_t block_bytes,
+		     uint32_t *blocks)
+{
+	uint32_t k, best = 0;
+	double best_waste = 2.0;
+
+	if (!block_bytes || block_bytes > page_bytes * pages_per_seg)
+		return -EINVAL;
+	for (k = 1; k <= pages_per_seg; k++) {
+		uint64_t bytes = page_bytes * k, n = bytes / block_bytes;
+		double waste;
+
+		if (n == 0)
+			continue;
+		if (n > KV_MAX_RUN_BLOCKS)
+			break;
+		waste = (double)(bytes - n * block_bytes) / (double)bytes;
+		if (waste < best_waste) {
+			best_waste = waste;
+			best = k;
+		}
+		if (waste < 0.02)
+			break;
+	}
+	if (!best)
+		return -EINVAL;
+	*blocks = (uint32_t)(page_bytes * best / block_bytes);
+	if (*blocks > KV_MAX_RUN_BLOCKS)
+		*blocks = KV_MAX_RUN_BLOCKS;
+	return (int)best;
+}
+
+static int desc_matches(const struct kv_pool *p, const struct kv_pool_desc *d)
+{
+	const char *dtype = d->dtype ? d->dtype : "";
+
+	return p->device == d->device && p->block_bytes == d->block_bytes &&
+	       p->block_tokens == d->block_tokens && !strcmp(p->dtype, dtype) &&
+	       p->layout_len == d->layout_len &&
+	       (!d->layout_len || !memcmp(p->layout, d->layout, d->layout_len));
+}
+
+int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc *d,
+		     struct kv_pool **out, char *err, size_t errlen)
+{
+	const char *dtype = d->dtype ? d->dtype : "";
+	struct kv_pool *p;
+	uint32_t i, blocks;
+	int pages;
+
+	if (!d->name || !d->name[0] || strlen(d->name) >= KV_NAME_MAX) {
+		snprintf(err, errlen, "pool name must be 1..%d bytes", KV_NAME_MAX - 1);
+		return -EINVAL;
+	}
+	for (i = 0; i < ps->npools; i++) {
+		p = ps->pool[i];
+		if (p->ns != ns || strcmp(p->name, d->name))
+			continue;
+		if (!desc_matches(p, d)) {
+			snprintf(err, errlen,
+				 "pool '%s' exists with another layout (device %u, block_bytes %llu, "
+				 "block_tokens %u, dtype '%s')", p->name, p->device,
+				 (unsigned long long)p->block_bytes, p->block_tokens, p->dtype);
+			return -EEXIST;
+		}
+		*out = p;
+		return 0;
+	}
+	if (d->device >= ps->ndev) {
+		snprintf(err, errlen, "device %u does not exist (%u devices)", d->device, ps->ndev);
+		return -EINVAL;
+	}
+	if (d->block_bytes < KV_MIN_BLOCK_BYTES || d->block_bytes % KV_BLOCK_ALIGN ||
+	    d->block_bytes > ps->dev[d->device].segment_bytes) {
+		snprintf(err, errlen,
+			 "block_bytes %llu: must be a multiple of %d from %d to the segment size %llu",
+			 (unsigned long long)d->block_bytes, KV_BLOCK_ALIGN, KV_MIN_BLOCK_BYTES,
+			 (unsigned long long)ps->dev[d->device].segment_bytes);
+		return -EINVAL;
+	}
+	if (strlen(dtype) >= sizeof(p->dtype)) {
+		snprintf(err, errlen, "dtype longer than %zu bytes", sizeof(p->dtype) - 1);
+		return -EINVAL;
+	}
+	if (ps->npools == KV_MAX_POOLS) {
+		snprintf(err, errlen, "%d pools exist already", KV_MAX_POOLS);
+		return -ENOSPC;
+	}
+	pages = kv_pool_run_size(ps->dev[d->device].page_bytes, ps->dev[d->device].pages_per_seg,
+				 d->block_bytes, &blocks);
+	if (pages < 0) {
+		snprintf(err, errlen, "no run size fits block_bytes %llu",
+			 (unsigned long long)d->block_bytes);
+		return -EINVAL;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p || (d->layout_len && !(p->layout = malloc(d->layout_len)))) {
+		free(p);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	p->id = ps->npools;
+	p->ns = ns;
+	p->device = d->device;
+	memcpy(p->name, d->name, strlen(d->name) + 1);
+	memcpy(p->dtype, dtype, strlen(dtype) + 1);
+	p->block_bytes = d->block_bytes;
+	p->block_tokens = d->block_tokens;
+	p->run_pages = (uint32_t)pages;
+	p->blocks_per_run = blocks;
+	if (d->layout_len)
+		memcpy(p->layout, d->layout, d->layout_len);
+	p->layout_len = d->layout_len;
+	kv_list_init(&p->free);
+	kv_list_init(&p->lru);
+	kv_list_init(&p->runs);
+	p->pools = ps;
+	ps->pool[ps->npools++] = p;
+	*out = p;
+	return 0;
+}
+
+struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id)
+{
+	return id < ps->npools ? ps->pool[id] : NULL;
+}
+
+void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx), void *ctx)
+{
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++)
+		fn(ps->pool[i], ctx);
+}
+
+static struct kv_pages *pool_dev(const struct kv_pool *p)
+{
+	return &p->pools->dev[p->device];
+}
+
+uint64_t kv_block_handle(const struct kv_block *b)
+{
+	return (uint64_t)(b->gen & GEN_MASK) << 44 | (uint64_t)b->run->pool->id << 32 |
+	       (uint64_t)b->run->first_page << 12 | b->slot;
+}
+
+struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h)
+{
+	uint32_t gen = (uint32_t)(h >> 44), pool = (h >> 32) & 0xfff;
+	uint32_t page = (h >> 12) & 0xfffff, slot = h & 0xfff;
+	struct kv_pool *p = kv_pool_get(ps, pool);
+	struct kv_run *run;
+	struct kv_block *b;
+
+	if (!p || page >= pool_dev(p)->npages)
+		return NULL;
+	run = pool_dev(p)->owner[page];
+	if (!run || run->pool != p || run->first_page != page || slot >= p->blocks_per_run)
+		return NULL;
+	b = &run->blocks[slot];
+	return (b->gen & GEN_MASK) == gen ? b : NULL;
+}
+
+/* ---- runs ---------------------------------------------------------------- */
+
+static int run_new(struct kv_pool *p)
+{
+	struct kv_pages *dev = pool_dev(p);
+	struct kv_run *run;
+	int64_t first;
+	uint32_t i, gen;
+	int fresh;
+
+	run = calloc(1, sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run);
+	if (!run)
+		return -ENOMEM;
+	first = kv_pages_alloc(dev, p->run_pages, p->ns, run, &fresh);
+	if (first < 0) {
+		free(run);
+		return (int)first;
+	}
+	if (fresh) {
+		/* Another namespace's clients may still map this segment: give it
+		 * fresh memory so they cannot see or touch this namespace's data. */
+		int r = p->pools->be->ops->segment_create(p->pools->be, p->device,
+							  kv_pages_seg_of(dev, (uint32_t)first));
+		if (r < 0) {
+			kv_pages_free(dev, (uint32_t)first, p->run_pages);
+			free(run);
+			return r;
+		}
+	}
+	run->pool = p;
+	run->first_page = (uint32_t)first;
+	run->npages = p->run_pages;
+	gen = dev->gen[first] + 1;
+	for (i = 0; i < p->blocks_per_run; i++) {
+		struct kv_block *b = &run->blocks[i];
+
+		b->run = run;
+		b->slot = (uint16_t)i;
+		b->gen = gen & GEN_MASK;
+		b->state = KV_BLOCK_FREE;
+		b->ix.pool = p->id;
+		kv_list_push_back(&p->free, &b->node);
+	}
+	kv_list_push_back(&p->runs, &run->link);
+	p->n.runs++;
+	p->n.free += p->blocks_per_run;
+	return 0;
+}
+
+/* Gives an empty run's pages back to the device. */
+static void run_release(struct kv_run *run)
+{
+	struct kv_pool *p = run->pool;
+	struct kv_pages *dev = pool_dev(p);
+	uint32_t i, maxgen = dev->gen[run->first_page];
+
+	for (i = 0; i < p->blocks_per_run; i++) {
+		kv_list_del(&run->blocks[i].node);
+		if (run->blocks[i].gen > maxgen)
+			maxgen = run->blocks[i].gen;
+	}
+	/* A later run starting at this page starts its generations above every
+	 * generation handed out here, so old handles stay stale. */
+	dev->gen[run->first_page] = maxgen;
+	if (p->spare == run)
+		p->spare = NULL;
+	kv_list_del(&run->link);
+	p->n.runs--;
+	p->n.free -= p->blocks_per_run;
+	kv_pages_free(dev, run->first_page, run->npages);
+	free(run);
+}
+
+/* ---- block transitions ---------------------------------------------------- */
+
+static struct kv_block *take_free(struct kv_pool *p)
+{
+	struct kv_list *n = kv_list_front(&p->free);
+	struct kv_block *b;
+
+	if (!n)
+		return NULL;
+	b = kv_container_of(n, struct kv_block, node);
+	kv_list_del(n);
+	b->state = KV_BLOCK_WRITABLE;
+	b->ref = 1;
+	if (b->run->nused++ == 0 && p->spare == b->run)
+		p->spare = NULL;
+	p->n.free--;
+	p->n.writable++;
+	return b;
+}
+
+/* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
+ * emptied run may stay as the pool's spare; otherwise it is released. */
+static void make_free(struct kv_block *b, int keep_spare)
+{
+	struct kv_run *run = b->run;
+	struct kv_pool *p = run->pool;
+
+	b->state = KV_BLOCK_FREE;
+	b->gen = (b->gen + 1) & GEN_MASK;
+	kv_list_push_front(&p->free, &b->node);
+	p->n.free++;
+	if (--run->nused == 0) {
+		if (keep_spare && !p->spare)
+			p->spare = run;
+		else
+			run_release(run);
+	}
+}
+
+static void evict(struct kv_block *b, int keep_spare)
+{
+	struct kv_pool *p = b->run->pool;
+
+	kv_list_del(&b->node);
+	kv_index_remove(&p->pools->index, &b->ix);
+	p->n.cached--;
+	p->n.evictions++;
+	make_free(b, keep_spare);
+}
+
+/* Frees pages for p from other pools of the device: a spare run, else the
+ * globally oldest cached block. Returns 1 if it freed anything. */
+static int reclaim_other(struct kv_pool *p)
+{
+	struct kv_pools *ps = p->pools;
+	struct kv_block *oldest = NULL;
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *q = ps->pool[i];
+
+		if (q != p && q->device == p->device && q->spare) {
+			run_release(q->spare);
+			return 1;
+		}
+	}
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *q = ps->pool[i];
+		struct kv_list *n;
+		struct kv_block *b;
+
+		if (q == p || q->device != p->device || !(n = kv_list_back(&q->lru)))
+			continue;
+		b = kv_container_of(n, struct kv_block, node);
+		if (!oldest || b->tick < oldest->tick)
+			oldest = b;
+	}
+	if (!oldest)
+		return 0;
+	evict(oldest, 0);
+	return 1;
+}
+
+int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen)
+{
+	uint32_t got = 0;
+
+	while (got < n) {
+		struct kv_block *b = take_free(p);
+		struct kv_list *old;
+
+		if (b) {
+			out[got++] = b;
+			continue;
+		}
+		if (run_new(p) == 0)
+			continue;
+		if ((old = kv_list_back(&p->lru))) {
+			evict(kv_container_of(old, struct kv_block, node), 1);
+			continue;
+		}
+		if (reclaim_other(p))
+			continue;
+		break;
+	}
+	if (got == n) {
+		p->n.allocs += n;
+		return 0;
+	}
+	snprintf(why, whylen,
+		 "pool '%s' cannot hold %u more blocks: got %u after evicting every cached block; "
+		 "the pool holds %llu writable + %llu sealed blocks in %llu runs of %u blocks; "
+		 "device %u has %u of %u pages free (%u pages per run)",
+		 p->name, n, got, (unsigned long long)p->n.writable - got,
+		 (unsigned long long)p->n.sealed, (unsigned long long)p->n.runs, p->blocks_per_run,
+		 p->device, pool_dev(p)->nfree, pool_dev(p)->npages, p->run_pages);
+	while (got > 0) {
+		struct kv_block *b = out[--got];
+
+		b->ref = 0;
+		p->n.writable--;
+		make_free(b, 1);
+	}
+	return -ENOSPC;
+}
+
+struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
+{
+	struct kv_index_entry *e = kv_index_find(&p->pools->index, p->id, hash);
+
+	return e ? kv_container_of(e, struct kv_block, ix) : NULL;
+}
+
+void kv_block_ref(struct kv_block *b)
+{
+	struct kv_pool *p = b->run->pool;
+
+	if (b->state == KV_BLOCK_CACHED) {
+		kv_list_del(&b->node);
+		b->state = KV_BLOCK_SEALED;
+		p->n.cached--;
+		p->n.sealed++;
+	}
+	b->ref++;
+}
+
+void kv_block_unref(struct kv_block *b)
+{
+	struct kv_pool *p = b->run->pool;
+
+	if (--b->ref > 0)
+		return;
+	if (b->state == KV_BLOCK_SEALED) {
+		b->state = KV_BLOCK_CACHED;
+		b->tick = ++p->pools->tick;
+		kv_list_push_front(&p->lru, &b->node);
+		p->n.sealed--;
+		p->n.cached++;
+	} else {
+		p->n.writable--;
+		make_free(b, 1);
+	}
+}
+
+struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash)
+{
+	struct kv_block *e = kv_pool_find(p, hash);
+
+	if (e) {
+		kv_block_ref(e);
+		kv_block_unref(b);
+		p->n.dedups++;
+		return e;
+	}
+	memcpy(b->ix.hash, hash, KV_HASH_BYTES);
+	b->ix.pool = p->id;
+	kv_index_insert(&p->pools->index, &b->ix);
+	b->state = KV_BLOCK_SEALED;
+	p->n.writable--;
+	p->n.sealed++;
+	return b;
+}
+
+static uint64_t block_offset(const struct kv_block *b)
+{
+	const struct kv_pool *p = b->run->pool;
+
+	return (uint64_t)b->run->first_page * pool_dev(p)->page_bytes + b->slot * p->block_bytes;
+}
+
+int kv_block_copy(struct kv_block *dst, const struct kv_block *src)
+{
+	struct kv_pool *p = src->run->pool;
+
+	return p->pools->be->ops->copy(p->pools->be, p->device, block_offset(dst),
+				       block_offset(src), p->block_bytes);
+}
+
+void kv_block_where(const struct kv_block *b, uint32_t *dev, uint32_t *seg)
+{
+	const struct kv_pool *p = b->run->pool;
+
+	*dev = p->device;
+	*seg = kv_pages_seg_of(pool_dev(p), b->run->first_page);
+}
+
+void kv_pools_pages(const struct kv_pools *ps, uint64_t *total, uint64_t *free,
+		    uint64_t *page_bytes)
+{
+	uint32_t d;
+
+	*total = *free = 0;
+	for (d = 0; d < ps->ndev; d++) {
+		*total += ps->dev[d].npages;
+		*free += ps->dev[d].nfree;
+	}
+	*page_bytes = ps->ndev ? ps->dev[0].page_bytes : 0;
+}
+
+uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
+{
+	uint64_t n = 0;
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_list *old;
+
+		if (pool_id >= 0 && (uint32_t)pool_id != i)
+			continue;
+		while ((old = kv_list_back(&ps->pool[i]->lru))) {
+			evict(kv_container_of(old, struct kv_block, node), 0);
+			n++;
+		}
+	}
+	return n;
+}
+
+/* ---- the invariant checker ------------------------------------------------- */
+
+struct checker {
+	void (*report)(void *ctx, const char *msg);
+	void *ctx;
+	int problems;
+};
+
+static void __attribute__((format(printf, 2, 3))) bad(struct checker *c, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (c->problems++ < 100 && c->report)
+		c->report(c->ctx, msg);
+}
+
+static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block *b, int refs,
+			uint64_t *counts)
+{
+	struct kv_pool *p = b->run->pool;
+	unsigned long long h = (unsigned long long)kv_block_handle(b);
+	struct kv_block *in_ix = b->state == KV_BLOCK_SEALED || b->state == KV_BLOCK_CACHED
+					 ? kv_pool_find(p, b->ix.hash) : NULL;
+
+	if (b->state > KV_BLOCK_CACHED) {
+		bad(c, "block %#llx: bad state %u", h, b->state);
+		return;
+	}
+	counts[b->state]++;
+	switch (b->state) {
+	case KV_BLOCK_FREE:
+		if (b->ref || !kv_list_linked(&b->node))
+			bad(c, "block %#llx FREE: ref %u, on list %d", h, b->ref,
+			    kv_list_linked(&b->node));
+		break;
+	case KV_BLOCK_WRITABLE:
+		if (!b->ref || kv_list_linked(&b->node))
+			bad(c, "block %#llx WRITABLE: ref %u, on list %d", h, b->ref,
+			    kv_list_linked(&b->node));
+		break;
+	case KV_BLOCK_SEALED:
+		if (!b->ref || kv_list_linked(&b->node) || in_ix != b)
+			bad(c, "block %#llx SEALED: ref %u, on list %d, indexed %d", h, b->ref,
+			    kv_list_linked(&b->node), in_ix == b);
+		break;
+	case KV_BLOCK_CACHED:
+		if (b->ref || !kv_list_linked(&b->node) || in_ix != b)
+			bad(c, "block %#llx CACHED: ref %u, on list %d, indexed %d", h, b->ref,
+			    kv_list_linked(&b->node), in_ix == b);
+		break;
+	}
+	if (refs && b->check != b->ref)
+		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
+	if (kv_block_lookup(ps, kv_block_handle(b)) != b)
+		bad(c, "block %#llx: its handle does not resolve to it", h);
+}
+
+static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *head, int state,
+		       uint64_t want)
+{
+	struct kv_list *pos;
+	uint64_t n = 0, prev_tick = UINT64_MAX;
+
+	kv_list_for_each(pos, head) {
+		struct kv_block *b = kv_container_of(pos, struct kv_block, node);
+
+		if (b->run->pool != p || b->state != state) {
+			bad(c, "pool %u: list of state %d holds a block of pool %u state %u", p->id,
+			    state, b->run->pool->id, b->state);
+			return;
+		}
+		if (state == KV_BLOCK_CACHED && b->tick > prev_tick)
+			bad(c, "pool %u: LRU out of order", p->id);
+		prev_tick = b->tick;
+		if (++n > want)
+			break;
+	}
+	if (n != want)
+		bad(c, "pool %u: list of state %d has %s%llu blocks, %llu counted", p->id, state,
+		    n > want ? "more than " : "", (unsigned long long)n, (unsigned long long)want);
+}
+
+int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
+		   void *ctx, uint64_t *blocks)
+{
+	struct checker c = { .report = report, .ctx = ctx };
+	uint64_t walked = 0, indexed = 0;
+	uint32_t i, d, pg;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *p = ps->pool[i];
+		uint64_t counts[4] = { 0 }, runs = 0;
+		struct kv_list *pos;
+
+		kv_list_for_each(pos, &p->runs) {
+			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
+			struct kv_pages *dev = pool_dev(p);
+			uint32_t used = 0, s;
+
+			runs++;
+			for (pg = 0; pg < run->npages; pg++)
+				if (dev->owner[run->first_page + pg] != run)
+					bad(&c, "pool %u: page %u of a run is not owned by it", p->id,
+					    run->first_page + pg);
+			for (s = 0; s < p->blocks_per_run; s++) {
+				check_block(ps, &c, &run->blocks[s], refs, counts);
+				used += run->blocks[s].state != KV_BLOCK_FREE;
+			}
+			if (used != run->nused)
+				bad(&c, "pool %u run at page %u: %u blocks used, %u counted", p->id,
+				    run->first_page, used, run->nused);
+			if (!used && p->spare != run)
+				bad(&c, "pool %u run at page %u: empty but not the spare", p->id,
+				    run->first_page);
+			walked += p->blocks_per_run;
+		}
+		if (runs != p->n.runs || counts[0] != p->n.free || counts[1] != p->n.writable ||
+		    counts[2] != p->n.sealed || counts[3] != p->n.cached)
+			bad(&c, "pool %u: counters (runs %llu free %llu writable %llu sealed %llu "
+				"cached %llu) differ from blocks (%llu %llu %llu %llu %llu)", p->id,
+			    (unsigned long long)p->n.runs, (unsigned long long)p->n.free,
+			    (unsigned long long)p->n.writable, (unsigned long long)p->n.sealed,
+			    (unsigned long long)p->n.cached, (unsigned long long)runs,
+			    (unsigned long long)counts[0], (unsigned long long)counts[1],
+			    (unsigned long long)counts[2], (unsigned long long)counts[3]);
+		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0]);
+		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3]);
+		indexed += counts[2] + counts[3];
+	}
+	if (indexed != ps->index.count)
+		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached", ps->index.count,
+		    (unsigned long long)indexed);
+	for (d = 0; d < ps->ndev; d++) {
+		struct kv_pages *dev = &ps->dev[d];
+		uint32_t nfree = 0, s;
+
+		for (pg = 0; pg < dev->npages; pg++) {
+			int isfree = (int)(dev->free_bits[pg / 64] >> (pg % 64)) & 1;
+
+			nfree += isfree;
+			if (isfree == (dev->owner[pg] != NULL))
+				bad(&c, "device %u page %u: free bit %d but owner %p", d, pg, isfree,
+				    dev->owner[pg]);
+		}
+		if (nfree != dev->nfree)
+			bad(&c, "device %u: %u pages free, %u counted", d, nfree, dev->nfree);
+		for (s = 0; s < dev->nsegs; s++) {
+			uint32_t used = 0;
+
+			for (pg = s * dev->pages_per_seg; pg < (s + 1) * dev->pages_per_seg; pg++)
+				used += dev->owner[pg] != NULL;
+			if (used != dev->segs[s].used || (!used && dev->segs[s].ns))
+				bad(&c, "device %u segment %u: %u pages used, %u counted, owner %u", d,
+				    s, used, dev->segs[s].used, dev->segs[s].ns);
+		}
+	}
+	if (blocks)
+		*blocks = walked;
+	return c.problems;
+}
+
+void kv_pools_check_clear(struct kv_pools *ps)
+{
+	uint32_t i, s;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_list *pos;
+
+		kv_list_for_each(pos, &ps->pool[i]->runs) {
+			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
+
+			for (s = 0; s < ps->pool[i]->blocks_per_run; s++)
+				run->blocks[s].check = 0;
+		}
+	}
+}

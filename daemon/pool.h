@@ -1,0 +1,185 @@
+/* Pools and blocks: the KV block allocator, its lifecycle and eviction.
+ *
+ * A pool is one KV layout in one namespace on one device. It takes pages from
+ * the device (pages.h) a run at a time: run_pages contiguous pages cut into
+ * blocks_per_run blocks, chosen when the pool is registered so that the tail
+ * a run cannot use stays under 2% (a block never straddles a run).
+ *
+ * Block lifecycle (DESIGN.md section 3):
+ *
+ *   FREE --alloc--> WRITABLE(ref>=1) --seal--> SEALED(ref>=1) --ref 0--> CACHED
+ *     ^                 | ref 0                   ^  lookup / fork: ref++    |
+ *     +-----------------+-------------------------+-------------------------+ evict
+ *
+ * What holds in each state (kv_pools_check() verifies all of it):
+ *   FREE      ref 0, on its pool's free list, not in the prefix index
+ *   WRITABLE  ref >= 1, on no list, not in the index
+ *   SEALED    ref >= 1, on no list, in the index under its hash
+ *   CACHED    ref 0, on its pool's LRU list (front = newest), in the index
+ * Every transition is O(1). A block's generation changes whenever it becomes
+ * FREE, so a handle kept past its release is detected (ESTALE), never reused.
+ *
+ * This module knows nothing of sessions or the protocol: callers (ops.c)
+ * check that a peer holds the references it gives back. Single-threaded:
+ * only the event loop thread calls in. */
+#ifndef KV_POOL_H
+#define KV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "index.h"
+#include "list.h"
+#include "pages.h"
+
+#define KV_MAX_POOLS 4096      /* the pool field of a handle is 12 bits */
+#define KV_MAX_RUN_BLOCKS 4096 /* the slot field is 12 bits */
+#define KV_MAX_NS 256
+#define KV_NAME_MAX 64
+#define KV_MIN_BLOCK_BYTES 4096
+#define KV_BLOCK_ALIGN 256
+
+enum kv_block_state { KV_BLOCK_FREE, KV_BLOCK_WRITABLE, KV_BLOCK_SEALED, KV_BLOCK_CACHED };
+
+struct kv_run;
+
+struct kv_block {
+	struct kv_list node;       /* FREE: pool free list; CACHED: pool LRU */
+	struct kv_index_entry ix;  /* SEALED, CACHED: in the index */
+	struct kv_run *run;
+	uint64_t tick;             /* when it last became CACHED */
+	uint32_t ref;
+	uint32_t gen;              /* 20 bits used */
+	uint32_t check;            /* scratch: the checker and batch validation (ops.c) */
+	uint16_t slot;
+	uint8_t state;
+};
+
+struct kv_pool_desc {
+	const char *name;
+	uint32_t device;
+	uint64_t block_bytes;
+	uint32_t block_tokens;
+	const char *dtype;
+	const void *layout;
+	size_t layout_len;
+};
+
+struct kv_pool_counts {
+	uint64_t runs, free, writable, sealed, cached;
+	uint64_t allocs, lookups, hits, evictions, dedups;
+};
+
+struct kv_pool {
+	uint32_t id, ns, device;
+	char name[KV_NAME_MAX];
+	char dtype[32];
+	uint64_t block_bytes;
+	uint32_t block_tokens;
+	uint32_t run_pages, blocks_per_run;
+	void *layout;
+	size_t layout_len;
+	struct kv_list free;       /* FREE blocks; front is taken first */
+	struct kv_list lru;        /* CACHED blocks; back is evicted first */
+	struct kv_list runs;
+	struct kv_run *spare;      /* one empty run kept against alloc/free churn */
+	struct kv_pool_counts n;
+	struct kv_pools *pools;
+};
+
+struct kv_pools;
+
+/* Creates the allocator over the backend's segments, cut into page_bytes
+ * pages. Returns 0 and *out, or -EINVAL / -ENOMEM. */
+int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools **out);
+/* Frees all pools and blocks (not the backend). NULL is fine. */
+void kv_pools_destroy(struct kv_pools *ps);
+
+/* The id (>= 1) of namespace name, created on first use. Returns -EINVAL for
+ * a bad name, -ENOSPC when KV_MAX_NS namespaces exist. */
+int kv_pools_ns(struct kv_pools *ps, const char *name);
+const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
+
+/* Registers pool d->name in namespace ns, or returns the existing one when the
+ * layout (device, block size and tokens, dtype, layout bytes) matches.
+ * Returns 0 and *out, -EEXIST for a different layout, -EINVAL for a bad
+ * description, -ENOSPC when KV_MAX_POOLS exist; err gets a message. */
+int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc *d,
+		     struct kv_pool **out, char *err, size_t errlen);
+
+/* The pool of id, or NULL. */
+struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id);
+/* Calls fn for each pool in id order. */
+void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx), void *ctx);
+
+/* Picks the run size for block_bytes: the fewest pages whose unusable tail is
+ * under 2% (or the least waste possible). Returns pages, and blocks per run in
+ * *blocks, or -EINVAL. Exposed for tests. */
+int kv_pool_run_size(uint64_t page_bytes, uint32_t pages_per_seg, uint64_t block_bytes,
+		     uint32_t *blocks);
+
+/* Handle: gen:20 | pool:12 | page:20 | slot:12. */
+uint64_t kv_block_handle(const struct kv_block *b);
+/* The live block named by h, whatever its state (FREE blocks too: callers
+ * check the state), or NULL when no block with that generation exists. */
+struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h);
+static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
+
+/* Allocates n WRITABLE blocks (ref 1) into out, all or nothing: from the free
+ * list, then fresh pages, then by evicting this pool's LRU, then by taking
+ * pages back from other pools of the device (their spare runs, then their
+ * oldest cached blocks). Returns 0 or -ENOSPC with the numbers in why. */
+int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen);
+
+/* Seals b (WRITABLE) under hash. Returns the block that now carries the
+ * caller's reference: b, or the block already cached under hash, in which
+ * case the caller's reference on b has been dropped (dedup). */
+struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
+
+/* The SEALED or CACHED block under hash, or NULL. Takes no reference. */
+struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash);
+
+/* Takes a reference (a CACHED block becomes SEALED). */
+void kv_block_ref(struct kv_block *b);
+/* Drops a reference; at 0 a SEALED block becomes CACHED (newest in the LRU),
+ * a WRITABLE one FREE. */
+void kv_block_unref(struct kv_block *b);
+
+/* Copies src's bytes over dst's (same pool). Returns 0 or -errno. */
+int kv_block_copy(struct kv_block *dst, const struct kv_block *src);
+
+/* Device and segment index a block lives in. */
+void kv_block_where(const struct kv_block *b, uint32_t *dev, uint32_t *seg);
+
+/* Whole-allocator numbers for stats. */
+void kv_pools_pages(const struct kv_pools *ps, uint64_t *total, uint64_t *free,
+		    uint64_t *page_bytes);
+
+/* Evicts every CACHED block (of pool id, or of all pools if id < 0).
+ * Returns how many. */
+uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id);
+
+/* The invariant checker. Walks every block, list, run and page and calls
+ * report(ctx, message) for each broken invariant; with refs set it also
+ * compares each block's ref with its check field, which the caller has filled
+ * with the references it knows of (kv_pools_check_clear() zeroes them).
+ * Returns the number of problems found; *blocks gets the blocks walked. */
+int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
+		   void *ctx, uint64_t *blocks);
+void kv_pools_check_clear(struct kv_pools *ps);
+
+struct kv_run {
+	struct kv_pool *pool;
+	struct kv_list link;      /* pool->runs */
+	uint32_t first_page, npages;
+	uint32_t nused;           /* blocks not FREE */
+	struct kv_block blocks[];
+};
+
+static inline struct kv_pool *kv_block_pool(const struct kv_block *b)
+{
+	return b->run->pool;
+}
+
+#endif
