@@ -1,0 +1,272 @@
+/* Pool and block operations: each builds one request, lets kvc_call_check()
+ * validate the reply under the connection's lock, and only then writes the
+ * caller's outputs (untouched on any failure).
+ *
+ * Local checks return the code the daemon would have returned (KVC_EINVAL,
+ * KVC_E2BIG, KVC_ENOENT) without a round trip. An empty batch is a no-op that
+ * returns 0 without asking the daemon, except for alloc where a count of 0 is
+ * an error. */
+#include "kvc_internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+enum reply_kind {
+	REPLY_EXACT,   /* BlockList of exactly n blocks */
+	REPLY_UPTO,    /* BlockList of at most n blocks (absent = none) */
+	REPLY_EMPTY,   /* nothing, or an empty BlockList */
+};
+
+struct expect {
+	enum reply_kind kind;
+	size_t n;
+	int pool;                  /* >= 0: every block must be of this pool */
+	const kvc_block *same;     /* block i must equal same[i] (fork) */
+	const kvc_block *same_pool;/* block i must be of same_pool[i]'s pool (cow) */
+};
+
+static const char *check_blocks(const Kvcached__Response *r, const void *arg)
+{
+	const struct expect *e = arg;
+	const Kvcached__BlockList *l = r->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS ?
+					       r->blocks : NULL;
+	size_t n = l ? l->n_blocks : 0, i;
+
+	if (r->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS &&
+	    (r->result_case != KVCACHED__RESPONSE__RESULT__NOT_SET || e->kind == REPLY_EXACT))
+		return "the daemon's reply is not a block list";
+	switch (e->kind) {
+	case REPLY_EXACT:
+		if (n != e->n)
+			return "the daemon returned the wrong number of blocks";
+		break;
+	case REPLY_UPTO:
+		if (n > e->n)
+			return "the daemon returned more blocks than asked for";
+		break;
+	case REPLY_EMPTY:
+		if (n)
+			return "the daemon returned blocks where none were expected";
+		break;
+	}
+	for (i = 0; i < n; i++) {
+		kvc_block b = l->blocks[i];
+
+		if (e->pool >= 0 && KVC_BLOCK_POOL(b) != (uint32_t)e->pool)
+			return "the daemon returned a block of another pool";
+		if (e->same && b != e->same[i])
+			return "the daemon's fork returned another block";
+		if (e->same_pool && KVC_BLOCK_POOL(b) != KVC_BLOCK_POOL(e->same_pool[i]))
+			return "the daemon's copy-on-write moved a block to another pool";
+	}
+	return NULL;
+}
+
+/* Common argument checks for a batch of n. Returns 0 or a KVC_E* code. */
+static int check_batch(kvc_conn *c, size_t n)
+{
+	const struct kvc_hello *h;
+
+	if (!c)
+		return KVC_EINVAL;
+	h = kvc_conn_hello(c);
+	return n > h->max_batch ? KVC_E2BIG : 0;
+}
+
+static int check_pool(int pool)
+{
+	return pool < 0 || (unsigned)pool >= KVC_MAX_POOLS ? KVC_ENOENT : 0;
+}
+
+/* Sends req expecting blocks; copies them to out (may be NULL for none).
+ * Returns the number of blocks or a negative error. */
+static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect *e,
+		       kvc_block *out)
+{
+	Kvcached__Response *resp = NULL;
+	size_t n = 0;
+	int r;
+
+	r = kvc_call_check(c, req, check_blocks, e, &resp);
+	if (r < 0)
+		return r;
+	if (resp->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
+		n = resp->blocks->n_blocks;
+		if (n && out)
+			memcpy(out, resp->blocks->blocks, n * sizeof(*out));
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return (int)n;
+}
+
+static const char *check_register(const Kvcached__Response *r, const void *arg)
+{
+	(void)arg;
+	if (r->result_case != KVCACHED__RESPONSE__RESULT_REGISTER_POOL)
+		return "the daemon's reply is not a RegisterPoolReply";
+	if (r->register_pool->pool_id >= KVC_MAX_POOLS)
+		return "the daemon returned a pool id out of range";
+	return NULL;
+}
+
+/* Returns the pool id or a negative error. */
+KVC_PUBLIC int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__RegisterPool rp = KVCACHED__REGISTER_POOL__INIT;
+	Kvcached__Response *resp = NULL;
+	uint32_t id;
+	int r;
+
+	if (!c || !d || !d->name || (!d->layout && d->layout_len) || d->block_bytes == 0 ||
+	    d->block_bytes > kvc_conn_hello(c)->device_bytes)
+		return KVC_EINVAL;
+	rp.name = (char *)d->name;
+	rp.device = d->device;
+	rp.block_bytes = d->block_bytes;
+	rp.block_tokens = d->block_tokens;
+	rp.dtype = (char *)(d->dtype ? d->dtype : "");
+	rp.layout.data = (uint8_t *)d->layout;
+	rp.layout.len = d->layout ? d->layout_len : 0;
+	req.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
+	req.register_pool = &rp;
+	r = kvc_call_check(c, &req, check_register, NULL, &resp);
+	if (r < 0)
+		return r;
+	id = resp->register_pool->pool_id;
+	kvcached__response__free_unpacked(resp, NULL);
+	kvc_conn_pool_set(c, id, d->device, d->block_bytes);
+	return (int)id;
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Alloc a = KVCACHED__ALLOC__INIT;
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = pool };
+	int r;
+
+	if (!c || n == 0 || !out)
+		return KVC_EINVAL;
+	r = check_pool(pool);
+	if (!r)
+		r = check_batch(c, n);
+	if (r < 0)
+		return r;
+	a.pool_id = (uint32_t)pool;
+	a.count = n;
+	req.op_case = KVCACHED__REQUEST__OP_ALLOC;
+	req.alloc = &a;
+	return call_blocks(c, &req, &e, out);
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_seal(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
+			size_t n, kvc_block *out)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Seal s = KVCACHED__SEAL__INIT;
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = pool };
+	int r;
+
+	if (!c || (n && (!blocks || !hashes || !out)))
+		return KVC_EINVAL;
+	r = check_pool(pool);
+	if (!r)
+		r = check_batch(c, n);
+	if (r < 0 || n == 0)
+		return r;
+	s.pool_id = (uint32_t)pool;
+	s.n_blocks = n;
+	s.blocks = (uint64_t *)blocks;
+	s.hashes.data = (uint8_t *)hashes;
+	s.hashes.len = n * sizeof(*hashes);
+	req.op_case = KVCACHED__REQUEST__OP_SEAL;
+	req.seal = &s;
+	return call_blocks(c, &req, &e, out);
+}
+
+/* Returns the cached prefix length k <= n or a negative error. */
+KVC_PUBLIC int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Lookup l = KVCACHED__LOOKUP__INIT;
+	struct expect e = { .kind = REPLY_UPTO, .n = n, .pool = pool };
+	int r;
+
+	if (!c || (n && (!chain || !out)))
+		return KVC_EINVAL;
+	r = check_pool(pool);
+	if (!r)
+		r = check_batch(c, n);
+	if (r < 0 || n == 0)
+		return r;
+	l.pool_id = (uint32_t)pool;
+	l.hashes.data = (uint8_t *)chain;
+	l.hashes.len = n * sizeof(*chain);
+	req.op_case = KVCACHED__REQUEST__OP_LOOKUP;
+	req.lookup = &l;
+	return call_blocks(c, &req, &e, out);
+}
+
+/* Returns 0 or a negative error. */
+KVC_PUBLIC int kvc_release(kvc_conn *c, const kvc_block *blocks, size_t n)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Release rel = KVCACHED__RELEASE__INIT;
+	struct expect e = { .kind = REPLY_EMPTY, .pool = -1 };
+	int r;
+
+	if (!c || (n && !blocks))
+		return KVC_EINVAL;
+	r = check_batch(c, n);
+	if (r < 0 || n == 0)
+		return r;
+	rel.n_blocks = n;
+	rel.blocks = (uint64_t *)blocks;
+	req.op_case = KVCACHED__REQUEST__OP_RELEASE;
+	req.release = &rel;
+	r = call_blocks(c, &req, &e, NULL);
+	return r < 0 ? r : 0;
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Fork f = KVCACHED__FORK__INIT;
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1, .same = blocks };
+	int r;
+
+	if (!c || (n && (!blocks || !out)))
+		return KVC_EINVAL;
+	r = check_batch(c, n);
+	if (r < 0 || n == 0)
+		return r;
+	f.n_blocks = n;
+	f.blocks = (uint64_t *)blocks;
+	req.op_case = KVCACHED__REQUEST__OP_FORK;
+	req.fork = &f;
+	return call_blocks(c, &req, &e, out);
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Cow cw = KVCACHED__COW__INIT;
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1, .same_pool = blocks };
+	int r;
+
+	if (!c || (n && (!blocks || !out)))
+		return KVC_EINVAL;
+	r = check_batch(c, n);
+	if (r < 0 || n == 0)
+		return r;
+	cw.n_blocks = n;
+	cw.blocks = (uint64_t *)blocks;
+	req.op_case = KVCACHED__REQUEST__OP_COW;
+	req.cow = &cw;
+	return call_blocks(c, &req, &e, out);
+}

@@ -1,0 +1,142 @@
+/* libkvcache internals: what kvctl, the tests and the library's own modules
+ * share beyond the public kvcache.h. Not installed, no ABI promise.
+ *
+ * Linking: these functions are hidden in the installed libkvcache.so (whose
+ * ABI is kvcache.h alone). Programs of this build that use them link
+ * `kvcache_dep`, which carries the library's objects statically together
+ * with the one copy of the protobuf code (kvproto) they share; that way a
+ * Kvcached__Response unpacked by the library can be freed by the caller with
+ * kvcached__response__free_unpacked() (protobuf-c checks the descriptor's
+ * address). */
+#ifndef KVC_INTERNAL_H
+#define KVC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+#include "kvcached.pb-c.h"
+
+/* Marks the definitions of the public API (the library is built with
+ * -fvisibility=hidden). */
+#define KVC_PUBLIC __attribute__((visibility("default")))
+
+/* Block handle fields (fixed64: gen:20 | pool:12 | page:20 | slot:12). */
+#define KVC_BLOCK_POOL(b) ((uint32_t)((b) >> 32) & 0xfffu)
+#define KVC_BLOCK_PAGE(b) ((uint32_t)((b) >> 12) & 0xfffffu)
+#define KVC_BLOCK_SLOT(b) ((uint32_t)(b) & 0xfffu)
+#define KVC_MAX_POOLS 4096u
+
+/* Frame limit for the HelloReply, before the daemon has told its max_frame. */
+#define KVC_HELLO_MAX_FRAME (1u << 20)
+
+/* --- conn.c --------------------------------------------------------------- */
+
+/* What the daemon said in its HelloReply. Immutable after kvc_connect(). */
+struct kvc_hello {
+	uint32_t version;
+	uint64_t page_bytes;
+	uint64_t segment_bytes;
+	uint64_t device_bytes;
+	uint32_t devices;
+	uint32_t max_frame;
+	uint32_t max_batch;
+	uint64_t session_id;
+	char backend[32];
+};
+
+/* Sends req on c and waits for its response. Fills req->id (ids increase per
+ * connection). Maps the segments the response announces, whatever its
+ * outcome. Takes the connection's mutex.
+ *
+ * Returns 0 and sets *resp (the caller frees it with
+ * kvcached__response__free_unpacked(*resp, NULL)), or:
+ * - -(1000 + code) when the response carries an error (its message is kept
+ *   for kvc_last_error(); the response is freed, *resp untouched);
+ * - KVC_E2BIG when the packed request exceeds the daemon's max_frame (nothing
+ *   sent);
+ * - -EPIPE when the connection is broken;
+ * - -EPROTO for a bad response (wrong id, oversize or undecodable frame, fewer
+ *   fds than segments, a segment that does not fit the device range) and
+ *   -errno for a socket or mapping failure: both break the connection (it is
+ *   shut down, so that the daemon releases its references; later calls return
+ *   -EPIPE) and leave a description in kvc_last_error(). A daemon error
+ *   KVC_EPROTO breaks it too.
+ * The result case of *resp is not checked: see kvc_call_check(). */
+int kvc_call(kvc_conn *c, Kvcached__Request *req, Kvcached__Response **resp);
+
+/* Checks a successful response before kvc_call_check() returns it: NULL when
+ * it is acceptable, else a static description of what is wrong. Runs under
+ * the connection's mutex; must not call into c. */
+typedef const char *kvc_check_fn(const Kvcached__Response *resp, const void *arg);
+
+/* kvc_call() with check(resp, arg) applied to a response that carries no
+ * error: a response it rejects is a protocol violation (-EPROTO, the
+ * connection breaks, its description goes to kvc_last_error()). check NULL =
+ * kvc_call(). */
+int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
+		   Kvcached__Response **resp);
+
+/* Remembers that pool (< KVC_MAX_POOLS) lives on device with blocks of
+ * block_bytes (> 0), for kvc_block_ptr() and kvc_pool_block_bytes(). Safe
+ * against concurrent readers. Returns 0 or -EINVAL. */
+int kvc_conn_pool_set(kvc_conn *c, uint32_t pool, uint32_t device, uint64_t block_bytes);
+
+/* The HelloReply values; valid until kvc_close(). */
+const struct kvc_hello *kvc_conn_hello(const kvc_conn *c);
+
+/* The socket, for tests that write raw bytes. Still owned by c. */
+int kvc_conn_fd(const kvc_conn *c);
+
+/* Whether a protocol or socket failure has broken c. */
+bool kvc_conn_broken(const kvc_conn *c);
+
+/* Whether segment index of device dev is mapped in this process. Lock-free. */
+bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index);
+
+/* --- map.c ---------------------------------------------------------------
+ * Where segments live in this process: one virtual range of device_bytes per
+ * device, reserved the first time a segment of the device arrives, and
+ * segment s mapped whole at base + offset(s). This host version uses mmap of
+ * the segment's memfd; a CUDA version (cuMemImportFromShareableHandle +
+ * cuMemMap into a cuMemAddressReserve range) implements the same functions.
+ *
+ * Threads: kvc_map_reserve and kvc_map_segment are called by one thread at a
+ * time (the connection's mutex); kvc_map_base and kvc_map_is_mapped may run
+ * concurrently with them from any thread. */
+struct kvc_map;
+
+/* A map for devices of device_bytes, cut into segments of segment_bytes (a
+ * divisor of device_bytes). Nothing is reserved yet. Returns 0 or -ENOMEM,
+ * -EINVAL. */
+int kvc_map_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
+		struct kvc_map **out);
+
+/* Unmaps everything and frees m. NULL is fine. */
+void kvc_map_free(struct kvc_map *m);
+
+/* Reserves dev's range if it is not yet. Returns 0, -EINVAL for a device out
+ * of range, or -errno from the reservation. */
+int kvc_map_reserve(struct kvc_map *m, uint32_t dev);
+
+/* Maps segment index (bytes long, at offset in dev's range) from fd,
+ * reserving the range first if needed. Always consumes fd (closed on success
+ * and on failure). A segment already mapped is left as is. Returns 0,
+ * -EPROTO for a segment that does not fit (offset != index * segment_bytes,
+ * bytes 0 or over segment_bytes, device out of range), or -errno. */
+int kvc_map_segment(struct kvc_map *m, uint32_t dev, uint32_t index, uint64_t offset,
+		    uint64_t bytes, int fd);
+
+/* Whether the segment is mapped; false for anything out of range. */
+bool kvc_map_is_mapped(const struct kvc_map *m, uint32_t dev, uint32_t index);
+
+/* The start of dev's range, or NULL when not reserved. */
+void *kvc_map_base(const struct kvc_map *m, uint32_t dev);
+
+/* Unmaps every segment and reservation (pointers into them become invalid);
+ * m can be used again. Not concurrent with kvc_map_base/kvc_map_is_mapped
+ * (kvc_close() time). */
+void kvc_map_unmap_all(struct kvc_map *m);
+
+#endif

@@ -1,0 +1,165 @@
+/* Host mapping of segments: a PROT_NONE reservation of device_bytes per
+ * device, and each segment's memfd mapped whole over its slice of it with
+ * MAP_FIXED. See kvc_internal.h for the interface a CUDA version shares.
+ *
+ * Lock-free readers (kvc_block_ptr) see a device only once its state is
+ * published with a release store, after the reservation exists, and a segment
+ * flag only after its mmap() returned: whatever they see mapped is mapped. */
+#include "kvc_internal.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct map_dev {
+	void *base;               /* device_bytes reserved */
+	atomic_uchar mapped[];    /* per segment index: 1 once mapped */
+};
+
+struct kvc_map {
+	uint32_t devices;
+	uint64_t device_bytes;
+	uint64_t segment_bytes;
+	size_t nseg;                       /* device_bytes / segment_bytes */
+	_Atomic(struct map_dev *) dev[];   /* NULL until reserved */
+};
+
+/* Returns 0 or -ENOMEM, -EINVAL. */
+int kvc_map_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
+		struct kvc_map **out)
+{
+	struct kvc_map *m;
+	uint32_t i;
+
+	if (devices == 0 || segment_bytes == 0 || device_bytes == 0 ||
+	    device_bytes % segment_bytes != 0 || device_bytes > SIZE_MAX)
+		return -EINVAL;
+	m = malloc(sizeof(*m) + devices * sizeof(m->dev[0]));
+	if (!m)
+		return -ENOMEM;
+	m->devices = devices;
+	m->device_bytes = device_bytes;
+	m->segment_bytes = segment_bytes;
+	m->nseg = (size_t)(device_bytes / segment_bytes);
+	for (i = 0; i < devices; i++)
+		atomic_init(&m->dev[i], NULL);
+	*out = m;
+	return 0;
+}
+
+void kvc_map_unmap_all(struct kvc_map *m)
+{
+	uint32_t i;
+
+	if (!m)
+		return;
+	for (i = 0; i < m->devices; i++) {
+		struct map_dev *d = atomic_exchange(&m->dev[i], NULL);
+
+		if (!d)
+			continue;
+		/* One munmap takes the segments with the reservation. */
+		munmap(d->base, (size_t)m->device_bytes);
+		free(d);
+	}
+}
+
+void kvc_map_free(struct kvc_map *m)
+{
+	if (!m)
+		return;
+	kvc_map_unmap_all(m);
+	free(m);
+}
+
+/* Returns 0, -EINVAL or -errno. */
+int kvc_map_reserve(struct kvc_map *m, uint32_t dev)
+{
+	struct map_dev *d;
+	size_t i;
+
+	if (dev >= m->devices)
+		return -EINVAL;
+	if (atomic_load_explicit(&m->dev[dev], memory_order_acquire))
+		return 0;
+	d = malloc(sizeof(*d) + m->nseg * sizeof(d->mapped[0]));
+	if (!d)
+		return -ENOMEM;
+	for (i = 0; i < m->nseg; i++)
+		atomic_init(&d->mapped[i], 0);
+	d->base = mmap(NULL, (size_t)m->device_bytes, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (d->base == MAP_FAILED) {
+		int err = -errno;
+
+		free(d);
+		return err;
+	}
+	atomic_store_explicit(&m->dev[dev], d, memory_order_release);
+	return 0;
+}
+
+/* Consumes fd. Returns 0, -EPROTO or -errno. */
+int kvc_map_segment(struct kvc_map *m, uint32_t dev, uint32_t index, uint64_t offset,
+		    uint64_t bytes, int fd)
+{
+	struct map_dev *d;
+	void *p;
+	int r;
+
+	if (dev >= m->devices || index >= m->nseg ||
+	    offset != (uint64_t)index * m->segment_bytes || bytes == 0 ||
+	    bytes > m->segment_bytes) {
+		r = -EPROTO;
+		goto out;
+	}
+	r = kvc_map_reserve(m, dev);
+	if (r < 0)
+		goto out;
+	d = atomic_load_explicit(&m->dev[dev], memory_order_relaxed);
+	/* The daemon names a segment once per connection; should it repeat
+	 * itself, the mapping in place is the same memory. */
+	if (atomic_load_explicit(&d->mapped[index], memory_order_relaxed))
+		goto out;
+	p = mmap((char *)d->base + offset, (size_t)bytes, PROT_READ | PROT_WRITE,
+		 MAP_SHARED | MAP_FIXED, fd, 0);
+	if (p == MAP_FAILED) {
+		r = -errno;
+		/* A failed MAP_FIXED may have unmapped the slice: restore the
+		 * reservation so that nothing else lands inside the range. */
+		mmap((char *)d->base + offset, (size_t)bytes, PROT_NONE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+		goto out;
+	}
+	atomic_store_explicit(&d->mapped[index], 1, memory_order_release);
+out:
+	close(fd);
+	return r;
+}
+
+bool kvc_map_is_mapped(const struct kvc_map *m, uint32_t dev, uint32_t index)
+{
+	struct map_dev *d;
+
+	if (!m || dev >= m->devices || index >= m->nseg)
+		return false;
+	/* The atomics are only read; the casts drop const for C11's loads,
+	 * which older compilers declare without it. */
+	d = atomic_load_explicit((_Atomic(struct map_dev *) *)&m->dev[dev],
+				 memory_order_acquire);
+	return d && atomic_load_explicit((atomic_uchar *)&d->mapped[index],
+					 memory_order_acquire);
+}
+
+void *kvc_map_base(const struct kvc_map *m, uint32_t dev)
+{
+	struct map_dev *d;
+
+	if (!m || dev >= m->devices)
+		return NULL;
+	d = atomic_load_explicit((_Atomic(struct map_dev *) *)&m->dev[dev],
+				 memory_order_acquire);
+	return d ? d->base : NULL;
+}
