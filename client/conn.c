@@ -206,7 +206,8 @@ static int rbuf_reserve(kvc_conn *c, size_t need)
 		p = malloc(cap);
 		if (!p)
 			return -ENOMEM;
-		memcpy(p, c->rbuf + c->rpos, c->rlen);
+		if (c->rlen)
+			memcpy(p, c->rbuf + c->rpos, c->rlen);
 		free(c->rbuf);
 		c->rbuf = p;
 		c->rcap = cap;
