@@ -230,15 +230,27 @@ static void json_ratio(struct json *j, const char *k, uint64_t num, uint64_t den
 
 /* --- human tables -------------------------------------------------------- */
 
-/* A copy of s safe for a terminal: control characters become '?'. */
+/* A copy of s safe for a terminal: control characters (C0, DEL, C1) and
+ * bytes that are not UTF-8 become '?'. */
 static char *sanitize(const char *s)
 {
-	char *r = xasprintf("%s", s ? s : "");
-	char *p;
+	size_t n = strlen(s ? s : ""), i = 0, o = 0;
+	char *r = xrealloc(NULL, n + 1);
 
-	for (p = r; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
+	while (i < n) {
+		const unsigned char *p = (const unsigned char *)s + i;
+		size_t len = utf8_len(p, n - i);
+
+		if (len == 0 || *p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] < 0xa0)) {
+			r[o++] = '?';
+			i += len ? len : 1;
+		} else {
+			memcpy(r + o, p, len);
+			o += len;
+			i += len;
+		}
+	}
+	r[o] = '\0';
 	return r;
 }
 
