@@ -1,0 +1,1203 @@
+/* kvbench: latency and throughput figures of a running kvcached.
+ *
+ * Figures, never assertions: kvbench prints what it measured next to the
+ * targets and exits 0 whatever the figures are (1 only when it could not
+ * measure, e.g. no daemon). See docs/benchmarks.md for what each figure
+ * means; scripts/bench starts the daemons and runs every section.
+ *
+ * Sections (--only picks some; default abcde, or f alone with --fill):
+ *   a  the floor: a raw ping-pong over an AF_UNIX socketpair between two
+ *      processes, with the request and response frame sizes of each op
+ *      measured below (real protobuf frames, built with the generated code)
+ *   b  alloc, seal and release of 1 block, three round trips, each timed
+ *   c  the same with 16 and 256 blocks per request
+ *   d  lookup of a 1,000-block chain sealed and cached beforehand
+ *   e  1, 4 and 16 client processes, each its own connection, looping
+ *      alloc+seal+release of 1 block for a fixed time
+ *   f  --fill N: fill the pool with N cached 4 KiB blocks first, so that
+ *      every alloc must evict; then alloc+seal+release of 1 block
+ *
+ * Hashes are synthetic (a per-process random stream): distinct for every
+ * seal, so the daemon never dedups. Blocks are 4 KiB and never written. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvc_internal.h"  /* kvc_call() for the pool's counters; kvcached.pb-c.h */
+
+#define FRAME_HDR 8u                  /* see proto/frame.h */
+#define BLOCK_BYTES 4096u
+#define POOL_NAME "kvbench-4k"
+#define LAYOUT "kvbench: 4 KiB opaque blocks"
+#define CHAIN_LEN 1000u
+#define FILL_BATCH 4096u
+#define MAX_CLIENTS 16
+#define CLIENT_SAMPLES (1u << 20)     /* latencies kept per client process */
+
+/* --- options and output --------------------------------------------------- */
+
+static const char *sock_path;
+static bool quick, json;
+static char only[8] = "";
+static uint64_t fill_n;
+
+/* Seconds each kind of measurement runs for (default, then --quick). */
+struct durations {
+	double floor, single, batch, lookup, clients, fill;
+};
+static const struct durations dur_default = { 0.5, 5.0, 4.0, 4.0, 4.0, 5.0 };
+static const struct durations dur_quick = { 0.1, 1.0, 0.7, 0.7, 0.8, 1.5 };
+static struct durations D;
+
+struct row {
+	char section;
+	char name[48];
+	uint32_t req, resp;          /* frame bytes with header; 0 = n/a */
+	double p50, p99;             /* microseconds */
+	double ops;                  /* per second */
+	const char *ops_unit;        /* "ops/s", "blocks/s", ... */
+	double floor_p50;            /* 0 = no comparison */
+	double target;               /* ratio target, 0 = none */
+	uint64_t n;                  /* samples */
+	double evicted;              /* % of the allocs that evicted; NAN = n/a */
+};
+
+static struct row rows[64];
+static size_t nrows;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fflush(stdout);
+	fputs("kvbench: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A line for humans (stdout), or on stderr under --json. */
+static void note(const char *fmt, ...)
+{
+	FILE *f = json ? stderr : stdout;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	fputc('\n', f);
+	fflush(f);
+}
+
+static void check(kvc_conn *c, int r, const char *what)
+{
+	if (r < 0)
+		die("%s: %s%s%s", what, kvc_strerror(r), c && *kvc_last_error(c) ? ": " : "",
+		    c ? kvc_last_error(c) : "");
+}
+
+static bool want(char s)
+{
+	return strchr(only, s) != NULL;
+}
+
+static void print_header(void)
+{
+	if (json)
+		return;
+	printf("%-34s %11s %9s %9s %16s %10s %7s %9s\n", "", "req/resp B", "p50 us", "p99 us",
+	       "rate", "floor p50", "ratio", "target");
+}
+
+static void print_section(const char *title)
+{
+	if (!json)
+		printf("%s\n", title);
+	fflush(stdout);
+}
+
+static struct row *add_row(char section, const char *name)
+{
+	struct row *r;
+
+	if (nrows == sizeof(rows) / sizeof(rows[0]))
+		die("too many result rows");
+	r = &rows[nrows++];
+	memset(r, 0, sizeof(*r));
+	r->section = section;
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->ops_unit = "ops/s";
+	r->evicted = NAN;
+	return r;
+}
+
+static void print_row(const struct row *r)
+{
+	char fr[24] = "", rate[32], fl[16] = "", ra[16] = "", tg[16] = "", line[192];
+	int n;
+
+	if (json)
+		return;
+	if (r->req || r->resp)
+		snprintf(fr, sizeof(fr), "%u/%u", r->req, r->resp);
+	if (r->ops >= 1e6)
+		snprintf(rate, sizeof(rate), "%.2fM %s", r->ops / 1e6, r->ops_unit);
+	else if (r->ops >= 1e4)
+		snprintf(rate, sizeof(rate), "%.1fk %s", r->ops / 1e3, r->ops_unit);
+	else
+		snprintf(rate, sizeof(rate), "%.0f %s", r->ops, r->ops_unit);
+	if (r->floor_p50 > 0) {
+		snprintf(fl, sizeof(fl), "%.1f", r->floor_p50);
+		snprintf(ra, sizeof(ra), "%.2fx", r->p50 / r->floor_p50);
+	}
+	if (r->target > 0)
+		snprintf(tg, sizeof(tg), "%s%.1fx", r->p50 / r->floor_p50 <= r->target ? "ok " : "MISS ",
+			 r->target);
+	n = snprintf(line, sizeof(line), "  %-32s %11s %9.1f %9.1f %16s %10s %7s %9s", r->name, fr,
+		     r->p50, r->p99, rate, fl, ra, tg);
+	while (n > 0 && line[n - 1] == ' ')
+		line[--n] = '\0';
+	puts(line);
+	fflush(stdout);
+}
+
+/* --- time and samples ----------------------------------------------------- */
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+struct samples {
+	uint64_t *v;
+	size_t n, cap;
+};
+
+static void sample_add(struct samples *s, uint64_t ns)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 65536;
+		uint64_t *v = realloc(s->v, cap * sizeof(*v));
+
+		if (!v)
+			die("out of memory");
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = ns;
+}
+
+static void sample_free(struct samples *s)
+{
+	free(s->v);
+	memset(s, 0, sizeof(*s));
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile in microseconds; sorts s. */
+static double pct(struct samples *s, double p)
+{
+	size_t k;
+
+	if (!s->n)
+		return NAN;
+	qsort(s->v, s->n, sizeof(*s->v), cmp_u64);
+	k = (size_t)ceil(p / 100.0 * (double)s->n);
+	return (double)s->v[k ? k - 1 : 0] / 1e3;
+}
+
+static double sum_s(const struct samples *s)
+{
+	double t = 0;
+	size_t i;
+
+	for (i = 0; i < s->n; i++)
+		t += (double)s->v[i];
+	return t / 1e9;
+}
+
+/* Fills a row from samples: p50, p99, and a serial rate = samples / their
+ * total time, times `per` (blocks per sample for block rates). */
+static void row_from(struct row *r, struct samples *s, double per)
+{
+	double t = sum_s(s);
+
+	r->n = s->n;
+	r->p50 = pct(s, 50);
+	r->p99 = pct(s, 99);
+	r->ops = t > 0 ? (double)s->n * per / t : 0;
+}
+
+/* --- synthetic hashes ----------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static uint64_t splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void rng_seed(void)
+{
+	uint64_t s = 0;
+
+	if (getrandom(&s, sizeof(s), 0) != (ssize_t)sizeof(s))
+		s = now_ns();
+	rng_state = s ^ ((uint64_t)getpid() << 32);
+}
+
+/* n fresh random hashes: distinct (2^-256 odds aside) across processes and
+ * runs, so no seal dedups. */
+static void fresh_hashes(kvc_hash *h, size_t n)
+{
+	size_t i, j;
+
+	for (i = 0; i < n; i++)
+		for (j = 0; j < 4; j++) {
+			uint64_t w = splitmix64(&rng_state);
+
+			memcpy(h[i].b + 8 * j, &w, 8);
+		}
+}
+
+/* --- frame sizes ---------------------------------------------------------- */
+
+/* A representative request id: ids grow by one per request; a few hundred
+ * thousand in, the varint takes 3 bytes. */
+#define REP_ID 300000u
+
+struct frames {
+	uint32_t req, resp;
+};
+
+static uint32_t req_bytes(Kvcached__Request *q)
+{
+	q->id = REP_ID;
+	return FRAME_HDR + (uint32_t)kvcached__request__get_packed_size(q);
+}
+
+static uint32_t resp_bytes(size_t nblocks, kvc_block handle, bool with_list)
+{
+	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+	Kvcached__BlockList bl = KVCACHED__BLOCK_LIST__INIT;
+	uint64_t *v = calloc(nblocks ? nblocks : 1, sizeof(*v));
+	size_t i, len;
+
+	if (!v)
+		die("out of memory");
+	for (i = 0; i < nblocks; i++)
+		v[i] = handle;
+	rs.id = REP_ID;
+	if (with_list) {
+		bl.n_blocks = nblocks;
+		bl.blocks = v;
+		rs.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+		rs.blocks = &bl;
+	}
+	len = kvcached__response__get_packed_size(&rs);
+	free(v);
+	return FRAME_HDR + (uint32_t)len;
+}
+
+enum op { OP_ALLOC, OP_SEAL, OP_RELEASE, OP_LOOKUP };
+
+/* The frames of op on n blocks of pool, with a real handle's value. */
+static struct frames frames_of(enum op op, int pool, size_t n, kvc_block handle)
+{
+	Kvcached__Request q = KVCACHED__REQUEST__INIT;
+	Kvcached__Alloc a = KVCACHED__ALLOC__INIT;
+	Kvcached__Seal s = KVCACHED__SEAL__INIT;
+	Kvcached__Release r = KVCACHED__RELEASE__INIT;
+	Kvcached__Lookup l = KVCACHED__LOOKUP__INIT;
+	uint64_t *v = calloc(n, sizeof(*v));
+	uint8_t *h = calloc(n, 32);
+	struct frames f = { 0, 0 };
+	size_t i;
+
+	if (!v || !h)
+		die("out of memory");
+	for (i = 0; i < n; i++)
+		v[i] = handle;
+	switch (op) {
+	case OP_ALLOC:
+		a.pool_id = (uint32_t)pool;
+		a.count = (uint32_t)n;
+		q.op_case = KVCACHED__REQUEST__OP_ALLOC;
+		q.alloc = &a;
+		f.resp = resp_bytes(n, handle, true);
+		break;
+	case OP_SEAL:
+		s.pool_id = (uint32_t)pool;
+		s.n_blocks = n;
+		s.blocks = v;
+		s.hashes.len = 32 * n;
+		s.hashes.data = h;
+		q.op_case = KVCACHED__REQUEST__OP_SEAL;
+		q.seal = &s;
+		f.resp = resp_bytes(n, handle, true);
+		break;
+	case OP_RELEASE:
+		r.n_blocks = n;
+		r.blocks = v;
+		q.op_case = KVCACHED__REQUEST__OP_RELEASE;
+		q.release = &r;
+		f.resp = resp_bytes(0, handle, false);
+		break;
+	case OP_LOOKUP:
+		l.pool_id = (uint32_t)pool;
+		l.hashes.len = 32 * n;
+		l.hashes.data = h;
+		q.op_case = KVCACHED__REQUEST__OP_LOOKUP;
+		q.lookup = &l;
+		f.resp = resp_bytes(n, handle, true);
+		break;
+	}
+	f.req = req_bytes(&q);
+	free(v);
+	free(h);
+	return f;
+}
+
+/* --- (a) the floor: socketpair ping-pong ---------------------------------- */
+
+static int read_full(int fd, uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t r = read(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t r = write(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* Times nst request/response exchanges per sample over a socketpair with a
+ * forked echo process that answers each request frame with a response of
+ * the given size. Runs for secs after a warm-up. */
+static void floor_run(const struct frames *st, int nst, double secs, struct samples *out)
+{
+	size_t big = 0;
+	uint8_t *buf;
+	int sv[2], i, status;
+	uint64_t end, warm_end;
+	pid_t pid;
+
+	for (i = 0; i < nst; i++) {
+		big = st[i].req > big ? st[i].req : big;
+		big = st[i].resp > big ? st[i].resp : big;
+	}
+	buf = calloc(1, big);
+	if (!buf)
+		die("out of memory");
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		die("socketpair: %s", strerror(errno));
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid == 0) {
+		close(sv[0]);
+		for (;;)
+			for (i = 0; i < nst; i++)
+				if (read_full(sv[1], buf, st[i].req) < 0 ||
+				    write_full(sv[1], buf, st[i].resp) < 0)
+					_exit(0);
+	}
+	close(sv[1]);
+	warm_end = now_ns() + (uint64_t)(secs * 0.2e9);
+	end = 0;
+	for (;;) {
+		uint64_t t0 = now_ns(), t1;
+
+		for (i = 0; i < nst; i++)
+			if (write_full(sv[0], buf, st[i].req) < 0 ||
+			    read_full(sv[0], buf, st[i].resp) < 0)
+				die("floor ping-pong: the echo process went away");
+		t1 = now_ns();
+		if (!end) {
+			if (t1 < warm_end)
+				continue;
+			end = t1 + (uint64_t)(secs * 1e9);
+			continue;
+		}
+		sample_add(out, t1 - t0);
+		if (t1 >= end)
+			break;
+	}
+	close(sv[0]);
+	waitpid(pid, &status, 0);
+	free(buf);
+}
+
+/* Floor p50s by frame pair, so later sections find theirs. */
+struct floor_entry {
+	struct frames f[3];
+	int nf;
+	double p50;
+};
+static struct floor_entry floors[32];
+static size_t nfloors;
+
+static double floor_measure(char section, const char *name, const struct frames *f, int nf)
+{
+	struct samples s = { 0 };
+	struct floor_entry *e;
+	struct row *r;
+	size_t i;
+
+	for (i = 0; i < nfloors; i++)
+		if (floors[i].nf == nf && !memcmp(floors[i].f, f, (size_t)nf * sizeof(*f)))
+			return floors[i].p50;
+	floor_run(f, nf, D.floor, &s);
+	r = add_row(section, name);
+	for (i = 0; i < (size_t)nf; i++) {
+		r->req += f[i].req;
+		r->resp += f[i].resp;
+	}
+	row_from(r, &s, 1);
+	print_row(r);
+	sample_free(&s);
+	if (nfloors < sizeof(floors) / sizeof(floors[0])) {
+		e = &floors[nfloors++];
+		memcpy(e->f, f, (size_t)nf * sizeof(*f));
+		e->nf = nf;
+		e->p50 = r->p50;
+	}
+	return r->p50;
+}
+
+static const char *const opname[] = { "alloc", "seal", "release", "lookup" };
+
+/* Frame sizes need a pool id and a handle value (fixed64: the size does not
+ * depend on it): set once by rep_init(). */
+static int rep_pool;
+static kvc_block rep_handle;
+
+static struct frames fr(enum op op, uint32_t n)
+{
+	return frames_of(op, rep_pool, n, rep_handle);
+}
+
+/* The floor of one op's frames, measured the first time. */
+static double floor_op(enum op op, uint32_t n)
+{
+	struct frames f = fr(op, n);
+	char name[48];
+
+	snprintf(name, sizeof(name), "%s %u frames", opname[op], n);
+	return floor_measure('a', name, &f, 1);
+}
+
+/* The floor of an alloc+seal+release cycle: three exchanges in a row. */
+static double floor_cycle(uint32_t n)
+{
+	struct frames f[3] = { fr(OP_ALLOC, n), fr(OP_SEAL, n), fr(OP_RELEASE, n) };
+	char name[48];
+
+	snprintf(name, sizeof(name), "alloc+seal+release %u frames", n);
+	return floor_measure('a', name, f, 3);
+}
+
+/* --- the daemon ----------------------------------------------------------- */
+
+struct bench_conn {
+	kvc_conn *c;
+	int pool;
+	kvc_hash *h;
+	kvc_block *b, *o;
+	size_t cap;
+};
+
+static void bc_open(struct bench_conn *bc, size_t cap, const char *name)
+{
+	struct kvc_options opt = { .client_name = name };
+	struct kvc_pool_desc d = {
+		.name = POOL_NAME,
+		.block_bytes = BLOCK_BYTES,
+		.block_tokens = 16,
+		.dtype = "opaque",
+		.layout = LAYOUT,
+		.layout_len = sizeof(LAYOUT) - 1,
+	};
+	int r;
+
+	memset(bc, 0, sizeof(*bc));
+	r = kvc_connect(sock_path, &opt, &bc->c);
+	if (r < 0)
+		die("cannot connect to kvcached at %s: %s", sock_path, kvc_strerror(r));
+	r = kvc_register_pool(bc->c, &d);
+	check(bc->c, r, "registering the pool");
+	bc->pool = r;
+	bc->cap = cap;
+	bc->h = calloc(cap, sizeof(*bc->h));
+	bc->b = calloc(cap, sizeof(*bc->b));
+	bc->o = calloc(cap, sizeof(*bc->o));
+	if (!bc->h || !bc->b || !bc->o)
+		die("out of memory");
+}
+
+static void bc_close(struct bench_conn *bc)
+{
+	kvc_close(bc->c);
+	free(bc->h);
+	free(bc->b);
+	free(bc->o);
+	memset(bc, 0, sizeof(*bc));
+}
+
+/* One alloc+seal+release of n blocks with fresh hashes; t[0..3] get the
+ * times before alloc, seal, release and after. */
+static void cycle(struct bench_conn *bc, uint32_t n, uint64_t t[4])
+{
+	int r;
+
+	fresh_hashes(bc->h, n);
+	t[0] = now_ns();
+	r = kvc_alloc(bc->c, bc->pool, n, bc->b);
+	t[1] = now_ns();
+	check(bc->c, r, "alloc");
+	r = kvc_seal(bc->c, bc->pool, bc->b, bc->h, n, bc->o);
+	t[2] = now_ns();
+	check(bc->c, r, "seal");
+	r = kvc_release(bc->c, bc->o, n);
+	t[3] = now_ns();
+	check(bc->c, r, "release");
+}
+
+/* The pool's counters, or false when the daemon would not say. */
+static bool pool_info(struct bench_conn *bc, Kvcached__PoolInfo *out, uint64_t *pages_free)
+{
+	Kvcached__Request q = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs = NULL;
+	bool found = false;
+	size_t i;
+
+	q.op_case = KVCACHED__REQUEST__OP_STATS;
+	q.stats = &st;
+	if (kvc_call(bc->c, &q, &rs) < 0)
+		return false;
+	if (rs->result_case == KVCACHED__RESPONSE__RESULT_STATS) {
+		for (i = 0; i < rs->stats->n_pools; i++)
+			if (rs->stats->pools[i]->pool_id == (uint32_t)bc->pool) {
+				*out = *rs->stats->pools[i];
+				out->namespace_ = out->name = out->dtype = NULL;
+				found = true;
+			}
+		if (pages_free)
+			*pages_free = rs->stats->pages_free;
+	}
+	kvcached__response__free_unpacked(rs, NULL);
+	return found;
+}
+
+/* The pool's alloc and eviction counters, to tell whether a measurement
+ * ran on a pool with free blocks or on a full one where allocs evict. */
+struct snap {
+	bool ok;
+	uint64_t allocs, evictions;
+};
+
+static struct snap snap_take(struct bench_conn *bc)
+{
+	Kvcached__PoolInfo pi;
+	struct snap sn = { 0 };
+
+	if (pool_info(bc, &pi, NULL)) {
+		sn.ok = true;
+		sn.allocs = pi.allocs;
+		sn.evictions = pi.evictions;
+	}
+	return sn;
+}
+
+/* Percentage of the allocs between a and b that evicted a cached block, and
+ * a note saying so; NAN when the daemon gave no counters. */
+static double evicted_note(struct snap a, struct snap b)
+{
+	uint64_t allocs = b.allocs - a.allocs, ev = b.evictions - a.evictions;
+	double pct;
+
+	if (!a.ok || !b.ok || !allocs)
+		return NAN;
+	pct = 100.0 * (double)ev / (double)allocs;
+	note("  pool: %" PRIu64 " blocks allocated (warm-up included), %" PRIu64
+	     " of them (%.0f%%) by evicting a cached block", allocs, ev, pct);
+	return pct;
+}
+
+/* Takes the representative handle for frame sizes from a real alloc. */
+static void rep_init(struct bench_conn *bc)
+{
+	check(bc->c, kvc_alloc(bc->c, bc->pool, 1, bc->b), "alloc");
+	rep_pool = bc->pool;
+	rep_handle = bc->b[0];
+	check(bc->c, kvc_release(bc->c, bc->b, 1), "release");
+}
+
+/* Runs cycles of n blocks for secs after a warm-up; s[0..2] get the alloc,
+ * seal and release times, s[3] the whole cycle. */
+static void cycles_run(struct bench_conn *bc, uint32_t n, double secs, struct samples s[4])
+{
+	uint64_t t[4], warm_end = now_ns() + (uint64_t)(secs * 0.15e9), end;
+
+	while (now_ns() < warm_end)
+		cycle(bc, n, t);
+	end = now_ns() + (uint64_t)(secs * 1e9);
+	do {
+		cycle(bc, n, t);
+		sample_add(&s[0], t[1] - t[0]);
+		sample_add(&s[1], t[2] - t[1]);
+		sample_add(&s[2], t[3] - t[2]);
+		sample_add(&s[3], t[3] - t[0]);
+	} while (t[3] < end);
+}
+
+/* Sections b and c: cycles of n blocks, each op and the whole, against the
+ * floor of the same frames. */
+static void section_cycles(struct bench_conn *bc, char section, uint32_t n, double target)
+{
+	struct samples s[4] = { { 0 } };
+	struct frames f[3] = { fr(OP_ALLOC, n), fr(OP_SEAL, n), fr(OP_RELEASE, n) };
+	double fl[4] = { floor_op(OP_ALLOC, n), floor_op(OP_SEAL, n), floor_op(OP_RELEASE, n),
+			 floor_cycle(n) };
+	struct row *r;
+	char name[48];
+	struct snap s0 = snap_take(bc), s1;
+	double ev;
+	int i;
+
+	cycles_run(bc, n, section == 'b' ? D.single : D.batch, s);
+	s1 = snap_take(bc);
+	for (i = 0; i < 4; i++) {
+		if (i < 3)
+			snprintf(name, sizeof(name), "%s %u", opname[i], n);
+		else
+			snprintf(name, sizeof(name), "alloc+seal+release %u", n);
+		r = add_row(section, name);
+		row_from(r, &s[i], 1);
+		r->req = i < 3 ? f[i].req : f[0].req + f[1].req + f[2].req;
+		r->resp = i < 3 ? f[i].resp : f[0].resp + f[1].resp + f[2].resp;
+		r->floor_p50 = fl[i];
+		r->target = target;
+		if (i == 3)
+			r->ops_unit = "cycles/s";
+		print_row(r);
+	}
+	if (n > 1) {
+		r = add_row(section, "");
+		snprintf(r->name, sizeof(r->name), "  per block (cycle / %u)", n);
+		row_from(r, &s[3], n);
+		r->p50 /= n;
+		r->p99 /= n;
+		r->ops_unit = "blocks/s";
+		print_row(r);
+	}
+	ev = evicted_note(s0, s1);
+	for (i = 0; i < 4 + (n > 1); i++)
+		rows[nrows - 1 - (size_t)i].evicted = ev;
+	for (i = 0; i < 4; i++)
+		sample_free(&s[i]);
+}
+
+/* Section d: lookup of a cached 1,000-block chain. */
+static void section_lookup(struct bench_conn *bc)
+{
+	kvc_hash *chain = calloc(CHAIN_LEN, sizeof(*chain));
+	kvc_block *held = calloc(CHAIN_LEN, sizeof(*held));
+	struct samples s = { 0 }, rel = { 0 };
+	uint64_t warm_end, end, t0, t1, t2;
+	struct frames f = fr(OP_LOOKUP, CHAIN_LEN);
+	double fl = floor_op(OP_LOOKUP, CHAIN_LEN), flr = floor_op(OP_RELEASE, CHAIN_LEN);
+	struct row *r;
+	int k;
+
+	if (!chain || !held)
+		die("out of memory");
+	fresh_hashes(chain, CHAIN_LEN);
+	check(bc->c, kvc_alloc(bc->c, bc->pool, CHAIN_LEN, held), "alloc");
+	check(bc->c, kvc_seal(bc->c, bc->pool, held, chain, CHAIN_LEN, held), "seal");
+	check(bc->c, kvc_release(bc->c, held, CHAIN_LEN), "release");
+
+	warm_end = now_ns() + (uint64_t)(D.lookup * 0.15e9);
+	end = 0;
+	for (;;) {
+		t0 = now_ns();
+		k = kvc_lookup(bc->c, bc->pool, chain, CHAIN_LEN, held);
+		t1 = now_ns();
+		check(bc->c, k, "lookup");
+		if (k != (int)CHAIN_LEN)
+			die("lookup found %d of the %u blocks of a chain sealed just before: "
+			    "evicted under our feet? (pool too small)", k, CHAIN_LEN);
+		check(bc->c, kvc_release(bc->c, held, CHAIN_LEN), "release");
+		t2 = now_ns();
+		if (!end) {
+			if (t2 >= warm_end)
+				end = t2 + (uint64_t)(D.lookup * 1e9);
+			continue;
+		}
+		sample_add(&s, t1 - t0);
+		sample_add(&rel, t2 - t1);
+		if (t2 >= end)
+			break;
+	}
+	r = add_row('d', "lookup 1000 (all hit)");
+	row_from(r, &s, 1);
+	r->req = f.req;
+	r->resp = f.resp;
+	r->floor_p50 = fl;
+	print_row(r);
+	r = add_row('d', "  per hash (lookup / 1000)");
+	row_from(r, &s, CHAIN_LEN);
+	r->p50 /= CHAIN_LEN;
+	r->p99 /= CHAIN_LEN;
+	r->ops_unit = "hashes/s";
+	print_row(r);
+	r = add_row('d', "release 1000 (after each lookup)");
+	row_from(r, &rel, 1);
+	f = fr(OP_RELEASE, CHAIN_LEN);
+	r->req = f.req;
+	r->resp = f.resp;
+	r->floor_p50 = flr;
+	print_row(r);
+	sample_free(&s);
+	sample_free(&rel);
+	free(chain);
+	free(held);
+}
+
+/* --- (e) several client processes ----------------------------------------- */
+
+struct client_shm {
+	uint64_t start, end, ops;
+	uint32_t nsamp;
+	int failed;
+	uint32_t lat[CLIENT_SAMPLES];  /* ns, capped at 4.29 s */
+};
+
+static void client_proc(struct client_shm *sh, int ready_fd, int go_fd, double secs)
+{
+	struct bench_conn bc;
+	uint64_t t[4], end;
+	char ch = 0;
+	int i;
+
+	rng_seed();
+	bc_open(&bc, 1, "kvbench-client");
+	for (i = 0; i < 200; i++)
+		cycle(&bc, 1, t);
+	if (write(ready_fd, &ch, 1) != 1 || read(go_fd, &ch, 1) != 1)
+		_exit(1);
+	sh->start = now_ns();
+	end = sh->start + (uint64_t)(secs * 1e9);
+	do {
+		cycle(&bc, 1, t);
+		if (sh->nsamp < CLIENT_SAMPLES) {
+			uint64_t d = t[3] - t[0];
+
+			sh->lat[sh->nsamp++] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+		}
+		sh->ops++;
+	} while (t[3] < end);
+	sh->end = t[3];
+	bc_close(&bc);
+	_exit(0);
+}
+
+static void section_clients(struct bench_conn *bc, int nclients, double floor3)
+{
+	size_t shm_bytes = sizeof(struct client_shm) * (size_t)nclients;
+	struct client_shm *sh;
+	int ready[2], go[2], i, st;
+	pid_t pids[MAX_CLIENTS];
+	uint64_t start = UINT64_MAX, end = 0, ops = 0;
+	struct samples s = { 0 };
+	struct snap s0, s1;
+	struct row *r;
+	char name[48], buf[MAX_CLIENTS];
+
+	if (nclients < 1 || nclients > MAX_CLIENTS)
+		die("internal: %d clients", nclients);
+	sh = mmap(NULL, shm_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		die("mmap: %s", strerror(errno));
+	if (pipe(ready) < 0 || pipe(go) < 0)
+		die("pipe: %s", strerror(errno));
+	fflush(NULL);
+	for (i = 0; i < nclients; i++) {
+		pids[i] = fork();
+		if (pids[i] < 0)
+			die("fork: %s", strerror(errno));
+		if (pids[i] == 0) {
+			close(ready[0]);
+			close(go[1]);
+			client_proc(&sh[i], ready[1], go[0], D.clients);
+		}
+	}
+	close(ready[1]);
+	close(go[0]);
+	for (i = 0; i < nclients; i++)
+		if (read(ready[0], buf, 1) != 1)
+			die("a client process failed to start");
+	s0 = snap_take(bc);
+	memset(buf, 'g', sizeof(buf));
+	if (write(go[1], buf, (unsigned)nclients) != nclients)
+		die("write: %s", strerror(errno));
+	for (i = 0; i < nclients; i++) {
+		if (waitpid(pids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+			die("client process %d failed", (int)pids[i]);
+	}
+	s1 = snap_take(bc);
+	close(ready[0]);
+	close(go[1]);
+	for (i = 0; i < nclients; i++) {
+		uint32_t j;
+
+		start = sh[i].start < start ? sh[i].start : start;
+		end = sh[i].end > end ? sh[i].end : end;
+		ops += sh[i].ops;
+		for (j = 0; j < sh[i].nsamp; j++)
+			sample_add(&s, sh[i].lat[j]);
+	}
+	snprintf(name, sizeof(name), "%d client%s: alloc+seal+release 1", nclients,
+		 nclients > 1 ? "s" : "");
+	r = add_row('e', name);
+	row_from(r, &s, 1);
+	r->ops = end > start ? (double)ops / ((double)(end - start) / 1e9) : 0;
+	r->ops_unit = "cycles/s";
+	r->floor_p50 = nclients == 1 ? floor3 : 0;
+	print_row(r);
+	r->evicted = evicted_note(s0, s1);
+	sample_free(&s);
+	munmap(sh, shm_bytes);
+}
+
+/* --- (f) per-op cost with a full pool ------------------------------------- */
+
+static void section_fill(struct bench_conn *bc)
+{
+	static const char *const what[3] = { "  alloc 1 (evicting)", "  seal 1", "  release 1" };
+	struct frames f[3] = { fr(OP_ALLOC, 1), fr(OP_SEAL, 1), fr(OP_RELEASE, 1) };
+	double fl[4] = { floor_op(OP_ALLOC, 1), floor_op(OP_SEAL, 1), floor_op(OP_RELEASE, 1),
+			 floor_cycle(1) };
+	uint64_t left = fill_n, t0 = now_ns(), pages_free = 0;
+	struct samples s[4] = { { 0 } };
+	uint32_t batch = FILL_BATCH;
+	Kvcached__PoolInfo pi;
+	struct snap s0, s1;
+	struct row *r;
+	char name[48];
+	double secs, ev;
+	int i;
+
+	if (kvc_conn_hello(bc->c)->max_batch < batch)
+		batch = kvc_conn_hello(bc->c)->max_batch;
+	while (left) {
+		uint32_t n = left < batch ? (uint32_t)left : batch;
+
+		if (bc->cap < n)
+			die("internal: batch %u over %zu", n, bc->cap);
+		fresh_hashes(bc->h, n);
+		check(bc->c, kvc_alloc(bc->c, bc->pool, n, bc->b), "fill: alloc");
+		check(bc->c, kvc_seal(bc->c, bc->pool, bc->b, bc->h, n, bc->o), "fill: seal");
+		check(bc->c, kvc_release(bc->c, bc->o, n), "fill: release");
+		left -= n;
+	}
+	secs = (double)(now_ns() - t0) / 1e9;
+	if (pool_info(bc, &pi, &pages_free)) {
+		note("  filled %" PRIu64 " blocks in %.2f s (%.0f blocks/s): the pool holds %" PRIu64
+		     " cached and %" PRIu64 " free blocks, %" PRIu64 " pages are free", fill_n, secs,
+		     (double)fill_n / secs, pi.blocks_cached, pi.blocks_free, pages_free);
+		if (pi.blocks_free || pages_free)
+			note("  warning: the pool is not full: some allocs below will not evict");
+	} else {
+		note("  filled %" PRIu64 " blocks in %.2f s", fill_n, secs);
+	}
+	s0 = snap_take(bc);
+	cycles_run(bc, 1, D.fill, s);
+	s1 = snap_take(bc);
+	snprintf(name, sizeof(name), "alloc+seal+release 1, N=%" PRIu64, fill_n);
+	r = add_row('f', name);
+	row_from(r, &s[3], 1);
+	r->req = f[0].req + f[1].req + f[2].req;
+	r->resp = f[0].resp + f[1].resp + f[2].resp;
+	r->floor_p50 = fl[3];
+	r->ops_unit = "cycles/s";
+	print_row(r);
+	for (i = 0; i < 3; i++) {
+		r = add_row('f', what[i]);
+		row_from(r, &s[i], 1);
+		r->req = f[i].req;
+		r->resp = f[i].resp;
+		r->floor_p50 = fl[i];
+		print_row(r);
+	}
+	ev = evicted_note(s0, s1);
+	for (i = 0; i < 4; i++) {
+		rows[nrows - 1 - (size_t)i].evicted = ev;
+		sample_free(&s[i]);
+	}
+}
+
+/* --- output --------------------------------------------------------------- */
+
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", *s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+/* ", key: number" (null for NAN and infinities). */
+static void json_num(const char *key, double v)
+{
+	printf(", \"%s\": ", key);
+	if (isfinite(v))
+		printf("%.3f", v);
+	else
+		printf("null");
+}
+
+static void print_json(const struct utsname *u, long ncpu)
+{
+	size_t i;
+
+	printf("{\"kvbench\": ");
+	json_str(KV_VERSION);
+	printf(", \"socket\": ");
+	json_str(sock_path);
+	printf(", \"quick\": %s, \"fill\": %" PRIu64 ", \"cpus\": %ld, \"kernel\": ",
+	       quick ? "true" : "false", fill_n, ncpu);
+	json_str(u->release);
+	printf(",\n \"results\": [\n");
+	for (i = 0; i < nrows; i++) {
+		const struct row *r = &rows[i];
+		char sec[2] = { r->section, 0 };
+		double ratio = r->floor_p50 > 0 ? r->p50 / r->floor_p50 : NAN;
+
+		printf("  {\"section\": ");
+		json_str(sec);
+		printf(", \"name\": ");
+		json_str(r->name[0] == ' ' ? r->name + 2 : r->name);
+		printf(", \"req_bytes\": %u, \"resp_bytes\": %u, \"samples\": %" PRIu64, r->req,
+		       r->resp, r->n);
+		json_num("p50_us", r->p50);
+		json_num("p99_us", r->p99);
+		json_num("rate", r->ops);
+		printf(", \"rate_unit\": ");
+		json_str(r->ops_unit);
+		json_num("floor_p50_us", r->floor_p50 > 0 ? r->floor_p50 : NAN);
+		json_num("ratio", ratio);
+		json_num("target_ratio", r->target > 0 ? r->target : NAN);
+		if (r->target > 0)
+			printf(", \"target_met\": %s", ratio <= r->target ? "true" : "false");
+		json_num("evicted_pct", r->evicted);
+		printf("}%s\n", i + 1 < nrows ? "," : "");
+	}
+	printf(" ]}\n");
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: kvbench [OPTION]...\n"
+		"Latency and throughput of a running kvcached, next to the floor of a raw\n"
+		"AF_UNIX ping-pong with the same frame sizes. Prints figures, asserts nothing.\n\n"
+		"  -s, --socket PATH  the daemon's socket (default: $KVCACHED_SOCKET, else\n"
+		"                     /run/kvcached/kvcached.sock for root, else\n"
+		"                     $XDG_RUNTIME_DIR/kvcached.sock)\n"
+		"  -q, --quick        short runs (~10 s instead of ~60 s)\n"
+		"  -j, --json         results as JSON on stdout (notes go to stderr)\n"
+		"  -f, --fill N       fill the pool with N cached 4 KiB blocks first and\n"
+		"                     measure alloc+seal+release on the full pool (section f)\n"
+		"  -o, --only LIST    sections to run, e.g. 'abd' (default: abcde, or f\n"
+		"                     with --fill):\n"
+		"                       a floor  b single ops  c batches of 16, 256\n"
+		"                       d lookup of 1,000  e 1/4/16 clients  f full pool\n"
+		"  -h, --help         this text\n\n"
+		"The daemon's pool needs room for a few thousand 4 KiB blocks (it evicts\n"
+		"beyond that); scripts/bench starts daemons and runs every section.\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "fill", required_argument, NULL, 'f' },
+		{ "only", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	static char sock_buf[108];
+	struct bench_conn bc;
+	struct utsname u;
+	double floor3 = 0;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	char *end;
+	int o;
+
+	while ((o = getopt_long(argc, argv, "s:qjf:o:h", opts, NULL)) != -1) {
+		switch (o) {
+		case 's':
+			sock_path = optarg;
+			break;
+		case 'q':
+			quick = true;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'f':
+			errno = 0;
+			fill_n = strtoull(optarg, &end, 10);
+			if (errno || *end || !optarg[0] || optarg[0] == '-' || !fill_n)
+				die("--fill: '%s' is not a positive count of blocks", optarg);
+			break;
+		case 'o':
+			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdef") != strlen(optarg))
+				die("--only: '%s': letters among a, b, c, d, e, f", optarg);
+			snprintf(only, sizeof(only), "%s", optarg);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (!only[0])
+		snprintf(only, sizeof(only), "%s", fill_n ? "f" : "abcde");
+	if (want('f') && !fill_n)
+		die("section f needs --fill N");
+	if (!sock_path) {
+		if (kvc_default_socket(sock_buf, sizeof(sock_buf)) < 0)
+			die("the default socket path is too long");
+		sock_path = sock_buf;
+	}
+	D = quick ? dur_quick : dur_default;
+	signal(SIGPIPE, SIG_IGN);
+	rng_seed();
+	uname(&u);
+
+	bc_open(&bc, fill_n ? FILL_BATCH : CHAIN_LEN, "kvbench");
+	note("kvbench %s: %s, %ld CPUs, Linux %s, daemon backend %s, %s run", KV_VERSION,
+	     sock_path, ncpu, u.release, kvc_conn_hello(bc.c)->backend, quick ? "quick" : "full");
+	note("pool \"%s\" of 4 KiB blocks (id %d); frames in bytes with the 8-byte header; "
+	     "rates are serial (1 / mean) except in (e)", POOL_NAME, bc.pool);
+	print_header();
+
+	rep_init(&bc);
+	if (want('a')) {
+		static const uint32_t ns[] = { 1, 16, 256 };
+		bool alone = !strpbrk(only, "bcdef");  /* --only a: every floor */
+
+		print_section("(a) floor: AF_UNIX socketpair ping-pong between two processes");
+		for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+			if (!alone && (ns[i] == 1 ? !strpbrk(only, "bef") : !want('c')))
+				continue;
+			floor_op(OP_ALLOC, ns[i]);
+			floor_op(OP_SEAL, ns[i]);
+			floor_op(OP_RELEASE, ns[i]);
+			floor_cycle(ns[i]);
+		}
+		if (alone || want('d')) {
+			floor_op(OP_LOOKUP, CHAIN_LEN);
+			floor_op(OP_RELEASE, CHAIN_LEN);
+		}
+	}
+	if (want('b')) {
+		print_section("(b) 1 block: alloc, seal, release (three round trips)");
+		section_cycles(&bc, 'b', 1, 1.5);
+	}
+	if (want('c')) {
+		print_section("(c) batches: alloc, seal, release of 16 and 256 blocks per request");
+		section_cycles(&bc, 'c', 16, 0);
+		section_cycles(&bc, 'c', 256, 3.0);
+	}
+	if (want('d')) {
+		print_section("(d) lookup of a cached 1,000-block chain");
+		section_lookup(&bc);
+	}
+	if (want('e')) {
+		static const int n[] = { 1, 4, 16 };
+
+		print_section("(e) client processes, each its own connection (aggregate rate)");
+		floor3 = floor_cycle(1);
+		for (size_t i = 0; i < sizeof(n) / sizeof(n[0]); i++)
+			section_clients(&bc, n[i], floor3);
+	}
+	if (want('f')) {
+		print_section("(f) alloc+seal+release with the pool full of cached blocks");
+		section_fill(&bc);
+	}
+	bc_close(&bc);
+	if (json)
+		print_json(&u, ncpu);
+	return 0;
+}
