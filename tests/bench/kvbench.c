@@ -23,6 +23,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -54,6 +55,7 @@ static const char *sock_path;
 static bool quick, json;
 static char only[8] = "";
 static uint64_t fill_n;
+static int server_cpu = -1;       /* --server-cpu: where the floor's echo runs */
 
 /* Seconds each kind of measurement runs for (default, then --quick). */
 struct durations {
@@ -449,6 +451,17 @@ static void floor_run(const struct frames *st, int nst, double secs, struct samp
 		die("fork: %s", strerror(errno));
 	if (pid == 0) {
 		close(sv[0]);
+		if (server_cpu >= 0) {
+			cpu_set_t set;
+
+			CPU_ZERO(&set);
+			CPU_SET(server_cpu, &set);
+			if (sched_setaffinity(0, sizeof(set), &set) < 0) {
+				fprintf(stderr, "kvbench: --server-cpu %d: %s\n", server_cpu,
+					strerror(errno));
+				_exit(1);
+			}
+		}
 		for (;;)
 			for (i = 0; i < nst; i++)
 				if (read_full(sv[1], buf, st[i].req) < 0 ||
@@ -856,7 +869,7 @@ static void client_proc(struct client_shm *sh, int ready_fd, int go_fd, double s
 	_exit(0);
 }
 
-static void section_clients(struct bench_conn *bc, int nclients, double floor3)
+static void section_clients(struct bench_conn *bc, int nclients)
 {
 	size_t shm_bytes = sizeof(struct client_shm) * (size_t)nclients;
 	struct client_shm *sh;
@@ -917,7 +930,6 @@ static void section_clients(struct bench_conn *bc, int nclients, double floor3)
 	row_from(r, &s, 1);
 	r->ops = end > start ? (double)ops / ((double)(end - start) / 1e9) : 0;
 	r->ops_unit = "cycles/s";
-	r->floor_p50 = nclients == 1 ? floor3 : 0;
 	print_row(r);
 	r->evicted = evicted_note(s0, s1);
 	sample_free(&s);
@@ -1056,6 +1068,32 @@ static void print_json(const struct utsname *u, long ncpu)
 	printf(" ]}\n");
 }
 
+/* This process's allowed CPUs as "0,2-3". */
+static void cpus_str(char *buf, size_t len)
+{
+	cpu_set_t set;
+	size_t used = 0;
+	int c, start = -1;
+
+	buf[0] = '\0';
+	if (sched_getaffinity(0, sizeof(set), &set) < 0) {
+		snprintf(buf, len, "?");
+		return;
+	}
+	for (c = 0; c <= CPU_SETSIZE; c++) {
+		bool in = c < CPU_SETSIZE && CPU_ISSET(c, &set);
+
+		if (in && start < 0)
+			start = c;
+		if (!in && start >= 0 && used < len) {
+			used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", start);
+			if (c - 1 > start && used < len)
+				used += (size_t)snprintf(buf + used, len - used, "-%d", c - 1);
+			start = -1;
+		}
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -1073,6 +1111,9 @@ static void usage(FILE *f)
 		"                     with --fill):\n"
 		"                       a floor  b single ops  c batches of 16, 256\n"
 		"                       d lookup of 1,000  e 1/4/16 clients  f full pool\n"
+		"  -c, --server-cpu N pin the floor's echo process to CPU N: give the CPU the\n"
+		"                     daemon is pinned to, so that the floor and the daemon\n"
+		"                     see the same placement (default: not pinned)\n"
 		"  -h, --help         this text\n\n"
 		"The daemon's pool needs room for a few thousand 4 KiB blocks (it evicts\n"
 		"beyond that); scripts/bench starts daemons and runs every section.\n");
@@ -1086,18 +1127,19 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "fill", required_argument, NULL, 'f' },
 		{ "only", required_argument, NULL, 'o' },
+		{ "server-cpu", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	static char sock_buf[108];
+	char cpus[64], echo[32] = "the same CPUs";
 	struct bench_conn bc;
 	struct utsname u;
-	double floor3 = 0;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	char *end;
 	int o;
 
-	while ((o = getopt_long(argc, argv, "s:qjf:o:h", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "s:qjf:o:c:h", opts, NULL)) != -1) {
 		switch (o) {
 		case 's':
 			sock_path = optarg;
@@ -1118,6 +1160,12 @@ int main(int argc, char **argv)
 			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdef") != strlen(optarg))
 				die("--only: '%s': letters among a, b, c, d, e, f", optarg);
 			snprintf(only, sizeof(only), "%s", optarg);
+			break;
+		case 'c':
+			errno = 0;
+			server_cpu = (int)strtol(optarg, &end, 10);
+			if (errno || *end || !optarg[0] || server_cpu < 0 || server_cpu >= CPU_SETSIZE)
+				die("--server-cpu: '%s' is not a CPU number", optarg);
 			break;
 		case 'h':
 			usage(stdout);
@@ -1148,6 +1196,10 @@ int main(int argc, char **argv)
 	bc_open(&bc, fill_n ? FILL_BATCH : CHAIN_LEN, "kvbench");
 	note("kvbench %s: %s, %ld CPUs, Linux %s, daemon backend %s, %s run", KV_VERSION,
 	     sock_path, ncpu, u.release, kvc_conn_hello(bc.c)->backend, quick ? "quick" : "full");
+	cpus_str(cpus, sizeof(cpus));
+	if (server_cpu >= 0)
+		snprintf(echo, sizeof(echo), "CPU %d", server_cpu);
+	note("kvbench on CPU %s, the floor's echo process on %s", cpus, echo);
 	note("pool \"%s\" of 4 KiB blocks (id %d); frames in bytes with the 8-byte header; "
 	     "rates are serial (1 / mean) except in (e)", POOL_NAME, bc.pool);
 	print_header();
@@ -1188,9 +1240,8 @@ int main(int argc, char **argv)
 		static const int n[] = { 1, 4, 16 };
 
 		print_section("(e) client processes, each its own connection (aggregate rate)");
-		floor3 = floor_cycle(1);
 		for (size_t i = 0; i < sizeof(n) / sizeof(n[0]); i++)
-			section_clients(&bc, n[i], floor3);
+			section_clients(&bc, n[i]);
 	}
 	if (want('f')) {
 		print_section("(f) alloc+seal+release with the pool full of cached blocks");
