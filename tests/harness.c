@@ -1,0 +1,270 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+static pid_t daemon_pid, starter_pid;
+
+/* A failed check exits the test: take the daemon down with it, or meson
+ * would wait on the daemon's copy of the output pipe. Workers (forked after
+ * the start) must not. */
+static void kill_daemon(void)
+{
+	if (daemon_pid > 0 && getpid() == starter_pid)
+		kill(daemon_pid, SIGKILL);
+}
+
+void kvt_start(struct kvt_daemon *d, ...)
+{
+	const char *bin = getenv("KVCACHED_BIN");
+	const char *argv[64];
+	va_list ap;
+	int argc = 0, i;
+
+	if (!bin)
+		SKIP("KVCACHED_BIN is not set (run through meson test)");
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvt.XXXXXX");
+	CHECK(mkdtemp(d->dir) != NULL);
+	snprintf(d->sock, sizeof(d->sock), "%s/kvcached.sock", d->dir);
+	argv[argc++] = bin;
+	argv[argc++] = "--socket";
+	argv[argc++] = d->sock;
+	va_start(ap, d);
+	for (const char *a; (a = va_arg(ap, const char *)) && argc < 62;)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+	setenv("KVCACHED_SOCKET", d->sock, 1);
+	d->pid = fork();
+	CHECK(d->pid >= 0);
+	if (d->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		execv(bin, (char **)argv);
+		_exit(127);
+	}
+	if (!starter_pid) {
+		starter_pid = getpid();
+		atexit(kill_daemon);
+	}
+	daemon_pid = d->pid;
+	for (i = 0; i < 500; i++) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		int fd = socket(AF_UNIX, SOCK_STREAM, 0), r;
+
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->sock);
+		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+		close(fd);
+		if (r == 0)
+			return;
+		CHECK(kvt_alive(d));
+		sleep_ms(10);
+	}
+	fprintf(stderr, "daemon did not start listening\n");
+	exit(1);
+}
+
+int kvt_alive(const struct kvt_daemon *d)
+{
+	int st;
+
+	return waitpid(d->pid, &st, WNOHANG) == 0;
+}
+
+void kvt_stop(struct kvt_daemon *d)
+{
+	CHECK(kill(d->pid, SIGTERM) == 0);
+	CHECK_EQ(kvt_wait(d->pid), 0);
+	daemon_pid = 0;
+	rmdir(d->dir);
+}
+
+kvc_conn *kvt_connect(const char *ns)
+{
+	struct kvc_options o = { .ns = ns, .client_name = "test" };
+	kvc_conn *c = NULL;
+	int r = kvc_connect(NULL, &o, &c);
+
+	if (r < 0) {
+		fprintf(stderr, "kvc_connect: %s\n", kvc_strerror(r));
+		exit(1);
+	}
+	return c;
+}
+
+int kvt_pool(kvc_conn *c, const char *name, uint64_t block_bytes)
+{
+	struct kvc_pool_desc d = { .name = name, .block_bytes = block_bytes, .block_tokens = 16,
+				   .dtype = "fp16", .layout = "test", .layout_len = 4 };
+	int id = kvc_register_pool(c, &d);
+
+	if (id < 0) {
+		fprintf(stderr, "register %s: %s: %s\n", name, kvc_strerror(id), kvc_last_error(c));
+		exit(1);
+	}
+	return id;
+}
+
+static Kvcached__Response *call(Kvcached__Request *rq)
+{
+	kvc_conn *c = kvt_connect(NULL);
+	Kvcached__Response *rs = NULL;
+	int r = kvc_call(c, rq, &rs);
+
+	if (r < 0) {
+		fprintf(stderr, "admin call: %s: %s\n", kvc_strerror(r), kvc_last_error(c));
+		exit(1);
+	}
+	kvc_close(c);
+	return rs;
+}
+
+int kvt_check(void)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Check ck = KVCACHED__CHECK__INIT;
+	Kvcached__Response *rs;
+	int n;
+	size_t i;
+
+	rq.op_case = KVCACHED__REQUEST__OP_CHECK;
+	rq.check = &ck;
+	rs = call(&rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_CHECK);
+	for (i = 0; i < rs->check->n_problems; i++)
+		fprintf(stderr, "  daemon check: %s\n", rs->check->problems[i]);
+	n = rs->check->ok ? 0 : (int)(rs->check->n_problems ? rs->check->n_problems : 1);
+	kvcached__response__free_unpacked(rs, NULL);
+	return n;
+}
+
+static Kvcached__Response *stats(void)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs;
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	rs = call(&rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS);
+	return rs;
+}
+
+void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
+		     uint64_t *cached)
+{
+	Kvcached__Response *rs = stats();
+	size_t i;
+
+	*free = *writable = *sealed = *cached = UINT64_MAX;
+	for (i = 0; i < rs->stats->n_pools; i++) {
+		Kvcached__PoolInfo *p = rs->stats->pools[i];
+
+		if ((int)p->pool_id != pool)
+			continue;
+		*free = p->blocks_free;
+		*writable = p->blocks_writable;
+		*sealed = p->blocks_sealed;
+		*cached = p->blocks_cached;
+	}
+	kvcached__response__free_unpacked(rs, NULL);
+	CHECK(*free != UINT64_MAX);
+}
+
+uint32_t kvt_sessions(void)
+{
+	Kvcached__Response *rs = stats();
+	uint32_t n = rs->stats->sessions - 1;  /* not counting our own */
+
+	kvcached__response__free_unpacked(rs, NULL);
+	return n;
+}
+
+void kvt_wait_sessions(uint32_t n)
+{
+	int i;
+
+	for (i = 0; i < 500 && kvt_sessions() != n; i++)
+		sleep_ms(10);
+	CHECK_EQ(kvt_sessions(), n);
+}
+
+pid_t kvt_spawn(int (*fn)(void *arg), void *arg)
+{
+	pid_t pid = fork();
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		fflush(stdout);
+		_exit(fn(arg));
+	}
+	return pid;
+}
+
+int kvt_wait(pid_t pid)
+{
+	int st;
+
+	while (waitpid(pid, &st, 0) < 0)
+		CHECK(errno == EINTR);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+void kvt_fill(void *p, size_t n, uint64_t seed)
+{
+	uint64_t *w = p, x = seed;
+	size_t i;
+
+	for (i = 0; i < n / 8; i++)
+		w[i] = splitmix(&x);
+}
+
+int kvt_verify(const void *p, size_t n, uint64_t seed)
+{
+	const uint64_t *w = p;
+	uint64_t x = seed;
+	size_t i;
+
+	for (i = 0; i < n / 8; i++)
+		if (w[i] != splitmix(&x))
+			return 0;
+	return 1;
+}
+
+kvc_hash kvt_hash(uint64_t i)
+{
+	kvc_hash h;
+	uint64_t x = i * 7919 + 17;
+	int k;
+
+	for (k = 0; k < 4; k++) {
+		uint64_t v = splitmix(&x);
+
+		memcpy(h.b + 8 * k, &v, 8);
+	}
+	return h;
+}

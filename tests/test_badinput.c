@@ -1,0 +1,211 @@
+/* Bad input on the socket: garbage, a truncated frame, an oversize length, an
+ * undecodable payload, an unknown op, a request before Hello, fds attached.
+ * Each gets an EPROTO reply where one can be sent and that connection is
+ * closed; the daemon and a bystander holding blocks carry on. */
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "harness.h"
+
+static int raw_connect(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct timeval tv = { 5, 0 };
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", getenv("KVCACHED_SOCKET"));
+	CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+	CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+static size_t frame(uint8_t *out, const Kvcached__Request *rq)
+{
+	size_t len = kvcached__request__get_packed_size(rq);
+
+	kv_frame_hdr_encode(out, (uint32_t)len, 0);
+	kvcached__request__pack(rq, out + KV_FRAME_HDR);
+	return KV_FRAME_HDR + len;
+}
+
+static size_t hello(uint8_t *out, uint32_t minv, uint32_t maxv)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Hello h = KVCACHED__HELLO__INIT;
+
+	h.min_version = minv;
+	h.max_version = maxv;
+	rq.id = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_HELLO;
+	rq.hello = &h;
+	return frame(out, &rq);
+}
+
+/* Reads one response; returns it, or NULL at EOF. */
+static Kvcached__Response *recv_resp(int fd)
+{
+	uint8_t hdr[KV_FRAME_HDR], buf[65536];
+	uint32_t len;
+	size_t got = 0;
+	ssize_t n;
+
+	while (got < KV_FRAME_HDR) {
+		n = recv(fd, hdr + got, KV_FRAME_HDR - got, 0);
+		CHECK(n >= 0);
+		if (n == 0)
+			return NULL;
+		got += (size_t)n;
+	}
+	CHECK(kv_frame_hdr_decode(hdr, sizeof(buf), &len) == 0);
+	for (got = 0; got < len; got += (size_t)n) {
+		n = recv(fd, buf + got, len - got, 0);
+		CHECK(n > 0);
+	}
+	return kvcached__response__unpack(NULL, len, buf);
+}
+
+/* Expects an error reply with code (when reply is set), then EOF. */
+static void expect(int fd, int reply, Kvcached__ErrorCode code, const char *what)
+{
+	if (reply) {
+		Kvcached__Response *rs = recv_resp(fd);
+
+		CHECK(rs != NULL);
+		CHECK(rs->error != NULL);
+		fprintf(stderr, "%-22s -> code %d: %s\n", what, rs->error->code, rs->error->message);
+		CHECK_EQ(rs->error->code, code);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	if (code == KVCACHED__ERROR_CODE__EPROTO || !reply) {
+		uint8_t b;
+
+		CHECK(recv(fd, &b, 1, 0) == 0);  /* closed */
+	}
+	close(fd);
+}
+
+static void bystander_ok(kvc_conn *c, int pool, kvc_block *held)
+{
+	kvc_block b;
+
+	CHECK(((uint8_t *)kvc_block_ptr(c, *held))[0] == 0x42);
+	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
+	CHECK_EQ(kvc_release(c, &b, 1), 0);
+}
+
+int main(void)
+{
+	struct kvt_daemon d;
+	uint8_t buf[256];
+	kvc_conn *c;
+	kvc_block held;
+	size_t n;
+	int fd, pool;
+
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", "--max-frame", "64KiB",
+		  "--max-batch", "1000", NULL);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", 8192);
+	CHECK_EQ(kvc_alloc(c, pool, 1, &held), 1);
+	memset(kvc_block_ptr(c, held), 0x42, 8192);
+
+	/* Garbage bytes: a bad header. */
+	fd = raw_connect();
+	send_all(fd, "GARBAGE!GARBAGE!", 16);
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "garbage");
+	bystander_ok(c, pool, &held);
+
+	/* A truncated frame then EOF: nobody to answer. */
+	fd = raw_connect();
+	n = hello(buf, 1, 1);
+	send_all(fd, buf, n - 3);
+	shutdown(fd, SHUT_WR);
+	expect(fd, 0, 0, "truncated");
+	bystander_ok(c, pool, &held);
+
+	/* An oversize length. */
+	fd = raw_connect();
+	kv_frame_hdr_encode(buf, 0x7fffffff, 0);
+	send_all(fd, buf, KV_FRAME_HDR);
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "oversize");
+	bystander_ok(c, pool, &held);
+
+	/* A frame whose payload is not a Request. */
+	fd = raw_connect();
+	kv_frame_hdr_encode(buf, 6, 0);
+	memcpy(buf + KV_FRAME_HDR, "\xff\xff\xff\xff\xff\xff", 6);
+	send_all(fd, buf, KV_FRAME_HDR + 6);
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "undecodable");
+	bystander_ok(c, pool, &held);
+
+	/* Anything before Hello. */
+	fd = raw_connect();
+	{
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Stats st = KVCACHED__STATS__INIT;
+
+		rq.id = 9;
+		rq.op_case = KVCACHED__REQUEST__OP_STATS;
+		rq.stats = &st;
+		send_all(fd, buf, frame(buf, &rq));
+	}
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "before hello");
+
+	/* A version nobody speaks: an error, the connection stays. */
+	fd = raw_connect();
+	send_all(fd, buf, hello(buf, 7, 9));
+	{
+		Kvcached__Response *rs = recv_resp(fd);
+
+		CHECK(rs && rs->error && rs->error->code == KVCACHED__ERROR_CODE__EVERSION);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	/* Then a valid Hello, then an unknown op (field 99, a varint). */
+	send_all(fd, buf, hello(buf, 1, 1));
+	{
+		Kvcached__Response *rs = recv_resp(fd);
+
+		CHECK(rs && !rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_HELLO);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	kv_frame_hdr_encode(buf, 5, 0);
+	memcpy(buf + KV_FRAME_HDR, "\x08\x05\x98\x06\x01", 5); /* id=5, field 99 = 1 */
+	send_all(fd, buf, KV_FRAME_HDR + 5);
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "unknown op");
+	bystander_ok(c, pool, &held);
+
+	/* A valid Hello with an fd attached. */
+	fd = raw_connect();
+	{
+		int nul = open("/dev/null", O_RDONLY);
+		struct iovec iov = { buf, hello(buf, 1, 1) };
+
+		CHECK(kv_sendmsg_fds(fd, &iov, 1, &nul, 1, 0) == (ssize_t)iov.iov_len);
+		close(nul);
+	}
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "fds attached");
+	bystander_ok(c, pool, &held);
+
+	/* Many at once, interleaved with the bystander. */
+	for (int i = 0; i < 50; i++) {
+		fd = raw_connect();
+		send_all(fd, "\x01\x00\x00\x00\x00\x00\x56\x4b\x00", 9);
+		expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "bad payload");
+		bystander_ok(c, pool, &held);
+	}
+
+	CHECK(kvt_alive(&d));
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+	return 0;
+}

@@ -1,0 +1,304 @@
+/* The block allocator on the real host backend: run sizes for real model
+ * layouts, the lifecycle, LRU eviction, ENOSPC, stale handles, dedup,
+ * cross-pool and cross-namespace page sharing, and the checker itself. */
+#include <errno.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check.h"
+#include "pool.h"
+
+static int problems;
+
+static void report(void *ctx, const char *msg)
+{
+	(void)ctx;
+	fprintf(stderr, "  checker: %s\n", msg);
+	problems++;
+}
+
+static void must_be_consistent(struct kv_pools *ps)
+{
+	uint64_t blocks;
+
+	problems = 0;
+	CHECK_EQ(kv_pools_check(ps, 0, report, NULL, &blocks), 0);
+}
+
+/* Real KV layouts: bytes per token per layer = 2 (K and V) * kv_heads *
+ * head_dim * dtype bytes. Engines either keep all layers of a block together
+ * or one block per layer; both must waste under 2%. */
+static void test_layouts(void)
+{
+	static const struct { const char *name; int layers, kv_heads, head_dim; } m[] = {
+		{ "Llama-3-8B", 32, 8, 128 },
+		{ "Llama-3-70B", 80, 8, 128 },
+		{ "Mistral-7B", 32, 8, 128 },
+		{ "Qwen2-7B", 28, 4, 128 },
+	};
+	static const int tokens[] = { 16, 32 };
+	static const struct { const char *name; int bytes; } dt[] = { { "fp16", 2 }, { "fp8", 1 } };
+	const uint64_t page = 2u << 20;
+	const uint32_t pages_per_seg = 512;  /* 1 GiB segments */
+	size_t i, t, d, per_layer;
+
+	printf("%-12s %6s %5s %-9s %12s %6s %7s %7s\n", "model", "tokens", "dtype", "blocks",
+	       "block_bytes", "pages", "blocks", "waste%");
+	for (i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+		for (t = 0; t < 2; t++)
+			for (d = 0; d < 2; d++)
+				for (per_layer = 0; per_layer < 2; per_layer++) {
+					uint64_t bb = (uint64_t)tokens[t] * 2 * m[i].kv_heads *
+						      m[i].head_dim * dt[d].bytes *
+						      (per_layer ? 1 : (uint64_t)m[i].layers);
+					uint32_t blocks = 0;
+					int pages = kv_pool_run_size(page, pages_per_seg, bb, &blocks);
+					double waste;
+
+					CHECK(pages > 0);
+					waste = 1.0 - (double)(blocks * bb) / (double)(pages * page);
+					printf("%-12s %6d %5s %-9s %12llu %6d %7u %7.3f\n", m[i].name,
+					       tokens[t], dt[d].name, per_layer ? "per-layer" : "all-layer",
+					       (unsigned long long)bb, pages, blocks, waste * 100);
+					CHECK(waste < 0.02);
+					CHECK(blocks * bb <= (uint64_t)pages * page);
+				}
+	/* Odd sizes too: 4 KiB up to many MiB. */
+	for (uint64_t bb = 4096; bb <= (64u << 20); bb = bb * 3 / 2 / 256 * 256) {
+		uint32_t blocks = 0;
+		int pages = kv_pool_run_size(page, pages_per_seg, bb, &blocks);
+
+		CHECK(pages > 0);
+		CHECK(1.0 - (double)(blocks * bb) / (double)((uint64_t)pages * page) < 0.02);
+	}
+	CHECK(kv_pool_run_size(page, 4, (8u << 20) + 256, &(uint32_t){ 0 }) == -EINVAL);
+}
+
+struct env {
+	struct kv_backend *be;
+	struct kv_pools *ps;
+};
+
+/* One device: nseg segments of seg_pages pages of 64 KiB. */
+static void env_new(struct env *e, uint32_t nseg, uint32_t seg_pages)
+{
+	CHECK(kv_backend_host_create(65536ull * seg_pages, nseg, &e->be) == 0);
+	CHECK(kv_pools_create(e->be, 65536, &e->ps) == 0);
+}
+
+static void env_free(struct env *e)
+{
+	kv_pools_destroy(e->ps);
+	kv_backend_destroy(e->be);
+}
+
+static struct kv_pool *pool(struct env *e, uint32_t ns, const char *name, uint64_t bb)
+{
+	struct kv_pool_desc d = { .name = name, .block_bytes = bb, .block_tokens = 16, .dtype = "fp16" };
+	struct kv_pool *p = NULL;
+	char err[256];
+
+	CHECK(kv_pool_register(e->ps, ns, &d, &p, err, sizeof(err)) == 0);
+	return p;
+}
+
+static void hash_of(uint8_t *h, int i)
+{
+	memset(h, 0, KV_HASH_BYTES);
+	memcpy(h, &i, sizeof(i));
+	h[31] = 0x5a;
+}
+
+static void test_lifecycle(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[64], *x;
+	uint8_t h[KV_HASH_BYTES];
+	uint64_t handle;
+	char why[512];
+	int i, ns;
+
+	env_new(&e, 1, 16);  /* 1 MiB: 16 pages of 64 KiB */
+	ns = kv_pools_ns(e.ps, "default");
+	CHECK(ns == 1 && kv_pools_ns(e.ps, "default") == 1);
+	p = pool(&e, 1, "llama", 16384);  /* 4 blocks a page */
+	CHECK(p->run_pages == 1 && p->blocks_per_run == 4);
+
+	/* Registering again returns the same pool; another layout is refused. */
+	{
+		struct kv_pool_desc d = { .name = "llama", .block_bytes = 32768, .dtype = "fp16" };
+		struct kv_pool *q;
+		char err[256];
+
+		CHECK(kv_pool_register(e.ps, 1, &d, &q, err, sizeof(err)) == -EEXIST);
+		d.block_bytes = 1000; /* not a multiple of 256 */
+		d.name = "odd";
+		CHECK(kv_pool_register(e.ps, 1, &d, &q, err, sizeof(err)) == -EINVAL);
+		CHECK(pool(&e, 1, "llama", 16384) == p);
+	}
+
+	CHECK(kv_pool_alloc(p, 64, b, why, sizeof(why)) == 0);
+	for (i = 0; i < 64; i++)
+		CHECK(b[i]->state == KV_BLOCK_WRITABLE && b[i]->ref == 1);
+	must_be_consistent(e.ps);
+	/* Full of held blocks: ENOSPC with the numbers, and nothing changed. */
+	CHECK(kv_pool_alloc(p, 1, &x, why, sizeof(why)) == -ENOSPC);
+	CHECK(strstr(why, "64 writable") != NULL);
+	CHECK_EQ(p->n.writable, 64);
+	must_be_consistent(e.ps);
+
+	/* Handles resolve; after a free the old handle is stale. */
+	handle = kv_block_handle(b[10]);
+	CHECK(kv_block_lookup(e.ps, handle) == b[10]);
+	CHECK(kv_block_lookup(e.ps, handle ^ (1ull << 44)) == NULL);  /* wrong gen */
+	CHECK(kv_block_lookup(e.ps, handle | 0xfff) == NULL);          /* bad slot */
+	CHECK(kv_block_lookup(e.ps, handle + (5ull << 32)) == NULL);   /* no such pool */
+	kv_block_unref(b[10]);
+	CHECK(b[10]->state == KV_BLOCK_FREE);
+	CHECK(kv_block_lookup(e.ps, handle) == NULL);   /* the free changed its gen */
+	CHECK(kv_pool_alloc(p, 1, &x, why, sizeof(why)) == 0);
+	CHECK(x == b[10] && kv_block_handle(x) != handle);  /* reused with a new gen */
+	CHECK(kv_block_lookup(e.ps, handle) == NULL);
+
+	/* Seal 0..63 under distinct hashes; dedup a second block onto hash 0. */
+	for (i = 0; i < 64; i++) {
+		hash_of(h, i);
+		CHECK(kv_pool_seal(p, b[i], h) == b[i]);
+	}
+	must_be_consistent(e.ps);
+	/* Release as a chain, head first, tail aged first (as ops.c does). */
+	for (i = 63; i >= 0; i--)
+		kv_block_unref(b[i]);
+	CHECK_EQ(p->n.cached, 64);
+	must_be_consistent(e.ps);
+
+	/* A lookup hit takes the block out of the LRU. */
+	hash_of(h, 0);
+	x = kv_pool_find(p, h);
+	CHECK(x == b[0]);
+	kv_block_ref(x);
+	CHECK(x->state == KV_BLOCK_SEALED);
+
+	/* Allocating now evicts LRU: the chain's tail (63) goes first. */
+	CHECK(kv_pool_alloc(p, 1, &x, why, sizeof(why)) == 0);
+	hash_of(h, 63);
+	CHECK(kv_pool_find(p, h) == NULL);
+	hash_of(h, 1);
+	CHECK(kv_pool_find(p, h) != NULL);
+	CHECK_EQ(p->n.evictions, 1);
+
+	/* Dedup: sealing x under hash 1 returns the cached block, frees x. */
+	{
+		struct kv_block *y = kv_pool_seal(p, x, h);
+
+		CHECK(y == b[1] && y->ref == 1 && y->state == KV_BLOCK_SEALED);
+		CHECK(x->state == KV_BLOCK_FREE);
+		CHECK_EQ(p->n.dedups, 1);
+		kv_block_unref(y);
+	}
+	must_be_consistent(e.ps);
+
+	/* The checker notices a broken invariant. */
+	b[0]->ref++;
+	b[0]->check = 5;
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL) == 0);  /* ref>=1 SEALED is fine... */
+	CHECK(kv_pools_check(e.ps, 1, NULL, NULL, NULL) > 0);   /* ...but not what sessions hold */
+	b[0]->ref--;
+	kv_block_unref(b[0]);
+	b[2]->state = KV_BLOCK_WRITABLE;                         /* on the LRU while WRITABLE */
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL) > 0);
+	b[2]->state = KV_BLOCK_CACHED;
+	must_be_consistent(e.ps);
+
+	CHECK(kv_pools_evict_all(e.ps, -1) == p->n.evictions - 1);
+	CHECK_EQ(p->n.cached, 0);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
+static void test_sharing(void)
+{
+	struct env e;
+	struct kv_pool *a, *b, *c;
+	struct kv_block *blk[64];
+	uint8_t h[KV_HASH_BYTES];
+	uint32_t dev, seg_a, seg_c;
+	char why[512];
+	int i;
+
+	env_new(&e, 4, 4);  /* 4 segments of 4 pages */
+	CHECK(kv_pools_ns(e.ps, "t1") == 1 && kv_pools_ns(e.ps, "t2") == 2);
+	a = pool(&e, 1, "a", 65536);   /* 1 block per page */
+	b = pool(&e, 1, "b", 32768);   /* 2 per page */
+	c = pool(&e, 2, "c", 65536);   /* another tenant */
+
+	/* a fills two segments with cached blocks. */
+	CHECK(kv_pool_alloc(a, 8, blk, why, sizeof(why)) == 0);
+	for (i = 0; i < 8; i++) {
+		hash_of(h, i);
+		kv_pool_seal(a, blk[i], h);
+	}
+	for (i = 7; i >= 0; i--)
+		kv_block_unref(blk[i]);
+	/* c (tenant 2) takes the two free segments, never a's. */
+	CHECK(kv_pool_alloc(c, 8, blk, why, sizeof(why)) == 0);
+	kv_block_where(blk[0], &dev, &seg_c);
+	for (i = 0; i < 8; i++) {
+		uint32_t s;
+
+		kv_block_where(blk[i], &dev, &s);
+		CHECK(s >= 2);
+	}
+	must_be_consistent(e.ps);
+	/* b (tenant 1) needs pages: it evicts a's oldest cached blocks. */
+	{
+		struct kv_block *x[4];
+
+		CHECK(kv_pool_alloc(b, 4, x, why, sizeof(why)) == 0);
+		CHECK_EQ(a->n.evictions, 2);
+		kv_block_where(x[0], &dev, &seg_a);
+		CHECK(seg_a < 2);
+		hash_of(h, 7);
+		CHECK(kv_pool_find(a, h) == NULL);   /* tail evicted */
+		hash_of(h, 0);
+		CHECK(kv_pool_find(a, h) != NULL);   /* head kept */
+		for (i = 0; i < 4; i++)
+			kv_block_unref(x[i]);
+	}
+	must_be_consistent(e.ps);
+	/* Tenant 2 releases everything; a tenant-1 pool may then take its
+	 * segments, which get fresh memory. */
+	for (i = 0; i < 8; i++)
+		kv_block_unref(blk[i]);
+	kv_pools_evict_all(e.ps, -1);
+	CHECK(kv_pool_alloc(a, 16, blk, why, sizeof(why)) == 0);
+	must_be_consistent(e.ps);
+	CHECK(kv_pool_alloc(c, 1, blk + 16, why, sizeof(why)) == -ENOSPC);
+	(void)seg_c;
+	env_free(&e);
+}
+
+/* Bytes written in a block survive a copy (copy-on-write's mechanism). */
+static void test_copy(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[2];
+	char why[512];
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 8192);
+	CHECK(kv_pool_alloc(p, 2, b, why, sizeof(why)) == 0);
+	CHECK(kv_block_copy(b[1], b[0]) == 0);
+	env_free(&e);
+}
+
+int main(void)
+{
+	test_layouts();
+	test_lifecycle();
+	test_sharing();
+	test_copy();
+	return 0;
+}
