@@ -54,12 +54,17 @@ int kv_session_is_admin(const struct kv_session *ss)
 static void session_close(struct kv_session *ss, const char *why);
 static void session_input(struct kv_session *ss);
 
+static void session_free(struct kv_session *ss)
+{
+	kv_list_del(&ss->link);
+	kv_refmap_fini(&ss->refs);
+	free(ss);
+}
+
 static void session_free_if_done(struct kv_session *ss)
 {
-	if (ss->closing && !ss->win.armed && !ss->wout.armed) {
-		kv_refmap_fini(&ss->refs);
-		free(ss);
-	}
+	if (ss->closing && !ss->win.armed && !ss->wout.armed)
+		session_free(ss);
 }
 
 static int out_reserve(struct kv_session *ss, size_t n)
@@ -243,8 +248,10 @@ static int session_frames(struct kv_session *ss)
 		if (ss->out_len - ss->out_off >= OUT_BACKLOG)
 			ss->paused = 1;
 	}
-	memmove(ss->in, ss->in + off, ss->in_len - off);
-	ss->in_len -= off;
+	if (off) {
+		memmove(ss->in, ss->in + off, ss->in_len - off);
+		ss->in_len -= off;
+	}
 	return 0;
 }
 
@@ -344,6 +351,7 @@ static void session_close(struct kv_session *ss, const char *why)
 	/* Nothing a worker held leaks; nothing it sealed is lost. */
 	kv_refmap_each(&ss->refs, release_ref, NULL);
 	kv_list_del(&ss->link);
+	kv_list_push_back(&s->closing, &ss->link);
 	s->nsessions--;
 	if (ss->win.armed)
 		kv_loop_cancel(&s->loop, &ss->win);
@@ -485,6 +493,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg)
 	s->cfg = *cfg;
 	s->lfd = s->sigfd = -1;
 	kv_list_init(&s->sessions);
+	kv_list_init(&s->closing);
 	kv_arena_init(&s->arena);
 	s->start_ms = kv_now_ms();
 	if (strcmp(cfg->backend, "host")) {
@@ -544,13 +553,11 @@ void kv_server_fini(struct kv_server *s)
 {
 	struct kv_list *pos, *tmp;
 
-	kv_list_for_each_safe(pos, tmp, &s->sessions) {
-		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
-
-		session_close(ss, NULL);
-		kv_refmap_fini(&ss->refs);
-		free(ss);
-	}
+	kv_list_for_each_safe(pos, tmp, &s->sessions)
+		session_close(kv_container_of(pos, struct kv_session, link), NULL);
+	/* The ring goes below: no completion will come for these any more. */
+	kv_list_for_each_safe(pos, tmp, &s->closing)
+		session_free(kv_container_of(pos, struct kv_session, link));
 	if (s->lfd >= 0) {
 		close(s->lfd);
 		unlink(s->cfg.socket_path);

@@ -6,8 +6,8 @@
  *
  *   NEW      only Hello is accepted; anything else is a protocol error
  *   READY    ns set; every reference the session holds is in refs
- *   CLOSING  refs released (sealed blocks stay cached), fd closed, off the
- *            server's list; the struct lives until its poll watches finish
+ *   CLOSING  refs released (sealed blocks stay cached), fd closed, on the
+ *            server's closing list until its poll watches finish
  *
  * A bad frame (bad header, oversize, undecodable, unknown op, fds attached)
  * gets an EPROTO reply where one can be sent, then that session closes; no
@@ -67,7 +67,8 @@ struct kv_server {
 	struct kv_pools *pools;
 	int lfd, sigfd;
 	struct kv_loop_watch lw, sigw;
-	struct kv_list sessions;
+	struct kv_list sessions;   /* NEW and READY */
+	struct kv_list closing;    /* CLOSING, waiting for their last completions */
 	uint32_t nsessions;
 	uint64_t next_session;
 	struct kv_arena arena;
