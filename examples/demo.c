@@ -192,7 +192,10 @@ static int connect_pool(kvc_conn **c, int *pool)
 
 	if (r < 0) {
 		*c = NULL;
-		return fail(NULL, "connecting to kvcached", r);
+		fail(NULL, "connecting to kvcached", r);
+		if (r == -ENOENT || r == -ECONNREFUSED)
+			say("is kvcached running on %s? (scripts/demo starts one)", sock_path);
+		return -1;
 	}
 	r = kvc_register_pool(*c, &d);
 	if (r < 0)
