@@ -271,45 +271,48 @@ static int run_new(struct kv_pool *p)
 	struct kv_run *run;
 	int64_t first;
 	uint32_t i, gen;
-	int fresh;
+	int fresh, r;
 
-	run = calloc(1, sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run);
-	if (!run)
-		return -ENOMEM;
-	first = kv_pages_alloc(dev, p->run_pages, p->ns, run, &fresh);
-	if (first < 0) {
-		free(run);
+	/* Pages first: on a full device this is the common failure, and it
+	 * costs nothing (nfree is checked before any scan). */
+	first = kv_pages_alloc(dev, p->run_pages, p->ns, NULL, &fresh);
+	if (first < 0)
 		return (int)first;
+	run = malloc(sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run);
+	if (!run) {
+		r = -ENOMEM;
+		goto err;
 	}
 	if (fresh) {
 		/* Another namespace's clients may still map this segment: give it
 		 * fresh memory so they cannot see or touch this namespace's data. */
-		int r = p->pools->be->ops->segment_create(p->pools->be, p->device,
-							  kv_pages_seg_of(dev, (uint32_t)first));
-		if (r < 0) {
-			kv_pages_free(dev, (uint32_t)first, p->run_pages);
-			free(run);
-			return r;
-		}
+		r = p->pools->be->ops->segment_create(p->pools->be, p->device,
+						      kv_pages_seg_of(dev, (uint32_t)first));
+		if (r < 0)
+			goto err;
 	}
+	for (i = 0; i < p->run_pages; i++)
+		dev->owner[first + i] = run;
 	run->pool = p;
 	run->first_page = (uint32_t)first;
 	run->npages = p->run_pages;
+	run->nused = 0;
 	gen = dev->gen[first] + 1;
 	for (i = 0; i < p->blocks_per_run; i++) {
 		struct kv_block *b = &run->blocks[i];
 
-		b->run = run;
-		b->slot = (uint16_t)i;
-		b->gen = gen & GEN_MASK;
-		b->state = KV_BLOCK_FREE;
-		b->ix.pool = p->id;
+		*b = (struct kv_block){ .run = run, .gen = gen & GEN_MASK, .slot = (uint16_t)i,
+					.state = KV_BLOCK_FREE, .ix.pool = p->id };
 		kv_list_push_back(&p->free, &b->node);
 	}
 	kv_list_push_back(&p->runs, &run->link);
 	p->n.runs++;
 	p->n.free += p->blocks_per_run;
 	return 0;
+err:
+	kv_pages_free(dev, (uint32_t)first, p->run_pages);
+	free(run);
+	return r;
 }
 
 /* Gives an empty run's pages back to the device. */
