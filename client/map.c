@@ -119,10 +119,10 @@ int kvc_map_segment(struct kvc_map *m, uint32_t dev, uint32_t index, uint64_t of
 	if (r < 0)
 		goto out;
 	d = atomic_load_explicit(&m->dev[dev], memory_order_relaxed);
-	/* The daemon names a segment once per connection; should it repeat
-	 * itself, the mapping in place is the same memory. */
-	if (atomic_load_explicit(&d->mapped[index], memory_order_relaxed))
-		goto out;
+	/* The daemon names a segment again when it has replaced the memory
+	 * behind it (the segment went to another namespace and came back):
+	 * map the new memory over the old, at the same address. The old
+	 * memory held no block this connection holds any more. */
 	p = mmap((char *)d->base + offset, (size_t)bytes, PROT_READ | PROT_WRITE,
 		 MAP_SHARED | MAP_FIXED, fd, 0);
 	if (p == MAP_FAILED) {

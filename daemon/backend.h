@@ -37,6 +37,9 @@ struct kv_backend {
 	uint32_t devices;
 	uint64_t segment_bytes;
 	uint32_t segments[KV_MAX_DEVICES];  /* per device */
+	/* Per device and segment: bumped by every segment_create, so that a
+	 * session that was sent an older fd of the segment is sent the new one. */
+	uint32_t *epoch[KV_MAX_DEVICES];
 };
 
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.

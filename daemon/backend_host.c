@@ -54,6 +54,7 @@ static int host_segment_create(struct kv_backend *be, uint32_t dev, uint32_t idx
 	}
 	host_seg_drop(h, &h->segs[idx]);
 	h->segs[idx] = ns;
+	be->epoch[0][idx]++;
 	return 0;
 err:
 	host_seg_drop(h, &ns);
@@ -95,6 +96,7 @@ static void host_destroy(struct kv_backend *be)
 	for (i = 0; i < be->segments[0]; i++)
 		host_seg_drop(h, &h->segs[i]);
 	free(h->segs);
+	free(be->epoch[0]);
 	free(h);
 }
 
@@ -122,7 +124,10 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 	h->be.segment_bytes = seg_bytes;
 	h->be.segments[0] = nseg;
 	h->segs = calloc(nseg, sizeof(*h->segs));
-	if (!h->segs) {
+	h->be.epoch[0] = calloc(nseg, sizeof(uint32_t));
+	if (!h->segs || !h->be.epoch[0]) {
+		free(h->segs);
+		free(h->be.epoch[0]);
 		free(h);
 		return -ENOMEM;
 	}

@@ -193,6 +193,7 @@ static int op_register(struct req *q, const Kvcached__RegisterPool *m)
 	if (rc < 0)
 		return fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
 			       : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC
+			       : rc == -ENOMEM ? KVCACHED__ERROR_CODE__EINTERNAL
 					       : KVCACHED__ERROR_CODE__EINVAL, -1, "%s", err);
 	r = kv_arena_alloc(&q->s->arena, sizeof(*r));
 	if (!r)
@@ -340,8 +341,10 @@ static int op_cow(struct req *q, const Kvcached__Cow *m)
 	copy = kv_arena_alloc(&q->s->arena, n * sizeof(*copy));
 	if (!copy || kv_refmap_reserve(&q->ss->refs, n) < 0)
 		return -ENOMEM;
-	/* Allocate every copy first so that ENOSPC changes nothing. A block
-	 * written only through this reference needs no copy. */
+	/* Allocate every copy first so that ENOSPC leaves the caller's blocks
+	 * and references as they were (cached blocks evicted on the way stay
+	 * evicted: they were only a cache). A block written only through this
+	 * reference needs no copy. */
 	for (i = 0; i < n; i++) {
 		struct kv_block *b = q->blk[i];
 

@@ -87,8 +87,12 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
 		if (p->segs[s].ns == 0) {
 			at = seg_find(p, s, n);
 			if (at >= 0) {
+				/* last_ns changes only once the caller has given
+				 * the segment fresh memory (kv_pages_fresh). */
 				*new_owner = p->segs[s].last_ns != 0 && p->segs[s].last_ns != ns;
-				p->segs[s].ns = p->segs[s].last_ns = ns;
+				p->segs[s].ns = ns;
+				if (!*new_owner)
+					p->segs[s].last_ns = ns;
 			}
 		}
 	}
@@ -116,4 +120,9 @@ void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 	p->nfree += n;
 	if (p->segs[s].used == 0)
 		p->segs[s].ns = 0;
+}
+
+void kv_pages_fresh(struct kv_pages *p, uint32_t seg)
+{
+	p->segs[seg].last_ns = p->segs[seg].ns;
 }

@@ -41,6 +41,11 @@ void kv_pages_fini(struct kv_pages *p);
  * Returns the first page, or -ENOSPC. */
 int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner);
 
+/* Records that segment seg got fresh memory for its current owner: the
+ * earlier owner's clients can no longer reach what is in it. Until this is
+ * called, kv_pages_alloc() keeps reporting the segment as new_owner. */
+void kv_pages_fresh(struct kv_pages *p, uint32_t seg);
+
 /* Returns n pages from first on. */
 void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n);
 

@@ -114,8 +114,8 @@ int kv_pool_run_size(uint64_t page_bytes, uint32_t pages_per_seg, uint64_t block
 
 		if (n == 0)
 			continue;
-		if (n > KV_MAX_RUN_BLOCKS)
-			break;
+		if (n > KV_MAX_RUN_BLOCKS)  /* the slot field's limit */
+			n = KV_MAX_RUN_BLOCKS;
 		waste = (double)(bytes - n * block_bytes) / (double)bytes;
 		if (waste < best_waste) {
 			best_waste = waste;
@@ -286,10 +286,12 @@ static int run_new(struct kv_pool *p)
 	if (fresh) {
 		/* Another namespace's clients may still map this segment: give it
 		 * fresh memory so they cannot see or touch this namespace's data. */
-		r = p->pools->be->ops->segment_create(p->pools->be, p->device,
-						      kv_pages_seg_of(dev, (uint32_t)first));
+		uint32_t seg = kv_pages_seg_of(dev, (uint32_t)first);
+
+		r = p->pools->be->ops->segment_create(p->pools->be, p->device, seg);
 		if (r < 0)
 			goto err;
+		kv_pages_fresh(dev, seg);
 	}
 	for (i = 0; i < p->run_pages; i++)
 		dev->owner[first + i] = run;

@@ -115,6 +115,8 @@ static int session_flush(struct kv_session *ss)
 		if (n < 0)
 			return (int)n;
 		if (nfds) {
+			for (int i = 0; i < nfds; i++)
+				close(ss->fds[i]);
 			memmove(ss->fds, ss->fds + nfds, (ss->nfds - (size_t)nfds) * sizeof(int));
 			ss->nfds -= (size_t)nfds;
 		}
@@ -174,15 +176,16 @@ static void session_proto_error(struct kv_session *ss, uint64_t id, const char *
 
 int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
 {
-	uint64_t **bits = &ss->seg_sent[dev];
+	struct kv_backend *be = ss->srv->be;
+	uint32_t **sent = &ss->seg_sent[dev];
 	int fd;
 
-	if (!*bits) {
-		*bits = calloc((ss->srv->be->segments[dev] + 63) / 64, sizeof(uint64_t));
-		if (!*bits)
+	if (!*sent) {
+		*sent = calloc(be->segments[dev], sizeof(uint32_t));
+		if (!*sent)
 			return -ENOMEM;
 	}
-	if ((*bits)[seg / 64] >> (seg % 64) & 1)
+	if ((*sent)[seg] == be->epoch[dev][seg])
 		return 0;
 	if (ss->nfds == ss->fds_cap) {
 		size_t cap = ss->fds_cap ? ss->fds_cap * 2 : 16;
@@ -193,11 +196,16 @@ int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
 		ss->fds = p;
 		ss->fds_cap = cap;
 	}
-	fd = ss->srv->be->ops->segment_fd(ss->srv->be, dev, seg);
+	/* A dup: the backend closes its fd when it recreates the segment, and
+	 * the number could then name anything by the time we send it. */
+	fd = be->ops->segment_fd(be, dev, seg);
 	if (fd < 0)
 		return fd;
+	fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (fd < 0)
+		return -errno;
 	ss->fds[ss->nfds++] = fd;
-	(*bits)[seg / 64] |= 1ull << (seg % 64);
+	(*sent)[seg] = be->epoch[dev][seg];
 	return 1;
 }
 
@@ -359,6 +367,8 @@ static void session_close(struct kv_session *ss, const char *why)
 		kv_loop_cancel(&s->loop, &ss->wout);
 	close(ss->fd);
 	ss->fd = -1;
+	while (ss->nfds > 0)
+		close(ss->fds[--ss->nfds]);
 	free(ss->in);
 	free(ss->out);
 	free(ss->fds);

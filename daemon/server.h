@@ -53,9 +53,9 @@ struct kv_session {
 	size_t in_len, in_cap;
 	uint8_t *out;
 	size_t out_off, out_len, out_cap;
-	int *fds;                  /* backend fds to send ahead of out[out_off..] */
+	int *fds;                  /* our dups of segment fds, to send ahead of out[out_off..] */
 	size_t nfds, fds_cap;
-	uint64_t *seg_sent[KV_MAX_DEVICES];  /* bitmaps of segments sent */
+	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
 	struct kv_refmap refs;
 	uint64_t connected_ms, requests;
 };
@@ -89,8 +89,8 @@ int kv_server_run(struct kv_server *s);
 void kv_server_fini(struct kv_server *s);
 
 /* For ops.c: queues the fd of (dev, seg) to go with the next reply unless
- * this session has it already. Returns 1 if queued, 0 if sent before, or
- * -ENOMEM. */
+ * this session has the segment's current memory already. Returns 1 if
+ * queued, 0 if sent before, or -errno. */
 int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg);
 /* Whether the peer may use admin operations (root or the daemon's uid). */
 int kv_session_is_admin(const struct kv_session *ss);
