@@ -57,6 +57,9 @@ static void ix_grow(struct kv_index *ix)
 
 			next = e->next;
 			e->next = b[k];
+			if (e->next)
+				e->next->pprev = &e->next;
+			e->pprev = &b[k];
 			b[k] = e;
 		}
 	}
@@ -73,20 +76,19 @@ void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 		ix_grow(ix);
 	k = ix_bucket(ix, ix->nbuckets, e->pool, e->hash);
 	e->next = ix->buckets[k];
+	if (e->next)
+		e->next->pprev = &e->next;
+	e->pprev = &ix->buckets[k];
 	ix->buckets[k] = e;
 	ix->count++;
 }
 
 void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e)
 {
-	struct kv_index_entry **p = &ix->buckets[ix_bucket(ix, ix->nbuckets, e->pool, e->hash)];
-
-	for (; *p; p = &(*p)->next) {
-		if (*p == e) {
-			*p = e->next;
-			e->next = NULL;
-			ix->count--;
-			return;
-		}
-	}
+	*e->pprev = e->next;
+	if (e->next)
+		e->next->pprev = e->pprev;
+	e->next = NULL;
+	e->pprev = NULL;
+	ix->count--;
 }

@@ -16,6 +16,7 @@
 
 struct kv_index_entry {
 	struct kv_index_entry *next;
+	struct kv_index_entry **pprev;  /* what points at this entry: O(1) removal */
 	uint32_t pool;
 	uint8_t hash[KV_HASH_BYTES];
 };
@@ -37,7 +38,7 @@ struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, c
  * grow is harmless (chains get longer). */
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e);
 
-/* Unlinks e, which must be in the index. */
+/* Unlinks e, which must be in the index. O(1): no rehash, no chain walk. */
 void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e);
 
 #endif
