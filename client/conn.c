@@ -83,17 +83,7 @@ static void conn_break(kvc_conn *c)
 /* Returns 0 or -ENAMETOOLONG. */
 KVC_PUBLIC int kvc_default_socket(char *buf, size_t len)
 {
-	const char *env = secure_getenv("KVCACHED_SOCKET");
-	const char *xdg = secure_getenv("XDG_RUNTIME_DIR");
-	int n;
-
-	if (env && *env)
-		n = snprintf(buf, len, "%s", env);
-	else if (geteuid() != 0 && xdg && *xdg)
-		n = snprintf(buf, len, "%s/kvcached.sock", xdg);
-	else
-		n = snprintf(buf, len, "/run/kvcached/kvcached.sock");
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+	return kv_socket_default(buf, len);
 }
 
 /* --- sending ------------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "frame.h"
 #include "log.h"
 #include "server.h"
 
@@ -64,20 +65,6 @@ static int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
-static int default_socket(char *buf, size_t len)
-{
-	const char *env = getenv("KVCACHED_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-	int n;
-
-	if (env && env[0])
-		n = snprintf(buf, len, "%s", env);
-	else if (geteuid() != 0 && xdg && xdg[0])
-		n = snprintf(buf, len, "%s/kvcached.sock", xdg);
-	else
-		n = snprintf(buf, len, "/run/kvcached/kvcached.sock");
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
-}
-
 static int bad(const char *opt, const char *val, const char *allowed)
 {
 	fprintf(stderr, "kvcached: bad value '%s' for %s: %s\n", val, opt, allowed);
@@ -107,7 +94,7 @@ int main(int argc, char **argv)
 	char *end;
 
 	kv_config_defaults(&cfg);
-	if (default_socket(cfg.socket_path, sizeof(cfg.socket_path)) < 0)
+	if (kv_socket_default(cfg.socket_path, sizeof(cfg.socket_path)) < 0)
 		return bad("KVCACHED_SOCKET", getenv("KVCACHED_SOCKET"), "path too long");
 	while ((c = getopt_long(argc, argv, "s:b:p:l:hV", opts, NULL)) != -1) {
 		switch (c) {

@@ -2,6 +2,8 @@
 #include "frame.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -103,4 +105,19 @@ ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
 	if ((msg.msg_flags & MSG_CTRUNC) && truncated)
 		*truncated = 1;
 	return n;
+}
+
+int kv_socket_default(char *buf, size_t len)
+{
+	const char *env = secure_getenv("KVCACHED_SOCKET");
+	const char *xdg = secure_getenv("XDG_RUNTIME_DIR");
+	int n;
+
+	if (env && *env)
+		n = snprintf(buf, len, "%s", env);
+	else if (geteuid() != 0 && xdg && *xdg)
+		n = snprintf(buf, len, "%s/kvcached.sock", xdg);
+	else
+		n = snprintf(buf, len, "/run/kvcached/kvcached.sock");
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }

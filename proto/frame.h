@@ -44,4 +44,10 @@ ssize_t kv_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt,
 ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
                        int maxfds, int flags, int *truncated);
 
+/* The socket path every program resolves the same way: $KVCACHED_SOCKET,
+ * else $XDG_RUNTIME_DIR/kvcached.sock for a user other than root, else
+ * /run/kvcached/kvcached.sock. Returns 0, or -ENAMETOOLONG if buf is too
+ * small. */
+int kv_socket_default(char *buf, size_t len);
+
 #endif
