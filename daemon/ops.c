@@ -293,6 +293,8 @@ static int op_lookup(struct req *q, const Kvcached__Lookup *m)
 		if (e->kind == KV_ENTRY_TIER) {
 			int r = kv_tiers_promote(q->s->tiers, e, parked ? NULL : &q->ss->waiter);
 
+			if (r == -EAGAIN)
+				break;  /* no room to start more now: the rerun will */
 			if (r < 0)
 				break;  /* a miss from here on */
 			parked = 1;

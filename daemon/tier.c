@@ -131,6 +131,7 @@ struct kv_tiers {
 	uint64_t jlive;            /* records a rewrite would write */
 	struct kv_list dormant;    /* G3 runs no pool has claimed since the restart */
 	struct kv_list swaps;
+	struct kv_list space_waiters;  /* lookups waiting for G2 staging room */
 	uint64_t entries;          /* tblocks in the index */
 	uint64_t tick, next_swap;
 	uint64_t down_bytes[KV_MAX_DEVICES];  /* demotion copies in flight */
@@ -463,7 +464,9 @@ static void drop_g3(struct kv_tiers *t, struct tblock *tb)
 }
 
 /* Frees one idle copy in tier l, own pool first, then the oldest of any
- * pool. Returns 1 if it freed one. */
+ * pool. In G2 clean copies go first; a dirty one only when there is no G3 to
+ * write it to (with G3 the caller waits for write-back instead of dropping
+ * what could be kept). Returns 1 if it freed one. */
 static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
 {
 	struct tblock *victim = NULL;
@@ -490,6 +493,8 @@ static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
 		if (!victim || b->tick < victim->tick)
 			victim = b;
 	}
+	if (l == L2 && t->lv[L3].on && !victim)
+		return 0;
 	if (!victim && own && (n = kv_list_back(&own->lru)))
 		victim = kv_container_of(n, struct tblock, lru[l]);
 	for (i = 0; !victim && i < kv_pools_count(t->ps); i++) {
@@ -616,6 +621,12 @@ static uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, u
 			struct tblock *tb;
 			struct kv_list *n;
 
+			/* With a disk behind it, G2 keeps g2_low percent free or
+			 * clean for promotions to stage through: past that,
+			 * demotion waits for write-back. */
+			if (t->lv[L3].on && (t->dirty_bytes + t->swap_bytes) * 100 >=
+						    t->lv[L2].st.capacity * (100 - t->cfg.g2_low))
+				break;
 			if (only)
 				b = (n = kv_list_back(&only->lru)) ? kv_container_of(n, struct kv_block, node)
 								   : NULL;
@@ -786,6 +797,7 @@ static void read_done(struct kv_disk_op *dop, int res);
 
 static void promote_fail(struct kv_tiers *t, struct tblock *tb, int flag)
 {
+	kv_debug("promotion of a block of pool '%s' failed", tb->pool->name);
 	tb->busy &= (uint8_t)~flag;
 	tb->busy |= BUSY_WAKE;
 	tb->failed = 1;
@@ -950,11 +962,23 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 		int from_g2 = tb->run[L2] != NULL;
 		int r = from_g2 ? up_start(t, tb) : read_start(t, tb);
 
-		if (r < 0)
+		if (r == -ENOSPC && !from_g2 &&
+		    (t->lv[L2].st.inflight || t->lv[L3].st.inflight)) {
+			/* No staging room in G2 until some I/O completes. */
+			if (!w)
+				return -EAGAIN;
+			kv_list_push_back(&t->space_waiters, &w->link);
+			return 1;
+		}
+		if (r < 0) {
+			kv_debug("promotion from G%d of a block of pool '%s' cannot start: %s",
+				 from_g2 ? 2 : 3, tb->pool->name, strerror(-r));
 			return -ENOENT;
+		}
 		t->lv[from_g2 ? L2 : L3].st.hits++;
 	}
-	kv_list_push_back(&tb->waiters, &w->link);
+	if (w)
+		kv_list_push_back(&tb->waiters, &w->link);
 	return 1;
 }
 
@@ -1220,6 +1244,9 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 			free(op);
 		}
 	}
+	/* Lookups waiting for staging room first: demotion must not take
+	 * the slots that promotions just gave back. */
+	wake_all(&t->space_waiters);
 	kv_tiers_kick(t);
 }
 
@@ -1227,6 +1254,9 @@ void kv_tiers_disk_done(struct kv_tiers *t)
 {
 	if (t->lv[L3].on)
 		kv_disk_reap(&t->disk);
+	/* Lookups waiting for staging room first: demotion must not take
+	 * the slots that promotions just gave back. */
+	wake_all(&t->space_waiters);
 	kv_tiers_kick(t);
 }
 
@@ -1239,18 +1269,6 @@ void kv_tiers_kick(struct kv_tiers *t)
 
 	if (!L->on)
 		return;
-	for (d = 0; d < t->be->devices; d++) {
-		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
-
-		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
-			continue;
-		t->demoting[d] = 1;
-		if (free * 100 < total * t->cfg.g1_high)
-			demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
-		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
-		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
-			t->demoting[d] = 0;
-	}
 	if (t->lv[L3].on) {
 		uint64_t cap = L->st.capacity;
 		uint64_t pinned = t->dirty_bytes + t->swap_bytes, wb = t->wb_bytes;
@@ -1268,6 +1286,20 @@ void kv_tiers_kick(struct kv_tiers *t)
 			if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
 				t->writing_back = 0;
 		}
+	}
+	for (d = 0; d < t->be->devices; d++) {
+		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+
+		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
+			continue;
+		t->demoting[d] = 1;
+		if (free * 100 < total * t->cfg.g1_high)
+			demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
+		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
+			t->demoting[d] = 0;
+	}
+	if (t->lv[L3].on) {
 		kv_disk_flush(&t->disk);
 		if (t->jr.records > 2 * t->jlive + 16384)
 			journal_compact(t);
@@ -1549,6 +1581,7 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	t->jr.fd = -1;
 	kv_list_init(&t->dormant);
 	kv_list_init(&t->swaps);
+	kv_list_init(&t->space_waiters);
 	kv_pools_set_tier_drop(ps, tier_drop, t);
 	*out = t;
 	if (!cfg->host_bytes) {

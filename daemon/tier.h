@@ -93,9 +93,10 @@ void kv_tiers_kick(struct kv_tiers *t);
  * previous daemon left for that layout. */
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
 
-/* e (kind KV_ENTRY_TIER) was hit by a lookup. Returns 1 when w waits for its
- * promotion (started now or earlier), or -ENOENT when it is to be treated as
- * a miss (its promotion just failed, or no G1 space). */
+/* e (kind KV_ENTRY_TIER) was hit by a lookup. Returns 1 when its promotion
+ * is under way (started now or earlier; w, unless NULL, waits for it), or
+ * -ENOENT when it is to be treated as a miss (its promotion just failed, or
+ * there is no room to promote it). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
 /* Swap. owner is the session's swap list. swap_out takes over the caller's
