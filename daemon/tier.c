@@ -1691,6 +1691,7 @@ static void level_fini(struct kv_tiers *t, int l)
 			if (!tb->run[L2] && !tb->run[L3])
 				free(tb);
 		}
+		pg += r->npages - 1;  /* its other pages point at it too */
 		srun_free(r);
 	}
 	for (s = 0; s < KV_MAX_POOLS; s++)
@@ -1727,7 +1728,7 @@ void kv_tiers_destroy(struct kv_tiers *t)
 		struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
 
 		kv_list_del(&r->link);
-		t->lv[L3].pages.owner[r->first_page] = NULL;
+		kv_pages_free(&t->lv[L3].pages, r->first_page, r->npages);
 		srun_free(r);
 	}
 	level_fini(t, L3);
