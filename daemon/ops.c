@@ -276,6 +276,8 @@ static void unpin(struct kv_session *ss, uint32_t n)
 {
 	uint32_t i;
 
+	if (!n)
+		return;
 	for (i = 0; i < n; i++)
 		kv_block_unref(ss->pins[i]);
 	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
