@@ -820,9 +820,12 @@ static int up_start(struct kv_tiers *t, struct tblock *tb)
 	if (kv_pool_alloc_free(tb->pool, 1, &b) < 0) {
 		uint32_t dev = tb->pool->device;
 
-		if (!t->down_bytes[dev])
+		if (!t->down_bytes[dev]) {
 			demote(t, dev, NULL, 4 * tb->pool->block_bytes);
-		if (t->down_bytes[dev])
+			/* G2 may be full of dirty copies: write-back frees it. */
+			kv_tiers_kick(t);
+		}
+		if (t->down_bytes[dev] || t->lv[L2].st.inflight || t->lv[L3].st.inflight)
 			return -EAGAIN;
 		if (kv_pool_alloc(tb->pool, 1, &b, why, sizeof(why)) < 0)
 			return -ENOSPC;
