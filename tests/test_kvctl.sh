@@ -7,7 +7,7 @@ command -v python3 >/dev/null || { echo "skip: no python3"; exit 77; }
 
 dir=$(mktemp -d /tmp/kvt-kvctl.XXXXXX)
 export KVCACHED_SOCKET=$dir/kvcached.sock
-"$KVCACHED_BIN" --pool-size 256MiB --segment-size 64MiB 2>"$dir/log" &
+"$KVCACHED_BIN" --config= --pool-size 256MiB --segment-size 64MiB 2>"$dir/log" &
 pid=$!
 trap 'kill -9 $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 200); do "$KVCTL_BIN" status >/dev/null 2>&1 && break; sleep 0.05; done
