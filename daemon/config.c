@@ -321,6 +321,11 @@ int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *v
 	int b;
 	char *end;
 
+	/* An empty value brings back a computed default. */
+	if (!value[0] && !k->def[0]) {
+		memset(field, 0, k->size);
+		return 0;
+	}
 	switch (k->type) {
 	case KV_CFG_SIZE:
 	case KV_CFG_SIZE_PCT:
