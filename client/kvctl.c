@@ -1043,9 +1043,11 @@ static void metrics_json(const char *text)
 							*o++ = *q;
 						}
 					}
-					*o = '\0';
+					/* Past the closing quote first: o may
+					 * have caught up with it. */
 					if (*q)
 						q++;
+					*o = '\0';
 					json_str(&j, k, v);
 					if (*q == ',')
 						q++;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvconfig.h"
 #if KV_HAVE_SYSTEMD
@@ -21,6 +22,7 @@
 int kv_log_level = KV_LOG_INFO;
 
 static int to_journal;
+static int journal_native;   /* journald's socket is there: structured fields */
 static uint64_t ctx_session;
 static const char *ctx_ns;
 
@@ -63,6 +65,10 @@ int kv_log_set_target(const char *name)
 		to_journal = 0;
 	else
 		return -EINVAL;
+	/* sd_journal_send() drops lines silently when journald is not there;
+	 * then the "<N>" lines on stderr are the better bet. */
+	journal_native = KV_HAVE_SYSTEMD && to_journal &&
+			 access("/run/systemd/journal/socket", W_OK) == 0;
 	return 0;
 }
 
@@ -139,7 +145,7 @@ static void vlog(int level, const char *file, int line, const char *func, const 
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	if (to_journal) {
 #if KV_HAVE_SYSTEMD
-		if (journal_send(level, file, line, func, msg) >= 0)
+		if (journal_native && journal_send(level, file, line, func, msg) >= 0)
 			return;
 #endif
 		/* journald reads a "<N>" prefix as the priority. */
