@@ -611,6 +611,8 @@ static const char *const kvc_errors[] = {
 	[10] = "internal daemon error",
 	[11] = "block in the wrong state for this operation",
 	[12] = "daemon shutting down",
+	/* 13..15: the tiers */
+	[16] = "invalid daemon configuration",
 };
 
 KVC_PUBLIC const char *kvc_strerror(int err)

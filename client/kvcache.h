@@ -49,6 +49,7 @@ extern "C" {
 #define KVC_EINTERNAL (-1010)  /* daemon bug */
 #define KVC_ESTATE (-1011)     /* block in the wrong state (e.g. sealed twice) */
 #define KVC_ESHUTDOWN (-1012)  /* daemon draining */
+#define KVC_ECONFIG (-1016)    /* reload: the daemon's configuration is invalid */
 
 typedef struct kvc_conn kvc_conn;
 typedef uint64_t kvc_block;

@@ -930,6 +930,9 @@ static void test_strerror(void)
 			CHECK(strcmp(s, kvc_strerror(codes[j])) != 0);
 		CHECK(codes[i] == -(KVC_ERR_BASE + (int)i + 1));
 	}
+	/* 13..15 are the tiers'. */
+	CHECK(KVC_ECONFIG == -(KVC_ERR_BASE + 16));
+	CHECK(strcmp(kvc_strerror(KVC_ECONFIG), "unknown daemon error") != 0);
 	CHECK(!strcmp(kvc_strerror(-ENOENT), "No such file or directory"));
 	CHECK(!strcmp(kvc_strerror(-1099), "unknown daemon error"));
 	CHECK(kvc_strerror(-99999) != NULL && kvc_strerror(0) != NULL);
