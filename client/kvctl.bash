@@ -14,7 +14,7 @@ _kvctl()
 		prev=${COMP_WORDS[COMP_CWORD - 1]}
 	fi
 
-	local commands="status pools clients evict drain reload check metrics top help"
+	local commands="status pools clients evict flush drain reload check metrics top help"
 	local global="-s --socket -o --output -h --help -V --version"
 
 	case $prev in
@@ -38,6 +38,10 @@ _kvctl()
 		COMPREPLY=($(compgen -W "$ids" -- "$cur"))
 		return
 		;;
+	--tier)
+		COMPREPLY=($(compgen -W "g1 g2 g3" -- "$cur"))
+		return
+		;;
 	--timeout|-n|--count|-d|--delay)
 		return
 		;;
@@ -46,7 +50,7 @@ _kvctl()
 	local i cmd=
 	for ((i = 1; i < cword; i++)); do
 		case ${words[i]} in
-		-s|--socket|-o|--output|--pool|--timeout|-n|--count|-d|--delay)
+		-s|--socket|-o|--output|--pool|--tier|--timeout|-n|--count|-d|--delay)
 			((i++))
 			;;
 		-*)
@@ -69,7 +73,7 @@ _kvctl()
 
 	local opts="-s --socket -o --output -h --help"
 	case $cmd in
-	evict) opts+=" --pool --all" ;;
+	evict) opts+=" --tier --pool --all" ;;
 	drain) opts+=" --timeout --wait" ;;
 	top) opts+=" -n --count -d --delay" ;;
 	help)

@@ -445,13 +445,14 @@ static Kvcached__Response *call(kvc_conn *c, Kvcached__Request *req,
 /* --- commands ------------------------------------------------------------ */
 
 /* Command-specific options, as bits of struct command.opts. */
-enum { O_POOL = 1, O_ALL = 2, O_TIMEOUT = 4, O_WAIT = 8, O_COUNT = 16, O_DELAY = 32 };
+enum { O_POOL = 1, O_ALL = 2, O_TIMEOUT = 4, O_WAIT = 8, O_COUNT = 16, O_DELAY = 32, O_TIER = 64 };
 
 struct args {
 	enum format fmt;
 	const char *sock;
 	unsigned used;          /* O_* given */
 	uint32_t pool;
+	int tier;               /* evict: 0..2 for G1..G3 */
 	uint64_t timeout_ms;
 	long count;             /* top: frames, 0 = until stopped */
 	double delay;           /* top: seconds between frames */
@@ -557,6 +558,68 @@ static Kvcached__Response *get_clients(kvc_conn *c)
 	return call(c, &req, KVCACHED__RESPONSE__RESULT_CLIENTS, "clients");
 }
 
+static const char *const tier_names[] = { "G1", "G2", "G3" };
+
+static void json_tier(struct json *j, const Kvcached__TierInfo *t)
+{
+	json_open(j, '{');
+	json_str(j, "tier", t->tier < 3 ? tier_names[t->tier] : "?");
+	json_u64(j, "capacity_bytes", t->capacity_bytes);
+	json_u64(j, "used_bytes", t->used_bytes);
+	json_u64(j, "blocks", t->blocks);
+	json_u64(j, "dirty", t->dirty);
+	json_u64(j, "hits", t->hits);
+	json_u64(j, "promotions", t->promotions);
+	json_u64(j, "demotions", t->demotions);
+	json_u64(j, "evictions", t->evictions);
+	json_u64(j, "io_errors", t->io_errors);
+	json_u64(j, "checksum_failures", t->checksum_failures);
+	json_u64(j, "inflight", t->inflight);
+	json_close(j, '}');
+}
+
+static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
+{
+	size_t i;
+
+	json_key(j, "tiers");
+	json_open(j, '[');
+	for (i = 0; i < s->n_tiers; i++)
+		json_tier(j, s->tiers[i]);
+	json_close(j, ']');
+}
+
+static void tiers_table(const Kvcached__StatsReply *s)
+{
+	static const char *const head[] = { "TIER", "CAPACITY", "USED", "BLOCKS", "DIRTY", "HITS",
+					    "PROMOTED", "DEMOTED", "EVICTED", "IOERR", "CSUMERR",
+					    "INFLIGHT" };
+	struct table t = { .ncol = 12, .head = head, .align = "lrrrrrrrrrrr" };
+	size_t i;
+	char *a;
+
+	for (i = 0; i < s->n_tiers; i++) {
+		const Kvcached__TierInfo *ti = s->tiers[i];
+
+		cell(&t, "%s", ti->tier < 3 ? tier_names[ti->tier] : "?");
+		cell(&t, "%s", a = fmt_bytes(ti->capacity_bytes));
+		free(a);
+		cell(&t, "%s", a = fmt_pct(ti->used_bytes, ti->capacity_bytes));
+		free(a);
+		cell(&t, "%" PRIu64, ti->blocks);
+		cell(&t, "%" PRIu64, ti->dirty);
+		cell(&t, "%" PRIu64, ti->hits);
+		cell(&t, "%" PRIu64, ti->promotions);
+		cell(&t, "%" PRIu64, ti->demotions);
+		cell(&t, "%" PRIu64, ti->evictions);
+		cell(&t, "%" PRIu64, ti->io_errors);
+		cell(&t, "%" PRIu64, ti->checksum_failures);
+		cell(&t, "%" PRIu64, ti->inflight);
+	}
+	putchar('\n');
+	table_print(&t, stdout);
+}
+
 static char *fmt_deadline(uint64_t deadline_ms)
 {
 	struct timespec ts;
@@ -615,6 +678,7 @@ static int cmd_status(kvc_conn *c, const struct args *a)
 		for (i = 0; i < s->n_pools; i++)
 			json_pool(&j, s->pools[i]);
 		json_close(&j, ']');
+		json_tiers(&j, s);
 		json_close(&j, '}');
 	} else {
 		static const char *const phead[] = { "POOL", "NAMESPACE", "NAME", "DEV", "BLOCK",
@@ -647,6 +711,8 @@ static int cmd_status(kvc_conn *c, const struct args *a)
 		kv_line("reloads", "%" PRIu64 " (%" PRIu64 " refused)", s->reloads,
 			s->reload_failures);
 		kv_line("pools", "%zu", s->n_pools);
+		if (s->n_tiers)
+			tiers_table(s);
 
 		for (i = 0; i < s->n_pools; i++) {
 			const Kvcached__PoolInfo *p = s->pools[i];
@@ -845,8 +911,10 @@ static int cmd_evict(kvc_conn *c, const struct args *a)
 	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
 	Kvcached__Response *resp;
 
-	ev.all = (a->used & O_ALL) != 0;
+	/* Without --pool: every pool. */
+	ev.all_pools = !(a->used & O_POOL);
 	ev.pool_id = a->pool;
+	ev.tier = (Kvcached__Tier)a->tier;
 	req.op_case = KVCACHED__REQUEST__OP_EVICT;
 	req.evict = &ev;
 	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_EVICT, "evict");
@@ -856,16 +924,68 @@ static int cmd_evict(kvc_conn *c, const struct args *a)
 		struct json j = { .f = stdout };
 
 		json_open(&j, '{');
-		json_u64(&j, "evicted", resp->evict->evicted);
+		json_str(&j, "tier", tier_names[a->tier]);
+		json_u64(&j, "blocks", resp->evict->blocks);
 		json_close(&j, '}');
-	} else if (ev.all) {
-		printf("evicted %" PRIu64 " cached blocks of every pool\n", resp->evict->evicted);
+	} else if (ev.all_pools) {
+		printf("%s: %" PRIu64 " blocks evicted from every pool\n", tier_names[a->tier],
+		       resp->evict->blocks);
 	} else {
-		printf("evicted %" PRIu64 " cached blocks of pool %" PRIu32 "\n",
-		       resp->evict->evicted, a->pool);
+		printf("%s: %" PRIu64 " blocks evicted from pool %" PRIu32 "\n", tier_names[a->tier],
+		       resp->evict->blocks, a->pool);
 	}
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
+}
+
+static int cmd_flush(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
+	Kvcached__Response *resp;
+	uint64_t started;
+	int waited_ms = 0, clean;
+
+	req.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	req.flush = &fl;
+	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_FLUSH, "flush");
+	if (!resp)
+		return 1;
+	started = resp->flush->started;
+	clean = resp->flush->clean;
+	kvcached__response__free_unpacked(resp, NULL);
+	/* Wait until every write-back is done (the stats say so). */
+	while (!clean && waited_ms < 60000) {
+		struct timespec ts = { 0, 10 * 1000 * 1000 };
+		Kvcached__Response *st;
+		size_t i;
+
+		nanosleep(&ts, NULL);
+		waited_ms += 10;
+		if (!(st = get_stats(c)))
+			return 1;
+		clean = 1;
+		for (i = 0; i < st->stats->n_tiers; i++)
+			if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G2 &&
+			    st->stats->tiers[i]->dirty)
+				clean = 0;
+			else if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G3 &&
+				 st->stats->tiers[i]->inflight)
+				clean = 0;
+		kvcached__response__free_unpacked(st, NULL);
+	}
+	if (a->fmt == FMT_JSON) {
+		struct json j = { .f = stdout };
+
+		json_open(&j, '{');
+		json_u64(&j, "started", started);
+		json_bool(&j, "clean", clean);
+		json_close(&j, '}');
+	} else {
+		printf("%" PRIu64 " blocks written back; %s\n", started,
+		       clean ? "nothing dirty is left" : "still writing after 60 s");
+	}
+	return clean ? 0 : 1;
 }
 
 /* Waits until the daemon closes c (it exits) or until deadline_ms (wall
@@ -1381,13 +1501,20 @@ static const struct command commands[] = {
 	  "Shows one row per connected session: session id, pid, uid, namespace, the\n"
 	  "name the client gave, the socket it came through (worker or admin), block\n"
 	  "references held, when it connected and how many requests it made.\n" },
-	{ "evict", cmd_evict, O_POOL | O_ALL, " (--pool ID | --all)",
-	  "drop cached blocks from device memory",
-	  "Evicts every cached block (sealed, held by nobody) of pool ID, or of every\n"
-	  "pool with --all, as memory pressure would. Blocks held by a client stay.\n"
-	  "Prints how many were evicted.\n\n"
-	  "  --pool ID   the pool (kvctl pools lists the ids)\n"
-	  "  --all       every pool\n" },
+	{ "evict", cmd_evict, O_POOL | O_ALL | O_TIER,
+	  " [--tier g1|g2|g3] (--pool ID | --all)", "evict idle blocks of one tier",
+	  "Evicts the idle blocks (held by nobody) of one tier, of pool ID or of every\n"
+	  "pool, as memory pressure would; blocks that workers hold are never touched.\n"
+	  "g1 (the default) demotes every cached device block to the host tier, or\n"
+	  "drops it when there is none; g2 drops host-tier copies that are on disk and\n"
+	  "writes the others to disk first (dropped when there is no disk tier); g3\n"
+	  "drops the disk tier's blocks. Prints how many blocks it acted on.\n\n"
+	  "  --tier g1|g2|g3  the tier (default g1); with --tier alone, every pool\n"
+	  "  --pool ID        the pool (kvctl pools lists the ids)\n"
+	  "  --all            every pool\n" },
+	{ "flush", cmd_flush, 0, "", "write the host tier back to disk",
+	  "Writes every host-tier block that is not on disk yet to the disk tier and\n"
+	  "waits until all writes are done (at most 60 s; exit 1 if not done).\n" },
 	{ "drain", cmd_drain, O_TIMEOUT | O_WAIT, " [--timeout DURATION] [--wait]",
 	  "stop taking work and exit when clients are gone",
 	  "Starts the drain SIGTERM starts: the worker socket stops accepting, new\n"
@@ -1490,7 +1617,7 @@ static int parse_duration(const char *s, uint64_t *ms)
 
 int main(int argc, char **argv)
 {
-	enum { OPT_POOL = 1000, OPT_ALL, OPT_TIMEOUT, OPT_WAIT };
+	enum { OPT_POOL = 1000, OPT_ALL, OPT_TIMEOUT, OPT_WAIT, OPT_TIER };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "output", required_argument, NULL, 'o' },
@@ -1500,6 +1627,7 @@ int main(int argc, char **argv)
 		{ "all", no_argument, NULL, OPT_ALL },
 		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 		{ "wait", no_argument, NULL, OPT_WAIT },
+		{ "tier", required_argument, NULL, OPT_TIER },
 		{ "count", required_argument, NULL, 'n' },
 		{ "delay", required_argument, NULL, 'd' },
 		{ 0 },
@@ -1507,6 +1635,7 @@ int main(int argc, char **argv)
 	static const struct { unsigned bit; const char *name; } optnames[] = {
 		{ O_POOL, "--pool" }, { O_ALL, "--all" }, { O_TIMEOUT, "--timeout" },
 		{ O_WAIT, "--wait" }, { O_COUNT, "--count" }, { O_DELAY, "--delay" },
+		{ O_TIER, "--tier" },
 	};
 	const struct kvc_options copt = { .client_name = "kvctl" };
 	struct args a = { .fmt = FMT_HUMAN, .delay = 2.0 };
@@ -1558,6 +1687,13 @@ int main(int argc, char **argv)
 			break;
 		case OPT_WAIT:
 			a.used |= O_WAIT;
+			break;
+		case OPT_TIER:
+			if (strlen(optarg) != 2 || (optarg[0] != 'g' && optarg[0] != 'G') ||
+			    optarg[1] < '1' || optarg[1] > '3')
+				return usage_error("--tier '%s': g1, g2 or g3", optarg);
+			a.tier = optarg[1] - '1';
+			a.used |= O_TIER;
 			break;
 		case 'n':
 			errno = 0;
@@ -1617,8 +1753,8 @@ int main(int argc, char **argv)
 	for (i = 0; i < sizeof(optnames) / sizeof(optnames[0]); i++)
 		if ((a.used & optnames[i].bit) && !(cmd->opts & optnames[i].bit))
 			return usage_error("%s does not take %s", cmd->name, optnames[i].name);
-	if (cmd->run == cmd_evict && !(a.used & (O_POOL | O_ALL)))
-		return usage_error("evict needs --pool ID or --all");
+	if (cmd->run == cmd_evict && !(a.used & (O_POOL | O_ALL | O_TIER)))
+		return usage_error("evict needs --pool ID, --all or --tier TIER");
 	if (cmd->run == cmd_evict && (a.used & O_POOL) && (a.used & O_ALL))
 		return usage_error("evict takes --pool ID or --all, not both");
 

@@ -7,7 +7,13 @@
  * Locations are byte offsets in a device's range: segment s covers
  * [s * segment_bytes, (s + 1) * segment_bytes).
  *
- * Backends: host (memfd segments; runs anywhere) and, later, cuda (VMM). */
+ * Tiers (G2 host DRAM, G3 NVMe) need two more things of a backend: host
+ * memory for the G2 arena (pinned on cuda, so that copies use the copy
+ * engines and io_uring can register it as fixed buffers), and asynchronous
+ * batched copies between device locations and that memory, whose completions
+ * reach the event loop through an fd (an eventfd) without blocking it.
+ *
+ * Backends: host (memfd segments; runs anywhere) and cuda (VMM). */
 #ifndef KV_BACKEND_H
 #define KV_BACKEND_H
 
@@ -16,6 +22,23 @@
 #define KV_MAX_DEVICES 16
 
 struct kv_backend;
+
+/* One copy of a batch: device offset <-> host pointer (H2D, D2H) or device
+ * offset <-> device offset (D2D, src_off). */
+enum kv_copy_dir { KV_COPY_D2H, KV_COPY_H2D, KV_COPY_D2D };
+
+struct kv_copy {
+	uint64_t dev_off;   /* device location: the source of D2H, the destination otherwise */
+	uint64_t src_off;   /* D2D: the source */
+	void *host;         /* D2H: destination; H2D: source (arena memory) */
+	uint64_t len;
+};
+
+/* A finished batch: the tag given to copy_async and 0 or -errno. */
+struct kv_copy_done {
+	uint64_t tag;
+	int res;
+};
 
 struct kv_backend_ops {
 	/* (Re)creates segment idx of device dev. A segment that already exists is
@@ -27,6 +50,19 @@ struct kv_backend_ops {
 	int (*segment_fd)(struct kv_backend *be, uint32_t dev, uint32_t idx);
 	/* Copies len bytes between offsets of device dev. Returns 0 or -errno. */
 	int (*copy)(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t src, uint64_t len);
+	/* Host memory for the G2 arena, zeroed, page aligned, mapped only by the
+	 * daemon. Returns NULL on failure. host_free takes the same bytes. */
+	void *(*host_alloc)(struct kv_backend *be, uint64_t bytes);
+	void (*host_free)(struct kv_backend *be, void *p, uint64_t bytes);
+	/* Starts n copies of direction dir on device dev (host pointers inside a
+	 * host_alloc region). When all have finished, (tag, result) is returned by
+	 * reap() and completion_fd becomes readable. Returns 0, or -errno when
+	 * nothing was started (no completion follows). */
+	int (*copy_async)(struct kv_backend *be, uint32_t dev, enum kv_copy_dir dir,
+			  const struct kv_copy *c, uint32_t n, uint64_t tag);
+	/* Collects up to max finished batches, in any order; returns how many
+	 * (0 when none) and clears completion_fd's readiness once all are taken. */
+	int (*reap)(struct kv_backend *be, struct kv_copy_done *done, int max);
 	/* Frees every segment and be itself. */
 	void (*destroy)(struct kv_backend *be);
 };
@@ -40,6 +76,8 @@ struct kv_backend {
 	/* Per device and segment: bumped by every segment_create, so that a
 	 * session that was sent an older fd of the segment is sent the new one. */
 	uint32_t *epoch[KV_MAX_DEVICES];
+	/* Readable (an eventfd) while copy_async batches are waiting in reap(). */
+	int completion_fd;
 };
 
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.

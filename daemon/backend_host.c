@@ -6,8 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "fault.h"
 
 struct host_seg {
 	int fd;
@@ -17,6 +20,8 @@ struct host_seg {
 struct host_backend {
 	struct kv_backend be;
 	struct host_seg *segs;
+	struct kv_copy_done *done;  /* finished batches not yet reaped */
+	size_t ndone, done_cap;
 };
 
 static void host_seg_drop(struct host_backend *h, struct host_seg *s)
@@ -88,15 +93,100 @@ static int host_copy(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t
 	return 0;
 }
 
+/* G2 on the host backend is plain anonymous memory, locked where
+ * RLIMIT_MEMLOCK allows (so it is never swapped), unlocked otherwise. */
+static void *host_host_alloc(struct kv_backend *be, uint64_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	(void)mlock(p, bytes);
+	return p;
+}
+
+static void host_host_free(struct kv_backend *be, void *p, uint64_t bytes)
+{
+	if (p)
+		munmap(p, bytes);
+}
+
+/* Copies run to completion here (a memcpy is what the host backend has);
+ * the completion still goes through completion_fd, so callers see the same
+ * asynchronous interface as on cuda. */
+static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir dir,
+			   const struct kv_copy *c, uint32_t n, uint64_t tag)
+{
+	struct host_backend *h = (struct host_backend *)be;
+	uint64_t one = 1;
+	int res = 0;
+	uint32_t i;
+
+	if (dev != 0)
+		return -EINVAL;
+	if (h->ndone == h->done_cap) {
+		size_t cap = h->done_cap ? 2 * h->done_cap : 64;
+		void *p = realloc(h->done, cap * sizeof(*h->done));
+
+		if (!p)
+			return -ENOMEM;
+		h->done = p;
+		h->done_cap = cap;
+	}
+	for (i = 0; i < n && !res; i++) {
+		uint8_t *d = host_addr(h, c[i].dev_off, c[i].len);
+
+		if (!d) {
+			res = -EINVAL;
+			break;
+		}
+		res = kv_fault(KV_FAULT_COPY);
+		if (res)
+			break;
+		if (dir == KV_COPY_D2H)
+			memcpy(c[i].host, d, c[i].len);
+		else if (dir == KV_COPY_H2D)
+			memcpy(d, c[i].host, c[i].len);
+		else {
+			uint8_t *s = host_addr(h, c[i].src_off, c[i].len);
+
+			if (!s)
+				res = -EINVAL;
+			else
+				memcpy(d, s, c[i].len);
+		}
+	}
+	h->done[h->ndone++] = (struct kv_copy_done){ .tag = tag, .res = res };
+	if (h->ndone == 1 && write(be->completion_fd, &one, sizeof(one)) < 0)
+		return 0; /* cannot fail for a nonblocking eventfd below its maximum */
+	return 0;
+}
+
+static int host_reap(struct kv_backend *be, struct kv_copy_done *done, int max)
+{
+	struct host_backend *h = (struct host_backend *)be;
+	uint64_t v;
+	int n = 0;
+
+	while (n < max && h->ndone)
+		done[n++] = h->done[--h->ndone];
+	if (!h->ndone && read(be->completion_fd, &v, sizeof(v)) < 0)
+		return n; /* EAGAIN: already clear */
+	return n;
+}
+
 static void host_destroy(struct kv_backend *be)
 {
 	struct host_backend *h = (struct host_backend *)be;
 	uint32_t i;
 
-	for (i = 0; i < be->segments[0]; i++)
+	for (i = 0; h->segs && i < be->segments[0]; i++)
 		host_seg_drop(h, &h->segs[i]);
 	free(h->segs);
+	free(h->done);
 	free(be->epoch[0]);
+	if (be->completion_fd >= 0)
+		close(be->completion_fd);
 	free(h);
 }
 
@@ -104,6 +194,10 @@ static const struct kv_backend_ops host_ops = {
 	.segment_create = host_segment_create,
 	.segment_fd = host_segment_fd,
 	.copy = host_copy,
+	.host_alloc = host_host_alloc,
+	.host_free = host_host_free,
+	.copy_async = host_copy_async,
+	.reap = host_reap,
 	.destroy = host_destroy,
 };
 
@@ -124,15 +218,15 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 	h->be.segment_bytes = seg_bytes;
 	h->be.segments[0] = nseg;
 	h->segs = calloc(nseg, sizeof(*h->segs));
-	h->be.epoch[0] = calloc(nseg, sizeof(uint32_t));
-	if (!h->segs || !h->be.epoch[0]) {
-		free(h->segs);
-		free(h->be.epoch[0]);
-		free(h);
-		return -ENOMEM;
-	}
-	for (i = 0; i < nseg; i++)
+	for (i = 0; h->segs && i < nseg; i++)
 		h->segs[i].fd = -1;
+	h->be.epoch[0] = calloc(nseg, sizeof(uint32_t));
+	h->be.completion_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (!h->segs || !h->be.epoch[0] || h->be.completion_fd < 0) {
+		r = h->be.completion_fd < 0 ? -errno : -ENOMEM;
+		host_destroy(&h->be);
+		return r;
+	}
 	for (i = 0; i < nseg; i++) {
 		r = host_segment_create(&h->be, 0, i);
 		if (r < 0) {

@@ -65,6 +65,29 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  NULL },
 	{ "status_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(status_interval_ms), KV_CFG_RELOAD,
 	  0, 3600000, "5s", "how often the systemd STATUS= line is refreshed (0: never)", NULL },
+	/* The lower tiers (tier.h, docs/tiers.md). The watermarks are not
+	 * reloadable yet: kv_tiers keeps its own copy (see apply_config()). */
+	{ "host_tier_size", 0, KV_CFG_SIZE_PCT, KV_CFG_FIELD(tiers.host_bytes), KV_CFG_PCT_RAM, 0, 0,
+	  "0", "G2: host memory for blocks demoted from the device, a size or a percentage of RAM "
+	  "(0: no lower tiers)", NULL },
+	{ "disk_path", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.disk_path), 0, 0, 0, "",
+	  "G3: file or block device for blocks demoted from the host tier (default: none; needs "
+	  "host_tier_size and disk_size)", NULL },
+	{ "disk_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.disk_bytes), 0, 0, 0, "0",
+	  "G3 size (a file is preallocated to it)", NULL },
+	{ "disk_index", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.disk_index), 0, 0, 0, "",
+	  "G3 index journal (default: disk_path with .idx appended)", NULL },
+	{ "disk_queue_depth", 0, KV_CFG_UINT, KV_CFG_FIELD(tiers.queue_depth), 0, 1, 4096, "64",
+	  "G3 I/Os in flight; more wait in a queue", NULL },
+	{ "demote_low", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g1_low), 0, 0, 100, "10",
+	  "demote cached device blocks when less than this percentage of a device is free", NULL },
+	{ "demote_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g1_high), 0, 0, 100, "20",
+	  "... until this percentage is free", NULL },
+	{ "writeback_low", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_low), 0, 0, 100, "10",
+	  "write host-tier blocks to disk when less than this percentage of it is free or clean",
+	  NULL },
+	{ "writeback_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_high), 0, 0, 100, "25",
+	  "... until this percentage is", NULL },
 };
 
 const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
@@ -302,6 +325,10 @@ static void allowed(const struct kv_cfg_key *k, char *buf, size_t len)
 	case KV_CFG_LOG_LEVEL:
 		snprintf(buf, len, "err, warn, info or debug");
 		break;
+	case KV_CFG_PERCENT:
+		snprintf(buf, len, "a percentage from %" PRIu64 " to %" PRIu64 ", like 10 or 10%%",
+			 k->min, k->max);
+		break;
 	}
 }
 
@@ -397,6 +424,16 @@ int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *v
 			return bad_value(k, value, err, errlen);
 		*(int *)field = b;
 		return 0;
+	case KV_CFG_PERCENT:
+		errno = 0;
+		v = strtoull(value, &end, 10);
+		if (*end == '%')
+			end++;
+		if (errno || end == value || *end || value[0] < '0' || value[0] > '9' ||
+		    v < k->min || v > k->max)
+			return bad_value(k, value, err, errlen);
+		*(unsigned *)field = (unsigned)v;
+		return 0;
 	}
 	return bad_value(k, value, err, errlen);
 }
@@ -443,6 +480,9 @@ void kv_config_format(const struct kv_config *c, const struct kv_cfg_key *k, cha
 	case KV_CFG_LOG_LEVEL:
 		snprintf(buf, len, "%s", levels[*(const int *)field & 7]);
 		break;
+	case KV_CFG_PERCENT:
+		snprintf(buf, len, "%u%%", *(const unsigned *)field);
+		break;
 	}
 }
 
@@ -451,6 +491,8 @@ void kv_config_defaults(struct kv_config *c)
 	size_t i;
 
 	memset(c, 0, sizeof(*c));
+	/* Fields of the tiers' that have no key get the tiers' defaults. */
+	kv_tiers_config_defaults(&c->tiers);
 	for (i = 0; i < kv_cfg_nkeys; i++) {
 		const struct kv_cfg_key *k = &kv_cfg_keys[i];
 
@@ -633,6 +675,14 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 		return error(err, errlen, "pool_size, page_size: %" PRIu64 " pages, at most 1048576 "
 			     "per device: use a larger page_size",
 			     c->pool_bytes / c->page_bytes);
+	if (c->tiers.disk_path[0] && (!c->tiers.disk_bytes || !c->tiers.host_bytes))
+		return error(err, errlen, "disk_path, disk_size, host_tier_size: a disk tier (%s) "
+			     "needs disk_size and a host tier (host_tier_size)", c->tiers.disk_path);
+	if (c->tiers.g1_low > c->tiers.g1_high || c->tiers.g2_low > c->tiers.g2_high)
+		return error(err, errlen, "demote_low, demote_high, writeback_low, writeback_high: "
+			     "each low watermark must be at most its high one (%u%%..%u%%, "
+			     "%u%%..%u%%)", c->tiers.g1_low, c->tiers.g1_high, c->tiers.g2_low,
+			     c->tiers.g2_high);
 	if ((uint64_t)c->max_batch * 40 + 4096 > c->max_frame)
 		return error(err, errlen, "max_frame, max_batch: a max_frame of %" PRIu32 " is too "
 			     "small for a max_batch of %" PRIu32 " (needs %" PRIu64 ")", c->max_frame,

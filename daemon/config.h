@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tier.h"
+
 #define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
 
 struct kv_config {
@@ -45,6 +47,7 @@ struct kv_config {
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;
 	uint64_t status_interval_ms;
+	struct kv_tiers_config tiers; /* host_tier_size, disk_*, demote_*, writeback_* */
 };
 
 enum kv_cfg_type {
@@ -58,6 +61,7 @@ enum kv_cfg_type {
 	KV_CFG_BOOL,       /* int 0/1: yes no true false on off 1 0 */
 	KV_CFG_DURATION,   /* uint64_t ms: 500ms, 30s, 2m, 1h; a bare number is seconds */
 	KV_CFG_LOG_LEVEL,  /* int: err, warn, info, debug (or 3..7) */
+	KV_CFG_PERCENT,    /* unsigned 0..100: 10 or 10% */
 };
 
 /* Row flags. */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "fault.h"
 #include "log.h"
 #include "server.h"
 #include "service.h"
@@ -28,6 +29,7 @@ static const char *metavar(const struct kv_cfg_key *k)
 	case KV_CFG_BOOL: return "yes|no";
 	case KV_CFG_DURATION: return "DURATION";
 	case KV_CFG_LOG_LEVEL: return "LEVEL";
+	case KV_CFG_PERCENT: return "PCT";
 	}
 	return "VALUE";
 }
@@ -201,6 +203,12 @@ int main(int argc, char **argv)
 	}
 	if (kv_config_build(&cfg, &src, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvcached: %s\n", err);
+		goto out;
+	}
+	if (getenv("KVCACHED_FAULTS") &&
+	    kv_fault_parse(getenv("KVCACHED_FAULTS"), err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvcached: bad value '%s' for KVCACHED_FAULTS: %s\n",
+			getenv("KVCACHED_FAULTS"), err);
 		goto out;
 	}
 	if (print)

@@ -48,6 +48,7 @@
 #include "loop.h"
 #include "pool.h"
 #include "refmap.h"
+#include "tier.h"
 
 struct kv_session {
 	struct kv_list link;
@@ -60,6 +61,9 @@ struct kv_session {
 	int closing;
 	int admin;                 /* accepted on the admin socket */
 	int paused;                /* input held back until output drains */
+	int parked;                /* the first frame in waits for a tier (waiter) */
+	struct kv_waiter waiter;
+	struct kv_list swaps;      /* swapped-out sequences (tier.c) */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -92,9 +96,11 @@ struct kv_server {
 	struct kv_loop loop;
 	struct kv_backend *be;
 	struct kv_pools *pools;
+	struct kv_tiers *tiers;
 	struct kv_listener worker, admin;
 	int sigfd;
 	struct kv_loop_watch sigw;
+	struct kv_loop_watch copyw, diskw;  /* tier completions */
 	struct kv_list sessions;   /* NEW and READY */
 	struct kv_list closing;    /* CLOSING, waiting for their last completions */
 	uint32_t nsessions;

@@ -65,6 +65,15 @@ ALL = {
     "log_target": "stderr",
     "drain_timeout": "2m",
     "status_interval": "1500ms",
+    "host_tier_size": "8MiB",
+    "disk_path": os.path.join(d, "g3"),
+    "disk_size": "16MiB",
+    "disk_index": os.path.join(d, "g3.index"),
+    "disk_queue_depth": "32",
+    "demote_low": "5%",
+    "demote_high": "30%",
+    "writeback_low": "15%",
+    "writeback_high": "40%",
 }
 defaults = printed("--config=")
 check(set(defaults) == set(ALL), "keys of --print-config %s differ from this test's %s: a new "
@@ -85,6 +94,10 @@ check(stat.S_IMODE(os.stat(dm.admin).st_mode) == 0o660, "admin_socket_mode", dm.
 st = json.loads(dm.kvctl("-o", "json", "status").stdout)
 check(st["page_bytes"] == 1 << 20 and st["pages_total"] == 64 and
       st["segment_bytes"] == 16 << 20, "sizes: %s" % st, dm.log)
+tiers = {t["tier"]: t for t in st["tiers"]}
+check(tiers["G2"]["capacity_bytes"] == 8 << 20 and tiers["G3"]["capacity_bytes"] == 16 << 20,
+      "tiers: %s" % st["tiers"], dm.log)
+check(os.path.exists(ALL["disk_path"]), "disk_path not created", dm.log)
 r = dm.kvctl("clients", admin=False)
 check(r.returncode == 1 and "admin operation" in r.stderr,
       "worker_socket_admin = no: clients on the worker socket: %r" % r.stderr, dm.log)
@@ -111,7 +124,8 @@ BAD = [
     ("socket", "/" + "x" * 140), ("backend", "gpu"), ("log_target", "syslog"),
     ("socket_mode", "0999"), ("socket_group", "no-such-group-kvt"),
     ("worker_socket_admin", "maybe"), ("drain_timeout", "5parsecs"), ("drain_timeout", "48h"),
-    ("log_level", "loud"), ("max_frame", "2GiB"),
+    ("log_level", "loud"), ("max_frame", "2GiB"), ("demote_low", "120"),
+    ("writeback_high", "-5%"), ("disk_queue_depth", "0"), ("host_tier_size", "lots"),
 ]
 for k, v in BAD:
     f = write(os.path.join(d, "bad.conf"), "# bad\n%s = %s\n" % (k, v))
@@ -130,7 +144,10 @@ for text, want in [("frobnicate = 1\n", "unknown key 'frobnicate'"),
                    ("pool_size 1GiB\n", "syntax error"),
                    ("pool_size = 64MiB\nsegment_size = 48MiB\n", "multiple of the segment"),
                    ("max_batch = 1000000\n", "max_frame"),
-                   ("socket = /tmp/a.sock\nadmin_socket = /tmp/a.sock\n", "admin_socket")]:
+                   ("socket = /tmp/a.sock\nadmin_socket = /tmp/a.sock\n", "admin_socket"),
+                   ("host_tier_size = 64MiB\ndisk_path = /tmp/g3\n", "needs disk_size"),
+                   ("disk_path = /tmp/g3\ndisk_size = 1GiB\n", "host tier"),
+                   ("demote_low = 50\ndemote_high = 40\n", "low watermark")]:
     f = write(os.path.join(d, "bad.conf"), text)
     r = run("--config=" + f, "--check-config")
     check(r.returncode == 2 and want in r.stderr, "%r: %d %s" % (text, r.returncode, r.stderr))

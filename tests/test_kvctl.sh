@@ -38,7 +38,7 @@ for cmd in status pools clients check metrics; do
 	"$KVCTL_BIN" "$cmd" -o json > "$dir/$cmd.2.json" || fail "kvctl $cmd -o json"
 done
 "$KVCTL_BIN" metrics > "$dir/metrics.txt"
-for cmd in status pools clients evict drain reload check metrics top; do
+for cmd in status pools clients evict flush drain reload check metrics top; do
 	"$KVCTL_BIN" "$cmd" --help | grep -q "^Usage: kvctl .* $cmd" || fail "kvctl $cmd --help"
 	"$KVCTL_BIN" help "$cmd" | grep -q "^Usage: kvctl .* $cmd" || fail "kvctl help $cmd"
 done
@@ -119,9 +119,11 @@ PY
 
 # evict: one pool, then all; the worker's held blocks stay.
 pool=$(python3 -c 'import json,sys; print([p["pool_id"] for p in json.load(sys.stdin)["pools"] if p["name"] == "llama-3-8b"][0])' < "$dir/pools.json")
-n=$("$KVCTL_BIN" -o json evict --pool "$pool" | python3 -c 'import json,sys; print(json.load(sys.stdin)["evicted"])')
+n=$("$KVCTL_BIN" -o json evict --pool "$pool" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["tier"] == "G1"; print(j["blocks"])')
 [ "$n" -gt 0 ] || fail "evict --pool $pool evicted $n"
-"$KVCTL_BIN" evict --all | grep -q "^evicted 0 cached blocks of every pool" || fail "evict --all"
+"$KVCTL_BIN" evict --all | grep -q "^G1: 0 blocks evicted from every pool" || fail "evict --all"
+"$KVCTL_BIN" evict --tier g2 | grep -q "^G2: 0 blocks evicted from every pool" || fail "evict --tier g2"
+"$KVCTL_BIN" -o json flush | python3 -c 'import json,sys; assert json.load(sys.stdin)["clean"] is True' || fail "flush"
 [[ $(ask "release") == "ok 3" ]] || fail "worker release after evict"
 
 # reload without a file: nothing changes.
@@ -143,6 +145,7 @@ one_line 1 "$KVCTL_BIN" evict --pool 4000
 one_line 2 "$KVCTL_BIN" frobnicate
 one_line 2 "$KVCTL_BIN" evict
 one_line 2 "$KVCTL_BIN" evict --pool 1 --all
+one_line 2 "$KVCTL_BIN" evict --tier g4
 one_line 2 "$KVCTL_BIN" status --pool 1
 one_line 2 "$KVCTL_BIN" top -n 0
 one_line 2 "$KVCTL_BIN" drain --timeout soon
