@@ -83,6 +83,7 @@ void kv_log_context(uint64_t session, const char *ns)
 	ctx_ns = ns;
 }
 
+#if KV_HAVE_SYSTEMD
 /* "daemon/server.c" from "../daemon/server.c" or "/src/kvcached/daemon/server.c". */
 static const char *short_file(const char *file)
 {
@@ -95,7 +96,6 @@ static const char *short_file(const char *file)
 	return p > file || *p == '/' ? p + 1 : file;
 }
 
-#if KV_HAVE_SYSTEMD
 /* Returns 0, or -errno when the journal cannot be reached. */
 static int journal_send(int level, const char *file, int line, const char *func, const char *msg)
 {
