@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "tier.h"
 
 void kv_metrics_ns_usage(const struct kv_server *s, struct kv_ns_usage *u)
 {
@@ -91,6 +92,50 @@ static void pool_family(FILE *f, const struct kv_server *s, const char *name, co
 	}
 }
 
+/* One gauge or counter per tier (G1 always; G2, G3 when configured), read
+ * by off from its stats. */
+static void tier_family(FILE *f, const struct kv_tier_stats *st, int nt, const char *name,
+			const char *type, const char *help, size_t off)
+{
+	static const char *const tiers[] = { "G1", "G2", "G3" };
+	int t;
+
+	family(f, name, type, help);
+	for (t = 0; t < nt; t++) {
+		fprintf(f, "%s{", name);
+		label(f, "tier", tiers[t], 1);
+		fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&st[t] + off));
+	}
+}
+
+static void tier_families(FILE *f, const struct kv_server *s)
+{
+	struct kv_tier_stats st[KV_NTIERS];
+	int nt = kv_tiers_on(s->tiers) ? KV_NTIERS : 1;
+
+	kv_tiers_stats(s->tiers, st);
+	if (nt == KV_NTIERS && !st[KV_TIER_G3].capacity)
+		nt--;
+#define T(name, type, help, field) \
+	tier_family(f, st, nt, name, type, help, offsetof(struct kv_tier_stats, field))
+	T("kvcached_tier_capacity_bytes", "gauge", "Bytes a tier can hold.", capacity);
+	T("kvcached_tier_used_bytes", "gauge", "Bytes a tier holds.", used);
+	T("kvcached_tier_blocks", "gauge", "Blocks a tier holds.", blocks);
+	T("kvcached_tier_dirty_blocks", "gauge", "Host-tier copies not on disk yet.", dirty);
+	T("kvcached_tier_inflight", "gauge", "Copies or I/Os under way.", inflight);
+	T("kvcached_tier_hits_total", "counter", "Lookups answered from a tier.", hits);
+	T("kvcached_tier_promotions_total", "counter", "Blocks brought back up into G1.",
+	  promotions);
+	T("kvcached_tier_demotions_total", "counter", "Blocks that arrived in a tier from above.",
+	  demotions);
+	T("kvcached_tier_evictions_total", "counter", "Blocks dropped from a tier.", evictions);
+	T("kvcached_tier_io_errors_total", "counter", "Failed tier copies and disk I/Os.",
+	  io_errors);
+	T("kvcached_tier_checksum_failures_total", "counter",
+	  "Disk slots that failed their check (served as misses).", checksum_failures);
+#undef T
+}
+
 int kv_metrics_write(const struct kv_server *s, FILE *f)
 {
 	static const char *const states[] = { "free", "writable", "sealed", "cached" };
@@ -164,6 +209,8 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 	pool_family(f, s, "kvcached_pool_dedups_total", "counter",
 		    "Seals that found the hash published already.",
 		    offsetof(struct kv_pool_counts, dedups));
+
+	tier_families(f, s);
 
 	family(f, "kvcached_namespace_pools", "gauge", "Pools of a namespace.");
 	for (ns = 1; ns <= KV_MAX_NS; ns++) {

@@ -1,5 +1,6 @@
 /* What the daemon counts, for operators: per-namespace usage and the
- * Prometheus text exposition (format 0.0.4) that `kvctl metrics` prints.
+ * Prometheus text exposition (format 0.0.4) that `kvctl metrics` prints:
+ * daemon-wide, per pool, per tier and per namespace.
  *
  * Metric names start with kvcached_; counters end in _total. Labels carry
  * pool ids, namespace and pool names (escaped: \\, \", \n). Adding a metric:

@@ -103,7 +103,8 @@ for want in ("kvcached_pages_total", "kvcached_pages_free", "kvcached_pool_block
              "kvcached_pool_allocs_total", "kvcached_pool_lookups_total", "kvcached_pool_hits_total",
              "kvcached_pool_evictions_total", "kvcached_pool_dedups_total", "kvcached_requests_total",
              "kvcached_enospc_total", "kvcached_sessions", "kvcached_uptime_seconds",
-             "kvcached_namespace_bytes", "kvcached_namespace_blocks"):
+             "kvcached_namespace_bytes", "kvcached_namespace_blocks", "kvcached_tier_blocks",
+             "kvcached_tier_promotions_total"):
     assert want in types, want
 assert 'name="we\\"ird\\\\name"' in text, "label escaping"
 assert 'kvcached_namespace_bytes{namespace="tenant-b"} 196608' in text
