@@ -15,7 +15,7 @@
  * other session notices.
  *
  * Two listening sockets: the worker socket, and the admin socket, whose
- * sessions may use admin operations (evict, drain, reload, metrics, clients,
+ * sessions may use admin operations (evict, flush, drain, reload, metrics, clients,
  * check, every namespace's pools). On the worker socket, root and the
  * daemon's uid are admins too unless worker_socket_admin is off. Either may
  * come from systemd (socket activation) instead of being bound here.
