@@ -612,6 +612,8 @@ static const char *const kvc_errors[] = {
 	[11] = "block in the wrong state for this operation",
 	[12] = "daemon shutting down",
 	[13] = "a tier copy or disk I/O failed; the data stays where it was",
+	/* 14..15: the tiers */
+	[16] = "invalid daemon configuration",
 };
 
 KVC_PUBLIC const char *kvc_strerror(int err)

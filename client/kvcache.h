@@ -50,6 +50,7 @@ extern "C" {
 #define KVC_ESTATE (-1011)     /* block in the wrong state (e.g. sealed twice) */
 #define KVC_ESHUTDOWN (-1012)  /* daemon draining */
 #define KVC_EIO (-1013)        /* a tier copy or disk I/O failed; nothing was lost */
+#define KVC_ECONFIG (-1016)    /* reload: the daemon's configuration is invalid */
 
 typedef struct kvc_conn kvc_conn;
 typedef uint64_t kvc_block;

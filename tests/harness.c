@@ -42,6 +42,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 	CHECK(mkdtemp(d->dir) != NULL);
 	snprintf(d->sock, sizeof(d->sock), "%s/kvcached.sock", d->dir);
 	argv[argc++] = bin;
+	/* No /etc/kvcached/kvcached.conf of this machine. */
+	argv[argc++] = "--config=";
 	argv[argc++] = "--socket";
 	argv[argc++] = d->sock;
 	va_start(ap, d);
