@@ -21,7 +21,8 @@ static void usage(FILE *f)
 		"                           /run/kvcached/kvcached.sock for root, else\n"
 		"                           $XDG_RUNTIME_DIR/kvcached.sock)\n"
 		"      --socket-mode MODE   octal permissions of the socket (default 0660)\n"
-		"  -b, --backend NAME       memory backend: host (default)\n"
+		"  -b, --backend NAME       memory backend: host (default) or cuda (every\n"
+		"                           visible GPU, --pool-size on each)\n"
 		"  -p, --pool-size SIZE     KV memory per device (default 1GiB)\n"
 		"      --segment-size SIZE  unit of export to clients (default 1GiB, at most the pool)\n"
 		"      --page-size SIZE     unit of assignment to pools (default 2MiB)\n"
@@ -109,8 +110,8 @@ int main(int argc, char **argv)
 				return bad("--socket-mode", optarg, "an octal mode like 0660");
 			break;
 		case 'b':
-			if (strcmp(optarg, "host"))
-				return bad("--backend", optarg, "host (cuda comes with its own build)");
+			if (strcmp(optarg, "host") && strcmp(optarg, "cuda"))
+				return bad("--backend", optarg, "host or cuda");
 			snprintf(cfg.backend, sizeof(cfg.backend), "%s", optarg);
 			break;
 		case 'p':
