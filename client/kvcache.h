@@ -128,7 +128,12 @@ int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
 int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
 
 /* The block's address in this process, or NULL for a handle whose pool or
- * segment this connection has not seen. Valid until kvc_close(). Lock-free. */
+ * segment this connection has not seen. Valid until kvc_close(). Lock-free.
+ * With a daemon on the cuda backend it is a CUDA device pointer, readable and
+ * writable from the worker's device (that of the context current when the
+ * block's first segment arrived); finish writing a block (synchronize the
+ * stream) before sealing or copying it, since other processes and the daemon
+ * read it from then on. */
 void *kvc_block_ptr(kvc_conn *c, kvc_block b);
 
 /* Bytes of one block of the pool, or 0 for an unknown pool. */
