@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "crc32c.h"
+#include "crc32c_parts.h"
 
 /* The definition, one bit at a time. */
 static uint32_t crc_bitwise(uint32_t crc, const uint8_t *p, size_t n)
@@ -28,6 +29,37 @@ static uint64_t rnd(void)
 	rnd_state ^= rnd_state >> 7;
 	rnd_state ^= rnd_state << 17;
 	return rnd_state;
+}
+
+/* The device kernel's algorithm (kv_crc32c_batch), thread by thread. */
+static uint32_t crc_kernel_sim(const uint8_t *p, uint64_t n)
+{
+	enum { T = 256 };
+	static uint32_t tab[4 * 256], x2n[32];
+	uint32_t part[T];
+	uint64_t plen[T], lo, hi;
+	unsigned t, s;
+
+	for (t = 0; t < 256; t++)
+		tab[t] = kv_crc_tab0(t);
+	for (s = 1; s < 4; s++)
+		for (t = 0; t < 256; t++)
+			tab[s * 256 + t] = (tab[(s - 1) * 256 + t] >> 8) ^
+					   tab[tab[(s - 1) * 256 + t] & 0xff];
+	kv_crc_x2n_init(x2n);
+	for (t = 0; t < T; t++) {
+		kv_crc_split(n, T, t, &lo, &hi);
+		part[t] = kv_crc_piece(p, lo, hi, tab);
+		plen[t] = hi - lo;
+	}
+	for (s = 1; s < T; s <<= 1)
+		for (t = 0; t < T; t++)
+			if ((t & (2 * s - 1)) == 0 && t + s < T) {
+				part[t] = kv_crc_shift(part[t], plen[t + s], x2n) ^ part[t + s];
+				plen[t] += plen[t + s];
+			}
+	CHECK_EQ(plen[0], n);
+	return kv_crc_finish(part[0], n, x2n);
 }
 
 int main(void)
@@ -61,6 +93,8 @@ int main(void)
 	CHECK_EQ(kv_crc32c(0, b, 32), 0x113FDB5Cu);
 	CHECK_EQ(kv_crc32c(0, read_pdu, 48), 0xD9963A56u);
 	CHECK_EQ(kv_crc32c_sw(0, read_pdu, 48), 0xD9963A56u);
+	CHECK_EQ(crc_kernel_sim(read_pdu, 48), 0xD9963A56u);
+	CHECK_EQ(crc_kernel_sim((const uint8_t *)"123456789", 9), 0xE3069283u);
 
 	for (i = 0; i < big + 16; i++)
 		buf[i] = (uint8_t)rnd();
@@ -74,6 +108,7 @@ int main(void)
 			n = lens[i];
 			CHECK_EQ(kv_crc32c(0, buf + off, n), want);
 			CHECK_EQ(kv_crc32c_sw(0, buf + off, n), want);
+			CHECK_EQ(crc_kernel_sim(buf + off, n), want);
 		}
 	}
 	/* Chained in pieces, and combined from independent pieces. */
