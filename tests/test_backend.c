@@ -78,13 +78,12 @@ int main(void)
 	const char *b = getenv("KVT_BACKEND");
 	int cuda = b && !strcmp(b, "cuda"), r, res = 0;
 	uint64_t arena_bytes = 2 * NB * BLK, i, tag = 100;
-	uint8_t *arena, *want = malloc(NB * BLK);
+	uint8_t *arena, *want;
 	struct kv_copy c[NB];
 	char err[256] = "";
 	uint32_t ep;
 	int fd;
 
-	CHECK(want != NULL);
 	if (cuda) {
 		int dev0 = 0;
 
@@ -100,6 +99,8 @@ int main(void)
 	} else {
 		CHECK_EQ(kv_backend_host_create(SEG, NSEG, &be), 0);
 	}
+	want = malloc(NB * BLK);
+	CHECK(want != NULL);
 	CHECK_EQ(be->devices, 1);
 	CHECK_EQ(be->segments[0], NSEG);
 	CHECK(be->completion_fd >= 0);

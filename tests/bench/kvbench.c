@@ -16,6 +16,9 @@
  *      alloc+seal+release of 1 block for a fixed time
  *   f  --fill N: fill the pool with N cached 4 KiB blocks first, so that
  *      every alloc must evict; then alloc+seal+release of 1 block
+ *   g  the GPU data paths, in this process without a daemon (kvbench_gpu.c):
+ *      first-touch import+map, G1<->G2 copies beside a cuMemcpyAsync floor,
+ *      the gather kernel against per-block copies; only with --only g
  *
  * Hashes are synthetic (a per-process random stream): distinct for every
  * seal, so the daemon never dedups. Blocks are 4 KiB and never written. */
@@ -38,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvbench_gpu.h"
 #include "kvc_internal.h"  /* kvc_call() for the pool's counters; kvcached.pb-c.h */
 
 #define FRAME_HDR 8u                  /* see proto/frame.h */
@@ -1111,6 +1115,7 @@ static void usage(FILE *f)
 		"                     with --fill):\n"
 		"                       a floor  b single ops  c batches of 16, 256\n"
 		"                       d lookup of 1,000  e 1/4/16 clients  f full pool\n"
+		"                       g GPU data paths (no daemon; text output only)\n"
 		"  -c, --server-cpu N pin the floor's echo process to CPU N: give the CPU the\n"
 		"                     daemon is pinned to, so that the floor and the daemon\n"
 		"                     see the same placement (default: not pinned)\n"
@@ -1157,8 +1162,8 @@ int main(int argc, char **argv)
 				die("--fill: '%s' is not a positive count of blocks", optarg);
 			break;
 		case 'o':
-			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdef") != strlen(optarg))
-				die("--only: '%s': letters among a, b, c, d, e, f", optarg);
+			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdefg") != strlen(optarg))
+				die("--only: '%s': letters among a, b, c, d, e, f, g", optarg);
 			snprintf(only, sizeof(only), "%s", optarg);
 			break;
 		case 'c':
@@ -1193,6 +1198,10 @@ int main(int argc, char **argv)
 	rng_seed();
 	uname(&u);
 
+	if (!strpbrk(only, "abcdef")) {  /* g alone: no daemon */
+		kvbench_gpu(quick);
+		return 0;
+	}
 	bc_open(&bc, fill_n ? FILL_BATCH : CHAIN_LEN, "kvbench");
 	note("kvbench %s: %s, %ld CPUs, Linux %s, daemon backend %s, %s run", KV_VERSION,
 	     sock_path, ncpu, u.release, kvc_conn_hello(bc.c)->backend, quick ? "quick" : "full");
@@ -1250,5 +1259,7 @@ int main(int argc, char **argv)
 	bc_close(&bc);
 	if (json)
 		print_json(&u, ncpu);
+	else if (want('g'))
+		kvbench_gpu(quick);
 	return 0;
 }
