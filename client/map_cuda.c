@@ -119,15 +119,17 @@ void kvc_map_cu_free(struct kvc_map_cu *m)
 	free(m);
 }
 
-/* Sets up device dev for a segment whose allocation lives on `owner` (an
- * ordinal of this process): picks the worker's device, reserves the range.
- * Called with no context pushed; leaves d->retained (if any) unpushed. */
-static int dev_setup(struct kvc_map_cu *m, uint32_t dev, int owner, struct cu_dev **out)
+/* Sets up device dev for a segment with allocation properties prop (its
+ * location: an ordinal of this process): picks the worker's device, reserves
+ * the range, aligned to the allocation granularity. Called with no context
+ * pushed; leaves d->retained (if any) unpushed. */
+static int dev_setup(struct kvc_map_cu *m, const CUmemAllocationProp *prop, struct cu_dev **out)
 {
+	int owner = prop->location.id;
 	struct cu_dev *d;
 	CUcontext cur = NULL;
+	size_t i, gran = 0;
 	CUresult r;
-	size_t i;
 
 	d = calloc(1, sizeof(*d) + m->nseg * sizeof(d->mapped[0]));
 	if (!d || !(d->size = calloc(m->nseg, sizeof(*d->size)))) {
@@ -149,7 +151,10 @@ static int dev_setup(struct kvc_map_cu *m, uint32_t dev, int owner, struct cu_de
 	}
 	if (d->retained)
 		kv_cu.cuCtxPushCurrent(d->retained);
-	r = kv_cu.cuMemAddressReserve(&d->base, m->device_bytes, 0, 0, 0);
+	if (kv_cu.cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+	    CUDA_SUCCESS || (gran & (gran - 1)))
+		gran = 0;  /* the driver's default alignment */
+	r = kv_cu.cuMemAddressReserve(&d->base, m->device_bytes, gran, 0, 0);
 	if (d->retained)
 		kv_cu.cuCtxPopCurrent(&cur);
 	if (r != CUDA_SUCCESS) {
@@ -222,7 +227,7 @@ int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint6
 	}
 	d = atomic_load_explicit(&m->dev[dev], memory_order_relaxed);
 	if (!d) {
-		r = dev_setup(m, dev, prop.location.id, &d);
+		r = dev_setup(m, &prop, &d);
 		if (r < 0)
 			goto out;
 		atomic_store_explicit(&m->dev[dev], d, memory_order_release);
