@@ -6,7 +6,9 @@
  * fused multiply-add. The only floating-point operations of the quantizer
  * (one multiply per element, two divisions per group) are spelled with
  * kv_fmul/kv_fdiv: __fmul_rn/__fdiv_rn on the device, plain IEEE single
- * operations on the host (built with -ffp-contract=off).
+ * operations on the host (built with -ffp-contract=off). The decoders'
+ * subnormal paths multiply a small integer by a power of two: exact, with a
+ * normal FP32 result, so no mode can change them either.
  *
  * E4M3 as in the OCP 8-bit floating point spec (OFP8) and CUDA's
  * __nv_fp8_e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; no
@@ -89,19 +91,9 @@ KV_HD float kv_f16_to_f32(uint16_t h)
 
 	if (e == 0x1f)  /* inf, NaN (payload kept, quiet bit set) */
 		return kv_bits_f32(s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0));
-	if (e == 0) {
-		if (m == 0)
-			return kv_bits_f32(s);
-		/* Subnormal: normalize. */
-		e = 1;
-		while (!(m & 0x400)) {
-			m <<= 1;
-			e--;
-		}
-		m &= 0x3ff;
-		return kv_bits_f32(s | ((e + 112) << 23) | (m << 13));  /* 112 = 127 - 15 */
-	}
-	return kv_bits_f32(s | ((e + 112) << 23) | (m << 13));
+	if (e == 0)  /* zero or subnormal: m * 2^-24, exact in FP32 (a normal number) */
+		return kv_bits_f32(s | kv_f32_bits((float)m * 0x1p-24f));
+	return kv_bits_f32(s | ((e + 112) << 23) | (m << 13));  /* 112 = 127 - 15 */
 }
 
 /* Round to nearest even; overflow to inf; NaN to the quiet NaN 0x7E00 with
@@ -167,17 +159,8 @@ KV_HD float kv_e4m3_to_f32(uint8_t q)
 
 	if ((q & 0x7f) == 0x7f)
 		return kv_bits_f32(0x7fc00000u | s);
-	if (e == 0) {
-		if (m == 0)
-			return kv_bits_f32(s);
-		/* m * 2^-9, m = 1..7: normalize. */
-		e = 1;
-		while (!(m & 8)) {
-			m <<= 1;
-			e--;
-		}
-		m &= 7;
-	}
+	if (e == 0)  /* zero or subnormal: m * 2^-9, exact in FP32 */
+		return kv_bits_f32(s | kv_f32_bits((float)m * 0x1p-9f));
 	return kv_bits_f32(s | ((e + 120) << 23) | (m << 20));
 }
 
