@@ -98,12 +98,16 @@ int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_de
 
 /* Free and total memory of CUDA device dev (an ordinal), for sizing the pool
  * as a share of free memory before kv_backend_cuda_create. Returns 0, or
- * -errno with a description in err (-ENOTSUP without CUDA, -ENODEV). */
-int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes, char *err,
-			     unsigned errlen);
+ * -errno (-ENOTSUP without CUDA, -ENODEV without a driver or that device);
+ * kv_backend_cuda_error() then says what failed. */
+int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* How many CUDA devices this process sees, or -errno (with err). */
-int kv_backend_cuda_device_count(char *err, unsigned errlen);
+/* How many CUDA devices this process sees, or -errno (kv_backend_cuda_error()). */
+int kv_backend_cuda_device_count(void);
+
+/* What the last failed kv_backend_cuda_mem_info or _device_count call found
+ * (a static string, "" if none; the loop thread's, like every call here). */
+const char *kv_backend_cuda_error(void);
 
 static inline void kv_backend_destroy(struct kv_backend *be)
 {

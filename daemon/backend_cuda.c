@@ -776,7 +776,14 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 }
 #undef CU_TRY
 
-int kv_backend_cuda_device_count(char *err, unsigned errlen)
+static char last_err[256];
+
+const char *kv_backend_cuda_error(void)
+{
+	return last_err;
+}
+
+static int device_count(char *err, unsigned errlen)
 {
 	int r = kv_cu_load(), n = 0;
 	CUresult cr;
@@ -793,14 +800,20 @@ int kv_backend_cuda_device_count(char *err, unsigned errlen)
 	return n;
 }
 
-int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes, char *err,
-			     unsigned errlen)
+int kv_backend_cuda_device_count(void)
 {
+	return device_count(last_err, sizeof(last_err));
+}
+
+int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	char *err = last_err;
+	unsigned errlen = sizeof(last_err);
 	size_t f = 0, t = 0;
 	CUcontext ctx;
 	CUdevice d;
 	CUresult cr;
-	int r = kv_backend_cuda_device_count(err, errlen);
+	int r = device_count(err, errlen);
 
 	if (r < 0)
 		return r;
@@ -838,7 +851,7 @@ int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_de
 		set_err(err, errlen, "no pool or segment size");
 		return -EINVAL;
 	}
-	count = kv_backend_cuda_device_count(err, errlen);
+	count = device_count(err, errlen);
 	if (count < 0)
 		return count;
 	if (count == 0) {
@@ -910,17 +923,23 @@ int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_de
 	return -ENOTSUP;
 }
 
-int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes, char *err,
-			     unsigned errlen)
+static char last_err[128];
+
+const char *kv_backend_cuda_error(void)
+{
+	return last_err;
+}
+
+int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
 {
 	(void)dev, (void)free_bytes, (void)total_bytes;
-	no_cuda(err, errlen);
+	no_cuda(last_err, sizeof(last_err));
 	return -ENOTSUP;
 }
 
-int kv_backend_cuda_device_count(char *err, unsigned errlen)
+int kv_backend_cuda_device_count(void)
 {
-	no_cuda(err, errlen);
+	no_cuda(last_err, sizeof(last_err));
 	return -ENOTSUP;
 }
 

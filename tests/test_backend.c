@@ -18,7 +18,7 @@
 #define BLK 65536u
 #define NB 24
 
-static struct kv_backend *be;
+static struct kv_backend *be, *be2;
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
 {
@@ -97,7 +97,18 @@ int main(void)
 		CHECK_EQ(r, 0);
 		CHECK(!strcmp(be->name, "cuda"));
 	} else {
+		uint64_t fr, to;
+
 		CHECK_EQ(kv_backend_host_create(SEG, NSEG, &be), 0);
+		/* The cuda helpers where CUDA cannot run: clean errors. */
+		setenv("KVCACHED_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+		r = kv_backend_cuda_mem_info(0, &fr, &to);
+		CHECK(r == -ENODEV || r == -ENOTSUP);
+		CHECK(*kv_backend_cuda_error() != 0);
+		CHECK(kv_backend_cuda_device_count() == r);
+		r = kv_backend_cuda_create(NULL, 0, 8 << 20, 2 << 20, err, sizeof(err), &be2);
+		CHECK(r == -ENODEV || r == -ENOTSUP);
+		fprintf(stderr, "without a driver: %s\n", err);
 	}
 	want = malloc(NB * BLK);
 	CHECK(want != NULL);
