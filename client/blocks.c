@@ -270,3 +270,48 @@ KVC_PUBLIC int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block
 	req.cow = &cw;
 	return call_blocks(c, &req, &e, out);
 }
+
+static const char *check_swap_out(const Kvcached__Response *r, const void *arg)
+{
+	(void)arg;
+	return r->result_case == KVCACHED__RESPONSE__RESULT_SWAP_OUT
+		       ? NULL : "the daemon's reply is not a SwapOutReply";
+}
+
+KVC_PUBLIC int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__SwapOut so = KVCACHED__SWAP_OUT__INIT;
+	Kvcached__Response *resp = NULL;
+	int r;
+
+	if (!c || !blocks || !n || !swap)
+		return KVC_EINVAL;
+	r = check_batch(c, n);
+	if (r < 0)
+		return r;
+	so.n_blocks = n;
+	so.blocks = (uint64_t *)blocks;
+	req.op_case = KVCACHED__REQUEST__OP_SWAP_OUT;
+	req.swap_out = &so;
+	r = kvc_call_check(c, &req, check_swap_out, NULL, &resp);
+	if (r < 0)
+		return r;
+	*swap = resp->swap_out->swap;
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+KVC_PUBLIC int kvc_swap_in(kvc_conn *c, uint64_t swap, kvc_block *out, size_t max)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__SwapIn si = KVCACHED__SWAP_IN__INIT;
+	struct expect e = { .kind = REPLY_UPTO, .n = max, .pool = -1 };
+
+	if (!c || !out || !max)
+		return KVC_EINVAL;
+	si.swap = swap;
+	req.op_case = KVCACHED__REQUEST__OP_SWAP_IN;
+	req.swap_in = &si;
+	return call_blocks(c, &req, &e, out);
+}

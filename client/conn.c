@@ -613,6 +613,7 @@ static const char *const kvc_errors[] = {
 	[10] = "internal daemon error",
 	[11] = "block in the wrong state for this operation",
 	[12] = "daemon shutting down",
+	[13] = "a tier copy or disk I/O failed; the data stays where it was",
 };
 
 KVC_PUBLIC const char *kvc_strerror(int err)

@@ -49,6 +49,7 @@ extern "C" {
 #define KVC_EINTERNAL (-1010)  /* daemon bug */
 #define KVC_ESTATE (-1011)     /* block in the wrong state (e.g. sealed twice) */
 #define KVC_ESHUTDOWN (-1012)  /* daemon draining */
+#define KVC_EIO (-1013)        /* a tier copy or disk I/O failed; nothing was lost */
 
 typedef struct kvc_conn kvc_conn;
 typedef uint64_t kvc_block;
@@ -126,6 +127,21 @@ int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
  * returned as is; otherwise a new block is allocated, the bytes copied and the
  * reference on blocks[i] dropped. Returns n or KVC_ENOSPC. */
 int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
+
+/* Swaps a sequence out of the device tier (preemption by swap): the daemon
+ * copies the n blocks (held by this connection, writable or sealed, all of
+ * one pool) into its host tier and drops this connection's references on
+ * them; the handles must not be used again. *swap names the sequence for
+ * kvc_swap_in(). Returns 0, KVC_ENOSPC when the host tier cannot hold it (or
+ * none is configured). Swapped data is freed when the connection closes. */
+int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap);
+
+/* Brings a swapped sequence back into new writable blocks with the same
+ * bytes, in the order given to kvc_swap_out(); out needs room for as many.
+ * Waits for the copies. Returns the number of blocks, KVC_ENOENT for an
+ * unknown swap, KVC_ENOSPC when the pool cannot take them now (the swap is
+ * kept: try again later), KVC_EIO when a copy failed (kept too). */
+int kvc_swap_in(kvc_conn *c, uint64_t swap, kvc_block *out, size_t max);
 
 /* The block's address in this process, or NULL for a handle whose pool or
  * segment this connection has not seen. Valid until kvc_close(). Lock-free.

@@ -467,7 +467,58 @@ static Kvcached__Response *get_stats(kvc_conn *c)
 	return call(c, &req, KVCACHED__RESPONSE__RESULT_STATS, "stats");
 }
 
-static int cmd_status(kvc_conn *c, enum format fmt)
+static const char *const tier_names[] = { "G1", "G2", "G3" };
+
+static void json_tier(struct json *j, const Kvcached__TierInfo *t)
+{
+	json_open(j, '{');
+	json_str(j, "tier", t->tier < 3 ? tier_names[t->tier] : "?");
+	json_u64(j, "capacity_bytes", t->capacity_bytes);
+	json_u64(j, "used_bytes", t->used_bytes);
+	json_u64(j, "blocks", t->blocks);
+	json_u64(j, "dirty", t->dirty);
+	json_u64(j, "hits", t->hits);
+	json_u64(j, "promotions", t->promotions);
+	json_u64(j, "demotions", t->demotions);
+	json_u64(j, "evictions", t->evictions);
+	json_u64(j, "io_errors", t->io_errors);
+	json_u64(j, "checksum_failures", t->checksum_failures);
+	json_u64(j, "inflight", t->inflight);
+	json_close(j, '}');
+}
+
+static void tiers_table(const Kvcached__StatsReply *s)
+{
+	static const char *const head[] = { "TIER", "CAPACITY", "USED", "BLOCKS", "DIRTY", "HITS",
+					    "PROMOTED", "DEMOTED", "EVICTED", "IOERR", "CSUMERR",
+					    "INFLIGHT" };
+	struct table t = { .ncol = 12, .head = head, .align = "lrrrrrrrrrrr" };
+	size_t i;
+	char *a;
+
+	for (i = 0; i < s->n_tiers; i++) {
+		const Kvcached__TierInfo *ti = s->tiers[i];
+
+		cell(&t, "%s", ti->tier < 3 ? tier_names[ti->tier] : "?");
+		cell(&t, "%s", a = fmt_bytes(ti->capacity_bytes));
+		free(a);
+		cell(&t, "%s", a = fmt_pct(ti->used_bytes, ti->capacity_bytes));
+		free(a);
+		cell(&t, "%" PRIu64, ti->blocks);
+		cell(&t, "%" PRIu64, ti->dirty);
+		cell(&t, "%" PRIu64, ti->hits);
+		cell(&t, "%" PRIu64, ti->promotions);
+		cell(&t, "%" PRIu64, ti->demotions);
+		cell(&t, "%" PRIu64, ti->evictions);
+		cell(&t, "%" PRIu64, ti->io_errors);
+		cell(&t, "%" PRIu64, ti->checksum_failures);
+		cell(&t, "%" PRIu64, ti->inflight);
+	}
+	putchar('\n');
+	table_print(&t, stdout);
+}
+
+static int cmd_status(kvc_conn *c, enum format fmt, int argc, char **argv)
 {
 	Kvcached__Response *resp = get_stats(c);
 	const Kvcached__StatsReply *s;
@@ -495,6 +546,11 @@ static int cmd_status(kvc_conn *c, enum format fmt)
 		json_open(&j, '[');
 		for (i = 0; i < s->n_pools; i++)
 			json_pool(&j, s->pools[i]);
+		json_close(&j, ']');
+		json_key(&j, "tiers");
+		json_open(&j, '[');
+		for (i = 0; i < s->n_tiers; i++)
+			json_tier(&j, s->tiers[i]);
 		json_close(&j, ']');
 		json_close(&j, '}');
 	} else {
@@ -533,6 +589,8 @@ static int cmd_status(kvc_conn *c, enum format fmt)
 			cell(&pt, "%s", b = fmt_pct(p->hits, p->lookups));
 			free(b);
 		}
+		if (s->n_tiers)
+			tiers_table(s);
 		if (s->n_pools) {
 			putchar('\n');
 			table_print(&pt, stdout);
@@ -542,7 +600,7 @@ static int cmd_status(kvc_conn *c, enum format fmt)
 	return 0;
 }
 
-static int cmd_pools(kvc_conn *c, enum format fmt)
+static int cmd_pools(kvc_conn *c, enum format fmt, int argc, char **argv)
 {
 	Kvcached__Response *resp = get_stats(c);
 	const Kvcached__StatsReply *s;
@@ -598,7 +656,7 @@ static int cmd_pools(kvc_conn *c, enum format fmt)
 	return 0;
 }
 
-static int cmd_clients(kvc_conn *c, enum format fmt)
+static int cmd_clients(kvc_conn *c, enum format fmt, int argc, char **argv)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__ListClients lc = KVCACHED__LIST_CLIENTS__INIT;
@@ -662,7 +720,7 @@ static int cmd_clients(kvc_conn *c, enum format fmt)
 	return 0;
 }
 
-static int cmd_check(kvc_conn *c, enum format fmt)
+static int cmd_check(kvc_conn *c, enum format fmt, int argc, char **argv)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Check ck = KVCACHED__CHECK__INIT;
@@ -706,11 +764,112 @@ static int cmd_check(kvc_conn *c, enum format fmt)
 	return ret;
 }
 
+/* Options of one command, parsed with the global ones. */
+static const char *opt_tier, *opt_pool;
+
+static int cmd_evict(kvc_conn *c, enum format fmt, int argc, char **argv)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *resp;
+	const char *tier = opt_tier, *pool = opt_pool;
+
+	(void)argc;
+	(void)argv;
+	if (!tier || strlen(tier) != 2 || (tier[0] != 'g' && tier[0] != 'G') || tier[1] < '1' ||
+	    tier[1] > '3') {
+		fprintf(stderr, "kvctl: evict: --tier g1, g2 or g3 is required\n");
+		return 2;
+	}
+	ev.tier = (Kvcached__Tier)(tier[1] - '1');
+	if (pool) {
+		char *end;
+		unsigned long v = strtoul(pool, &end, 10);
+
+		if (*end || !*pool || v > UINT32_MAX) {
+			fprintf(stderr, "kvctl: evict: bad pool id '%s'\n", pool);
+			return 2;
+		}
+		ev.pool_id = (uint32_t)v;
+	} else {
+		ev.all_pools = 1;
+	}
+	req.op_case = KVCACHED__REQUEST__OP_EVICT;
+	req.evict = &ev;
+	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_EVICT, "evict");
+	if (!resp)
+		return 1;
+	if (fmt == FMT_JSON) {
+		struct json j = { .f = stdout };
+
+		json_open(&j, '{');
+		json_str(&j, "tier", tier_names[ev.tier]);
+		json_u64(&j, "blocks", resp->evict->blocks);
+		json_close(&j, '}');
+	} else {
+		printf("%s: %" PRIu64 " blocks evicted\n", tier_names[ev.tier], resp->evict->blocks);
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+static int cmd_flush(kvc_conn *c, enum format fmt, int argc, char **argv)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
+	Kvcached__Response *resp;
+	uint64_t started;
+	int waited_ms = 0, clean;
+
+	(void)argc;
+	(void)argv;
+	req.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	req.flush = &fl;
+	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_FLUSH, "flush");
+	if (!resp)
+		return 1;
+	started = resp->flush->started;
+	clean = resp->flush->clean;
+	kvcached__response__free_unpacked(resp, NULL);
+	/* Wait until every write-back is done (the stats say so). */
+	while (!clean && waited_ms < 60000) {
+		Kvcached__Response *st;
+		size_t i;
+
+		struct timespec ts = { 0, 10 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+		waited_ms += 10;
+		if (!(st = get_stats(c)))
+			return 1;
+		clean = 1;
+		for (i = 0; i < st->stats->n_tiers; i++)
+			if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G2 &&
+			    st->stats->tiers[i]->dirty)
+				clean = 0;
+			else if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G3 &&
+				 st->stats->tiers[i]->inflight)
+				clean = 0;
+		kvcached__response__free_unpacked(st, NULL);
+	}
+	if (fmt == FMT_JSON) {
+		struct json j = { .f = stdout };
+
+		json_open(&j, '{');
+		json_u64(&j, "started", started);
+		json_bool(&j, "clean", clean);
+		json_close(&j, '}');
+	} else {
+		printf("%" PRIu64 " blocks written back; %s\n", started,
+		       clean ? "nothing dirty is left" : "still writing after 60 s");
+	}
+	return clean ? 0 : 1;
+}
+
 /* --- command line -------------------------------------------------------- */
 
 struct command {
 	const char *name;
-	int (*run)(kvc_conn *c, enum format fmt);
+	int (*run)(kvc_conn *c, enum format fmt, int argc, char **argv);
 	const char *summary;
 	const char *help;
 };
@@ -728,6 +887,16 @@ static const struct command commands[] = {
 	  "Shows one row per connected session: session id, pid, uid, namespace, the\n"
 	  "name the client gave, block references held, when it connected and how\n"
 	  "many requests it made.\n" },
+	{ "evict", cmd_evict, "evict idle blocks of one tier",
+	  "Options: --tier g1|g2|g3 (required), --pool ID\n\n"
+	  "g1: demotes every cached (unreferenced) device block to the host tier, or\n"
+	  "drops it when there is none; g2: drops host-tier copies that are on disk\n"
+	  "and writes the others to disk first (dropped when there is no disk tier);\n"
+	  "g3: drops the disk tier's blocks. Blocks that workers hold are never\n"
+	  "touched. Without --pool, every pool.\n" },
+	{ "flush", cmd_flush, "write the host tier back to disk",
+	  "Writes every host-tier block that is not on disk yet to the disk tier and\n"
+	  "waits until all writes are done (at most 60 s; exit 1 if not done).\n" },
 	{ "check", cmd_check, "run the daemon's consistency check",
 	  "Asks the daemon to check its invariants (block states, lists, references,\n"
 	  "prefix index) and prints \"ok\" or the problems it found. Exits 1 when the\n"
@@ -781,6 +950,8 @@ int main(int argc, char **argv)
 		{ "output", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
+		{ "tier", required_argument, NULL, 't' },
+		{ "pool", required_argument, NULL, 'p' },
 		{ 0 },
 	};
 	const struct kvc_options copt = { .client_name = "kvctl" };
@@ -794,7 +965,7 @@ int main(int argc, char **argv)
 	size_t i;
 
 	opterr = 0;
-	while ((o = getopt_long(argc, argv, ":s:o:hV", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":s:o:hVt:p:", opts, NULL)) != -1) {
 		switch (o) {
 		case 's':
 			sock = optarg;
@@ -810,6 +981,12 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			help = true;
+			break;
+		case 't':
+			opt_tier = optarg;
+			break;
+		case 'p':
+			opt_pool = optarg;
 			break;
 		case 'V':
 			printf("kvctl %s\n", KV_VERSION);
@@ -828,6 +1005,8 @@ int main(int argc, char **argv)
 			return usage_error("unknown command '%s'", argv[optind]);
 		if (optind + 1 < argc)
 			return usage_error("%s takes no arguments", cmd->name);
+		if ((opt_tier || opt_pool) && cmd->run != cmd_evict)
+			return usage_error("--tier and --pool are options of evict");
 	}
 	if (help) {
 		if (cmd)
@@ -855,7 +1034,7 @@ int main(int argc, char **argv)
 		free(what);
 		return 1;
 	}
-	ret = cmd->run(c, fmt);
+	ret = cmd->run(c, fmt, 0, NULL);
 	kvc_close(c);
 	if (fflush(stdout) != 0 || ferror(stdout)) {
 		fprintf(stderr, "kvctl: writing output: %s\n", strerror(errno));

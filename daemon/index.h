@@ -18,8 +18,12 @@ struct kv_index_entry {
 	struct kv_index_entry *next;
 	struct kv_index_entry **pprev;  /* what points at this entry: O(1) removal */
 	uint32_t pool;
+	uint8_t kind;                   /* what embeds it: KV_ENTRY_BLOCK (G1) or KV_ENTRY_TIER */
 	uint8_t hash[KV_HASH_BYTES];
 };
+
+/* A hash is in the index once, whichever tier holds the block. */
+enum { KV_ENTRY_BLOCK, KV_ENTRY_TIER };
 
 struct kv_index {
 	struct kv_index_entry **buckets;

@@ -9,6 +9,7 @@
 
 #include "frame.h"
 #include "log.h"
+#include "fault.h"
 #include "server.h"
 
 static void usage(FILE *f)
@@ -29,6 +30,18 @@ static void usage(FILE *f)
 		"      --max-frame SIZE     largest protocol frame (default 4MiB)\n"
 		"      --max-batch N        most blocks or hashes per request (default 65536)\n"
 		"  -l, --log-level LEVEL    err, warn, info (default) or debug\n"
+		"      --host-tier-size SIZE   G2: host DRAM for demoted blocks (default 0: none)\n"
+		"      --disk-path PATH     G3: file or block device for demoted blocks (default\n"
+		"                           none; needs a host tier)\n"
+		"      --disk-size SIZE     G3 size (a file is preallocated to it)\n"
+		"      --disk-index PATH    G3 index journal (default DISK-PATH.idx)\n"
+		"      --disk-queue-depth N G3 I/Os in flight (default 64)\n"
+		"      --demote-low PCT     demote G1 blocks when less than PCT%% of a device is\n"
+		"                           free (default 10)...\n"
+		"      --demote-high PCT    ...until PCT%% is free (default 20)\n"
+		"      --writeback-low PCT  write G2 blocks to G3 when less than PCT%% of G2 is\n"
+		"                           clean or free (default 10)...\n"
+		"      --writeback-high PCT ...until PCT%% is (default 25)\n"
 		"  -h, --help               this text\n"
 		"  -V, --version            the version\n\n"
 		"SIZE takes a unit: 4096, 64KiB, 2MiB, 1GiB (K, M, G, T and KB, MB... are\n"
@@ -84,6 +97,15 @@ int main(int argc, char **argv)
 		{ "max-frame", required_argument, NULL, 'F' },
 		{ "max-batch", required_argument, NULL, 'B' },
 		{ "log-level", required_argument, NULL, 'l' },
+		{ "host-tier-size", required_argument, NULL, 1000 },
+		{ "disk-path", required_argument, NULL, 1001 },
+		{ "disk-size", required_argument, NULL, 1002 },
+		{ "disk-index", required_argument, NULL, 1003 },
+		{ "disk-queue-depth", required_argument, NULL, 1004 },
+		{ "demote-low", required_argument, NULL, 1005 },
+		{ "demote-high", required_argument, NULL, 1006 },
+		{ "writeback-low", required_argument, NULL, 1007 },
+		{ "writeback-high", required_argument, NULL, 1008 },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 },
@@ -144,6 +166,44 @@ int main(int argc, char **argv)
 			if (cfg.log_level < 0)
 				return bad("--log-level", optarg, "err, warn, info or debug");
 			break;
+		case 1000:
+			if (parse_size(optarg, &cfg.tiers.host_bytes) < 0)
+				return bad("--host-tier-size", optarg, "a size like 16GiB, or 0");
+			break;
+		case 1001:
+		case 1003: {
+			char *dst = c == 1001 ? cfg.tiers.disk_path : cfg.tiers.disk_index;
+
+			if (strlen(optarg) >= sizeof(cfg.tiers.disk_path))
+				return bad(c == 1001 ? "--disk-path" : "--disk-index", optarg,
+					   "a path of at most 255 bytes");
+			snprintf(dst, sizeof(cfg.tiers.disk_path), "%s", optarg);
+			break;
+		}
+		case 1002:
+			if (parse_size(optarg, &cfg.tiers.disk_bytes) < 0)
+				return bad("--disk-size", optarg, "a size like 512GiB");
+			break;
+		case 1004:
+			v = strtoull(optarg, &end, 10);
+			if (*end || !optarg[0] || v < 1 || v > 4096)
+				return bad("--disk-queue-depth", optarg, "1..4096");
+			cfg.tiers.queue_depth = (unsigned)v;
+			break;
+		case 1005: case 1006: case 1007: case 1008: {
+			static const char *names[] = { "--demote-low", "--demote-high", "--writeback-low",
+						       "--writeback-high" };
+			unsigned *dst[] = { &cfg.tiers.g1_low, &cfg.tiers.g1_high, &cfg.tiers.g2_low,
+					    &cfg.tiers.g2_high };
+
+			v = strtoull(optarg, &end, 10);
+			if (*end == '%')
+				end++;
+			if (*end || !optarg[0] || v > 100)
+				return bad(names[c - 1005], optarg, "a percentage 0..100");
+			*dst[c - 1005] = (unsigned)v;
+			break;
+		}
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -180,6 +240,16 @@ int main(int argc, char **argv)
 				"(needs %llu)\n", cfg.max_frame, cfg.max_batch,
 			(unsigned long long)cfg.max_batch * 40 + 4096);
 		return 2;
+	}
+	if (cfg.tiers.disk_path[0] && !cfg.tiers.disk_bytes) {
+		fprintf(stderr, "kvcached: --disk-path needs --disk-size\n");
+		return 2;
+	}
+	if (getenv("KVCACHED_FAULTS")) {
+		char err[200];
+
+		if (kv_fault_parse(getenv("KVCACHED_FAULTS"), err, sizeof(err)) < 0)
+			return bad("KVCACHED_FAULTS", getenv("KVCACHED_FAULTS"), err);
 	}
 	kv_log_level = cfg.log_level;
 	r = kv_server_init(&srv, &cfg);

@@ -188,8 +188,11 @@ static int op_register(struct req *q, const Kvcached__RegisterPool *m)
 	Kvcached__RegisterPoolReply *r;
 	struct kv_pool *p;
 	char err[256];
+	uint32_t before = kv_pools_count(q->s->pools);
 	int rc = kv_pool_register(q->s->pools, q->ss->ns, &d, &p, err, sizeof(err));
 
+	if (rc == 0 && kv_pools_count(q->s->pools) != before)
+		kv_tiers_pool_added(q->s->tiers, p);
 	if (rc < 0)
 		return fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
 			       : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC
@@ -270,6 +273,7 @@ static int op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = get_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
+	int parked = 0;
 
 	if (!p)
 		return 0;
@@ -278,13 +282,28 @@ static int op_lookup(struct req *q, const Kvcached__Lookup *m)
 						    : KVCACHED__ERROR_CODE__E2BIG, -1,
 			    "lookup of %zu hash bytes: must be a multiple of %d, at most %u hashes",
 			    m->hashes.len, HASH, q->s->cfg.max_batch);
+	/* Blocks in lower tiers are promoted first: all of the chain's at once,
+	 * and the request parks on the first; when it runs again the next
+	 * promotion still under way parks it, until the whole prefix is in G1. */
 	for (k = 0; k < n; k++) {
-		struct kv_block *b = kv_pool_find(p, m->hashes.data + k * HASH);
+		struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + k * HASH);
 
-		if (!b)
+		if (!e)
 			break;
-		q->blk[k] = b;
+		if (e->kind == KV_ENTRY_TIER) {
+			int r = kv_tiers_promote(q->s->tiers, e, parked ? NULL : &q->ss->waiter);
+
+			if (r == -EAGAIN)
+				break;  /* no room to start more now: the rerun will */
+			if (r < 0)
+				break;  /* a miss from here on */
+			parked = 1;
+			continue;
+		}
+		q->blk[k] = kv_container_of(e, struct kv_block, ix);
 	}
+	if (parked)
+		return KV_OPS_PARK;
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0)
 		return -ENOMEM;
 	for (size_t i = 0; i < k; i++) {
@@ -385,6 +404,109 @@ static int op_cow(struct req *q, const Kvcached__Cow *m)
 
 /* ---- stats, clients, check -------------------------------------------- */
 
+static Kvcached__ErrorCode errno_code(int r)
+{
+	switch (r) {
+	case -ENOSPC: return KVCACHED__ERROR_CODE__ENOSPC;
+	case -ENOENT: return KVCACHED__ERROR_CODE__ENOENT;
+	case -E2BIG: return KVCACHED__ERROR_CODE__E2BIG;
+	case -EIO: return KVCACHED__ERROR_CODE__EIO;
+	case -EINVAL: return KVCACHED__ERROR_CODE__EINVAL;
+	default: return KVCACHED__ERROR_CODE__EINTERNAL;
+	}
+}
+
+static int op_swap_out(struct req *q, const Kvcached__SwapOut *m)
+{
+	Kvcached__SwapOutReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+	struct kv_pool *p;
+	uint64_t handle;
+	char why[256];
+	size_t i;
+	int err, rc;
+
+	if (!r)
+		return -ENOMEM;
+	if (resolve(q, NULL, m->blocks, m->n_blocks, 1, &err) < 0)
+		return err;
+	p = kv_block_pool(q->blk[0]);
+	for (i = 1; i < m->n_blocks; i++)
+		if (kv_block_pool(q->blk[i]) != p)
+			return fail(q, KVCACHED__ERROR_CODE__EINVAL, (int)i,
+				    "swap out: block %zu is of another pool than block 0", i);
+	rc = kv_tiers_swap_out(q->s->tiers, &q->ss->swaps, p, q->blk, (uint32_t)m->n_blocks,
+			       &handle, why, sizeof(why));
+	if (rc < 0)
+		return fail(q, errno_code(rc), -1, "swap out: %s", why);
+	/* The swap holds these references now. */
+	for (i = 0; i < m->n_blocks; i++)
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+	kvcached__swap_out_reply__init(r);
+	r->swap = handle;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_SWAP_OUT;
+	q->rs->swap_out = r;
+	return 0;
+}
+
+static int op_swap_in(struct req *q, const Kvcached__SwapIn *m)
+{
+	char why[512];
+	uint32_t n = 0, i;
+	int rc;
+
+	if (kv_refmap_reserve(&q->ss->refs, q->s->cfg.max_batch) < 0)
+		return -ENOMEM;
+	rc = kv_tiers_swap_in(q->s->tiers, &q->ss->swaps, m->swap, &q->ss->waiter, q->blk,
+			      q->s->cfg.max_batch, &n, why, sizeof(why));
+	if (rc == 1)
+		return KV_OPS_PARK;
+	if (rc < 0) {
+		if (rc == -ENOSPC)
+			q->s->enospc++;
+		return fail(q, errno_code(rc), -1, "swap in: %s", why);
+	}
+	for (i = 0; i < n; i++)
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	return reply_blocks(q, n);
+}
+
+static int op_evict(struct req *q, const Kvcached__Evict *m)
+{
+	Kvcached__EvictReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+
+	if (!kv_session_is_admin(q->ss))
+		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1, "evict needs root or the daemon's uid");
+	if (!r)
+		return -ENOMEM;
+	if (!m->all_pools && !kv_pool_get(q->s->pools, m->pool_id))
+		return fail(q, KVCACHED__ERROR_CODE__ENOENT, -1, "no pool %u", m->pool_id);
+	if (m->tier > KVCACHED__TIER__TIER_G3)
+		return fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "no tier %d", (int)m->tier);
+	kvcached__evict_reply__init(r);
+	r->blocks = kv_tiers_evict(q->s->tiers, (int)m->tier, m->all_pools ? -1 : (int)m->pool_id);
+	kv_info("evict of tier G%d, %s: %llu blocks", (int)m->tier + 1,
+		m->all_pools ? "all pools" : "one pool", (unsigned long long)r->blocks);
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_EVICT;
+	q->rs->evict = r;
+	return 0;
+}
+
+static int op_flush(struct req *q)
+{
+	Kvcached__FlushReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+
+	if (!kv_session_is_admin(q->ss))
+		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1, "flush needs root or the daemon's uid");
+	if (!r)
+		return -ENOMEM;
+	kvcached__flush_reply__init(r);
+	r->started = kv_tiers_flush(q->s->tiers);
+	r->clean = kv_tiers_clean(q->s->tiers);
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_FLUSH;
+	q->rs->flush = r;
+	return 0;
+}
+
 static char *arena_str(struct kv_arena *a, const char *s)
 {
 	size_t n = strlen(s) + 1;
@@ -453,6 +575,37 @@ static int op_stats(struct req *q)
 		pi->evictions = p->n.evictions;
 		pi->dedups = p->n.dedups;
 		r->pools[r->n_pools++] = pi;
+	}
+	{
+		struct kv_tier_stats st[KV_NTIERS];
+		int t, nt = kv_tiers_on(s->tiers) ? KV_NTIERS : 1;
+
+		kv_tiers_stats(s->tiers, st);
+		r->tiers = kv_arena_alloc(&s->arena, KV_NTIERS * sizeof(*r->tiers));
+		if (!r->tiers)
+			return -ENOMEM;
+		for (t = 0; t < nt; t++) {
+			Kvcached__TierInfo *ti = kv_arena_alloc(&s->arena, sizeof(*ti));
+
+			if (!ti)
+				return -ENOMEM;
+			if (t == KV_TIER_G3 && !st[t].capacity)
+				break;
+			kvcached__tier_info__init(ti);
+			ti->tier = (Kvcached__Tier)t;
+			ti->capacity_bytes = st[t].capacity;
+			ti->used_bytes = st[t].used;
+			ti->blocks = st[t].blocks;
+			ti->dirty = st[t].dirty;
+			ti->hits = st[t].hits;
+			ti->promotions = st[t].promotions;
+			ti->demotions = st[t].demotions;
+			ti->evictions = st[t].evictions;
+			ti->io_errors = st[t].io_errors;
+			ti->checksum_failures = st[t].checksum_failures;
+			ti->inflight = st[t].inflight;
+			r->tiers[r->n_tiers++] = ti;
+		}
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_STATS;
 	q->rs->stats = r;
@@ -531,7 +684,10 @@ static int run_check(struct kv_server *s, Kvcached__CheckReply *r)
 	kv_pools_check_clear(s->pools);
 	kv_list_for_each(pos, &s->sessions)
 		kv_refmap_each(&kv_container_of(pos, struct kv_session, link)->refs, count_ref, NULL);
-	problems = kv_pools_check(s->pools, 1, add_problem, &c, &r->blocks_checked);
+	kv_tiers_count_refs(s->tiers);
+	problems = kv_pools_check(s->pools, 1, add_problem, &c, &r->blocks_checked,
+				  kv_tiers_entries(s->tiers));
+	problems += kv_tiers_check(s->tiers, add_problem, &c);
 	r->ok = problems == 0;
 	if (problems)
 		kv_warn("invariant check: %d problems, first: %s", problems,
@@ -587,6 +743,14 @@ int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Re
 		return op_clients(&q);
 	case KVCACHED__REQUEST__OP_CHECK:
 		return op_check(&q);
+	case KVCACHED__REQUEST__OP_SWAP_OUT:
+		return op_swap_out(&q, rq->swap_out);
+	case KVCACHED__REQUEST__OP_SWAP_IN:
+		return op_swap_in(&q, rq->swap_in);
+	case KVCACHED__REQUEST__OP_EVICT:
+		return op_evict(&q, rq->evict);
+	case KVCACHED__REQUEST__OP_FLUSH:
+		return op_flush(&q);
 	default:
 		return fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
 	}

@@ -12,6 +12,10 @@
 /* kv_ops_handle() result that asks the server to close the session after
  * sending the reply (protocol violations). */
 #define KV_OPS_CLOSE 1
+/* kv_ops_handle() result: the request waits for a tier (ss->waiter is queued
+ * on what it waits for). Nothing was changed and no reply built: the server
+ * keeps the frame and runs it again when woken. */
+#define KV_OPS_PARK 2
 
 /* Fills rs (allocated from s->arena) for rq. Returns 0, KV_OPS_CLOSE, or
  * -ENOMEM when no reply could be built. */

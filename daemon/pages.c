@@ -108,6 +108,29 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
 	return at;
 }
 
+int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, void *owner)
+{
+	uint32_t s, i;
+
+	if (!n || first >= p->npages || n > p->npages - first ||
+	    kv_pages_seg_of(p, first) != kv_pages_seg_of(p, first + n - 1))
+		return -EBUSY;
+	s = kv_pages_seg_of(p, first);
+	if (p->segs[s].ns && p->segs[s].ns != ns)
+		return -EBUSY;
+	for (i = 0; i < n; i++)
+		if (!bit_get(p->free_bits, first + i))
+			return -EBUSY;
+	for (i = 0; i < n; i++) {
+		bit_set(p->free_bits, first + i, 0);
+		p->owner[first + i] = owner;
+	}
+	p->segs[s].ns = p->segs[s].last_ns = ns;
+	p->segs[s].used += n;
+	p->nfree -= n;
+	return 0;
+}
+
 void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 {
 	uint32_t s = kv_pages_seg_of(p, first), i;

@@ -46,6 +46,11 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
  * called, kv_pages_alloc() keeps reporting the segment as new_owner. */
 void kv_pages_fresh(struct kv_pages *p, uint32_t seg);
 
+/* Claims exactly pages [first, first + n) for ns (a warm restart putting
+ * back what a journal recorded). Returns 0, or -EBUSY when any is taken or
+ * the range leaves its segment. */
+int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, void *owner);
+
 /* Returns n pages from first on. */
 void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n);
 

@@ -21,7 +21,21 @@ struct kv_pools {
 	uint32_t nns;
 	struct kv_index index;
 	uint64_t tick;
+	void (*tier_drop)(void *ctx, struct kv_index_entry *e);
+	void *tier_ctx;
 };
+
+void kv_pools_set_tier_drop(struct kv_pools *ps, void (*fn)(void *ctx, struct kv_index_entry *e),
+			    void *ctx)
+{
+	ps->tier_drop = fn;
+	ps->tier_ctx = ctx;
+}
+
+struct kv_index *kv_pools_index(struct kv_pools *ps)
+{
+	return &ps->index;
+}
 
 int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools **out)
 {
@@ -215,11 +229,17 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	p->layout_len = d->layout_len;
 	kv_list_init(&p->free);
 	kv_list_init(&p->lru);
+	kv_list_init(&p->demoting);
 	kv_list_init(&p->runs);
 	p->pools = ps;
 	ps->pool[ps->npools++] = p;
 	*out = p;
 	return 0;
+}
+
+uint32_t kv_pools_count(const struct kv_pools *ps)
+{
+	return ps->npools;
 }
 
 struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id)
@@ -467,11 +487,16 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
 	return -ENOSPC;
 }
 
+struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash)
+{
+	return kv_index_find(&p->pools->index, p->id, hash);
+}
+
 struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 {
 	struct kv_index_entry *e = kv_index_find(&p->pools->index, p->id, hash);
 
-	return e ? kv_container_of(e, struct kv_block, ix) : NULL;
+	return e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix) : NULL;
 }
 
 void kv_block_ref(struct kv_block *b)
@@ -479,6 +504,11 @@ void kv_block_ref(struct kv_block *b)
 	struct kv_pool *p = b->run->pool;
 
 	if (b->state == KV_BLOCK_CACHED) {
+		if (b->demoting) {
+			/* Cancels the demotion: the copy's completion sees it. */
+			b->demoting = 0;
+			p->n.demoting--;
+		}
 		kv_list_del(&b->node);
 		b->state = KV_BLOCK_SEALED;
 		p->n.cached--;
@@ -507,8 +537,15 @@ void kv_block_unref(struct kv_block *b)
 
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash)
 {
-	struct kv_block *e = kv_pool_find(p, hash);
+	struct kv_index_entry *ie = kv_pool_find_entry(p, hash);
+	struct kv_block *e;
 
+	if (ie && ie->kind != KV_ENTRY_BLOCK) {
+		/* A lower tier holds a copy: the block in G1 wins. */
+		p->pools->tier_drop(p->pools->tier_ctx, ie);
+		ie = NULL;
+	}
+	e = ie ? kv_container_of(ie, struct kv_block, ix) : NULL;
 	if (e) {
 		kv_block_ref(e);
 		kv_block_unref(b);
@@ -517,6 +554,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	}
 	memcpy(b->ix.hash, hash, KV_HASH_BYTES);
 	b->ix.pool = p->id;
+	b->ix.kind = KV_ENTRY_BLOCK;
 	kv_index_insert(&p->pools->index, &b->ix);
 	b->state = KV_BLOCK_SEALED;
 	p->n.writable--;
@@ -524,19 +562,80 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	return b;
 }
 
-static uint64_t block_offset(const struct kv_block *b)
+uint64_t kv_block_offset(const struct kv_block *b)
 {
 	const struct kv_pool *p = b->run->pool;
 
 	return (uint64_t)b->run->first_page * pool_dev(p)->page_bytes + b->slot * p->block_bytes;
 }
 
+struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev)
+{
+	struct kv_block *oldest = NULL;
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *q = ps->pool[i];
+		struct kv_list *n;
+		struct kv_block *b;
+
+		if (q->device != dev || !(n = kv_list_back(&q->lru)))
+			continue;
+		b = kv_container_of(n, struct kv_block, node);
+		if (!oldest || b->tick < oldest->tick)
+			oldest = b;
+	}
+	return oldest;
+}
+
+uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
+{
+	const struct kv_pages *d = &ps->dev[dev];
+	uint64_t n = (uint64_t)d->nfree * d->page_bytes;
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++)
+		if (ps->pool[i]->device == dev)
+			n += ps->pool[i]->n.free * ps->pool[i]->block_bytes;
+	*total = (uint64_t)d->npages * d->page_bytes;
+	return n;
+}
+
+void kv_block_demote_begin(struct kv_block *b)
+{
+	struct kv_pool *p = b->run->pool;
+
+	kv_list_del(&b->node);
+	kv_list_push_front(&p->demoting, &b->node);
+	b->demoting = 1;
+	p->n.demoting++;
+}
+
+int kv_block_demote_end(struct kv_block *b, int ok)
+{
+	struct kv_pool *p = b->run->pool;
+
+	if (b->state != KV_BLOCK_CACHED || !b->demoting)
+		return 0;
+	b->demoting = 0;
+	p->n.demoting--;
+	kv_list_del(&b->node);
+	if (!ok) {
+		kv_list_push_front(&p->lru, &b->node);
+		return 0;
+	}
+	kv_index_remove(&p->pools->index, &b->ix);
+	p->n.cached--;
+	make_free(b, 1);
+	return 1;
+}
+
 int kv_block_copy(struct kv_block *dst, const struct kv_block *src)
 {
 	struct kv_pool *p = src->run->pool;
 
-	return p->pools->be->ops->copy(p->pools->be, p->device, block_offset(dst),
-				       block_offset(src), p->block_bytes);
+	return p->pools->be->ops->copy(p->pools->be, p->device, kv_block_offset(dst),
+				       kv_block_offset(src), p->block_bytes);
 }
 
 void kv_block_where(const struct kv_block *b, uint32_t *dev, uint32_t *seg)
@@ -640,7 +739,7 @@ static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block 
 }
 
 static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *head, int state,
-		       uint64_t want)
+		       uint64_t want, int demoting)
 {
 	struct kv_list *pos;
 	uint64_t n = 0, prev_tick = UINT64_MAX;
@@ -648,7 +747,7 @@ static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *hea
 	kv_list_for_each(pos, head) {
 		struct kv_block *b = kv_container_of(pos, struct kv_block, node);
 
-		if (b->run->pool != p || b->state != state) {
+		if (b->run->pool != p || b->state != state || b->demoting != demoting) {
 			bad(c, "pool %u: list of state %d holds a block of pool %u state %u", p->id,
 			    state, b->run->pool->id, b->state);
 			return;
@@ -665,7 +764,7 @@ static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *hea
 }
 
 int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
-		   void *ctx, uint64_t *blocks)
+		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
 {
 	struct checker c = { .report = report, .ctx = ctx };
 	uint64_t walked = 0, indexed = 0;
@@ -707,13 +806,14 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 			    (unsigned long long)p->n.cached, (unsigned long long)runs,
 			    (unsigned long long)counts[0], (unsigned long long)counts[1],
 			    (unsigned long long)counts[2], (unsigned long long)counts[3]);
-		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0]);
-		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3]);
+		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0], 0);
+		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3] - p->n.demoting, 0);
+		check_list(&c, p, &p->demoting, KV_BLOCK_CACHED, p->n.demoting, 1);
 		indexed += counts[2] + counts[3];
 	}
-	if (indexed != ps->index.count)
-		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached", ps->index.count,
-		    (unsigned long long)indexed);
+	if (indexed + tier_entries != ps->index.count)
+		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
+		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);
 	for (d = 0; d < ps->ndev; d++) {
 		struct kv_pages *dev = &ps->dev[d];
 		uint32_t nfree = 0, s;

@@ -16,6 +16,10 @@
  *   WRITABLE  ref >= 1, on no list, not in the index
  *   SEALED    ref >= 1, on no list, in the index under its hash
  *   CACHED    ref 0, on its pool's LRU list (front = newest), in the index
+ * A CACHED block being copied down to the host tier (tier.h) is "demoting":
+ * it sits on the pool's demoting list instead of the LRU, so eviction leaves
+ * it alone until the copy is done, and a lookup that takes a reference on it
+ * cancels the demotion (the copy's result is then thrown away).
  * Every transition is O(1). A block's generation changes whenever it becomes
  * FREE, so a handle kept past its release is detected (ESTALE), never reused.
  *
@@ -54,6 +58,7 @@ struct kv_block {
 	uint32_t check;            /* scratch: the checker and batch validation (ops.c) */
 	uint16_t slot;
 	uint8_t state;
+	uint8_t demoting;          /* CACHED and on the demoting list */
 };
 
 struct kv_pool_desc {
@@ -69,6 +74,7 @@ struct kv_pool_desc {
 struct kv_pool_counts {
 	uint64_t runs, free, writable, sealed, cached;
 	uint64_t allocs, lookups, hits, evictions, dedups;
+	uint64_t demoting;         /* CACHED blocks on the demoting list */
 };
 
 struct kv_pool {
@@ -82,6 +88,8 @@ struct kv_pool {
 	size_t layout_len;
 	struct kv_list free;       /* FREE blocks; front is taken first */
 	struct kv_list lru;        /* CACHED blocks; back is evicted first */
+	struct kv_list demoting;   /* CACHED blocks being copied to the host tier */
+	uint64_t layout_id;        /* names the layout across restarts (tier.c) */
 	struct kv_list runs;
 	struct kv_run *spare;      /* one empty run kept against alloc/free churn */
 	struct kv_pool_counts n;
@@ -108,6 +116,8 @@ const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
 int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc *d,
 		     struct kv_pool **out, char *err, size_t errlen);
 
+/* How many pools exist (ids are 0 .. count - 1). */
+uint32_t kv_pools_count(const struct kv_pools *ps);
 /* The pool of id, or NULL. */
 struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id);
 /* Calls fn for each pool in id order. */
@@ -137,8 +147,31 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
  * case the caller's reference on b has been dropped (dedup). */
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
 
-/* The SEALED or CACHED block under hash, or NULL. Takes no reference. */
+/* The SEALED or CACHED block under hash, or NULL (also when a lower tier
+ * holds the hash). Takes no reference. */
 struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash);
+/* The index entry under hash, whatever tier holds it, or NULL. */
+struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash);
+struct kv_index *kv_pools_index(struct kv_pools *ps);
+
+/* Called by kv_pool_seal() when a lower tier holds the hash being sealed: the
+ * hook must take that entry out of the index (the new G1 block wins). */
+void kv_pools_set_tier_drop(struct kv_pools *ps, void (*fn)(void *ctx, struct kv_index_entry *e),
+			    void *ctx);
+
+/* ---- for the tiers ---- */
+/* The oldest CACHED block (not demoting) of device dev, or NULL. */
+struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev);
+/* Free bytes of device dev: free pages plus free blocks of its pools. */
+uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total);
+/* Moves CACHED b from the LRU to the demoting list. */
+void kv_block_demote_begin(struct kv_block *b);
+/* Ends b's demotion: if it is still demoting (no lookup took it meanwhile),
+ * b leaves the index and becomes FREE, and 1 is returned; otherwise 0. With
+ * ok == 0 (the copy failed) b goes back to the LRU instead. */
+int kv_block_demote_end(struct kv_block *b, int ok);
+/* Device offset of b's bytes. */
+uint64_t kv_block_offset(const struct kv_block *b);
 
 /* Takes a reference (a CACHED block becomes SEALED). */
 void kv_block_ref(struct kv_block *b);
@@ -164,9 +197,10 @@ uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id);
  * report(ctx, message) for each broken invariant; with refs set it also
  * compares each block's ref with its check field, which the caller has filled
  * with the references it knows of (kv_pools_check_clear() zeroes them).
+ * tier_entries is how many index entries the lower tiers hold.
  * Returns the number of problems found; *blocks gets the blocks walked. */
 int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
-		   void *ctx, uint64_t *blocks);
+		   void *ctx, uint64_t *blocks, uint64_t tier_entries);
 void kv_pools_check_clear(struct kv_pools *ps);
 
 struct kv_run {

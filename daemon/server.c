@@ -42,6 +42,7 @@ void kv_config_defaults(struct kv_config *c)
 	c->max_frame = 4u << 20;
 	c->max_batch = 65536;
 	c->log_level = KV_LOG_INFO;
+	kv_tiers_config_defaults(&c->tiers);
 }
 
 int kv_session_is_admin(const struct kv_session *ss)
@@ -139,7 +140,8 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 			session_close(ss, strerror(-r));
 		} else if (ss->paused && ss->out_len - ss->out_off < OUT_BACKLOG) {
 			ss->paused = 0;
-			session_input(ss);
+			if (!ss->parked)
+				session_input(ss);
 		}
 	}
 	session_free_if_done(ss);
@@ -218,7 +220,7 @@ static int session_frames(struct kv_session *ss)
 	struct kv_server *s = ss->srv;
 	size_t off = 0;
 
-	while (ss->in_len - off >= KV_FRAME_HDR && !ss->paused) {
+	while (ss->in_len - off >= KV_FRAME_HDR && !ss->paused && !ss->parked) {
 		Kvcached__Request *rq;
 		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
 		uint32_t len;
@@ -232,15 +234,21 @@ static int session_frames(struct kv_session *ss)
 		if (ss->in_len - off < KV_FRAME_HDR + len)
 			break;
 		rq = kvcached__request__unpack(kv_arena_pb(&s->arena), len, ss->in + off + KV_FRAME_HDR);
-		off += KV_FRAME_HDR + len;
 		if (!rq) {
 			kv_arena_reset(&s->arena);
 			session_proto_error(ss, 0, "undecodable request");
 			return -1;
 		}
+		r = kv_ops_handle(s, ss, rq, &rs);
+		if (r == KV_OPS_PARK) {
+			/* The frame stays first in the buffer; wake runs it again. */
+			kv_arena_reset(&s->arena);
+			ss->parked = 1;
+			break;
+		}
+		off += KV_FRAME_HDR + len;
 		ss->requests++;
 		s->requests++;
-		r = kv_ops_handle(s, ss, rq, &rs);
 		if (r >= 0 && session_reply(ss, &rs) < 0)
 			r = -ENOMEM;
 		kv_arena_reset(&s->arena);
@@ -260,6 +268,7 @@ static int session_frames(struct kv_session *ss)
 		memmove(ss->in, ss->in + off, ss->in_len - off);
 		ss->in_len -= off;
 	}
+	kv_tiers_kick(s->tiers);
 	return 0;
 }
 
@@ -274,7 +283,7 @@ static void session_input(struct kv_session *ss)
 
 		if (session_frames(ss) < 0)
 			return;
-		if (ss->paused)
+		if (ss->paused || ss->parked)
 			break;
 		if (ss->in_cap - ss->in_len < READ_CHUNK && ss->in_cap < want + READ_CHUNK) {
 			size_t cap = ss->in_cap ? ss->in_cap * 2 : READ_CHUNK * 2;
@@ -319,7 +328,7 @@ static void on_readable(struct kv_loop_watch *w, int res, int more)
 		if (res < 0) {
 			session_close(ss, strerror(-res));
 		} else {
-			if (!ss->paused)
+			if (!ss->paused && !ss->parked)
 				session_input(ss);
 			/* A multishot poll can end (overflow); arm it again. */
 			if (!ss->closing && !more &&
@@ -358,6 +367,10 @@ static void session_close(struct kv_session *ss, const char *why)
 			 (int)ss->cred.pid);
 	/* Nothing a worker held leaks; nothing it sealed is lost. */
 	kv_refmap_each(&ss->refs, release_ref, NULL);
+	if (kv_list_linked(&ss->waiter.link))
+		kv_list_del(&ss->waiter.link);
+	ss->parked = 0;
+	kv_tiers_owner_gone(s->tiers, &ss->swaps);
 	kv_list_del(&ss->link);
 	kv_list_push_back(&s->closing, &ss->link);
 	s->nsessions--;
@@ -378,6 +391,36 @@ static void session_close(struct kv_session *ss, const char *why)
 		free(ss->seg_sent[d]);
 	memset(ss->seg_sent, 0, sizeof(ss->seg_sent));
 	/* The struct itself goes once its watches have completed. */
+}
+
+/* A tier finished what the parked request waits for: run it again. */
+static void session_wake(struct kv_waiter *w)
+{
+	struct kv_session *ss = kv_container_of(w, struct kv_session, waiter);
+
+	ss->parked = 0;
+	if (!ss->closing && !ss->paused)
+		session_input(ss);
+}
+
+static void on_copies(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_server *s = kv_container_of(w, struct kv_server, copyw);
+
+	if (res >= 0)
+		kv_tiers_copies_done(s->tiers);
+	if (!more && !s->loop.stop)
+		kv_loop_poll(&s->loop, &s->copyw, s->be->completion_fd, POLLIN, 1);
+}
+
+static void on_disk(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_server *s = kv_container_of(w, struct kv_server, diskw);
+
+	if (res >= 0)
+		kv_tiers_disk_done(s->tiers);
+	if (!more && !s->loop.stop)
+		kv_loop_poll(&s->loop, &s->diskw, kv_tiers_disk_fd(s->tiers), POLLIN, 1);
 }
 
 static void session_new(struct kv_server *s, int fd)
@@ -403,6 +446,9 @@ static void session_new(struct kv_server *s, int fd)
 	ss->win.cb = on_readable;
 	ss->wout.cb = on_writable;
 	kv_refmap_init(&ss->refs);
+	kv_list_init(&ss->waiter.link);
+	ss->waiter.wake = session_wake;
+	kv_list_init(&ss->swaps);
 	if (kv_loop_poll(&s->loop, &ss->win, fd, POLLIN, 1) < 0) {
 		kv_err("cannot poll a new connection");
 		close(fd);
@@ -530,6 +576,16 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg)
 		kv_err("page allocator: %s", strerror(-r));
 		return r;
 	}
+	{
+		char err[256] = "";
+
+		r = kv_tiers_create(s->pools, s->be, cfg->page_bytes, &cfg->tiers, &s->tiers, err,
+				    sizeof(err));
+		if (r < 0) {
+			kv_err("tiers: %s", err[0] ? err : strerror(-r));
+			return r;
+		}
+	}
 	s->scratch = calloc(cfg->max_batch, sizeof(void *));
 	if (!s->scratch)
 		return -ENOMEM;
@@ -551,8 +607,14 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg)
 		return s->lfd;
 	s->lw.cb = on_accept;
 	s->sigw.cb = on_signal;
+	s->copyw.cb = on_copies;
+	s->diskw.cb = on_disk;
 	if ((r = kv_loop_poll(&s->loop, &s->lw, s->lfd, POLLIN, 1)) < 0 ||
-	    (r = kv_loop_poll(&s->loop, &s->sigw, s->sigfd, POLLIN, 1)) < 0)
+	    (r = kv_loop_poll(&s->loop, &s->sigw, s->sigfd, POLLIN, 1)) < 0 ||
+	    (kv_tiers_on(s->tiers) &&
+	     (r = kv_loop_poll(&s->loop, &s->copyw, s->be->completion_fd, POLLIN, 1)) < 0) ||
+	    (kv_tiers_disk_fd(s->tiers) >= 0 &&
+	     (r = kv_loop_poll(&s->loop, &s->diskw, kv_tiers_disk_fd(s->tiers), POLLIN, 1)) < 0))
 		return r;
 	kv_info("listening on %s: backend %s, %llu MiB in %llu segments of %llu MiB, "
 		"pages of %llu KiB", cfg->socket_path, s->be->name,
@@ -584,6 +646,7 @@ void kv_server_fini(struct kv_server *s)
 		close(s->sigfd);
 	if (s->loop.ring.ring_fd > 0)
 		kv_loop_fini(&s->loop);
+	kv_tiers_destroy(s->tiers);
 	kv_pools_destroy(s->pools);
 	kv_backend_destroy(s->be);
 	kv_arena_fini(&s->arena);

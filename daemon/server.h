@@ -25,6 +25,7 @@
 #include "loop.h"
 #include "pool.h"
 #include "refmap.h"
+#include "tier.h"
 
 struct kv_config {
 	char socket_path[108];
@@ -36,6 +37,7 @@ struct kv_config {
 	uint32_t max_frame;
 	uint32_t max_batch;
 	int log_level;
+	struct kv_tiers_config tiers;
 };
 
 struct kv_session {
@@ -48,6 +50,9 @@ struct kv_session {
 	char name[64];
 	int closing;
 	int paused;                /* input held back until output drains */
+	int parked;                /* the first frame in waits for a tier (waiter) */
+	struct kv_waiter waiter;
+	struct kv_list swaps;      /* swapped-out sequences (tier.c) */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -65,8 +70,10 @@ struct kv_server {
 	struct kv_loop loop;
 	struct kv_backend *be;
 	struct kv_pools *pools;
+	struct kv_tiers *tiers;
 	int lfd, sigfd;
 	struct kv_loop_watch lw, sigw;
+	struct kv_loop_watch copyw, diskw;  /* tier completions */
 	struct kv_list sessions;   /* NEW and READY */
 	struct kv_list closing;    /* CLOSING, waiting for their last completions */
 	uint32_t nsessions;

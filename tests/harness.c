@@ -212,6 +212,49 @@ static Kvcached__Response *stats(void)
 	return rs;
 }
 
+void kvt_tier(int tier, struct kvt_tier *t)
+{
+	Kvcached__Response *rs = stats();
+	size_t i;
+
+	memset(t, 0, sizeof(*t));
+	t->present = 0;
+	for (i = 0; i < rs->stats->n_tiers; i++) {
+		Kvcached__TierInfo *ti = rs->stats->tiers[i];
+
+		if ((int)ti->tier != tier)
+			continue;
+		t->present = 1;
+		t->capacity = ti->capacity_bytes;
+		t->used = ti->used_bytes;
+		t->blocks = ti->blocks;
+		t->dirty = ti->dirty;
+		t->hits = ti->hits;
+		t->promotions = ti->promotions;
+		t->demotions = ti->demotions;
+		t->evictions = ti->evictions;
+		t->io_errors = ti->io_errors;
+		t->checksum_failures = ti->checksum_failures;
+		t->inflight = ti->inflight;
+	}
+	kvcached__response__free_unpacked(rs, NULL);
+}
+
+void kvt_tiers_settle(void)
+{
+	struct kvt_tier a, b;
+	int i;
+
+	for (i = 0; i < 1000; i++) {
+		kvt_tier(1, &a);
+		kvt_tier(2, &b);
+		if (!a.inflight && !b.inflight)
+			return;
+		usleep(2000);
+	}
+	CHECK(!"tier copies still in flight after 2 s");
+}
+
 void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
 		     uint64_t *cached)
 {

@@ -32,6 +32,16 @@ int kvt_check(void);
 /* The daemon's stats for pool id (blocks by state). */
 void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
 		     uint64_t *cached);
+/* The daemon's numbers for one tier (0 G1, 1 G2, 2 G3); present 0 when the
+ * daemon has no such tier. */
+struct kvt_tier {
+	int present;
+	uint64_t capacity, used, blocks, dirty, hits, promotions, demotions, evictions;
+	uint64_t io_errors, checksum_failures, inflight;
+};
+void kvt_tier(int tier, struct kvt_tier *t);
+/* Waits (up to 2 s) until no tier copy or disk I/O is in flight. */
+void kvt_tiers_settle(void);
 uint32_t kvt_sessions(void);
 /* Waits up to 5 s until the daemon counts n sessions. */
 void kvt_wait_sessions(uint32_t n);

@@ -22,7 +22,7 @@ static void must_be_consistent(struct kv_pools *ps)
 	uint64_t blocks;
 
 	problems = 0;
-	CHECK_EQ(kv_pools_check(ps, 0, report, NULL, &blocks), 0);
+	CHECK_EQ(kv_pools_check(ps, 0, report, NULL, &blocks, 0), 0);
 }
 
 /* Real KV layouts: bytes per token per layer = 2 (K and V) * kv_heads *
@@ -202,12 +202,12 @@ static void test_lifecycle(void)
 	/* The checker notices a broken invariant. */
 	b[0]->ref++;
 	b[0]->check = 5;
-	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL) == 0);  /* ref>=1 SEALED is fine... */
-	CHECK(kv_pools_check(e.ps, 1, NULL, NULL, NULL) > 0);   /* ...but not what sessions hold */
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL, 0) == 0);  /* ref>=1 SEALED is fine... */
+	CHECK(kv_pools_check(e.ps, 1, NULL, NULL, NULL, 0) > 0);   /* ...but not what sessions hold */
 	b[0]->ref--;
 	kv_block_unref(b[0]);
 	b[2]->state = KV_BLOCK_WRITABLE;                         /* on the LRU while WRITABLE */
-	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL) > 0);
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL, 0) > 0);
 	b[2]->state = KV_BLOCK_CACHED;
 	must_be_consistent(e.ps);
 

@@ -1,0 +1,136 @@
+/* The lower tiers: G2 (a host DRAM arena only the daemon maps) and G3 (a
+ * file or block device read and written with io_uring), and the movement of
+ * cached blocks between them and G1 (DESIGN.md section 4).
+ *
+ *   G1 CACHED --demote (watermark, copy_async D2H)--> G2 --write back--> G3
+ *        ^                                            |                  |
+ *        +------ promote (lookup hit, H2D) <--- G2 <--+--- read, check --+
+ *
+ * A block lives in exactly one index entry whatever tier holds it: a G1
+ * block, or a tier block (struct kv_tblock, kind KV_ENTRY_TIER) with a G2
+ * copy, a G3 copy or both. A G2 copy is clean when G3 holds the same bytes;
+ * G2 evicts clean copies first (free), then dirty ones (dropped: counted).
+ *
+ * Demotion runs ahead of need: when a device's free space falls under
+ * g1_low percent, the oldest cached blocks are copied down in batches until
+ * g1_high percent is free (counting copies in flight), so that an alloc
+ * finds free blocks instead of waiting. Likewise G2 writes dirty copies back
+ * to G3 below g2_low percent free. A lookup that takes a block being demoted
+ * cancels the demotion (the copy's result is thrown away); a lookup that
+ * hits G2 or G3 starts a promotion and parks the request until it is done
+ * (the request is then run again from the start); concurrent lookups of one
+ * block wait on the same promotion.
+ *
+ * Swap: swap_out copies a session's held blocks into G2 and releases them
+ * from G1 (when the copy is done); swap_in copies them into new G1 blocks.
+ * Swapped data belongs to the session and is freed when it goes.
+ *
+ * Warm restart: journal.h records which G3 runs and slots hold what; a
+ * restarted daemon replays it and offers each run to the pool that registers
+ * with the same layout id (namespace, name, block size and tokens, dtype,
+ * layout bytes). Every slot read is checked against its header (magic,
+ * version, namespace, layout, hash, length, CRC32C of the payload): a
+ * mismatch is a miss, counted and logged, never data served. */
+#ifndef KV_TIER_H
+#define KV_TIER_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "list.h"
+#include "pool.h"
+
+struct kv_tiers_config {
+	uint64_t host_bytes;       /* G2 size; 0 = no lower tiers */
+	char disk_path[256];       /* G3 file or block device; "" = no G3 */
+	uint64_t disk_bytes;
+	char disk_index[256];      /* "" = disk_path + ".idx" */
+	unsigned queue_depth;      /* G3 I/Os in flight */
+	unsigned g1_low, g1_high;  /* percent free of a device: demotion starts, stops */
+	unsigned g2_low, g2_high;  /* percent free of G2: write-back starts, stops */
+};
+
+/* A parked request: wake() runs it again. */
+struct kv_waiter {
+	struct kv_list link;
+	void (*wake)(struct kv_waiter *w);
+};
+
+enum { KV_TIER_G1, KV_TIER_G2, KV_TIER_G3, KV_NTIERS };
+
+struct kv_tier_stats {
+	uint64_t capacity, used;   /* bytes */
+	uint64_t blocks, dirty;    /* dirty: G2 copies not on G3 */
+	uint64_t hits, promotions, demotions, evictions;
+	uint64_t io_errors, checksum_failures, inflight;
+};
+
+struct kv_tiers;
+
+void kv_tiers_config_defaults(struct kv_tiers_config *c);
+
+/* Creates the tiers for the pools (always: with host_bytes 0 every call is a
+ * cheap no-op). Returns 0 or -errno with err set. */
+int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_bytes,
+		    const struct kv_tiers_config *cfg, struct kv_tiers **out, char *err,
+		    size_t errlen);
+/* Rewrites the G3 journal (so the next start is warm) and frees all. */
+void kv_tiers_destroy(struct kv_tiers *t);
+/* Whether a host tier is configured. */
+int kv_tiers_on(const struct kv_tiers *t);
+
+/* The fds the event loop polls: the backend's copy completions and the disk
+ * ring's (-1 when there is no G3), and what to call when each is readable. */
+int kv_tiers_disk_fd(const struct kv_tiers *t);
+void kv_tiers_copies_done(struct kv_tiers *t);
+void kv_tiers_disk_done(struct kv_tiers *t);
+
+/* Checks the watermarks and starts demotions and write-backs. Called after
+ * each batch of requests and each completion. */
+void kv_tiers_kick(struct kv_tiers *t);
+
+/* A pool was registered: computes its layout id and gives it the G3 runs a
+ * previous daemon left for that layout. */
+void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
+
+/* e (kind KV_ENTRY_TIER) was hit by a lookup. Returns 1 when its promotion
+ * is under way (started now or earlier; w, unless NULL, waits for it), or
+ * -ENOENT when it is to be treated as a miss (its promotion just failed, or
+ * there is no room to promote it). */
+int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
+
+/* Swap. owner is the session's swap list. swap_out takes over the caller's
+ * references on blocks[0..n) (all of pool p) and returns a handle; the
+ * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them. */
+int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool *p,
+		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
+		      size_t whylen);
+/* Returns 1 with w parked while copies are in flight; 0 with *n blocks (each
+ * carrying one reference, now the caller's) in out, and the swap gone;
+ * -ENOENT for an unknown handle, -ENOSPC when G1 cannot take them, -EIO when
+ * a copy failed (the swap stays, it can be tried again). */
+int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
+		     struct kv_waiter *w, struct kv_block **out, uint32_t max, uint32_t *n,
+		     char *why, size_t whylen);
+/* Frees every swap of owner (the session is going). */
+void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_list *owner);
+
+/* Operators: evicts the idle blocks of tier (KV_TIER_G1: demote every cached
+ * block; G2: drop clean copies and write dirty ones back; G3: drop) of pool
+ * pool_id, or all pools when < 0. Returns how many blocks it acted on. */
+uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id);
+/* Starts writing every dirty G2 copy back to G3; returns how many. */
+uint64_t kv_tiers_flush(struct kv_tiers *t);
+/* True when no write-back is dirty or in flight (flush finished). */
+int kv_tiers_clean(const struct kv_tiers *t);
+
+void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]);
+/* Index entries the lower tiers hold (for kv_pools_check), and their own
+ * invariants: problems are reported like the pool checker's. */
+uint64_t kv_tiers_entries(const struct kv_tiers *t);
+/* Adds the references the tiers hold (swaps, promotions) to each block's
+ * check field, as sessions' references are (kv_pools_check). */
+void kv_tiers_count_refs(struct kv_tiers *t);
+int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx);
+
+#endif

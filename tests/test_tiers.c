@@ -1,0 +1,491 @@
+/* The lower tiers with a real daemon, a real disk file and io_uring, with
+ * tiny sizes so that every path runs in seconds:
+ *   - sealed chains pushed past G1 demote to G2 then G3; lookups of the oldest
+ *     promote them back with identical bytes;
+ *   - swap out and in: identical bytes, new handles, G1 space freed meanwhile;
+ *   - a byte flipped in a slot on disk: a miss, the checksum counter rises;
+ *   - injected write failures, ENOSPC, read EIO and copy failures: nothing in
+ *     use is lost, errors are counted;
+ *   - kill -9 with a warm G3, restart: the same prefixes hit from G3;
+ *   - many concurrent lookups of one block on disk share one promotion. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define BB 16384u          /* block bytes */
+#define CHAIN 4            /* blocks per chain */
+#define NCHAINS 40         /* 160 blocks: G1 holds 64, G2 48, G3 192 */
+
+static char dir[64], disk[128];
+
+static void start(struct kvt_daemon *d)
+{
+	kvt_start(d, "--pool-size", "1MiB", "--page-size", "64KiB", "--host-tier-size", "1MiB",
+		  "--disk-path", disk, "--disk-size", "4MiB", "--writeback-low", "25",
+		  "--writeback-high", "50", NULL);
+}
+
+static void chain_hashes(int chain, kvc_hash *h)
+{
+	int j;
+
+	for (j = 0; j < CHAIN; j++)
+		h[j] = kvt_hash((uint64_t)chain * 100 + (uint64_t)j);
+}
+
+static uint64_t seed_of(int chain, int j)
+{
+	return (uint64_t)chain * 1000 + (uint64_t)j + 7;
+}
+
+/* Writes chain's blocks, seals and releases them. */
+static void put_chain(kvc_conn *c, int pool, int chain)
+{
+	kvc_block b[CHAIN];
+	kvc_hash h[CHAIN];
+	int j;
+
+	chain_hashes(chain, h);
+	CHECK_EQ(kvc_alloc(c, pool, CHAIN, b), CHAIN);
+	for (j = 0; j < CHAIN; j++)
+		kvt_fill(kvc_block_ptr(c, b[j]), BB, seed_of(chain, j));
+	CHECK_EQ(kvc_seal(c, pool, b, h, CHAIN, b), CHAIN);
+	CHECK_EQ(kvc_release(c, b, CHAIN), 0);
+}
+
+/* Looks chain up; returns how many blocks hit, after checking their bytes. */
+static int get_chain(kvc_conn *c, int pool, int chain)
+{
+	kvc_block b[CHAIN];
+	kvc_hash h[CHAIN];
+	int j, k;
+
+	chain_hashes(chain, h);
+	k = kvc_lookup(c, pool, h, CHAIN, b);
+	if (k < 0)
+		fprintf(stderr, "lookup: %s (%s)\n", kvc_strerror(k), kvc_last_error(c));
+	CHECK(k >= 0);
+	for (j = 0; j < k; j++)
+		CHECK(kvt_verify(kvc_block_ptr(c, b[j]), BB, seed_of(chain, j)));
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	return k;
+}
+
+static void fill(kvc_conn *c, int pool)
+{
+	int i;
+
+	for (i = 0; i < NCHAINS; i++) {
+		put_chain(c, pool, i);
+		kvt_tiers_settle();
+	}
+}
+
+static uint64_t admin_evict(kvc_conn *c, int tier)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *rs = NULL;
+	uint64_t n;
+
+	ev.tier = (Kvcached__Tier)tier;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
+	n = rs->evict->blocks;
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+	return n;
+}
+
+static void admin_flush(kvc_conn *c)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
+	Kvcached__Response *rs = NULL;
+
+	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	rq.flush = &fl;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_FLUSH);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+}
+
+/* Moves everything cached down to G3 only. */
+static void all_to_g3(kvc_conn *c)
+{
+	struct kvt_tier t2;
+
+	admin_evict(c, 0);
+	admin_flush(c);
+	admin_evict(c, 1);
+	kvt_tier(1, &t2);
+	CHECK_EQ(t2.blocks, 0);
+}
+
+static void fresh_disk(void)
+{
+	char idx[160];
+
+	unlink(disk);
+	snprintf(idx, sizeof(idx), "%s.idx", disk);
+	unlink(idx);
+}
+
+static void test_demote_promote(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t1, t2, t3;
+	kvc_conn *c;
+	int pool, i;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	fill(c, pool);
+	kvt_tier(0, &t1);
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "after fill: G1 %llu blocks (%llu dropped), G2 %llu blocks (%llu demoted, "
+		"%llu dirty, %llu dropped), G3 %llu blocks (%llu written, %llu dropped)\n",
+		(unsigned long long)t1.blocks, (unsigned long long)t1.evictions,
+		(unsigned long long)t2.blocks, (unsigned long long)t2.demotions,
+		(unsigned long long)t2.dirty, (unsigned long long)t2.evictions,
+		(unsigned long long)t3.blocks, (unsigned long long)t3.demotions,
+		(unsigned long long)t3.evictions);
+	CHECK(t2.present && t3.present);
+	CHECK(t2.demotions > 0);
+	CHECK(t3.demotions > 0);
+	CHECK(t3.blocks > 0);
+	CHECK_EQ(t3.io_errors + t3.checksum_failures + t2.io_errors, 0);
+	/* Every chain, oldest first: all of it comes back, byte for byte. */
+	for (i = 0; i < NCHAINS; i++) {
+		int k = get_chain(c, pool, i);
+
+		if (k != CHAIN)
+			fprintf(stderr, "chain %d: %d hits\n", i, k);
+		CHECK_EQ(k, CHAIN);
+	}
+	kvt_tier(0, &t1);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "after lookups: %llu promotions, %llu G3 hits\n",
+		(unsigned long long)t1.promotions, (unsigned long long)t3.hits);
+	CHECK(t1.promotions > 0);
+	CHECK(t3.hits > 0);
+	kvt_tiers_settle();
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
+static void test_swap(void)
+{
+	struct kvt_daemon d;
+	uint64_t f0, f1, f2, w, s, cached, sw;
+	kvc_block b[8], nb[8];
+	kvc_hash h[4];
+	kvc_conn *c;
+	int pool, j;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	CHECK_EQ(kvc_alloc(c, pool, 8, b), 8);
+	for (j = 0; j < 8; j++)
+		kvt_fill(kvc_block_ptr(c, b[j]), BB, 500 + (uint64_t)j);
+	/* Half sealed, half still writable. */
+	for (j = 0; j < 4; j++)
+		h[j] = kvt_hash(900 + (uint64_t)j);
+	CHECK_EQ(kvc_seal(c, pool, b, h, 4, b), 4);
+	kvt_pool_counts(pool, &f0, &w, &s, &cached);
+	CHECK_EQ(w, 4);
+	CHECK_EQ(s, 4);
+	CHECK_EQ(kvc_swap_out(c, b, 8, &sw), 0);
+	kvt_tiers_settle();
+	kvt_pool_counts(pool, &f1, &w, &s, &cached);
+	fprintf(stderr, "swap out: free %llu -> %llu, writable %llu sealed %llu cached %llu\n",
+		(unsigned long long)f0, (unsigned long long)f1, (unsigned long long)w,
+		(unsigned long long)s, (unsigned long long)cached);
+	CHECK_EQ(w, 0);
+	CHECK_EQ(s, 0);
+	CHECK_EQ(f1, f0 + 4);            /* the writable ones are free again */
+	CHECK_EQ(kvt_check(), 0);
+	/* The old handles are gone. */
+	CHECK_EQ(kvc_release(c, b, 1), KVC_ESTALE);
+	CHECK_EQ(kvc_swap_in(c, sw + 1000, nb, 8), KVC_ENOENT);
+	CHECK_EQ(kvc_swap_in(c, sw, nb, 8), 8);
+	for (j = 0; j < 8; j++) {
+		CHECK(kvt_verify(kvc_block_ptr(c, nb[j]), BB, 500 + (uint64_t)j));
+	}
+	kvt_pool_counts(pool, &f2, &w, &s, &cached);
+	CHECK_EQ(w, 8);
+	CHECK_EQ(kvc_swap_in(c, sw, nb, 8), KVC_ENOENT);  /* used up */
+	CHECK_EQ(kvc_release(c, nb, 8), 0);
+	/* Swapped data of a connection that goes is freed. */
+	CHECK_EQ(kvc_alloc(c, pool, 8, b), 8);
+	CHECK_EQ(kvc_swap_out(c, b, 8, &sw), 0);
+	kvc_close(c);
+	kvt_wait_sessions(0);
+	kvt_tiers_settle();
+	{
+		struct kvt_tier t2;
+
+		kvt_tier(1, &t2);
+		CHECK_EQ(t2.used, 0);
+	}
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+}
+
+/* Finds the slot of hash h in the disk file; returns its offset or -1. */
+static off_t find_slot(const kvc_hash *h)
+{
+	int fd = open(disk, O_RDONLY);
+	uint8_t hdr[64];
+	off_t off, found = -1;
+	struct stat st;
+
+	CHECK(fd >= 0);
+	CHECK(fstat(fd, &st) == 0);
+	for (off = 0; off + 4096 <= st.st_size && found < 0; off += 4096) {
+		if (pread(fd, hdr, sizeof(hdr), off) != (ssize_t)sizeof(hdr))
+			break;
+		if (!memcmp(hdr, "HVG3SLT1", 8) && !memcmp(hdr + 32, h->b, 32))
+			found = off;
+	}
+	close(fd);
+	return found;
+}
+
+static void test_corrupt(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t3;
+	kvc_hash h[CHAIN];
+	kvc_conn *c;
+	int pool, fd;
+	off_t off;
+	uint8_t byte;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	put_chain(c, pool, 3);
+	all_to_g3(c);
+	chain_hashes(3, h);
+	off = find_slot(&h[2]);
+	CHECK(off >= 0);
+	fd = open(disk, O_RDWR);
+	CHECK(fd >= 0);
+	CHECK(pread(fd, &byte, 1, off + 4096 + 1234) == 1);
+	byte ^= 0x40;
+	CHECK(pwrite(fd, &byte, 1, off + 4096 + 1234) == 1);
+	close(fd);
+	/* The first two blocks hit; the corrupt third is a miss, so is the
+	 * fourth (a prefix ends at the first miss). */
+	CHECK_EQ(get_chain(c, pool, 3), 2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.checksum_failures, 1);
+	/* It is gone for good, not served on a second try. */
+	CHECK_EQ(get_chain(c, pool, 3), 2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.checksum_failures, 1);
+	kvt_tiers_settle();
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
+/* A worker holds blocks through all the faults: they stay intact. */
+static void test_faults(const char *spec, int expect_write_errors, int expect_read_misses)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t2, t3;
+	kvc_block held[4];
+	kvc_conn *c;
+	int pool, i, j, hits = 0;
+
+	fresh_disk();
+	setenv("KVCACHED_FAULTS", spec, 1);
+	start(&d);
+	unsetenv("KVCACHED_FAULTS");
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	CHECK_EQ(kvc_alloc(c, pool, 4, held), 4);
+	for (j = 0; j < 4; j++)
+		kvt_fill(kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j);
+	for (i = 0; i < 8; i++)
+		put_chain(c, pool, i);
+	kvt_tiers_settle();
+	all_to_g3(c);
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "faults '%s': G2 io_errors %llu, G3 io_errors %llu, G3 blocks %llu\n", spec,
+		(unsigned long long)t2.io_errors, (unsigned long long)t3.io_errors,
+		(unsigned long long)t3.blocks);
+	if (expect_write_errors)
+		CHECK(t3.io_errors + t2.io_errors >= (uint64_t)expect_write_errors);
+	for (i = 0; i < 8; i++)
+		hits += get_chain(c, pool, i);
+	fprintf(stderr, "faults '%s': %d of %d blocks hit\n", spec, hits, 8 * CHAIN);
+	if (expect_read_misses >= 0)
+		CHECK_EQ(hits, 8 * CHAIN - expect_read_misses * CHAIN);
+	for (j = 0; j < 4; j++)
+		CHECK(kvt_verify(kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j));
+	kvt_tiers_settle();
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
+/* What G2 can stage at once (48 slots): evict --tier g1 drops the rest. */
+#define WARM 10
+
+static void test_warm_restart(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t3;
+	kvc_conn *c;
+	int pool, i, st;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	for (i = 0; i < WARM; i++)
+		put_chain(c, pool, i);
+	kvt_tiers_settle();
+	all_to_g3(c);
+	kvc_close(c);
+	/* No clean shutdown: what the journal has is what there is. */
+	CHECK(kill(d.pid, SIGKILL) == 0);
+	CHECK(waitpid(d.pid, &st, 0) == d.pid);
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "warm restart: G3 holds %llu blocks\n", (unsigned long long)t3.blocks);
+	CHECK_EQ(t3.blocks, WARM * CHAIN);
+	kvc_close(c);
+	/* A clean stop and a start: warm again. */
+	kvt_stop(&d);
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.blocks, WARM * CHAIN);
+	for (i = 0; i < WARM; i++)
+		CHECK_EQ(get_chain(c, pool, i), CHAIN);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.hits, WARM * CHAIN);
+	/* Another namespace with a pool of the same name does not see them. */
+	{
+		kvc_conn *o = kvt_connect("other");
+		int op = kvt_pool(o, "p", BB);
+
+		CHECK_EQ(get_chain(o, op, 0), 0);
+		kvc_close(o);
+	}
+	kvt_tiers_settle();
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
+struct race {
+	int go, go_w;
+	int pool;
+};
+
+static int racer(void *arg)
+{
+	struct race *r = arg;
+	kvc_conn *c = kvt_connect(NULL);
+	int pool = kvt_pool(c, "p", BB), k;
+	char x;
+
+	close(r->go_w);
+	CHECK(read(r->go, &x, 1) == 0);  /* EOF: go */
+	k = get_chain(c, pool, 5);
+	kvc_close(c);
+	return k == CHAIN ? 0 : 1;
+}
+
+static void test_shared_promotion(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier before, after, t3;
+	struct race r;
+	pid_t pid[8];
+	int fds[2], i, pool;
+	kvc_conn *c;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	put_chain(c, pool, 5);
+	all_to_g3(c);
+	kvt_tier(0, &before);
+	CHECK(pipe(fds) == 0);
+	r.go = fds[0];
+	r.go_w = fds[1];
+	r.pool = pool;
+	for (i = 0; i < 8; i++)
+		pid[i] = kvt_spawn(racer, &r);
+	kvt_wait_sessions(9 - 1 + 1);
+	close(fds[1]);
+	for (i = 0; i < 8; i++)
+		CHECK_EQ(kvt_wait(pid[i]), 0);
+	close(fds[0]);
+	kvt_tier(0, &after);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "8 concurrent lookups: %llu promotions, %llu G3 reads\n",
+		(unsigned long long)(after.promotions - before.promotions),
+		(unsigned long long)t3.hits);
+	CHECK_EQ(after.promotions - before.promotions, CHAIN);  /* once per block */
+	CHECK_EQ(t3.hits, CHAIN);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
+int main(void)
+{
+	snprintf(dir, sizeof(dir), "/var/tmp/kvt-tiers-XXXXXX");
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(disk, sizeof(disk), "%s/g3", dir);
+
+	test_demote_promote();
+	test_swap();
+	test_corrupt();
+	/* Writes fail: the blocks stay in G2 and are written on a later try. */
+	test_faults("g3_write=EIO:count=3", 3, 0);
+	test_faults("g3_write=short:count=2", 2, 0);
+	/* The file system is full: G3 shrinks; what does not fit is dropped
+	 * from the cache, nothing held is touched. */
+	test_faults("g3_write=ENOSPC:skip=10:count=1", 1, -1);
+	/* A read fails: that block is a miss (its chain stops there). */
+	test_faults("g3_read=EIO:count=1", 0, 1);
+	/* Demotion copies fail: the blocks stay in G1. */
+	test_faults("copy=EIO:count=1", 1, 0);
+	test_warm_restart();
+	test_shared_promotion();
+
+	fresh_disk();
+	rmdir(dir);
+	return 0;
+}
