@@ -36,7 +36,9 @@
  * and copies try to allocate it again (and fail with -ENOMEM meanwhile).
  *
  * Threads: everything but the completion threads runs on the daemon's loop
- * thread. The lock protects the pending queues and the done list. */
+ * thread. The lock protects the pending queues and the done list. The
+ * completion threads and the driver's own threads start with every signal
+ * blocked (see signals_off), so the daemon's signalfd gets them all. */
 #include "backend.h"
 
 #include <errno.h>
@@ -50,6 +52,7 @@
 #if KV_HAVE_CUDA
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -800,12 +803,7 @@ static int device_count(char *err, unsigned errlen)
 	return n;
 }
 
-int kv_backend_cuda_device_count(void)
-{
-	return device_count(last_err, sizeof(last_err));
-}
-
-int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
+static int mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
 {
 	char *err = last_err;
 	unsigned errlen = sizeof(last_err);
@@ -840,8 +838,8 @@ int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_byte
 	return 0;
 }
 
-int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev,
-			   uint64_t seg_bytes, char *err, unsigned errlen, struct kv_backend **out)
+static int create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev, uint64_t seg_bytes,
+		  char *err, unsigned errlen, struct kv_backend **out)
 {
 	struct cuda_backend *cb;
 	uint32_t i;
@@ -904,6 +902,58 @@ int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_de
 	use_ctx(&cb->dev[0]);
 	*out = &cb->be;
 	return 0;
+}
+
+/* The driver starts threads of its own (at cuInit, with each context), and
+ * so does this backend; none of them may take the daemon's signals, which it
+ * reads from a signalfd with them blocked, perhaps only after this runs.
+ * Whatever may start threads runs with every signal blocked, and the threads
+ * inherit that mask. */
+static void signals_off(sigset_t *old)
+{
+	sigset_t all;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, old);
+}
+
+static void signals_on(const sigset_t *old)
+{
+	pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+int kv_backend_cuda_device_count(void)
+{
+	sigset_t old;
+	int r;
+
+	signals_off(&old);
+	r = device_count(last_err, sizeof(last_err));
+	signals_on(&old);
+	return r;
+}
+
+int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	sigset_t old;
+	int r;
+
+	signals_off(&old);
+	r = mem_info(dev, free_bytes, total_bytes);
+	signals_on(&old);
+	return r;
+}
+
+int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev,
+			   uint64_t seg_bytes, char *err, unsigned errlen, struct kv_backend **out)
+{
+	sigset_t old;
+	int r;
+
+	signals_off(&old);
+	r = create(devs, ndev, bytes_per_dev, seg_bytes, err, errlen, out);
+	signals_on(&old);
+	return r;
 }
 
 #else /* !KV_HAVE_CUDA */
