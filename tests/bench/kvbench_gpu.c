@@ -1,13 +1,13 @@
-/* kvbench section g: the GPU data paths, measured in-process (no daemon).
+/* kvbench section h: the GPU data paths, measured in-process (no daemon).
  *
- *   g1  first touch: a client's import + map of segments exported by another
+ *   h1  first touch: a client's import + map of segments exported by another
  *       process (kvc_map_segment on the cuda backend), per segment and per
  *       2 MiB page, for 2 MiB and for large segments
- *   g2  G1 -> G2 and G2 -> G1 through the cuda backend's copy_async (batches
+ *   h2  G1 -> G2 and G2 -> G1 through the cuda backend's copy_async (batches
  *       of 64 KiB and of 2 MiB blocks between segments and the pinned
  *       arena, completions through completion_fd), beside the floor: one
  *       plain cuMemcpyAsync of a large buffer to or from pinned memory
- *   g3  64 KiB blocks scattered in device memory to pinned host memory and
+ *   h3  64 KiB blocks scattered in device memory to pinned host memory and
  *       back: one cuMemcpyAsync per block, one cuMemcpyBatchAsync, the
  *       gather kernel writing host memory directly, and the gather kernel
  *       into device staging plus one large copy
@@ -25,7 +25,7 @@
 void kvbench_gpu(bool quick)
 {
 	(void)quick;
-	printf("\n(g) GPU data paths\n  skipped: no GPU (this build has no CUDA)\n");
+	printf("\n(h) GPU data paths\n  skipped: no GPU (this build has no CUDA)\n");
 }
 
 #else
@@ -77,7 +77,7 @@ static void row(const char *name, double gbs, double floor_gbs)
 		printf("  %-52s %8.2f GB/s\n", name, gbs);
 }
 
-/* ---- g1: first touch ----------------------------------------------------- */
+/* ---- h1: first touch ----------------------------------------------------- */
 
 struct touch_cfg {
 	uint64_t seg;
@@ -124,7 +124,7 @@ static void first_touch(bool quick)
 	CUcontext ctx;
 	CUdevice dev;
 
-	printf("(g1) first touch: import + map of segments another process exported\n");
+	printf("(h1) first touch: import + map of segments another process exported\n");
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
 		printf("  socketpair: %s\n", strerror(errno));
 		return;
@@ -183,7 +183,7 @@ out:
 	waitpid(pid, &st, 0);
 }
 
-/* ---- g2: G1 <-> G2 through the backend ------------------------------------ */
+/* ---- h2: G1 <-> G2 through the backend ------------------------------------ */
 
 static struct kv_backend *be;
 
@@ -271,7 +271,7 @@ static void tiers(bool quick)
 	char err[256];
 	int dev0 = 0;
 
-	printf("(g2) G1 <-> G2: cuda backend copy_async between segments and the pinned arena\n");
+	printf("(h2) G1 <-> G2: cuda backend copy_async between segments and the pinned arena\n");
 	if (kv_backend_cuda_create(&dev0, 1, pool, seg, err, sizeof(err), &be) < 0) {
 		printf("  %s\n", err);
 		return;
@@ -312,7 +312,7 @@ out:
 	be = NULL;
 }
 
-/* ---- g3: gather kernel vs per-block copies -------------------------------- */
+/* ---- h3: gather kernel vs per-block copies -------------------------------- */
 
 typedef int (*run_fn)(void *ctx);
 
@@ -430,7 +430,7 @@ static void gather(bool quick)
 	char err[256];
 	void *p;
 
-	printf("(g3) %u blocks of 64 KiB, scattered in device memory, to pinned host memory "
+	printf("(h3) %u blocks of 64 KiB, scattered in device memory, to pinned host memory "
 	       "and back\n", g.n);
 	if (kv_cuda_kernels_load(&g.k, err, sizeof(err)) < 0) {
 		printf("  %s\n", err);
@@ -497,7 +497,7 @@ void kvbench_gpu(bool quick)
 	CUdevice dev;
 
 	dur = quick ? 0.3 : 1.5;
-	printf("\n(g) GPU data paths (in this process, no daemon)\n");
+	printf("\n(h) GPU data paths (in this process, no daemon)\n");
 	/* Probe in a child: the first-touch measurement forks an exporter and
 	 * must do so before this process loads CUDA. */
 	fflush(stdout);
