@@ -12,6 +12,7 @@
 #include <strings.h>
 #include <sys/sysinfo.h>
 
+#include "backend.h"
 #include "frame.h"
 #include "log.h"
 
@@ -42,7 +43,8 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  0, 0, "yes",
 	  "whether root and the daemon's uid may use admin operations on the worker socket", NULL },
 	{ "backend", 'b', KV_CFG_CHOICE, KV_CFG_FIELD(backend), 0, 0, 0, "host",
-	  "memory backend", "host" },
+	  "memory backend: host (memfd segments), or cuda (every visible GPU, pool_size on each)",
+	  "host|cuda" },
 	{ "pool_size", 'p', KV_CFG_SIZE_PCT, KV_CFG_FIELD(pool_bytes), 0, 4 * KiB, 0, "1GiB",
 	  "KV memory per device: a size, or a percentage of device memory (host backend: of RAM)",
 	  NULL },
@@ -597,9 +599,16 @@ int kv_config_memory(const char *backend, uint64_t *device_bytes, uint64_t *ram_
 	if (sysinfo(&si) < 0)
 		return -errno;
 	*ram_bytes = (uint64_t)si.totalram * si.mem_unit;
-	/* The host backend's device is host memory. The cuda backend reports
-	 * the device's memory here. */
-	*device_bytes = !strcmp(backend, "host") ? *ram_bytes : 0;
+	/* The host backend's device is host memory; on cuda a percentage is
+	 * of device 0's free memory at start (what the engines have not taken). */
+	*device_bytes = *ram_bytes;
+	if (!strcmp(backend, "cuda")) {
+		uint64_t free_b = 0, total_b = 0;
+
+		if (kv_backend_cuda_mem_info(0, &free_b, &total_b) < 0)
+			return -ENODEV;
+		*device_bytes = free_b;
+	}
 	return 0;
 }
 

@@ -842,10 +842,6 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg)
 	kv_list_init(&s->closing);
 	kv_arena_init(&s->arena);
 	s->start_ms = kv_now_ms();
-	if (strcmp(cfg->backend, "host")) {
-		kv_err("backend '%s' is not built in (available: host)", cfg->backend);
-		return -EINVAL;
-	}
 	/* Taken first: a failure below must not leave them to a child. */
 	r = kv_service_listen_fds(&wfd, &afd, err, sizeof(err));
 	if (r < 0) {
@@ -857,8 +853,19 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg)
 	s->admin.fd = afd;
 	s->admin.activated = afd >= 0;
 	nseg = cfg->pool_bytes / cfg->segment_bytes;
-	r = kv_backend_host_create(cfg->segment_bytes, (uint32_t)nseg, &s->be);
-	if (r < 0) {
+	if (!strcmp(cfg->backend, "cuda")) {
+		/* Every visible device, pool_bytes on each. */
+		err[0] = '\0';
+		r = kv_backend_cuda_create(NULL, 0, cfg->pool_bytes, cfg->segment_bytes, err,
+					   sizeof(err), &s->be);
+		if (r < 0) {
+			kv_err("cuda backend: %s", err);
+			return r;
+		}
+	} else if (strcmp(cfg->backend, "host")) {
+		kv_err("backend '%s' is not built in (available: host, cuda)", cfg->backend);
+		return -EINVAL;
+	} else if ((r = kv_backend_host_create(cfg->segment_bytes, (uint32_t)nseg, &s->be)) < 0) {
 		kv_err("host backend: %llu segments of %llu bytes: %s", (unsigned long long)nseg,
 		       (unsigned long long)cfg->segment_bytes, strerror(-r));
 		return r;
