@@ -279,10 +279,41 @@ static int op_seal(struct req *q, const Kvcached__Seal *m)
 	return reply_blocks(q, m->n_blocks);
 }
 
+/* Drops the pins a parked lookup held (it has run again and holds what it
+ * needs now). */
+static void unpin(struct kv_session *ss, uint32_t n)
+{
+	uint32_t i;
+
+	if (!n)
+		return;
+	for (i = 0; i < n; i++)
+		kv_block_unref(ss->pins[i]);
+	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
+	ss->npins -= n;
+}
+
+static int pin(struct kv_session *ss, struct kv_block *b)
+{
+	if (ss->npins == ss->pins_cap) {
+		uint32_t cap = ss->pins_cap ? 2 * ss->pins_cap : 16;
+		void *np = realloc(ss->pins, cap * sizeof(*ss->pins));
+
+		if (!np)
+			return -ENOMEM;
+		ss->pins = np;
+		ss->pins_cap = cap;
+	}
+	kv_block_ref(b);
+	ss->pins[ss->npins++] = b;
+	return 0;
+}
+
 static int op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = get_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
+	uint32_t old_pins = q->ss->npins;
 	int parked = 0;
 
 	if (!p)
@@ -312,14 +343,27 @@ static int op_lookup(struct req *q, const Kvcached__Lookup *m)
 		}
 		q->blk[k] = kv_container_of(e, struct kv_block, ix);
 	}
-	if (parked)
+	if (parked) {
+		/* While the request waits for the rest of the chain, the blocks
+		 * it has found stay in G1: demotion would otherwise take them
+		 * and the request could chase its own chain forever. */
+		for (size_t i = 0; i < k; i++) {
+			struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + i * HASH);
+
+			if (e && e->kind == KV_ENTRY_BLOCK &&
+			    pin(q->ss, kv_container_of(e, struct kv_block, ix)) < 0)
+				return -ENOMEM;
+		}
+		unpin(q->ss, old_pins);
 		return KV_OPS_PARK;
+	}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0)
 		return -ENOMEM;
 	for (size_t i = 0; i < k; i++) {
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
 	}
+	unpin(q->ss, old_pins);
 	p->n.lookups += n;
 	p->n.hits += k;
 	return reply_blocks(q, k);
@@ -734,8 +778,13 @@ static int run_check(struct kv_server *s, Kvcached__CheckReply *r)
 	if (!r->problems)
 		return -ENOMEM;
 	kv_pools_check_clear(s->pools);
-	kv_list_for_each(pos, &s->sessions)
-		kv_refmap_each(&kv_container_of(pos, struct kv_session, link)->refs, count_ref, NULL);
+	kv_list_for_each(pos, &s->sessions) {
+		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+
+		kv_refmap_each(&ss->refs, count_ref, NULL);
+		for (uint32_t i = 0; i < ss->npins; i++)
+			ss->pins[i]->check++;
+	}
 	kv_tiers_count_refs(s->tiers);
 	problems = kv_pools_check(s->pools, 1, add_problem, &c, &r->blocks_checked,
 				  kv_tiers_entries(s->tiers));

@@ -444,7 +444,8 @@ static int reclaim_other(struct kv_pool *p)
 	return 1;
 }
 
-int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen)
+static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why,
+		      size_t whylen, int may_evict)
 {
 	uint32_t got = 0;
 
@@ -458,6 +459,8 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
 		}
 		if (run_new(p) == 0)
 			continue;
+		if (!may_evict)
+			break;
 		if ((old = kv_list_back(&p->lru))) {
 			evict(kv_container_of(old, struct kv_block, node), 1);
 			continue;
@@ -469,6 +472,16 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
 	if (got == n) {
 		p->n.allocs += n;
 		return 0;
+	}
+	if (!why) {
+		while (got > 0) {
+			struct kv_block *b = out[--got];
+
+			b->ref = 0;
+			p->n.writable--;
+			make_free(b, 1);
+		}
+		return -ENOSPC;
 	}
 	snprintf(why, whylen,
 		 "pool '%s' cannot hold %u more blocks: got %u after evicting every cached block; "
@@ -485,6 +498,16 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
 		make_free(b, 1);
 	}
 	return -ENOSPC;
+}
+
+int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen)
+{
+	return pool_alloc(p, n, out, why, whylen, 1);
+}
+
+int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out)
+{
+	return pool_alloc(p, n, out, NULL, 0, 0);
 }
 
 struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash)

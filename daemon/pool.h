@@ -142,6 +142,10 @@ static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
  * oldest cached blocks). Returns 0 or -ENOSPC with the numbers in why. */
 int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen);
 
+/* kv_pool_alloc() from free blocks and free pages only: evicts nothing.
+ * Returns 0 or -ENOSPC. */
+int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
+
 /* Seals b (WRITABLE) under hash. Returns the block that now carries the
  * caller's reference: b, or the block already cached under hash, in which
  * case the caller's reference on b has been dropped (dedup). */

@@ -365,6 +365,10 @@ static void session_close(struct kv_session *ss, const char *why)
 	if (kv_list_linked(&ss->waiter.link))
 		kv_list_del(&ss->waiter.link);
 	ss->parked = 0;
+	while (ss->npins)
+		kv_block_unref(ss->pins[--ss->npins]);
+	free(ss->pins);
+	ss->pins = NULL;
 	kv_tiers_owner_gone(s->tiers, &ss->swaps);
 	kv_list_del(&ss->link);
 	kv_list_push_back(&s->closing, &ss->link);

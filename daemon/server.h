@@ -63,6 +63,10 @@ struct kv_session {
 	int paused;                /* input held back until output drains */
 	int parked;                /* the first frame in waits for a tier (waiter) */
 	struct kv_waiter waiter;
+	/* A parked lookup's G1 blocks, each with a reference, so that they stay
+	 * in G1 until the lookup runs again and takes its own (ops.c). */
+	struct kv_block **pins;
+	uint32_t npins, pins_cap;
 	struct kv_list swaps;      /* swapped-out sequences (tier.c) */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;

@@ -814,8 +814,22 @@ static int up_start(struct kv_tiers *t, struct tblock *tb)
 	char why[256];
 	int r;
 
-	if (kv_pool_alloc(tb->pool, 1, &b, why, sizeof(why)) < 0)
-		return -ENOSPC;
+	/* Room in G1 without dropping anything if possible: when there is
+	 * none, demote (so that a cached block moves down instead of being
+	 * lost) and let the caller wait for it. */
+	if (kv_pool_alloc_free(tb->pool, 1, &b) < 0) {
+		uint32_t dev = tb->pool->device;
+
+		if (!t->down_bytes[dev]) {
+			demote(t, dev, NULL, 4 * tb->pool->block_bytes);
+			/* G2 may be full of dirty copies: write-back frees it. */
+			kv_tiers_kick(t);
+		}
+		if (t->down_bytes[dev] || t->lv[L2].st.inflight || t->lv[L3].st.inflight)
+			return -EAGAIN;
+		if (kv_pool_alloc(tb->pool, 1, &b, why, sizeof(why)) < 0)
+			return -ENOSPC;
+	}
 	op = calloc(1, sizeof(*op));
 	if (!op) {
 		kv_block_unref(b);
@@ -945,11 +959,24 @@ static void read_done(struct kv_disk_op *dop, int res)
 		return;
 	}
 	t->lv[L2].st.blocks++;  /* a clean G2 copy now */
-	if (tb->dead || up_start(t, tb) < 0) {
-		promote_fail(t, tb, BUSY_READ);
-		return;
+	if (!tb->dead) {
+		int r = up_start(t, tb);
+
+		if (r == 0) {
+			tb->busy &= (uint8_t)~BUSY_READ;
+			return;
+		}
+		if (r == -EAGAIN) {
+			/* No G1 room yet: the waiters run again and wait for it,
+			 * promoting from the G2 copy. */
+			tb->busy &= (uint8_t)~BUSY_READ;
+			tb->busy |= BUSY_WAKE;
+			wake_all(&tb->waiters);
+			tb_unbusy(t, tb, BUSY_WAKE);
+			return;
+		}
 	}
-	tb->busy &= (uint8_t)~BUSY_READ;
+	promote_fail(t, tb, BUSY_READ);
 }
 
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w)
@@ -962,9 +989,10 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 		int from_g2 = tb->run[L2] != NULL;
 		int r = from_g2 ? up_start(t, tb) : read_start(t, tb);
 
-		if (r == -ENOSPC && !from_g2 &&
-		    (t->lv[L2].st.inflight || t->lv[L3].st.inflight)) {
-			/* No staging room in G2 until some I/O completes. */
+		if (r == -EAGAIN ||
+		    (r == -ENOSPC && !from_g2 && (t->lv[L2].st.inflight || t->lv[L3].st.inflight))) {
+			/* No room (G1, or G2 to stage in) until some copy or
+			 * I/O completes. */
 			if (!w)
 				return -EAGAIN;
 			kv_list_push_back(&t->space_waiters, &w->link);

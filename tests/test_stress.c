@@ -2,7 +2,12 @@
  * lookup with byte checks, release, fork, cow) on a pool small enough to
  * evict. Half of the workers clean up, half just exit, a few are killed. At
  * the end no block is leaked: nothing writable or sealed remains, and the
- * daemon's invariant check passes. */
+ * daemon's invariant check passes. With KVT_TIERS=1 (test stress_tiers) the
+ * daemon has a small host tier and disk tier, and pressure raises demotion
+ * to G2 (with the workers' demotion watermark high, so it runs all the time),
+ * write-back to G3 and promotions by lookups, all checked the same way. */
+#include <stdlib.h>
+#include <unistd.h>
 #include <signal.h>
 #include <string.h>
 
@@ -150,7 +155,43 @@ int main(void)
 	kvc_conn *c;
 	int i;
 
+	char dir[64] = "/var/tmp/kvt-stress-XXXXXX", disk[100] = "";
+	int tiers = getenv("KVT_TIERS") != NULL;
+
 	/* 16 MiB of 16 KiB blocks = 1024 blocks for 16 x 64 held at most. */
+	if (tiers) {
+		struct kvt_tier t1, t2, t3;
+
+		CHECK(mkdtemp(dir) != NULL);
+		snprintf(disk, sizeof(disk), "%s/g3", dir);
+		kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "1MiB", "--page-size",
+			  "64KiB", "--host-tier-size", "2MiB", "--disk-path", disk, "--disk-size",
+			  "4MiB", "--demote-low", "60", "--demote-high", "70", NULL);
+		for (i = 0; i < WORKERS; i++)
+			pid[i] = kvt_spawn(worker, (void *)(intptr_t)i);
+		for (i = 0; i < WORKERS; i++)
+			CHECK_EQ(kvt_wait(pid[i]), 0);
+		kvt_wait_sessions(0);
+		kvt_tiers_settle();
+		kvt_tier(0, &t1);
+		kvt_tier(1, &t2);
+		kvt_tier(2, &t3);
+		fprintf(stderr, "tiers: %llu promotions; G2 %llu demotions %llu hits; G3 %llu writes "
+			"%llu hits; errors %llu %llu %llu\n", (unsigned long long)t1.promotions,
+			(unsigned long long)t2.demotions, (unsigned long long)t2.hits,
+			(unsigned long long)t3.demotions, (unsigned long long)t3.hits,
+			(unsigned long long)t2.io_errors, (unsigned long long)t3.io_errors,
+			(unsigned long long)t3.checksum_failures);
+		CHECK(t2.demotions > 0 && t3.demotions > 0 && t1.promotions > 0);
+		CHECK_EQ(t2.io_errors + t3.io_errors + t3.checksum_failures, 0);
+		CHECK_EQ(kvt_check(), 0);
+		kvt_stop(&d);
+		unlink(disk);
+		strcat(disk, ".idx");
+		unlink(disk);
+		rmdir(dir);
+		return 0;
+	}
 	kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "1MiB", "--page-size", "64KiB",
 		  NULL);
 	for (i = 0; i < WORKERS; i++)
