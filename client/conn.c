@@ -298,6 +298,8 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 			if (e == -EPROTO)
 				set_err(c, "segment %u of device %u does not fit the device range",
 					s->index, s->device);
+			else if (*kvc_map_error(c->map))
+				set_err(c, "%s", kvc_map_error(c->map));
 			else
 				set_err(c, "mapping segment %u of device %u: %s", s->index,
 					s->device, kvc_strerror(e));
@@ -484,7 +486,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	if (r < 0)
 		goto out;
 	h = resp->hello;
-	r = kvc_map_new(h->devices, h->device_bytes, h->segment_bytes, &c->map);
+	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &c->map);
 	if (r < 0)
 		goto out;
 	c->hello = (struct kvc_hello){
@@ -612,6 +614,8 @@ static const char *const kvc_errors[] = {
 	[11] = "block in the wrong state for this operation",
 	[12] = "daemon shutting down",
 	[13] = "a tier copy or disk I/O failed; the data stays where it was",
+	/* 14..15: the tiers */
+	[16] = "invalid daemon configuration",
 };
 
 KVC_PUBLIC const char *kvc_strerror(int err)

@@ -98,9 +98,10 @@ bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index);
 /* --- map.c ---------------------------------------------------------------
  * Where segments live in this process: one virtual range of device_bytes per
  * device, reserved the first time a segment of the device arrives, and
- * segment s mapped whole at base + offset(s). This host version uses mmap of
- * the segment's memfd; a CUDA version (cuMemImportFromShareableHandle +
- * cuMemMap into a cuMemAddressReserve range) implements the same functions.
+ * segment s mapped whole at base + offset(s). On the host backend this is
+ * mmap of the segment's memfd; on the cuda backend (map_cuda.c,
+ * kvc_map_cu_*) cuMemImportFromShareableHandle + cuMemMap into a
+ * cuMemAddressReserve range, and the addresses are device pointers.
  *
  * Threads: kvc_map_reserve and kvc_map_segment are called by one thread at a
  * time (the connection's mutex); kvc_map_base and kvc_map_is_mapped may run
@@ -108,10 +109,20 @@ bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index);
 struct kvc_map;
 
 /* A map for devices of device_bytes, cut into segments of segment_bytes (a
- * divisor of device_bytes). Nothing is reserved yet. Returns 0 or -ENOMEM,
- * -EINVAL. */
-int kvc_map_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
-		struct kvc_map **out);
+ * divisor of device_bytes), for the daemon's backend ("host" or "cuda"; ""
+ * or NULL: host). Nothing is reserved or loaded yet (CUDA is loaded with the
+ * first segment). Returns 0 or -ENOMEM, -EINVAL, -EPROTO (another backend
+ * name), -ENOTSUP ("cuda" in a library built without CUDA). */
+int kvc_map_new(const char *backend, uint32_t devices, uint64_t device_bytes,
+		uint64_t segment_bytes, struct kvc_map **out);
+
+/* What the last failed kvc_map_segment() found beyond its return value (a
+ * CUDA error, the devices involved), or "". Same thread rules as
+ * kvc_map_segment(). */
+const char *kvc_map_error(const struct kvc_map *m);
+
+/* Whether addresses from this map are CUDA device pointers. */
+bool kvc_map_is_cuda(const struct kvc_map *m);
 
 /* Unmaps everything and frees m. NULL is fine. */
 void kvc_map_free(struct kvc_map *m);
@@ -138,5 +149,17 @@ void *kvc_map_base(const struct kvc_map *m, uint32_t dev);
  * m can be used again. Not concurrent with kvc_map_base/kvc_map_is_mapped
  * (kvc_close() time). */
 void kvc_map_unmap_all(struct kvc_map *m);
+
+/* map_cuda.c: the same functions for the cuda backend (called by map.c). */
+struct kvc_map_cu;
+int kvc_map_cu_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
+		   struct kvc_map_cu **out);
+void kvc_map_cu_free(struct kvc_map_cu *m);
+void kvc_map_cu_unmap_all(struct kvc_map_cu *m);
+int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint64_t offset,
+		       uint64_t bytes, int fd);
+bool kvc_map_cu_is_mapped(const struct kvc_map_cu *m, uint32_t dev, uint32_t index);
+void *kvc_map_cu_base(const struct kvc_map_cu *m, uint32_t dev);
+const char *kvc_map_cu_error(const struct kvc_map_cu *m);
 
 #endif

@@ -50,6 +50,7 @@ extern "C" {
 #define KVC_ESTATE (-1011)     /* block in the wrong state (e.g. sealed twice) */
 #define KVC_ESHUTDOWN (-1012)  /* daemon draining */
 #define KVC_EIO (-1013)        /* a tier copy or disk I/O failed; nothing was lost */
+#define KVC_ECONFIG (-1016)    /* reload: the daemon's configuration is invalid */
 
 typedef struct kvc_conn kvc_conn;
 typedef uint64_t kvc_block;
@@ -144,7 +145,12 @@ int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap)
 int kvc_swap_in(kvc_conn *c, uint64_t swap, kvc_block *out, size_t max);
 
 /* The block's address in this process, or NULL for a handle whose pool or
- * segment this connection has not seen. Valid until kvc_close(). Lock-free. */
+ * segment this connection has not seen. Valid until kvc_close(). Lock-free.
+ * With a daemon on the cuda backend it is a CUDA device pointer, readable and
+ * writable from the worker's device (that of the context current when the
+ * block's first segment arrived); finish writing a block (synchronize the
+ * stream) before sealing or copying it, since other processes and the daemon
+ * read it from then on. */
 void *kvc_block_ptr(kvc_conn *c, kvc_block b);
 
 /* Bytes of one block of the pool, or 0 for an unknown pool. */

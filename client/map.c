@@ -1,6 +1,7 @@
 /* Host mapping of segments: a PROT_NONE reservation of device_bytes per
  * device, and each segment's memfd mapped whole over its slice of it with
- * MAP_FIXED. See kvc_internal.h for the interface a CUDA version shares.
+ * MAP_FIXED. See kvc_internal.h for the interface. A map for a daemon on the
+ * cuda backend hands every call to map_cuda.c instead.
  *
  * Lock-free readers (kvc_block_ptr) see a device only once its state is
  * published with a release store, after the reservation exists, and a segment
@@ -10,6 +11,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@ struct map_dev {
 };
 
 struct kvc_map {
+	struct kvc_map_cu *cu;             /* cuda backend: everything goes there */
 	uint32_t devices;
 	uint64_t device_bytes;
 	uint64_t segment_bytes;
@@ -26,19 +29,27 @@ struct kvc_map {
 	_Atomic(struct map_dev *) dev[];   /* NULL until reserved */
 };
 
-/* Returns 0 or -ENOMEM, -EINVAL. */
-int kvc_map_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
-		struct kvc_map **out)
+/* Returns 0 or -ENOMEM, -EINVAL, -EPROTO, -ENOTSUP. */
+int kvc_map_new(const char *backend, uint32_t devices, uint64_t device_bytes,
+		uint64_t segment_bytes, struct kvc_map **out)
 {
 	struct kvc_map *m;
 	uint32_t i;
+	int cuda = backend && !strcmp(backend, "cuda"), r;
 
 	if (devices == 0 || segment_bytes == 0 || device_bytes == 0 ||
 	    device_bytes % segment_bytes != 0 || device_bytes > SIZE_MAX)
 		return -EINVAL;
+	if (!cuda && backend && *backend && strcmp(backend, "host"))
+		return -EPROTO;
 	m = malloc(sizeof(*m) + devices * sizeof(m->dev[0]));
 	if (!m)
 		return -ENOMEM;
+	m->cu = NULL;
+	if (cuda && (r = kvc_map_cu_new(devices, device_bytes, segment_bytes, &m->cu)) < 0) {
+		free(m);
+		return r;
+	}
 	m->devices = devices;
 	m->device_bytes = device_bytes;
 	m->segment_bytes = segment_bytes;
@@ -55,6 +66,7 @@ void kvc_map_unmap_all(struct kvc_map *m)
 
 	if (!m)
 		return;
+	kvc_map_cu_unmap_all(m->cu);
 	for (i = 0; i < m->devices; i++) {
 		struct map_dev *d = atomic_exchange(&m->dev[i], NULL);
 
@@ -71,6 +83,7 @@ void kvc_map_free(struct kvc_map *m)
 	if (!m)
 		return;
 	kvc_map_unmap_all(m);
+	kvc_map_cu_free(m->cu);
 	free(m);
 }
 
@@ -82,6 +95,8 @@ int kvc_map_reserve(struct kvc_map *m, uint32_t dev)
 
 	if (dev >= m->devices)
 		return -EINVAL;
+	if (m->cu)  /* map_cuda.c reserves with the first segment */
+		return 0;
 	if (atomic_load_explicit(&m->dev[dev], memory_order_acquire))
 		return 0;
 	d = malloc(sizeof(*d) + m->nseg * sizeof(d->mapped[0]));
@@ -109,6 +124,8 @@ int kvc_map_segment(struct kvc_map *m, uint32_t dev, uint32_t index, uint64_t of
 	void *p;
 	int r;
 
+	if (m->cu)
+		return kvc_map_cu_segment(m->cu, dev, index, offset, bytes, fd);
 	if (dev >= m->devices || index >= m->nseg ||
 	    offset != (uint64_t)index * m->segment_bytes || bytes == 0 ||
 	    bytes > m->segment_bytes) {
@@ -143,6 +160,8 @@ bool kvc_map_is_mapped(const struct kvc_map *m, uint32_t dev, uint32_t index)
 {
 	struct map_dev *d;
 
+	if (m && m->cu)
+		return kvc_map_cu_is_mapped(m->cu, dev, index);
 	if (!m || dev >= m->devices || index >= m->nseg)
 		return false;
 	/* The atomics are only read; the casts drop const for C11's loads,
@@ -157,9 +176,21 @@ void *kvc_map_base(const struct kvc_map *m, uint32_t dev)
 {
 	struct map_dev *d;
 
+	if (m && m->cu)
+		return kvc_map_cu_base(m->cu, dev);
 	if (!m || dev >= m->devices)
 		return NULL;
 	d = atomic_load_explicit((_Atomic(struct map_dev *) *)&m->dev[dev],
 				 memory_order_acquire);
 	return d ? d->base : NULL;
+}
+
+const char *kvc_map_error(const struct kvc_map *m)
+{
+	return m && m->cu ? kvc_map_cu_error(m->cu) : "";
+}
+
+bool kvc_map_is_cuda(const struct kvc_map *m)
+{
+	return m && m->cu;
 }

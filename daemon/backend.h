@@ -13,7 +13,8 @@
  * batched copies between device locations and that memory, whose completions
  * reach the event loop through an fd (an eventfd) without blocking it.
  *
- * Backends: host (memfd segments; runs anywhere) and cuda (VMM). */
+ * Backends: host (memfd segments; runs anywhere) and cuda (VMM,
+ * backend_cuda.c). */
 #ifndef KV_BACKEND_H
 #define KV_BACKEND_H
 
@@ -83,6 +84,30 @@ struct kv_backend {
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.
  * Returns 0 and *out, or -errno. */
 int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend **out);
+
+/* Creates the cuda backend (backend_cuda.c; docs/architecture.md, "The cuda
+ * backend"): one device per entry of devs (CUDA ordinals as this process sees
+ * them; NULL or ndev 0 = every visible device, at most KV_MAX_DEVICES), each
+ * with floor(bytes_per_dev / seg_bytes) segments of seg_bytes, seg_bytes a
+ * multiple of the device's VMM granularity (2 MiB on current GPUs). Every
+ * segment is allocated, exported and zeroed here. Returns 0 and *out, or
+ * -errno with a description in err: -ENOTSUP when built without CUDA,
+ * -ENODEV without a driver or device, -ENOMEM when the memory is not free. */
+int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev,
+			   uint64_t seg_bytes, char *err, unsigned errlen, struct kv_backend **out);
+
+/* Free and total memory of CUDA device dev (an ordinal), for sizing the pool
+ * as a share of free memory before kv_backend_cuda_create. Returns 0, or
+ * -errno (-ENOTSUP without CUDA, -ENODEV without a driver or that device);
+ * kv_backend_cuda_error() then says what failed. */
+int kv_backend_cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* How many CUDA devices this process sees, or -errno (kv_backend_cuda_error()). */
+int kv_backend_cuda_device_count(void);
+
+/* What the last failed kv_backend_cuda_mem_info or _device_count call found
+ * (a static string, "" if none; the loop thread's, like every call here). */
+const char *kv_backend_cuda_error(void);
 
 static inline void kv_backend_destroy(struct kv_backend *be)
 {

@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "frame.h"
 #include "log.h"
+#include "metrics.h"
 
 #define HASH KV_HASH_BYTES
 
@@ -38,6 +40,13 @@ fail(struct req *q, Kvcached__ErrorCode code, int index, const char *fmt, ...)
 	q->rs->error = e;
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
 	return code == KVCACHED__ERROR_CODE__EPROTO ? KV_OPS_CLOSE : 0;
+}
+
+static int need_admin(struct req *q, const char *what)
+{
+	return fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
+		    "%s is an admin operation: use the admin socket (%s), or connect as root or "
+		    "the daemon's uid", what, q->s->cfg.admin_socket_path);
 }
 
 /* The pool id names in this session's namespace, or NULL (error set). */
@@ -520,7 +529,7 @@ static int op_evict(struct req *q, const Kvcached__Evict *m)
 	Kvcached__EvictReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
 
 	if (!kv_session_is_admin(q->ss))
-		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1, "evict needs root or the daemon's uid");
+		return need_admin(q, "evict");
 	if (!r)
 		return -ENOMEM;
 	if (!m->all_pools && !kv_pool_get(q->s->pools, m->pool_id))
@@ -541,7 +550,7 @@ static int op_flush(struct req *q)
 	Kvcached__FlushReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
 
 	if (!kv_session_is_admin(q->ss))
-		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1, "flush needs root or the daemon's uid");
+		return need_admin(q, "flush");
 	if (!r)
 		return -ENOMEM;
 	kvcached__flush_reply__init(r);
@@ -560,6 +569,41 @@ static char *arena_str(struct kv_arena *a, const char *s)
 	if (p)
 		memcpy(p, s, n);
 	return p;
+}
+
+/* The namespaces with pools or sessions: all for an admin, else the caller's. */
+static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
+{
+	struct kv_server *s = q->s;
+	struct kv_ns_usage *u = malloc((KV_MAX_NS + 1) * sizeof(*u));
+	uint32_t ns;
+
+	if (!u)
+		return -ENOMEM;
+	kv_metrics_ns_usage(s, u);
+	r->namespaces = kv_arena_alloc(&s->arena, KV_MAX_NS * sizeof(*r->namespaces));
+	for (ns = 1; r->namespaces && ns <= KV_MAX_NS; ns++) {
+		Kvcached__NamespaceInfo *ni;
+
+		if ((!u[ns].pools && !u[ns].sessions) || (!admin && ns != q->ss->ns))
+			continue;
+		ni = kv_arena_alloc(&s->arena, sizeof(*ni));
+		if (!ni) {
+			r->namespaces = NULL;
+			break;
+		}
+		kvcached__namespace_info__init(ni);
+		ni->name = (char *)kv_pools_ns_name(s->pools, ns);
+		ni->pools = u[ns].pools;
+		ni->sessions = u[ns].sessions;
+		ni->blocks_writable = u[ns].writable;
+		ni->blocks_sealed = u[ns].sealed;
+		ni->blocks_cached = u[ns].cached;
+		ni->bytes = u[ns].bytes;
+		r->namespaces[r->n_namespaces++] = ni;
+	}
+	free(u);
+	return r->namespaces ? 0 : -ENOMEM;
 }
 
 static int op_stats(struct req *q)
@@ -585,6 +629,13 @@ static int op_stats(struct req *q)
 	r->sessions = s->nsessions;
 	r->requests = s->requests;
 	r->enospc = s->enospc;
+	r->draining = s->draining;
+	r->drain_deadline_ms = s->draining ? s->drain_deadline_ms : 0;
+	r->reloads = s->reloads;
+	r->reload_failures = s->reload_failures;
+	r->clients = kv_server_clients(s);
+	if (stats_namespaces(q, r, admin) < 0)
+		return -ENOMEM;
 	r->pools = kv_arena_alloc(&s->arena, KV_MAX_POOLS * sizeof(*r->pools));
 	if (!r->pools)
 		return -ENOMEM;
@@ -664,8 +715,7 @@ static int op_clients(struct req *q)
 	struct kv_list *pos;
 
 	if (!kv_session_is_admin(q->ss))
-		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
-			    "listing clients needs root or the daemon's uid");
+		return need_admin(q, "listing clients");
 	if (!r)
 		return -ENOMEM;
 	kvcached__clients_reply__init(r);
@@ -688,6 +738,7 @@ static int op_clients(struct req *q)
 		ci->refs = ss->refs.refs;
 		ci->connected_ms = ss->connected_ms;
 		ci->requests = ss->requests;
+		ci->admin = ss->admin;
 		r->clients[r->n_clients++] = ci;
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_CLIENTS;
@@ -750,8 +801,7 @@ static int op_check(struct req *q)
 	Kvcached__CheckReply *r = kv_arena_alloc(&q->s->arena, sizeof(*r));
 
 	if (!kv_session_is_admin(q->ss))
-		return fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
-			    "the invariant check needs root or the daemon's uid");
+		return need_admin(q, "the invariant check");
 	if (!r)
 		return -ENOMEM;
 	kvcached__check_reply__init(r);
@@ -762,6 +812,119 @@ static int op_check(struct req *q)
 	return 0;
 }
 
+/* ---- admin: evict, drain, reload, metrics ------------------------------ */
+
+static int op_drain(struct req *q, const Kvcached__Drain *m)
+{
+	Kvcached__DrainReply *r;
+	char why[64];
+
+	if (!kv_session_is_admin(q->ss))
+		return need_admin(q, "drain");
+	r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	kvcached__drain_reply__init(r);
+	snprintf(why, sizeof(why), "drain asked by pid %d", (int)q->ss->cred.pid);
+	r->already = kv_server_drain(q->s, m->timeout_ms ? m->timeout_ms
+							  : q->s->cfg.drain_timeout_ms, why) == -EALREADY;
+	r->clients = kv_server_clients(q->s);
+	r->deadline_ms = q->s->drain_deadline_ms;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_DRAIN;
+	q->rs->drain = r;
+	return 0;
+}
+
+struct reload_reply {
+	struct req *q;
+	Kvcached__ReloadReply *r;
+	int nomem;
+};
+
+static void reload_line(void *ctx, const char *line, int applied)
+{
+	struct reload_reply *x = ctx;
+	char *copy = arena_str(&x->q->s->arena, line);
+	char ***list = applied ? &x->r->applied : &x->r->not_applied;
+	size_t *n = applied ? &x->r->n_applied : &x->r->n_not_applied;
+
+	if (!*list)
+		*list = kv_arena_alloc(&x->q->s->arena, kv_cfg_nkeys * sizeof(char *));
+	if (!copy || !*list || *n >= kv_cfg_nkeys) {
+		x->nomem = 1;
+		return;
+	}
+	(*list)[(*n)++] = copy;
+}
+
+static int op_reload(struct req *q)
+{
+	struct reload_reply x = { .q = q };
+	char err[512];
+
+	if (!kv_session_is_admin(q->ss))
+		return need_admin(q, "reload");
+	x.r = kv_arena_alloc(&q->s->arena, sizeof(*x.r));
+	if (!x.r)
+		return -ENOMEM;
+	kvcached__reload_reply__init(x.r);
+	if (kv_server_reload(q->s, reload_line, &x, err, sizeof(err)) < 0)
+		return fail(q, KVCACHED__ERROR_CODE__ECONFIG, -1, "%s", err);
+	if (x.nomem)
+		return -ENOMEM;
+	x.r->config_path = (char *)(q->s->src ? q->s->src->path : "");
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_RELOAD;
+	q->rs->reload = x.r;
+	return 0;
+}
+
+static int op_metrics(struct req *q)
+{
+	Kvcached__MetricsReply *r;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+	int rc;
+
+	if (!kv_session_is_admin(q->ss))
+		return need_admin(q, "metrics");
+	r = kv_arena_alloc(&q->s->arena, sizeof(*r));
+	f = open_memstream(&text, &len);
+	if (!r || !f) {
+		if (f)
+			fclose(f);
+		free(text);
+		return -ENOMEM;
+	}
+	kvcached__metrics_reply__init(r);
+	rc = kv_metrics_write(q->s, f);
+	if (fclose(f) != 0 || rc < 0 || !(r->text = arena_str(&q->s->arena, text))) {
+		free(text);
+		return -ENOMEM;
+	}
+	free(text);
+	/* The reply must fit the client's frame limit. */
+	if (len + 4096 > q->s->cfg.max_frame)
+		return fail(q, KVCACHED__ERROR_CODE__E2BIG, -1,
+			    "the metrics (%zu bytes) do not fit max_frame (%" PRIu32 "); raise it",
+			    len, q->s->cfg.max_frame);
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_METRICS;
+	q->rs->metrics = r;
+	return 0;
+}
+
+/* While draining, what would take new memory or new references is refused;
+ * releasing and sealing what a client holds goes on. */
+static int refuse_draining(struct req *q, const char *what)
+{
+	uint64_t now = kv_now_ms();
+	uint64_t left = q->s->drain_deadline_ms > now ? q->s->drain_deadline_ms - now : 0;
+
+	return fail(q, KVCACHED__ERROR_CODE__ESHUTDOWN, -1,
+		    "kvcached is shutting down: no new %s; release what you hold and disconnect "
+		    "(the daemon exits within %" PRIu64 " s)", what, (left + 999) / 1000);
+}
+
 int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Request *rq,
 		  Kvcached__Response *rs)
 {
@@ -770,6 +933,21 @@ int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Re
 	rs->id = rq->id;
 	if (!ss->ns && rq->op_case != KVCACHED__REQUEST__OP_HELLO)
 		return fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
+	if (s->draining) {
+		switch (rq->op_case) {
+		case KVCACHED__REQUEST__OP_REGISTER_POOL:
+			return refuse_draining(&q, "pools");
+		case KVCACHED__REQUEST__OP_ALLOC:
+		case KVCACHED__REQUEST__OP_COW:
+		case KVCACHED__REQUEST__OP_SWAP_IN:
+			return refuse_draining(&q, "allocations");
+		case KVCACHED__REQUEST__OP_LOOKUP:
+		case KVCACHED__REQUEST__OP_FORK:
+			return refuse_draining(&q, "lookups or references");
+		default:
+			break;
+		}
+	}
 	switch (rq->op_case) {
 	case KVCACHED__REQUEST__OP_HELLO:
 		return op_hello(&q, rq->hello);
@@ -801,6 +979,12 @@ int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Re
 		return op_evict(&q, rq->evict);
 	case KVCACHED__REQUEST__OP_FLUSH:
 		return op_flush(&q);
+	case KVCACHED__REQUEST__OP_DRAIN:
+		return op_drain(&q, rq->drain);
+	case KVCACHED__REQUEST__OP_RELOAD:
+		return op_reload(&q);
+	case KVCACHED__REQUEST__OP_METRICS:
+		return op_metrics(&q);
 	default:
 		return fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
 	}

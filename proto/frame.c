@@ -121,3 +121,18 @@ int kv_socket_default(char *buf, size_t len)
 		n = snprintf(buf, len, "/run/kvcached/kvcached.sock");
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
+
+int kv_admin_socket_default(const char *worker, char *buf, size_t len)
+{
+	const char *env = secure_getenv("KVCACHED_ADMIN_SOCKET");
+	size_t n = strlen(worker);
+	int r;
+
+	if (env && *env)
+		r = snprintf(buf, len, "%s", env);
+	else if (n >= 5 && !strcmp(worker + n - 5, ".sock"))
+		r = snprintf(buf, len, "%.*s-admin.sock", (int)(n - 5), worker);
+	else
+		r = snprintf(buf, len, "%s-admin.sock", worker);
+	return r < 0 || (size_t)r >= len ? -ENAMETOOLONG : 0;
+}

@@ -50,4 +50,11 @@ ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
  * small. */
 int kv_socket_default(char *buf, size_t len);
 
+/* The admin socket that goes with the worker socket at `worker`:
+ * $KVCACHED_ADMIN_SOCKET, else `worker` with its ".sock" suffix replaced by
+ * "-admin.sock" ("-admin.sock" appended when it has none), so
+ * /run/kvcached/kvcached.sock goes with /run/kvcached/kvcached-admin.sock.
+ * Returns 0, or -ENAMETOOLONG if buf is too small. */
+int kv_admin_socket_default(const char *worker, char *buf, size_t len);
+
 #endif

@@ -1,5 +1,10 @@
 #include "harness.h"
 
+#include "kvconfig.h"
+#if KV_HAVE_CUDA
+#include "cudrv.h"
+#endif
+
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -29,6 +34,42 @@ static void kill_daemon(void)
 		kill(daemon_pid, SIGKILL);
 }
 
+int kvt_cuda(void)
+{
+	const char *b = getenv("KVT_BACKEND");
+
+	return b && !strcmp(b, "cuda");
+}
+
+/* Exits 77 unless a child process can load CUDA and sees a device. */
+static void probe_gpu(void)
+{
+#if KV_HAVE_CUDA
+	pid_t pid = fork();
+	int st;
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		int n = 0;
+
+		if (kv_cu_load() < 0) {
+			fprintf(stderr, "skip: no usable GPU: %s\n", kv_cu_error());
+			_exit(77);
+		}
+		if (kv_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS || n == 0) {
+			fprintf(stderr, "skip: no CUDA device\n");
+			_exit(77);
+		}
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		exit(77);
+#else
+	SKIP("built without CUDA");
+#endif
+}
+
 void kvt_start(struct kvt_daemon *d, ...)
 {
 	const char *bin = getenv("KVCACHED_BIN");
@@ -38,12 +79,20 @@ void kvt_start(struct kvt_daemon *d, ...)
 
 	if (!bin)
 		SKIP("KVCACHED_BIN is not set (run through meson test)");
+	if (kvt_cuda())
+		probe_gpu();
 	snprintf(d->dir, sizeof(d->dir), "/tmp/kvt.XXXXXX");
 	CHECK(mkdtemp(d->dir) != NULL);
 	snprintf(d->sock, sizeof(d->sock), "%s/kvcached.sock", d->dir);
 	argv[argc++] = bin;
+	/* No /etc/kvcached/kvcached.conf of this machine. */
+	argv[argc++] = "--config=";
 	argv[argc++] = "--socket";
 	argv[argc++] = d->sock;
+	if (kvt_cuda()) {
+		argv[argc++] = "--backend";
+		argv[argc++] = "cuda";
+	}
 	va_start(ap, d);
 	for (const char *a; (a = va_arg(ap, const char *)) && argc < 62;)
 		argv[argc++] = a;
@@ -310,4 +359,107 @@ kvc_hash kvt_hash(uint64_t i)
 		memcpy(h.b + 8 * k, &v, 8);
 	}
 	return h;
+}
+
+/* ---- block bytes on either backend ------------------------------------- */
+
+static int conn_cuda(kvc_conn *c)
+{
+	return !strcmp(kvc_conn_hello(c)->backend, "cuda");
+}
+
+#if KV_HAVE_CUDA
+/* A current context for the copies: the one the engine (here: nobody) set,
+ * else device 0's primary context, kept for the process's life. */
+static void cuda_ctx(void)
+{
+	CUcontext ctx = NULL;
+	CUdevice dev;
+
+	CHECK(kv_cu_load() == 0);
+	if (kv_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+		return;
+	CHECK(kv_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+	CHECK(kv_cu.cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+	CHECK(kv_cu.cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+}
+#endif
+
+void kvt_mem_write(kvc_conn *c, void *p, const void *src, size_t n)
+{
+	CHECK(p != NULL);
+	if (!conn_cuda(c)) {
+		memcpy(p, src, n);
+		return;
+	}
+#if KV_HAVE_CUDA
+	cuda_ctx();
+	CHECK(kv_cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, src, n) == CUDA_SUCCESS);
+	/* From pageable memory the copy may return before the DMA is done;
+	 * other processes (the daemon's CoW) read the block next. */
+	CHECK(kv_cu.cuCtxSynchronize() == CUDA_SUCCESS);
+#else
+	CHECK(!"cuda daemon, library without CUDA");
+#endif
+}
+
+void kvt_mem_read(kvc_conn *c, void *dst, const void *p, size_t n)
+{
+	CHECK(p != NULL);
+	if (!conn_cuda(c)) {
+		memcpy(dst, p, n);
+		return;
+	}
+#if KV_HAVE_CUDA
+	cuda_ctx();
+	CHECK(kv_cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)p, n) == CUDA_SUCCESS);
+#else
+	CHECK(!"cuda daemon, library without CUDA");
+#endif
+}
+
+void kvt_mem_fill(kvc_conn *c, void *p, size_t n, uint64_t seed)
+{
+	void *buf = malloc(n);
+
+	CHECK(buf != NULL);
+	kvt_fill(buf, n, seed);
+	kvt_mem_write(c, p, buf, n);
+	free(buf);
+}
+
+int kvt_mem_verify(kvc_conn *c, const void *p, size_t n, uint64_t seed)
+{
+	void *buf = malloc(n);
+	int ok;
+
+	CHECK(buf != NULL);
+	kvt_mem_read(c, buf, p, n);
+	ok = kvt_verify(buf, n, seed);
+	free(buf);
+	return ok;
+}
+
+void kvt_mem_set(kvc_conn *c, void *p, int v, size_t n)
+{
+	void *buf = malloc(n);
+
+	CHECK(buf != NULL);
+	memset(buf, v, n);
+	kvt_mem_write(c, p, buf, n);
+	free(buf);
+}
+
+int kvt_mem_all(kvc_conn *c, const void *p, int v, size_t n)
+{
+	uint8_t *buf = malloc(n);
+	size_t i;
+	int ok = 1;
+
+	CHECK(buf != NULL);
+	kvt_mem_read(c, buf, p, n);
+	for (i = 0; i < n && ok; i++)
+		ok = buf[i] == (uint8_t)v;
+	free(buf);
+	return ok;
 }

@@ -55,6 +55,24 @@ int kvt_wait(pid_t pid);
 void kvt_fill(void *p, size_t n, uint64_t seed);
 int kvt_verify(const void *p, size_t n, uint64_t seed);
 
+/* Whether this test runs the daemon on the cuda backend: $KVT_BACKEND=cuda,
+ * set by the 'gpu' suite, which runs the integration tests again that way.
+ * kvt_start() then adds --backend cuda, or exits 77 when no GPU is usable
+ * (probed in a child process: CUDA does not survive fork(), so a test's main
+ * process must not touch CUDA before it spawns its workers). */
+int kvt_cuda(void);
+
+/* Block bytes through c's mapping, on either backend: plain memory on the
+ * host backend, device memory through copies on cuda. p is a pointer from
+ * kvc_block_ptr(c, ...) (or into a block). */
+void kvt_mem_write(kvc_conn *c, void *p, const void *src, size_t n);
+void kvt_mem_read(kvc_conn *c, void *dst, const void *p, size_t n);
+void kvt_mem_fill(kvc_conn *c, void *p, size_t n, uint64_t seed);
+int kvt_mem_verify(kvc_conn *c, const void *p, size_t n, uint64_t seed);
+void kvt_mem_set(kvc_conn *c, void *p, int v, size_t n);
+/* Whether all n bytes at p are v. */
+int kvt_mem_all(kvc_conn *c, const void *p, int v, size_t n);
+
 /* A distinct test hash. */
 kvc_hash kvt_hash(uint64_t i);
 

@@ -97,7 +97,7 @@ static void bystander_ok(kvc_conn *c, int pool, kvc_block *held)
 {
 	kvc_block b;
 
-	CHECK(((uint8_t *)kvc_block_ptr(c, *held))[0] == 0x42);
+	CHECK(kvt_mem_all(c, kvc_block_ptr(c, *held), 0x42, 1));
 	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
 	CHECK_EQ(kvc_release(c, &b, 1), 0);
 }
@@ -116,7 +116,7 @@ int main(void)
 	c = kvt_connect(NULL);
 	pool = kvt_pool(c, "p", 8192);
 	CHECK_EQ(kvc_alloc(c, pool, 1, &held), 1);
-	memset(kvc_block_ptr(c, held), 0x42, 8192);
+	kvt_mem_set(c, kvc_block_ptr(c, held), 0x42, 8192);
 
 	/* Garbage bytes: a bad header. */
 	fd = raw_connect();

@@ -919,7 +919,7 @@ static void test_strerror(void)
 {
 	int codes[] = { KVC_EINVAL, KVC_ENOSPC, KVC_ENOENT, KVC_ESTALE, KVC_EPERM, KVC_EPROTO,
 			KVC_EVERSION, KVC_EEXIST, KVC_E2BIG, KVC_EINTERNAL, KVC_ESTATE,
-			KVC_ESHUTDOWN };
+			KVC_ESHUTDOWN, KVC_EIO };
 	size_t i, j, n = sizeof(codes) / sizeof(codes[0]);
 
 	for (i = 0; i < n; i++) {
@@ -930,6 +930,9 @@ static void test_strerror(void)
 			CHECK(strcmp(s, kvc_strerror(codes[j])) != 0);
 		CHECK(codes[i] == -(KVC_ERR_BASE + (int)i + 1));
 	}
+	/* 14..15 are the tiers'. */
+	CHECK(KVC_ECONFIG == -(KVC_ERR_BASE + 16));
+	CHECK(strcmp(kvc_strerror(KVC_ECONFIG), "unknown daemon error") != 0);
 	CHECK(!strcmp(kvc_strerror(-ENOENT), "No such file or directory"));
 	CHECK(!strcmp(kvc_strerror(-1099), "unknown daemon error"));
 	CHECK(kvc_strerror(-99999) != NULL && kvc_strerror(0) != NULL);

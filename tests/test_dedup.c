@@ -22,14 +22,14 @@ static int worker(void *arg)
 		h[i] = kvt_hash((uint64_t)i);
 	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
 	for (i = 0; i < N; i++)
-		kvt_fill(kvc_block_ptr(c, b[i]), BB, (uint64_t)i);
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, (uint64_t)i);
 	CHECK(read(go[0], &x, 1) == 1);
 	/* Half one request at a time, half in one batch. */
 	for (i = 0; i < N / 2; i++)
 		CHECK_EQ(kvc_seal(c, pool, &b[i], &h[i], 1, &out[i]), 1);
 	CHECK_EQ(kvc_seal(c, pool, b + N / 2, h + N / 2, N / 2, out + N / 2), N / 2);
 	for (i = 0; i < N; i++)
-		CHECK(kvt_verify(kvc_block_ptr(c, out[i]), BB, (uint64_t)i));
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, out[i]), BB, (uint64_t)i));
 	CHECK(write(res[1], out, sizeof(out)) == (ssize_t)sizeof(out));
 	CHECK(read(done[0], &x, 1) == 1);  /* hold until the parent has counted */
 	kvc_close(c);

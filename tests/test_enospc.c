@@ -5,8 +5,8 @@
 
 #include "harness.h"
 
-#define BB 16384
-#define NB 64   /* 1 MiB pool of 16 KiB blocks */
+#define BB 32768
+#define NB 64   /* 2 MiB pool (the smallest on cuda) of 32 KiB blocks */
 
 int main(void)
 {
@@ -16,7 +16,7 @@ int main(void)
 	kvc_hash h[NB];
 	int pool, i;
 
-	kvt_start(&d, "--pool-size", "1MiB", "--page-size", "64KiB", NULL);
+	kvt_start(&d, "--pool-size", "2MiB", "--page-size", "128KiB", NULL);
 	c = kvt_connect(NULL);
 	pool = kvt_pool(c, "p", BB);
 	CHECK_EQ(kvc_alloc(c, pool, NB, b), NB);

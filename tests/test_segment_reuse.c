@@ -7,30 +7,30 @@
 
 #include "harness.h"
 
-#define BB 65536
-#define NB 16   /* one 1 MiB segment of 64 KiB pages */
+#define BB 131072
+#define NB 16   /* one 2 MiB segment (the smallest on cuda) of 128 KiB pages */
 
-static int all(const uint8_t *p, size_t n, uint8_t v)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != v)
-			return 0;
-	return 1;
-}
+static int go[2];
 
+/* Forked before the parent touches block memory (CUDA does not survive
+ * fork()); connects when told. */
 static int reader_a(void *arg)
 {
-	kvc_conn *c = kvt_connect("a");
-	int pool = kvt_pool(c, "p", BB), i;
+	kvc_conn *c;
 	kvc_hash h[NB];
 	kvc_block b[NB];
+	int pool, i;
+	char x;
 
 	(void)arg;
+	CHECK(read(go[0], &x, 1) == 1);
+	c = kvt_connect("a");
+	pool = kvt_pool(c, "p", BB);
 	for (i = 0; i < NB; i++)
 		h[i] = kvt_hash((uint64_t)i);
 	CHECK_EQ(kvc_lookup(c, pool, h, NB, b), NB);
 	for (i = 0; i < NB; i++)
-		CHECK(all(kvc_block_ptr(c, b[i]), BB, 0xcc));
+		CHECK(kvt_mem_all(c, kvc_block_ptr(c, b[i]), 0xcc, BB));
 	kvc_close(c);
 	return 0;
 }
@@ -43,14 +43,17 @@ int main(void)
 	kvc_hash h[NB];
 	uint8_t *old[NB];
 	int pa, pb, i;
+	pid_t reader;
 
-	kvt_start(&d, "--pool-size", "1MiB", "--page-size", "64KiB", NULL);
+	kvt_start(&d, "--pool-size", "2MiB", "--page-size", "128KiB", NULL);
+	CHECK(pipe(go) == 0);
+	reader = kvt_spawn(reader_a, NULL);
 	a = kvt_connect("a");
 	pa = kvt_pool(a, "p", BB);
 	CHECK_EQ(kvc_alloc(a, pa, NB, x), NB);
 	for (i = 0; i < NB; i++) {
 		old[i] = kvc_block_ptr(a, x[i]);
-		memset(old[i], 0xaa, BB);
+		kvt_mem_set(a, old[i], 0xaa, BB);
 	}
 	CHECK_EQ(kvc_release(a, x, NB), 0);
 
@@ -61,12 +64,12 @@ int main(void)
 	for (i = 0; i < NB; i++) {
 		uint8_t *p = kvc_block_ptr(b, y[i]);
 
-		CHECK(all(p, BB, 0));
-		memset(p, 0xbb, BB);
+		CHECK(kvt_mem_all(b, p, 0, BB));
+		kvt_mem_set(b, p, 0xbb, BB);
 	}
 	/* a's old mapping is not b's memory. */
 	for (i = 0; i < NB; i++)
-		CHECK(all(old[i], BB, 0xaa));
+		CHECK(kvt_mem_all(a, old[i], 0xaa, BB));
 	CHECK_EQ(kvc_release(b, y, NB), 0);
 	kvc_close(b);
 	kvt_wait_sessions(1);
@@ -76,12 +79,13 @@ int main(void)
 	for (i = 0; i < NB; i++) {
 		uint8_t *p = kvc_block_ptr(a, x[i]);
 
-		CHECK(all(p, BB, 0));   /* neither b's bytes nor a's old ones */
-		memset(p, 0xcc, BB);
+		CHECK(kvt_mem_all(a, p, 0, BB));   /* neither b's bytes nor a's old ones */
+		kvt_mem_set(a, p, 0xcc, BB);
 		h[i] = kvt_hash((uint64_t)i);
 	}
 	CHECK_EQ(kvc_seal(a, pa, x, h, NB, x), NB);
-	CHECK_EQ(kvt_wait(kvt_spawn(reader_a, NULL)), 0);
+	CHECK(write(go[1], "g", 1) == 1);
+	CHECK_EQ(kvt_wait(reader), 0);
 	CHECK_EQ(kvc_release(a, x, NB), 0);
 	kvc_close(a);
 	kvt_wait_sessions(0);

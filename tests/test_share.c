@@ -26,7 +26,7 @@ static int writer(void *arg)
 		uint8_t *p = kvc_block_ptr(c, b[i]);
 
 		CHECK(p != NULL);
-		kvt_fill(p, BB, (uint64_t)i);
+		kvt_mem_fill(c, p, BB, (uint64_t)i);
 	}
 	CHECK_EQ(kvc_seal(c, pool, b, h, NB, b), NB);
 	CHECK_EQ(kvc_release(c, b, NB), 0);
@@ -54,7 +54,7 @@ static int reader(void *arg)
 		const uint8_t *p = kvc_block_ptr(c, b[i]);
 
 		CHECK(p != NULL);
-		CHECK(kvt_verify(p, BB, (uint64_t)i));
+		CHECK(kvt_mem_verify(c, p, BB, (uint64_t)i));
 	}
 	/* Another salt is another prefix: nothing matches. */
 	{
@@ -82,7 +82,7 @@ static int cow(void *arg)
 	(void)arg;
 	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
 	pb = kvc_block_ptr(c, b);
-	kvt_fill(pb, BB, 777);
+	kvt_mem_fill(c, pb, BB, 777);
 	/* Exclusive writable: cow returns the block itself. */
 	CHECK_EQ(kvc_cow(c, &b, 1, &w), 1);
 	CHECK(w == b);
@@ -92,9 +92,9 @@ static int cow(void *arg)
 	CHECK(w != b);
 	pw = kvc_block_ptr(c, w);
 	CHECK(pw != NULL && pw != pb);
-	CHECK(kvt_verify(pw, BB, 777));
-	memset(pw, 0x11, 64);
-	CHECK(kvt_verify(pb, BB, 777));
+	CHECK(kvt_mem_verify(c, pw, BB, 777));
+	kvt_mem_set(c, pw, 0x11, 64);
+	CHECK(kvt_mem_verify(c, pb, BB, 777));
 	/* The original is held once now; the copy once. */
 	CHECK_EQ(kvc_release(c, &b, 1), 0);
 	CHECK_EQ(kvc_release(c, &b, 1), KVC_ESTALE);
@@ -105,7 +105,7 @@ static int cow(void *arg)
 		CHECK_EQ(kvc_seal(c, pool, &w, &h, 1, &w), 1);
 		CHECK_EQ(kvc_cow(c, &w, 1, &w2), 1);
 		CHECK(w2 != w);
-		CHECK(((uint8_t *)kvc_block_ptr(c, w2))[0] == 0x11);
+		CHECK(kvt_mem_all(c, kvc_block_ptr(c, w2), 0x11, 1));
 		/* cow dropped our reference on w: it is cached, and sealing the
 		 * copy under the same hash dedups back onto it. */
 		CHECK_EQ(kvc_seal(c, pool, &w2, &h, 1, &w2), 1);

@@ -40,7 +40,7 @@ static uint64_t rnd(uint64_t *s)
  * fills it so before sealing, so any block found by lookup must verify. */
 static void fill_for(kvc_conn *c, kvc_block b, int k)
 {
-	kvt_fill(kvc_block_ptr(c, b), 256, (uint64_t)k);
+	kvt_mem_fill(c, kvc_block_ptr(c, b), 256, (uint64_t)k);
 }
 
 static int worker(void *arg)
@@ -77,7 +77,7 @@ static int worker(void *arg)
 				continue;  /* sealed already, or shared */
 			fill_for(c, h[j].b, k);
 			CHECK_EQ(kvc_seal(c, pool, &h[j].b, &hh, 1, &out), 1);
-			CHECK(kvt_verify(kvc_block_ptr(c, out), 256, (uint64_t)k));
+			CHECK(kvt_mem_verify(c, kvc_block_ptr(c, out), 256, (uint64_t)k));
 			h[j] = (struct held){ out, k + 1 };
 			counts[1]++;
 		} else if (op < 60) {                   /* lookup a chain of 1..4 */
@@ -92,8 +92,8 @@ static int worker(void *arg)
 			r = kvc_lookup(c, pool, hh, (size_t)n, out);
 			CHECK(r >= 0 && r <= n);
 			for (int k = 0; k < r; k++) {
-				CHECK(kvt_verify(kvc_block_ptr(c, out[k]), 256,
-						 (uint64_t)((base + k) % HASHES)));
+				CHECK(kvt_mem_verify(c, kvc_block_ptr(c, out[k]), 256,
+						     (uint64_t)((base + k) % HASHES)));
 				h[nheld++] = (struct held){ out[k], (base + k) % HASHES + 1 };
 			}
 			counts[2]++;
@@ -127,7 +127,8 @@ static int worker(void *arg)
 				continue;
 			CHECK_EQ(r, 1);
 			if (h[j].sealed > 0)
-				CHECK(kvt_verify(kvc_block_ptr(c, out), 256, (uint64_t)h[j].sealed - 1));
+				CHECK(kvt_mem_verify(c, kvc_block_ptr(c, out), 256,
+						     (uint64_t)h[j].sealed - 1));
 			h[j] = (struct held){ out, 0 };
 			counts[5]++;
 		}
@@ -158,13 +159,14 @@ int main(void)
 	char dir[64] = "/var/tmp/kvt-stress-XXXXXX", disk[100] = "";
 	int tiers = getenv("KVT_TIERS") != NULL;
 
-	/* 16 MiB of 16 KiB blocks = 1024 blocks for 16 x 64 held at most. */
+	/* 16 MiB of 16 KiB blocks = 1024 blocks for 16 x 64 held at most.
+	 * 2 MiB segments: the smallest the cuda backend allows. */
 	if (tiers) {
 		struct kvt_tier t1, t2, t3;
 
 		CHECK(mkdtemp(dir) != NULL);
 		snprintf(disk, sizeof(disk), "%s/g3", dir);
-		kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "1MiB", "--page-size",
+		kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "2MiB", "--page-size",
 			  "64KiB", "--host-tier-size", "2MiB", "--disk-path", disk, "--disk-size",
 			  "4MiB", "--demote-low", "60", "--demote-high", "70", NULL);
 		for (i = 0; i < WORKERS; i++)
@@ -192,7 +194,7 @@ int main(void)
 		rmdir(dir);
 		return 0;
 	}
-	kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "1MiB", "--page-size", "64KiB",
+	kvt_start(&d, "--pool-size", "16MiB", "--segment-size", "2MiB", "--page-size", "64KiB",
 		  NULL);
 	for (i = 0; i < WORKERS; i++)
 		pid[i] = kvt_spawn(worker, (void *)(intptr_t)i);

@@ -7,7 +7,10 @@
  *   - injected write failures, ENOSPC, read EIO and copy failures: nothing in
  *     use is lost, errors are counted;
  *   - kill -9 with a warm G3, restart: the same prefixes hit from G3;
- *   - many concurrent lookups of one block on disk share one promotion. */
+ *   - many concurrent lookups of one block on disk share one promotion.
+ * In the gpu suite (KVT_BACKEND=cuda) every size doubles (the smallest VMM
+ * segment is 2 MiB), so the block counts are the same, and each case runs in
+ * a child process: CUDA does not survive fork(), and cases fork workers. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,7 +21,8 @@
 
 #include "harness.h"
 
-#define BB 16384u          /* block bytes */
+#define BB bb              /* block bytes: 16 KiB, 32 KiB on cuda */
+static unsigned bb = 16384;
 #define CHAIN 4            /* blocks per chain */
 #define NCHAINS 40         /* 160 blocks: G1 holds 64, G2 48, G3 192 */
 
@@ -26,9 +30,14 @@ static char dir[64], disk[128];
 
 static void start(struct kvt_daemon *d)
 {
-	kvt_start(d, "--pool-size", "1MiB", "--page-size", "64KiB", "--host-tier-size", "1MiB",
-		  "--disk-path", disk, "--disk-size", "4MiB", "--writeback-low", "25",
-		  "--writeback-high", "50", NULL);
+	if (kvt_cuda())
+		kvt_start(d, "--pool-size", "2MiB", "--page-size", "128KiB", "--host-tier-size",
+			  "2MiB", "--disk-path", disk, "--disk-size", "8MiB", "--writeback-low", "25",
+			  "--writeback-high", "50", NULL);
+	else
+		kvt_start(d, "--pool-size", "1MiB", "--page-size", "64KiB", "--host-tier-size", "1MiB",
+			  "--disk-path", disk, "--disk-size", "4MiB", "--writeback-low", "25",
+			  "--writeback-high", "50", NULL);
 }
 
 static void chain_hashes(int chain, kvc_hash *h)
@@ -54,7 +63,7 @@ static void put_chain(kvc_conn *c, int pool, int chain)
 	chain_hashes(chain, h);
 	CHECK_EQ(kvc_alloc(c, pool, CHAIN, b), CHAIN);
 	for (j = 0; j < CHAIN; j++)
-		kvt_fill(kvc_block_ptr(c, b[j]), BB, seed_of(chain, j));
+		kvt_mem_fill(c, kvc_block_ptr(c, b[j]), BB, seed_of(chain, j));
 	CHECK_EQ(kvc_seal(c, pool, b, h, CHAIN, b), CHAIN);
 	CHECK_EQ(kvc_release(c, b, CHAIN), 0);
 }
@@ -72,7 +81,7 @@ static int get_chain(kvc_conn *c, int pool, int chain)
 		fprintf(stderr, "lookup: %s (%s)\n", kvc_strerror(k), kvc_last_error(c));
 	CHECK(k >= 0);
 	for (j = 0; j < k; j++)
-		CHECK(kvt_verify(kvc_block_ptr(c, b[j]), BB, seed_of(chain, j)));
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[j]), BB, seed_of(chain, j)));
 	if (k)
 		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
 	return k;
@@ -204,7 +213,7 @@ static void test_swap(void)
 	pool = kvt_pool(c, "p", BB);
 	CHECK_EQ(kvc_alloc(c, pool, 8, b), 8);
 	for (j = 0; j < 8; j++)
-		kvt_fill(kvc_block_ptr(c, b[j]), BB, 500 + (uint64_t)j);
+		kvt_mem_fill(c, kvc_block_ptr(c, b[j]), BB, 500 + (uint64_t)j);
 	/* Half sealed, half still writable. */
 	for (j = 0; j < 4; j++)
 		h[j] = kvt_hash(900 + (uint64_t)j);
@@ -227,7 +236,7 @@ static void test_swap(void)
 	CHECK_EQ(kvc_swap_in(c, sw + 1000, nb, 8), KVC_ENOENT);
 	CHECK_EQ(kvc_swap_in(c, sw, nb, 8), 8);
 	for (j = 0; j < 8; j++) {
-		CHECK(kvt_verify(kvc_block_ptr(c, nb[j]), BB, 500 + (uint64_t)j));
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, nb[j]), BB, 500 + (uint64_t)j));
 	}
 	kvt_pool_counts(pool, &f2, &w, &s, &cached);
 	CHECK_EQ(w, 8);
@@ -326,7 +335,7 @@ static void test_faults(const char *spec, int expect_write_errors, int expect_re
 	pool = kvt_pool(c, "p", BB);
 	CHECK_EQ(kvc_alloc(c, pool, 4, held), 4);
 	for (j = 0; j < 4; j++)
-		kvt_fill(kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j);
+		kvt_mem_fill(c, kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j);
 	for (i = 0; i < 8; i++)
 		put_chain(c, pool, i);
 	kvt_tiers_settle();
@@ -344,7 +353,7 @@ static void test_faults(const char *spec, int expect_write_errors, int expect_re
 	if (expect_read_misses >= 0)
 		CHECK_EQ(hits, 8 * CHAIN - expect_read_misses * CHAIN);
 	for (j = 0; j < 4; j++)
-		CHECK(kvt_verify(kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j));
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, held[j]), BB, 4242 + (uint64_t)j));
 	kvt_tiers_settle();
 	CHECK_EQ(kvt_check(), 0);
 	kvc_close(c);
@@ -435,17 +444,19 @@ static void test_shared_promotion(void)
 
 	fresh_disk();
 	start(&d);
-	c = kvt_connect(NULL);
-	pool = kvt_pool(c, "p", BB);
-	put_chain(c, pool, 5);
-	all_to_g3(c);
-	kvt_tier(0, &before);
+	/* The racers first: they connect and wait, and are forked before this
+	 * process has touched block memory (on cuda: loaded CUDA). */
 	CHECK(pipe(fds) == 0);
 	r.go = fds[0];
 	r.go_w = fds[1];
-	r.pool = pool;
 	for (i = 0; i < 8; i++)
 		pid[i] = kvt_spawn(racer, &r);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	r.pool = pool;
+	put_chain(c, pool, 5);
+	all_to_g3(c);
+	kvt_tier(0, &before);
 	kvt_wait_sessions(9 - 1 + 1);
 	close(fds[1]);
 	for (i = 0; i < 8; i++)
@@ -463,27 +474,58 @@ static void test_shared_promotion(void)
 	kvt_stop(&d);
 }
 
+/* A case's child exited with st: 77 (no GPU) skips the whole test. */
+static void child_done(int st)
+{
+	if (st == 77) {
+		fresh_disk();
+		rmdir(dir);
+		exit(77);
+	}
+	CHECK_EQ(st, 0);
+}
+
+/* Runs one case; on cuda in a child process, so that this one never loads
+ * CUDA and every case may fork workers. */
+#define RUN(call) do { \
+	if (kvt_cuda()) { \
+		pid_t p_; \
+		fflush(NULL); \
+		p_ = fork(); \
+		CHECK(p_ >= 0); \
+		if (p_ == 0) { \
+			call; \
+			exit(0); \
+		} \
+		child_done(kvt_wait(p_)); \
+	} else { \
+		call; \
+	} \
+} while (0)
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/var/tmp/kvt-tiers-XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(disk, sizeof(disk), "%s/g3", dir);
+	if (kvt_cuda())
+		bb = 32768;
 
-	test_demote_promote();
-	test_swap();
-	test_corrupt();
+	RUN(test_demote_promote());
+	RUN(test_swap());
+	RUN(test_corrupt());
 	/* Writes fail: the blocks stay in G2 and are written on a later try. */
-	test_faults("g3_write=EIO:count=3", 3, 0);
-	test_faults("g3_write=short:count=2", 2, 0);
+	RUN(test_faults("g3_write=EIO:count=3", 3, 0));
+	RUN(test_faults("g3_write=short:count=2", 2, 0));
 	/* The file system is full: G3 shrinks; what does not fit is dropped
 	 * from the cache, nothing held is touched. */
-	test_faults("g3_write=ENOSPC:skip=10:count=1", 1, -1);
+	RUN(test_faults("g3_write=ENOSPC:skip=10:count=1", 1, -1));
 	/* A read fails: that block is a miss (its chain stops there). */
-	test_faults("g3_read=EIO:count=1", 0, 1);
+	RUN(test_faults("g3_read=EIO:count=1", 0, 1));
 	/* Demotion copies fail: the blocks stay in G1. */
-	test_faults("copy=EIO:count=1", 1, 0);
-	test_warm_restart();
-	test_shared_promotion();
+	RUN(test_faults("copy=EIO:count=1", 1, 0));
+	RUN(test_warm_restart());
+	RUN(test_shared_promotion());
 
 	fresh_disk();
 	rmdir(dir);

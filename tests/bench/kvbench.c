@@ -5,8 +5,8 @@
  * measure, e.g. no daemon). See docs/benchmarks.md for what each figure
  * means; scripts/bench starts the daemons and runs every section.
  *
- * Sections (--only picks some; default abcde, or f alone with --fill; g
- * only when asked for):
+ * Sections (--only picks some; default abcde, or f alone with --fill; g and
+ * h only when asked for):
  *   a  the floor: a raw ping-pong over an AF_UNIX socketpair between two
  *      processes, with the request and response frame sizes of each op
  *      measured below (real protobuf frames, built with the generated code)
@@ -22,6 +22,9 @@
  *      moved G1 -> G2 (evict), G2 -> G3 (flush), G3 -> G1 (lookup), G1 ->
  *      G2 -> G1, in GB/s beside a memcpy floor and an fio floor on the file
  *      system of the daemon's disk (--disk-dir)
+ *   h  the GPU data paths, in this process without a daemon (kvbench_gpu.c):
+ *      first-touch import+map, G1<->G2 copies beside a cuMemcpyAsync floor,
+ *      the gather kernel against per-block copies
  *
  * Hashes are synthetic (a per-process random stream): distinct for every
  * seal, so the daemon never dedups. In a-f blocks are 4 KiB and never
@@ -48,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvbench_gpu.h"
 #include "kvc_internal.h"  /* kvc_call() for the pool's counters; kvcached.pb-c.h */
 
 #define FRAME_HDR 8u                  /* see proto/frame.h */
@@ -1875,10 +1879,11 @@ static void usage(FILE *f)
 		"  -f, --fill N       fill the pool with N cached 4 KiB blocks first and\n"
 		"                     measure alloc+seal+release on the full pool (section f)\n"
 		"  -o, --only LIST    sections to run, e.g. 'abd' (default: abcde, or f\n"
-		"                     with --fill; g only when listed):\n"
+		"                     with --fill; g and h only when listed):\n"
 		"                       a floor  b single ops  c batches of 16, 256\n"
 		"                       d lookup of 1,000  e 1/4/16 clients  f full pool\n"
 		"                       g tier throughput (needs a daemon with G2 and G3)\n"
+		"                       h GPU data paths (no daemon; text output only)\n"
 		"  -c, --server-cpu N pin the floor's echo process to CPU N: give the CPU the\n"
 		"                     daemon is pinned to, so that the floor and the daemon\n"
 		"                     see the same placement (default: not pinned)\n"
@@ -1940,8 +1945,8 @@ int main(int argc, char **argv)
 				die("--fill: '%s' is not a positive count of blocks", optarg);
 			break;
 		case 'o':
-			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdefg") != strlen(optarg))
-				die("--only: '%s': letters among a, b, c, d, e, f, g", optarg);
+			if (strlen(optarg) >= sizeof(only) || strspn(optarg, "abcdefgh") != strlen(optarg))
+				die("--only: '%s': letters among a, b, c, d, e, f, g, h", optarg);
 			snprintf(only, sizeof(only), "%s", optarg);
 			break;
 		case 'c':
@@ -1998,6 +2003,10 @@ int main(int argc, char **argv)
 	rng_seed();
 	uname(&u);
 
+	if (!strpbrk(only, "abcdefg")) {  /* h alone: no daemon */
+		kvbench_gpu(quick);
+		return 0;
+	}
 	classic = strpbrk(only, "abcdef") != NULL;
 	bc_open(&bc, fill_n ? FILL_BATCH : CHAIN_LEN, "kvbench", classic);
 	note("kvbench %s: %s, %ld CPUs, Linux %s, daemon backend %s, %s run", KV_VERSION,
@@ -2061,5 +2070,7 @@ int main(int argc, char **argv)
 	bc_close(&bc);
 	if (json)
 		print_json(&u, ncpu);
+	else if (want('h'))
+		kvbench_gpu(quick);
 	return 0;
 }

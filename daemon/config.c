@@ -1,0 +1,808 @@
+/* The configuration table, its parsers and the INI file; see config.h. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/sysinfo.h>
+
+#include "backend.h"
+#include "frame.h"
+#include "log.h"
+
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+/* A SIZE_PCT value before kv_config_finish(): this bit and hundredths of a
+ * percent (90% = 9000). No real size comes near bit 63. */
+#define PCT_BIT (1ull << 63)
+
+const struct kv_cfg_key kv_cfg_keys[] = {
+	{ "socket", 's', KV_CFG_STRING, KV_CFG_FIELD(socket_path), 0, 0, 0, "",
+	  "worker socket path (default: $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock "
+	  "for root, else $XDG_RUNTIME_DIR/kvcached.sock)", NULL },
+	{ "socket_mode", 0, KV_CFG_MODE, KV_CFG_FIELD(socket_mode), 0, 0, 0, "0660",
+	  "octal permissions of the worker socket file", NULL },
+	{ "socket_group", 0, KV_CFG_GROUP, KV_CFG_FIELD(socket_group), 0, 0, 0, "",
+	  "group of the worker socket file (default: the daemon's group)", NULL },
+	{ "admin_socket", 0, KV_CFG_STRING, KV_CFG_FIELD(admin_socket_path), 0, 0, 0, "",
+	  "admin socket path (default: $KVCACHED_ADMIN_SOCKET, else the worker path with "
+	  "-admin.sock for .sock)", NULL },
+	{ "admin_socket_mode", 0, KV_CFG_MODE, KV_CFG_FIELD(admin_socket_mode), 0, 0, 0, "0600",
+	  "octal permissions of the admin socket file", NULL },
+	{ "admin_socket_group", 0, KV_CFG_GROUP, KV_CFG_FIELD(admin_socket_group), 0, 0, 0, "",
+	  "group of the admin socket file (default: the daemon's group)", NULL },
+	{ "worker_socket_admin", 0, KV_CFG_BOOL, KV_CFG_FIELD(worker_socket_admin), KV_CFG_RELOAD,
+	  0, 0, "yes",
+	  "whether root and the daemon's uid may use admin operations on the worker socket", NULL },
+	{ "backend", 'b', KV_CFG_CHOICE, KV_CFG_FIELD(backend), 0, 0, 0, "host",
+	  "memory backend: host (memfd segments), or cuda (every visible GPU, pool_size on each)",
+	  "host|cuda" },
+	{ "pool_size", 'p', KV_CFG_SIZE_PCT, KV_CFG_FIELD(pool_bytes), 0, 4 * KiB, 0, "1GiB",
+	  "KV memory per device: a size, or a percentage of device memory (host backend: of RAM)",
+	  NULL },
+	{ "segment_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(segment_bytes), 0, 4 * KiB, 0, "",
+	  "unit of export to clients (default: 1GiB, or the pool size if smaller)", NULL },
+	{ "page_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(page_bytes), 0, 4 * KiB, 0, "2MiB",
+	  "unit of assignment to pools, a multiple of 4KiB", NULL },
+	{ "max_frame", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_frame), 0, 4 * KiB, GiB, "4MiB",
+	  "largest protocol frame", NULL },
+	{ "max_batch", 0, KV_CFG_UINT, KV_CFG_FIELD(max_batch), 0, 1, 1u << 20, "65536",
+	  "most blocks or hashes in one request", NULL },
+	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
+	  "least severe messages logged: err, warn, info or debug", NULL },
+	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",
+	  "where logs go: auto (the journal when stderr is connected to it), stderr, journal",
+	  "auto|stderr|journal" },
+	{ "drain_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(drain_timeout_ms), KV_CFG_RELOAD,
+	  0, 86400000, "30s",
+	  "on SIGTERM, how long clients may keep working before the daemon exits (0: at once)",
+	  NULL },
+	{ "status_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(status_interval_ms), KV_CFG_RELOAD,
+	  0, 3600000, "5s", "how often the systemd STATUS= line is refreshed (0: never)", NULL },
+	/* The lower tiers (tier.h, docs/tiers.md). The watermarks are not
+	 * reloadable yet: kv_tiers keeps its own copy (see apply_config()). */
+	{ "host_tier_size", 0, KV_CFG_SIZE_PCT, KV_CFG_FIELD(tiers.host_bytes), KV_CFG_PCT_RAM, 0, 0,
+	  "0", "G2: host memory for blocks demoted from the device, a size or a percentage of RAM "
+	  "(0: no lower tiers)", NULL },
+	{ "disk_path", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.disk_path), 0, 0, 0, "",
+	  "G3: file or block device for blocks demoted from the host tier (default: none; needs "
+	  "host_tier_size and disk_size)", NULL },
+	{ "disk_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.disk_bytes), 0, 0, 0, "0",
+	  "G3 size (a file is preallocated to it)", NULL },
+	{ "disk_index", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.disk_index), 0, 0, 0, "",
+	  "G3 index journal (default: disk_path with .idx appended)", NULL },
+	{ "disk_queue_depth", 0, KV_CFG_UINT, KV_CFG_FIELD(tiers.queue_depth), 0, 1, 4096, "64",
+	  "G3 I/Os in flight; more wait in a queue", NULL },
+	{ "demote_low", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g1_low), 0, 0, 100, "10",
+	  "demote cached device blocks when less than this percentage of a device is free", NULL },
+	{ "demote_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g1_high), 0, 0, 100, "20",
+	  "... until this percentage is free", NULL },
+	{ "writeback_low", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_low), 0, 0, 100, "10",
+	  "write host-tier blocks to disk when less than this percentage of it is free or clean",
+	  NULL },
+	{ "writeback_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_high), 0, 0, 100, "25",
+	  "... until this percentage is", NULL },
+};
+
+const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
+
+static int __attribute__((format(printf, 3, 4)))
+error(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+const struct kv_cfg_key *kv_config_key(const char *name)
+{
+	size_t i, j;
+
+	for (i = 0; i < kv_cfg_nkeys; i++) {
+		const char *k = kv_cfg_keys[i].name;
+
+		for (j = 0; k[j] && (name[j] == k[j] || (name[j] == '-' && k[j] == '_')); j++)
+			;
+		if (!k[j] && !name[j])
+			return &kv_cfg_keys[i];
+	}
+	return NULL;
+}
+
+/* ---- values ------------------------------------------------------------- */
+
+/* "64GiB", "2M", "4096" (K, M, G, T with or without B / iB are binary).
+ * Returns 0 or -EINVAL. */
+static int parse_size(const char *s, uint64_t *out)
+{
+	static const char units[] = "KMGT";
+	char *end;
+	unsigned long long v;
+	uint64_t mul = 1;
+	size_t i;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || s[0] < '0' || s[0] > '9')
+		return -EINVAL;
+	if (*end) {
+		for (i = 0; i < 4; i++) {
+			if (toupper((unsigned char)*end) == units[i] &&
+			    (!end[1] || !strcasecmp(end + 1, "iB") || !strcasecmp(end + 1, "B"))) {
+				mul = 1ull << (10 * (i + 1));
+				break;
+			}
+		}
+		if (i == 4)
+			return -EINVAL;
+	}
+	if (v > UINT64_MAX / mul)
+		return -EINVAL;
+	*out = v * mul;
+	return 0;
+}
+
+/* "90%", "12.5%", "0.25%": hundredths of a percent in (0, 10000]. */
+static int parse_pct(const char *s, uint64_t *out)
+{
+	uint64_t v = 0;
+	int frac = -1;
+
+	if (!*s || *s == '%')
+		return -EINVAL;
+	for (; *s && *s != '%'; s++) {
+		if (*s == '.' && frac < 0) {
+			frac = 0;
+			continue;
+		}
+		if (*s < '0' || *s > '9' || frac >= 2 || v > 1000000)
+			return -EINVAL;
+		v = v * 10 + (uint64_t)(*s - '0');
+		if (frac >= 0)
+			frac++;
+	}
+	if (strcmp(s, "%"))
+		return -EINVAL;
+	for (frac = frac < 0 ? 0 : frac; frac < 2; frac++)
+		v *= 10;
+	if (v == 0 || v > 10000)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+/* "500ms", "30s", "2m", "1min", "1h", "1.5s"; a bare number is seconds. */
+static int parse_duration(const char *s, uint64_t *ms)
+{
+	static const struct { const char *unit; uint64_t ms; } units[] = {
+		{ "ms", 1 }, { "s", 1000 }, { "sec", 1000 }, { "m", 60000 }, { "min", 60000 },
+		{ "h", 3600000 }, { "", 1000 },
+	};
+	uint64_t whole = 0, frac = 0, div = 1;
+	const char *p = s;
+	size_t i;
+
+	if (*p < '0' || *p > '9')
+		return -EINVAL;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (whole > UINT64_MAX / 10000000)
+			return -EINVAL;
+		whole = whole * 10 + (uint64_t)(*p - '0');
+	}
+	if (*p == '.') {
+		for (p++; *p >= '0' && *p <= '9'; p++) {
+			if (div < 1000000) {
+				frac = frac * 10 + (uint64_t)(*p - '0');
+				div *= 10;
+			}
+		}
+	}
+	for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (!strcmp(p, units[i].unit)) {
+			*ms = whole * units[i].ms + frac * units[i].ms / div;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int parse_bool(const char *s, int *out)
+{
+	static const char *const yes[] = { "yes", "true", "on", "1" };
+	static const char *const no[] = { "no", "false", "off", "0" };
+	size_t i;
+
+	for (i = 0; i < 4; i++) {
+		if (!strcasecmp(s, yes[i])) {
+			*out = 1;
+			return 0;
+		}
+		if (!strcasecmp(s, no[i])) {
+			*out = 0;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int choice_ok(const char *choices, const char *s)
+{
+	size_t n = strlen(s);
+	const char *p = choices;
+
+	while (n && *p) {
+		const char *bar = strchr(p, '|');
+		size_t len = bar ? (size_t)(bar - p) : strlen(p);
+
+		if (len == n && !strncmp(p, s, n))
+			return 1;
+		p += len + (bar ? 1 : 0);
+	}
+	return 0;
+}
+
+/* "2MiB" for exact multiples, else the bytes. */
+static void format_size(uint64_t v, char *buf, size_t len)
+{
+	static const char *const unit[] = { "KiB", "MiB", "GiB", "TiB" };
+	int u;
+
+	for (u = 3; u >= 0; u--) {
+		uint64_t m = 1ull << (10 * (u + 1));
+
+		if (v && v % m == 0) {
+			snprintf(buf, len, "%" PRIu64 "%s", v / m, unit[u]);
+			return;
+		}
+	}
+	snprintf(buf, len, "%" PRIu64, v);
+}
+
+static void format_duration(uint64_t ms, char *buf, size_t len)
+{
+	if (ms && ms % 3600000 == 0)
+		snprintf(buf, len, "%" PRIu64 "h", ms / 3600000);
+	else if (ms && ms % 60000 == 0)
+		snprintf(buf, len, "%" PRIu64 "m", ms / 60000);
+	else if (ms % 1000 == 0)
+		snprintf(buf, len, "%" PRIu64 "s", ms / 1000);
+	else
+		snprintf(buf, len, "%" PRIu64 "ms", ms);
+}
+
+/* What a key of type t accepts, for error messages. */
+static void allowed(const struct kv_cfg_key *k, char *buf, size_t len)
+{
+	char lo[32], hi[32];
+
+	switch (k->type) {
+	case KV_CFG_SIZE:
+	case KV_CFG_SIZE_PCT:
+		format_size(k->min, lo, sizeof(lo));
+		format_size(k->max, hi, sizeof(hi));
+		snprintf(buf, len, "a size with an optional unit (4096, 64KiB, 2MiB, 8GiB)%s, "
+			 "at least %s%s%s",
+			 k->type == KV_CFG_SIZE_PCT
+				 ? (k->flags & KV_CFG_PCT_RAM ? " or a percentage of RAM (50%)"
+							      : " or a percentage of device memory (90%)")
+				 : "",
+			 lo, k->max ? " and at most " : "", k->max ? hi : "");
+		break;
+	case KV_CFG_UINT:
+		snprintf(buf, len, "a whole number from %" PRIu64 " to %" PRIu64, k->min, k->max);
+		break;
+	case KV_CFG_STRING:
+		snprintf(buf, len, "at most %zu bytes", k->size - 1);
+		break;
+	case KV_CFG_CHOICE:
+		snprintf(buf, len, "one of %s", k->choices);
+		break;
+	case KV_CFG_MODE:
+		snprintf(buf, len, "an octal mode from 0 to 0777, like 0660");
+		break;
+	case KV_CFG_GROUP:
+		snprintf(buf, len, "an existing group name or a numeric gid, or empty");
+		break;
+	case KV_CFG_BOOL:
+		snprintf(buf, len, "yes or no (true/false, on/off, 1/0)");
+		break;
+	case KV_CFG_DURATION:
+		format_duration(k->max, hi, sizeof(hi));
+		snprintf(buf, len, "a duration like 500ms, 30s, 2m or 1h (a bare number is seconds), "
+			 "at most %s", hi);
+		break;
+	case KV_CFG_LOG_LEVEL:
+		snprintf(buf, len, "err, warn, info or debug");
+		break;
+	case KV_CFG_PERCENT:
+		snprintf(buf, len, "a percentage from %" PRIu64 " to %" PRIu64 ", like 10 or 10%%",
+			 k->min, k->max);
+		break;
+	}
+}
+
+static int bad_value(const struct kv_cfg_key *k, const char *value, char *err, size_t errlen)
+{
+	char what[256];
+
+	allowed(k, what, sizeof(what));
+	return error(err, errlen, "%s: bad value '%s': allowed: %s", k->name, value, what);
+}
+
+int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *value,
+		  char *err, size_t errlen)
+{
+	void *field = (char *)c + k->offset;
+	uint64_t v = 0;
+	int b;
+	char *end;
+
+	/* An empty value brings back a computed default. */
+	if (!value[0] && !k->def[0]) {
+		memset(field, 0, k->size);
+		return 0;
+	}
+	switch (k->type) {
+	case KV_CFG_SIZE:
+	case KV_CFG_SIZE_PCT:
+		if (k->type == KV_CFG_SIZE_PCT && strchr(value, '%')) {
+			if (parse_pct(value, &v) < 0)
+				return bad_value(k, value, err, errlen);
+			v |= PCT_BIT;
+		} else if (parse_size(value, &v) < 0 || v < k->min || (k->max && v > k->max)) {
+			return bad_value(k, value, err, errlen);
+		}
+		if (k->size == sizeof(uint32_t)) {
+			if (v > UINT32_MAX)
+				return bad_value(k, value, err, errlen);
+			*(uint32_t *)field = (uint32_t)v;
+		} else {
+			*(uint64_t *)field = v;
+		}
+		return 0;
+	case KV_CFG_UINT:
+		errno = 0;
+		v = strtoull(value, &end, 10);
+		if (errno || end == value || *end || value[0] < '0' || value[0] > '9' ||
+		    v < k->min || v > k->max || v > UINT32_MAX)
+			return bad_value(k, value, err, errlen);
+		*(uint32_t *)field = (uint32_t)v;
+		return 0;
+	case KV_CFG_STRING:
+		if (strlen(value) >= k->size)
+			return bad_value(k, value, err, errlen);
+		snprintf(field, k->size, "%s", value);
+		return 0;
+	case KV_CFG_CHOICE:
+		if (strlen(value) >= k->size || !choice_ok(k->choices, value))
+			return bad_value(k, value, err, errlen);
+		snprintf(field, k->size, "%s", value);
+		return 0;
+	case KV_CFG_MODE:
+		errno = 0;
+		v = strtoull(value, &end, 8);
+		if (errno || end == value || *end || value[0] < '0' || value[0] > '7' || v > 0777)
+			return bad_value(k, value, err, errlen);
+		*(unsigned *)field = (unsigned)v;
+		return 0;
+	case KV_CFG_GROUP:
+		if (strlen(value) >= k->size)
+			return bad_value(k, value, err, errlen);
+		if (value[0]) {
+			errno = 0;
+			v = strtoull(value, &end, 10);
+			if ((value[0] < '0' || value[0] > '9' || *end || errno || v >= UINT32_MAX) &&
+			    !getgrnam(value))
+				return bad_value(k, value, err, errlen);
+		}
+		snprintf(field, k->size, "%s", value);
+		return 0;
+	case KV_CFG_BOOL:
+		if (parse_bool(value, &b) < 0)
+			return bad_value(k, value, err, errlen);
+		*(int *)field = b;
+		return 0;
+	case KV_CFG_DURATION:
+		if (parse_duration(value, &v) < 0 || v < k->min || (k->max && v > k->max))
+			return bad_value(k, value, err, errlen);
+		*(uint64_t *)field = v;
+		return 0;
+	case KV_CFG_LOG_LEVEL:
+		b = kv_log_parse_level(value);
+		if (b < 0)
+			return bad_value(k, value, err, errlen);
+		*(int *)field = b;
+		return 0;
+	case KV_CFG_PERCENT:
+		errno = 0;
+		v = strtoull(value, &end, 10);
+		if (*end == '%')
+			end++;
+		if (errno || end == value || *end || value[0] < '0' || value[0] > '9' ||
+		    v < k->min || v > k->max)
+			return bad_value(k, value, err, errlen);
+		*(unsigned *)field = (unsigned)v;
+		return 0;
+	}
+	return bad_value(k, value, err, errlen);
+}
+
+void kv_config_format(const struct kv_config *c, const struct kv_cfg_key *k, char *buf,
+		      size_t len)
+{
+	const void *field = (const char *)c + k->offset;
+	static const char *const levels[] = { "", "", "", "err", "warn", "5", "info",
+					      "debug" };
+	uint64_t v;
+
+	switch (k->type) {
+	case KV_CFG_SIZE:
+	case KV_CFG_SIZE_PCT:
+		v = k->size == sizeof(uint32_t) ? *(const uint32_t *)field : *(const uint64_t *)field;
+		if (k->type == KV_CFG_SIZE_PCT && (v & PCT_BIT)) {
+			v &= ~PCT_BIT;
+			if (v % 100)
+				snprintf(buf, len, "%" PRIu64 ".%02" PRIu64 "%%", v / 100, v % 100);
+			else
+				snprintf(buf, len, "%" PRIu64 "%%", v / 100);
+		} else {
+			format_size(v, buf, len);
+		}
+		break;
+	case KV_CFG_UINT:
+		snprintf(buf, len, "%" PRIu32, *(const uint32_t *)field);
+		break;
+	case KV_CFG_STRING:
+	case KV_CFG_CHOICE:
+	case KV_CFG_GROUP:
+		snprintf(buf, len, "%s", (const char *)field);
+		break;
+	case KV_CFG_MODE:
+		snprintf(buf, len, "%04o", *(const unsigned *)field);
+		break;
+	case KV_CFG_BOOL:
+		snprintf(buf, len, "%s", *(const int *)field ? "yes" : "no");
+		break;
+	case KV_CFG_DURATION:
+		format_duration(*(const uint64_t *)field, buf, len);
+		break;
+	case KV_CFG_LOG_LEVEL:
+		snprintf(buf, len, "%s", levels[*(const int *)field & 7]);
+		break;
+	case KV_CFG_PERCENT:
+		snprintf(buf, len, "%u%%", *(const unsigned *)field);
+		break;
+	}
+}
+
+void kv_config_defaults(struct kv_config *c)
+{
+	size_t i;
+
+	memset(c, 0, sizeof(*c));
+	/* Fields of the tiers' that have no key get the tiers' defaults. */
+	kv_tiers_config_defaults(&c->tiers);
+	for (i = 0; i < kv_cfg_nkeys; i++) {
+		const struct kv_cfg_key *k = &kv_cfg_keys[i];
+
+		/* An empty default is computed in finish; the table's defaults
+		 * are valid (the config test runs every one through here). */
+		if (k->def[0] && kv_config_set(c, k, k->def, NULL, 0) < 0)
+			abort();
+	}
+}
+
+/* ---- the file ----------------------------------------------------------- */
+
+struct load_ctx {
+	struct kv_config *c;
+	FILE *f;
+	int line;          /* of the line last read */
+	int err_line;      /* of the first error we reported, 0 if none */
+	char err[512];
+};
+
+/* fgets that counts lines for the handler's messages. A line longer than
+ * inih's buffer is an error (its rest is skipped). */
+static char *read_line(char *str, int num, void *stream)
+{
+	struct load_ctx *x = stream;
+	char *r = fgets(str, num, x->f);
+	size_t n;
+	int ch;
+
+	if (!r)
+		return NULL;
+	x->line++;
+	n = strlen(str);
+	if (n && str[n - 1] != '\n' && !feof(x->f)) {
+		while ((ch = fgetc(x->f)) != EOF && ch != '\n')
+			;
+		if (!x->err_line) {
+			x->err_line = x->line;
+			snprintf(x->err, sizeof(x->err), "line longer than %d bytes", num - 2);
+		}
+		str[0] = '\0';
+	}
+	return r;
+}
+
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+	struct load_ctx *x = user;
+	const struct kv_cfg_key *k;
+
+	if (x->err_line)
+		return 1;   /* keep the first error only */
+	if (section[0] && strcmp(section, "kvcached")) {
+		x->err_line = x->line;
+		snprintf(x->err, sizeof(x->err), "unknown section [%s]: keys go at the top or "
+			 "under [kvcached]", section);
+		return 0;
+	}
+	k = kv_config_key(name);
+	if (!k) {
+		x->err_line = x->line;
+		snprintf(x->err, sizeof(x->err), "unknown key '%s' (kvcached --help lists them)",
+			 name);
+		return 0;
+	}
+	if (kv_config_set(x->c, k, value, x->err, sizeof(x->err)) < 0) {
+		x->err_line = x->line;
+		return 0;
+	}
+	return 1;
+}
+
+int kv_config_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
+{
+	struct load_ctx x = { .c = c };
+	int r;
+
+	x.f = fopen(path, "re");
+	if (!x.f) {
+		r = -errno;
+		error(err, errlen, "%s: %s", path, strerror(errno));
+		return r;
+	}
+	r = ini_parse_stream(read_line, &x, on_key, &x);
+	fclose(x.f);
+	if (r == 0 && !x.err_line)
+		return 0;
+	if (r < 0)
+		return error(err, errlen, "%s: cannot parse (out of memory)", path);
+	if (x.err_line && (r == 0 || x.err_line <= r))
+		return error(err, errlen, "%s:%d: %s", path, x.err_line, x.err);
+	return error(err, errlen, "%s:%d: syntax error: expected 'key = value', '[section]' or "
+		     "a comment", path, r);
+}
+
+/* ---- finishing ---------------------------------------------------------- */
+
+int kv_config_memory(const char *backend, uint64_t *device_bytes, uint64_t *ram_bytes)
+{
+	struct sysinfo si;
+
+	if (sysinfo(&si) < 0)
+		return -errno;
+	*ram_bytes = (uint64_t)si.totalram * si.mem_unit;
+	/* The host backend's device is host memory; on cuda a percentage is
+	 * of device 0's free memory at start (what the engines have not taken). */
+	*device_bytes = *ram_bytes;
+	if (!strcmp(backend, "cuda")) {
+		uint64_t free_b = 0, total_b = 0;
+
+		if (kv_backend_cuda_mem_info(0, &free_b, &total_b) < 0)
+			return -ENODEV;
+		*device_bytes = free_b;
+	}
+	return 0;
+}
+
+int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
+{
+	const struct kv_cfg_key *pool_key = kv_config_key("pool_size");
+	uint64_t dev_bytes = 0, ram_bytes = 0, pct = 0;
+	char a[32], b[32];
+	size_t i;
+	int r;
+
+	if (!c->socket_path[0] && kv_socket_default(c->socket_path, sizeof(c->socket_path)) < 0)
+		return error(err, errlen, "socket: $KVCACHED_SOCKET is longer than %zu bytes",
+			     sizeof(c->socket_path) - 1);
+	if (!c->admin_socket_path[0] &&
+	    kv_admin_socket_default(c->socket_path, c->admin_socket_path,
+				    sizeof(c->admin_socket_path)) < 0)
+		return error(err, errlen, "admin_socket: the default next to '%s' is longer than "
+			     "%zu bytes; set admin_socket", c->socket_path,
+			     sizeof(c->admin_socket_path) - 1);
+	if (!strcmp(c->socket_path, c->admin_socket_path))
+		return error(err, errlen, "admin_socket: '%s' is the worker socket too; give it "
+			     "its own path", c->admin_socket_path);
+
+	/* Percentages: of device memory, or of RAM for keys that say so. */
+	for (i = 0; i < kv_cfg_nkeys; i++) {
+		const struct kv_cfg_key *k = &kv_cfg_keys[i];
+		uint64_t *v = (uint64_t *)((char *)c + k->offset), total, p;
+
+		if (k->type != KV_CFG_SIZE_PCT || !(*v & PCT_BIT))
+			continue;
+		p = *v & ~PCT_BIT;
+		if (!ram_bytes && (r = kv_config_memory(c->backend, &dev_bytes, &ram_bytes)) < 0)
+			return error(err, errlen, "%s: cannot learn the memory size: %s", k->name,
+				     strerror(-r));
+		total = k->flags & KV_CFG_PCT_RAM ? ram_bytes : dev_bytes;
+		if (!total)
+			return error(err, errlen, "%s: the %s backend does not report its memory; "
+				     "give a size", k->name, c->backend);
+		if (k == pool_key)
+			pct = p;
+		/* Whole pages: every size key is at least one. */
+		*v = (uint64_t)((unsigned __int128)total * p / 10000);
+		*v -= *v % (4 * KiB);
+		if (k == pool_key)
+			*v -= *v % c->page_bytes;
+		if (*v < k->min)
+			return error(err, errlen, "%s: %" PRIu64 ".%02" PRIu64 "%% of %" PRIu64
+				     " bytes is less than %" PRIu64 " bytes", k->name,
+				     p / 100, p % 100, total, k->min);
+	}
+
+	if (c->page_bytes % (4 * KiB))
+		return error(err, errlen, "page_size: %" PRIu64 " is not a multiple of 4KiB",
+			     c->page_bytes);
+	/* A pool smaller than the default segment is one segment. */
+	if (!c->segment_bytes)
+		c->segment_bytes = c->pool_bytes < GiB ? c->pool_bytes : GiB;
+	/* A pool given as a percentage is rounded down to whole segments. */
+	if (pct && c->pool_bytes % c->segment_bytes)
+		c->pool_bytes -= c->pool_bytes % c->segment_bytes;
+	if (!c->pool_bytes)
+		return error(err, errlen, "pool_size: %" PRIu64 ".%02" PRIu64 "%% is less than one "
+			     "segment", pct / 100, pct % 100);
+	if (c->segment_bytes % c->page_bytes || c->pool_bytes % c->segment_bytes) {
+		format_size(c->segment_bytes, a, sizeof(a));
+		format_size(c->page_bytes, b, sizeof(b));
+		return error(err, errlen, "pool_size, segment_size, page_size: the pool (%" PRIu64
+			     " bytes) must be a multiple of the segment size (%s), and that of "
+			     "the page size (%s)", c->pool_bytes, a, b);
+	}
+	if (c->pool_bytes / c->page_bytes > (1u << 20))
+		return error(err, errlen, "pool_size, page_size: %" PRIu64 " pages, at most 1048576 "
+			     "per device: use a larger page_size",
+			     c->pool_bytes / c->page_bytes);
+	if (c->tiers.disk_path[0] && (!c->tiers.disk_bytes || !c->tiers.host_bytes))
+		return error(err, errlen, "disk_path, disk_size, host_tier_size: a disk tier (%s) "
+			     "needs disk_size and a host tier (host_tier_size)", c->tiers.disk_path);
+	if (c->tiers.g1_low > c->tiers.g1_high || c->tiers.g2_low > c->tiers.g2_high)
+		return error(err, errlen, "demote_low, demote_high, writeback_low, writeback_high: "
+			     "each low watermark must be at most its high one (%u%%..%u%%, "
+			     "%u%%..%u%%)", c->tiers.g1_low, c->tiers.g1_high, c->tiers.g2_low,
+			     c->tiers.g2_high);
+	if ((uint64_t)c->max_batch * 40 + 4096 > c->max_frame)
+		return error(err, errlen, "max_frame, max_batch: a max_frame of %" PRIu32 " is too "
+			     "small for a max_batch of %" PRIu32 " (needs %" PRIu64 ")", c->max_frame,
+			     c->max_batch, (uint64_t)c->max_batch * 40 + 4096);
+	return 0;
+}
+
+/* ---- sources, printing, reloading ---------------------------------------- */
+
+int kv_config_source_add(struct kv_config_source *src, const struct kv_cfg_key *k,
+			 const char *value)
+{
+	struct kv_config_override *p = realloc(src->ov, (src->nov + 1) * sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	src->ov = p;
+	p[src->nov].key = k;
+	p[src->nov].value = strdup(value);
+	if (!p[src->nov].value)
+		return -ENOMEM;
+	src->nov++;
+	return 0;
+}
+
+void kv_config_source_free(struct kv_config_source *src)
+{
+	size_t i;
+
+	if (!src)
+		return;
+	for (i = 0; i < src->nov; i++)
+		free(src->ov[i].value);
+	free(src->ov);
+	src->ov = NULL;
+	src->nov = 0;
+}
+
+int kv_config_build(struct kv_config *c, const struct kv_config_source *src, char *err,
+		    size_t errlen)
+{
+	char msg[512];
+	size_t i;
+	int r;
+
+	kv_config_defaults(c);
+	if (src->path[0]) {
+		r = kv_config_load_file(c, src->path, err, errlen);
+		if (r < 0 && !(r == -ENOENT && !src->explicit_path))
+			return r;
+	}
+	for (i = 0; i < src->nov; i++) {
+		if (kv_config_set(c, src->ov[i].key, src->ov[i].value, msg, sizeof(msg)) < 0)
+			return error(err, errlen, "command line: %s", msg);
+	}
+	return kv_config_finish(c, err, errlen);
+}
+
+void kv_config_write(const struct kv_config *c, FILE *f)
+{
+	char v[512];
+	size_t i;
+
+	fputs("# kvcached configuration (kvcached.conf(5)). Keys marked 'reloadable'\n"
+	      "# change on SIGHUP or 'kvctl reload'; the others need a restart.\n", f);
+	for (i = 0; i < kv_cfg_nkeys; i++) {
+		const struct kv_cfg_key *k = &kv_cfg_keys[i];
+
+		kv_config_format(c, k, v, sizeof(v));
+		fprintf(f, "\n# %s%s\n%s =%s%s\n", k->doc,
+			k->flags & KV_CFG_RELOAD ? " (reloadable)" : "", k->name, v[0] ? " " : "", v);
+	}
+}
+
+static int field_equal(const struct kv_config *a, const struct kv_config *b,
+		       const struct kv_cfg_key *k)
+{
+	const char *x = (const char *)a + k->offset, *y = (const char *)b + k->offset;
+
+	switch (k->type) {
+	case KV_CFG_STRING:
+	case KV_CFG_CHOICE:
+	case KV_CFG_GROUP:
+		return !strcmp(x, y);
+	default:
+		return !memcmp(x, y, k->size);
+	}
+}
+
+int kv_config_reload(struct kv_config *live, const struct kv_config *next,
+		     void (*report)(void *ctx, const struct kv_cfg_key *k, const char *old,
+				    const char *now, int applied),
+		     void *ctx)
+{
+	char old[512], now[512];
+	size_t i;
+	int n = 0;
+
+	for (i = 0; i < kv_cfg_nkeys; i++) {
+		const struct kv_cfg_key *k = &kv_cfg_keys[i];
+		int reload = !!(k->flags & KV_CFG_RELOAD);
+
+		if (field_equal(live, next, k))
+			continue;
+		n++;
+		kv_config_format(live, k, old, sizeof(old));
+		kv_config_format(next, k, now, sizeof(now));
+		if (reload)
+			memcpy((char *)live + k->offset, (const char *)next + k->offset, k->size);
+		if (report)
+			report(ctx, k, old, now, reload);
+	}
+	return n;
+}

@@ -1,0 +1,152 @@
+/* The daemon's configuration: one table, one row per key.
+ *
+ * Every key has a row in kv_cfg_keys[] (config.c): its name, its type, where
+ * it lives in struct kv_config, whether SIGHUP may change it at run time, its
+ * default and one line of documentation. The INI file, the command line
+ * (--pool-size=8GiB for pool_size), --help, --print-config and the reload diff
+ * all walk that table, so a new key is one field here and one row there:
+ *
+ *   { "host_tier_size", 0, KV_CFG_SIZE_PCT, KV_CFG_FIELD(host_tier_bytes),
+ *     KV_CFG_PCT_RAM, 0, 0, "0", "pinned host memory for the G2 tier", NULL },
+ *
+ * Cross-key rules (the pool a multiple of the segment, ...) and defaults that
+ * depend on other keys live in kv_config_finish(). Reloadable keys are copied
+ * into the live configuration by kv_config_reload(); what they change is
+ * applied by the server (server.c, apply_config()).
+ *
+ * Sources, later ones winning: the defaults, the file (--config PATH, default
+ * KV_CONFIG_PATH; a missing default file is fine, a missing explicit one is an
+ * error), then the command line. A reload reads the file again and applies the
+ * same command-line overrides on top, so the command line keeps winning. */
+#ifndef KV_CONFIG_H
+#define KV_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tier.h"
+
+#define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
+
+struct kv_config {
+	char socket_path[108];        /* worker socket */
+	unsigned socket_mode;
+	char socket_group[64];
+	char admin_socket_path[108];
+	unsigned admin_socket_mode;
+	char admin_socket_group[64];
+	int worker_socket_admin;      /* root and the daemon's uid are admins on the worker socket */
+	char backend[16];
+	uint64_t pool_bytes;
+	uint64_t segment_bytes;       /* 0 until finish: 1GiB, or the pool if smaller */
+	uint64_t page_bytes;
+	uint32_t max_frame;
+	uint32_t max_batch;
+	int log_level;
+	char log_target[16];          /* auto, stderr, journal */
+	uint64_t drain_timeout_ms;
+	uint64_t status_interval_ms;
+	struct kv_tiers_config tiers; /* host_tier_size, disk_*, demote_*, writeback_* */
+};
+
+enum kv_cfg_type {
+	KV_CFG_SIZE,       /* uint64_t: 4096, 64KiB, 2MiB, 8GiB */
+	KV_CFG_SIZE_PCT,   /* uint64_t: a size, or a percentage of memory (90%, 12.5%) */
+	KV_CFG_UINT,       /* uint32_t */
+	KV_CFG_STRING,     /* char[size]; "" is allowed */
+	KV_CFG_CHOICE,     /* char[size]: one of `choices` */
+	KV_CFG_MODE,       /* unsigned: octal permissions 0..0777 */
+	KV_CFG_GROUP,      /* char[size]: an existing group name or gid, or "" */
+	KV_CFG_BOOL,       /* int 0/1: yes no true false on off 1 0 */
+	KV_CFG_DURATION,   /* uint64_t ms: 500ms, 30s, 2m, 1h; a bare number is seconds */
+	KV_CFG_LOG_LEVEL,  /* int: err, warn, info, debug (or 3..7) */
+	KV_CFG_PERCENT,    /* unsigned 0..100: 10 or 10% */
+};
+
+/* Row flags. */
+#define KV_CFG_RELOAD 0x1u   /* SIGHUP / kvctl reload applies a change at run time */
+#define KV_CFG_PCT_RAM 0x2u  /* SIZE_PCT: percent of host RAM, not of device memory */
+
+struct kv_cfg_key {
+	const char *name;      /* in the file; "--" + name with '-' for '_' on the command line */
+	char short_opt;        /* 0 or a short option letter */
+	enum kv_cfg_type type;
+	size_t offset, size;   /* the field in struct kv_config (KV_CFG_FIELD) */
+	unsigned flags;
+	uint64_t min, max;     /* SIZE, SIZE_PCT (bytes), UINT, DURATION (ms): range; max 0 = none */
+	const char *def;       /* the default as written in the file ("" = computed, see doc) */
+	const char *doc;       /* one line */
+	const char *choices;   /* CHOICE: the allowed values, '|'-separated */
+};
+
+#define KV_CFG_FIELD(f) offsetof(struct kv_config, f), sizeof(((struct kv_config *)0)->f)
+
+extern const struct kv_cfg_key kv_cfg_keys[];
+extern const size_t kv_cfg_nkeys;
+
+/* The row of key name ('-' and '_' are the same), or NULL. */
+const struct kv_cfg_key *kv_config_key(const char *name);
+
+/* Every key at its default (computed defaults stay empty until finish). */
+void kv_config_defaults(struct kv_config *c);
+
+/* Parses value into k's field of c. Returns 0, or -EINVAL with a message
+ * naming the key, the value and what is allowed in err; c is untouched on
+ * error. */
+int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *value,
+		  char *err, size_t errlen);
+
+/* Reads an INI file into c: "key = value" lines, optionally under a
+ * [kvcached] section; '#' or ';' start a comment line. Returns 0, -ENOENT
+ * when the file does not exist (err set), or -EINVAL / -errno with
+ * "path:line: ..." in err. */
+int kv_config_load_file(struct kv_config *c, const char *path, char *err, size_t errlen);
+
+/* Computed defaults (socket paths, segment size), percentages turned into
+ * bytes, then the rules between keys. Returns 0 or -EINVAL (err set). */
+int kv_config_finish(struct kv_config *c, char *err, size_t errlen);
+
+/* Where a configuration comes from, kept for reloads. */
+struct kv_config_source {
+	char path[4096];
+	int explicit_path;   /* given with --config: a missing file is an error */
+	struct kv_config_override {
+		const struct kv_cfg_key *key;
+		char *value;
+	} *ov;
+	size_t nov;
+};
+
+/* Appends a command-line override (value copied). Returns 0 or -ENOMEM. */
+int kv_config_source_add(struct kv_config_source *src, const struct kv_cfg_key *k,
+			 const char *value);
+void kv_config_source_free(struct kv_config_source *src);
+
+/* Defaults, the file, the overrides, finish: the whole configuration of src
+ * into c. Returns 0 or -errno with the message in err (c undefined then). */
+int kv_config_build(struct kv_config *c, const struct kv_config_source *src, char *err,
+		    size_t errlen);
+
+/* Writes the value of k in c as the file would say it ("2MiB", "0660"). */
+void kv_config_format(const struct kv_config *c, const struct kv_cfg_key *k, char *buf,
+		      size_t len);
+
+/* Writes every key of c as a configuration file, each with its doc. */
+void kv_config_write(const struct kv_config *c, FILE *f);
+
+/* Copies the reloadable keys that differ from next into live. For each key
+ * that differs, calls report(ctx, key, old value, new value, applied):
+ * applied is 0 for a key that needs a restart (live keeps its value).
+ * Returns how many keys differed. */
+int kv_config_reload(struct kv_config *live, const struct kv_config *next,
+		     void (*report)(void *ctx, const struct kv_cfg_key *k, const char *old,
+				    const char *now, int applied),
+		     void *ctx);
+
+/* Memory that percentages refer to: device memory of the backend and host
+ * RAM (sysinfo totalram, the same as MemTotal). The host backend's device
+ * memory is host RAM. Returns 0 or -errno. */
+int kv_config_memory(const char *backend, uint64_t *device_bytes, uint64_t *ram_bytes);
+
+#endif

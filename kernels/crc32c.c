@@ -1,0 +1,184 @@
+/* CRC32C on the host; see crc32c.h.
+ *
+ * The algebra (as in zlib's crc32_combine): in the reflected representation
+ * a 32-bit CRC register r is a polynomial mod P. Feeding n zero bytes to the
+ * register multiplies it by x^(8n) mod P, and the register update is linear,
+ * so for data A|B with |B| = n: R(r, A|B) = R(r, A) * x^(8n) ^ R(0, B). The
+ * three-stream SSE4.2 path and the device kernel both rely on it. */
+#include "crc32c.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define KV_CRC_X86 1
+#else
+#define KV_CRC_X86 0
+#endif
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "crc32c.c assumes a little-endian machine"
+#endif
+
+#define POLY 0x82F63B78u
+/* Bytes per stream in the three-stream loop: 3 x 2 KiB per round. */
+#define LANE 2048
+
+static uint32_t table[8][256];   /* slicing-by-8 */
+static uint32_t x2n[32];         /* x^(2^k) mod P */
+static uint32_t shift_lane[4][256];  /* r -> r * x^(8 LANE) mod P, by byte */
+static int have_sse42;
+
+/* a * b mod P, reflected. */
+static uint32_t multmodp(uint32_t a, uint32_t b)
+{
+	uint32_t m = 1u << 31, p = 0;
+
+	for (;;) {
+		if (a & m) {
+			p ^= b;
+			if ((a & (m - 1)) == 0)
+				break;
+		}
+		m >>= 1;
+		b = b & 1 ? (b >> 1) ^ POLY : b >> 1;
+	}
+	return p;
+}
+
+/* x^(n * 2^k) mod P. */
+static uint32_t x2nmodp(uint64_t n, unsigned k)
+{
+	uint32_t p = 1u << 31;  /* x^0 */
+
+	while (n) {
+		if (n & 1)
+			p = multmodp(x2n[k & 31], p);
+		n >>= 1;
+		k++;
+	}
+	return p;
+}
+
+__attribute__((constructor)) static void crc_init(void)
+{
+	uint32_t p, xl;
+	unsigned i, k;
+
+	for (i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
+		table[0][i] = c;
+	}
+	for (k = 1; k < 8; k++)
+		for (i = 0; i < 256; i++)
+			table[k][i] = (table[k - 1][i] >> 8) ^ table[0][table[k - 1][i] & 0xff];
+	p = 1u << 30;  /* x^1 */
+	for (k = 0; k < 32; k++) {
+		x2n[k] = p;
+		p = multmodp(p, p);
+	}
+	xl = x2nmodp(LANE, 3);
+	for (k = 0; k < 4; k++)
+		for (i = 0; i < 256; i++)
+			shift_lane[k][i] = multmodp(xl, i << (8 * k));
+#if KV_CRC_X86
+	__builtin_cpu_init();
+	have_sse42 = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+uint32_t kv_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+	return multmodp(x2nmodp(len_b, 3), crc_a) ^ crc_b;
+}
+
+static inline uint64_t load64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return v;
+}
+
+uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t n)
+{
+	const uint8_t *p = buf;
+	uint32_t c = ~crc;
+
+	while (n && ((uintptr_t)p & 7)) {
+		c = (c >> 8) ^ table[0][(c ^ *p++) & 0xff];
+		n--;
+	}
+	while (n >= 8) {
+		uint64_t w = load64(p) ^ c;
+
+		c = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff] ^
+		    table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^
+		    table[2][(w >> 40) & 0xff] ^ table[1][(w >> 48) & 0xff] ^ table[0][w >> 56];
+		p += 8;
+		n -= 8;
+	}
+	while (n--)
+		c = (c >> 8) ^ table[0][(c ^ *p++) & 0xff];
+	return ~c;
+}
+
+#if KV_CRC_X86
+static inline uint32_t shift_by_lane(uint32_t r)
+{
+	return shift_lane[0][r & 0xff] ^ shift_lane[1][(r >> 8) & 0xff] ^
+	       shift_lane[2][(r >> 16) & 0xff] ^ shift_lane[3][r >> 24];
+}
+
+/* The crc32 instruction has a latency of 3 cycles and a throughput of 1:
+ * three independent streams keep it busy; their registers are joined by
+ * shifting (multiplying by x^(8 LANE)) and xoring. */
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p,
+							  size_t n)
+{
+	uint64_t c = ~crc;
+	size_t i;
+
+	while (n && ((uintptr_t)p & 7)) {
+		c = _mm_crc32_u8((uint32_t)c, *p++);
+		n--;
+	}
+	while (n >= 3 * LANE) {
+		uint64_t a = c, b = 0, d = 0;
+
+		for (i = 0; i < LANE; i += 8) {
+			a = _mm_crc32_u64(a, load64(p + i));
+			b = _mm_crc32_u64(b, load64(p + LANE + i));
+			d = _mm_crc32_u64(d, load64(p + 2 * LANE + i));
+		}
+		c = shift_by_lane(shift_by_lane((uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
+		p += 3 * LANE;
+		n -= 3 * LANE;
+	}
+	while (n >= 8) {
+		c = _mm_crc32_u64(c, load64(p));
+		p += 8;
+		n -= 8;
+	}
+	while (n--)
+		c = _mm_crc32_u8((uint32_t)c, *p++);
+	return ~(uint32_t)c;
+}
+#endif
+
+uint32_t kv_crc32c(uint32_t crc, const void *p, size_t n)
+{
+#if KV_CRC_X86
+	if (have_sse42)
+		return crc_hw(crc, p, n);
+#endif
+	return kv_crc32c_sw(crc, p, n);
+}
+
+const char *kv_crc32c_impl(void)
+{
+	return have_sse42 ? "sse4.2" : "table";
+}

@@ -1,0 +1,111 @@
+/* Reference block quantization; see quant.h. The arithmetic is fp8.h's,
+ * shared with the device kernels. Built with -ffp-contract=off (kernels/
+ * meson.build): a fused multiply-add would round differently from the
+ * device's __fmul_rn. */
+#include "quant.h"
+
+#include <errno.h>
+#include <string.h>
+#include <strings.h>
+
+#include "fp8.h"
+
+enum kv_dtype kv_dtype_parse(const char *s)
+{
+	static const char *const f16[] = { "fp16", "float16", "half", "f16" };
+	static const char *const bf16[] = { "bf16", "bfloat16" };
+	size_t i;
+
+	if (!s)
+		return KV_DTYPE_NONE;
+	for (i = 0; i < sizeof(f16) / sizeof(f16[0]); i++)
+		if (!strcasecmp(s, f16[i]))
+			return KV_DTYPE_F16;
+	for (i = 0; i < sizeof(bf16) / sizeof(bf16[0]); i++)
+		if (!strcasecmp(s, bf16[i]))
+			return KV_DTYPE_BF16;
+	return KV_DTYPE_NONE;
+}
+
+size_t kv_quant_bytes(size_t n, size_t group)
+{
+	if (!n)
+		return 0;
+	if (!group || group > n)
+		group = n;
+	return 4 * ((n + group - 1) / group) + n;
+}
+
+static inline uint16_t ld16(const uint8_t *p, size_t i)
+{
+	uint16_t v;
+
+	memcpy(&v, p + 2 * i, 2);
+	return v;
+}
+
+static inline float to_f32(enum kv_dtype t, uint16_t v)
+{
+	return t == KV_DTYPE_F16 ? kv_f16_to_f32(v) : kv_bf16_to_f32(v);
+}
+
+int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, void *dst,
+		   size_t dst_len)
+{
+	const uint8_t *s = src;
+	uint8_t *d = dst, *q;
+	size_t ng, g, i, j;
+
+	if ((t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) || !n || dst_len < kv_quant_bytes(n, group))
+		return -EINVAL;
+	if (!group || group > n)
+		group = n;
+	ng = (n + group - 1) / group;
+	q = d + 4 * ng;
+	for (g = 0; g < ng; g++) {
+		size_t lo = g * group, hi = lo + group < n ? lo + group : n;
+		uint16_t amax = 0;
+		float scale, inv;
+
+		for (i = lo; i < hi; i++) {
+			uint16_t v = ld16(s, i);
+			uint16_t a = t == KV_DTYPE_F16 ? kv_f16_abs_finite(v) : kv_bf16_abs_finite(v);
+
+			if (a > amax)
+				amax = a;
+		}
+		kv_quant_scale(to_f32(t, amax), &scale, &inv);
+		memcpy(d + 4 * g, &scale, 4);
+		for (j = lo; j < hi; j++)
+			q[j] = kv_quant_elem(to_f32(t, ld16(s, j)), inv);
+	}
+	return 0;
+}
+
+int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n, size_t group,
+		     void *dst)
+{
+	const uint8_t *s = src, *q;
+	uint8_t *d = dst;
+	size_t ng, g, i;
+
+	if ((t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) || !n || src_len < kv_quant_bytes(n, group))
+		return -EINVAL;
+	if (!group || group > n)
+		group = n;
+	ng = (n + group - 1) / group;
+	q = s + 4 * ng;
+	for (g = 0; g < ng; g++) {
+		size_t lo = g * group, hi = lo + group < n ? lo + group : n;
+		float scale;
+
+		memcpy(&scale, s + 4 * g, 4);
+		for (i = lo; i < hi; i++) {
+			float x = kv_dequant_elem(q[i], scale);
+			uint16_t v = t == KV_DTYPE_F16 ? kv_f32_to_f16(x) : kv_f32_to_bf16(x);
+
+			memcpy(d + 2 * i, &v, 2);
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,60 @@
+/* Block quantization for compress-on-demote: FP16 or BF16 KV blocks to FP8
+ * E4M3 with one float32 scale per group of elements, and back. Lossy: a pool
+ * opts in (off by default); docs/kernels.md has the formats and the measured
+ * error.
+ *
+ * Quantized layout of n elements in groups of g (g = 0: one group of n):
+ *
+ *   [ngroups x float32 scale, host order][n x E4M3 byte]
+ *   ngroups = ceil(n / g), scale_i = amax_i / 448
+ *
+ * amax_i is the largest finite magnitude of group i (inf and NaN are left
+ * out); each element is stored as e4m3(x * (448 / amax_i)) with round to
+ * nearest even and saturation to +-448 (so +-inf becomes +-amax_i on the way
+ * back, NaN stays NaN); dequantization is e4m3 * scale_i rounded to the
+ * element type. fp8.h defines every step bit for bit; the device kernels
+ * (kernels.cu) produce the same bytes.
+ *
+ * These are the portable reference versions: what the host backend uses,
+ * and what the GPU tests compare the kernels with. */
+#ifndef KV_QUANT_H
+#define KV_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum kv_dtype {
+	KV_DTYPE_NONE = 0,
+	KV_DTYPE_F16 = 1,   /* IEEE binary16 */
+	KV_DTYPE_BF16 = 2,  /* bfloat16 */
+};
+
+/* The element type a pool's dtype string names ("fp16", "float16", "half",
+ * "f16"; "bf16", "bfloat16"), or KV_DTYPE_NONE for anything else (which
+ * then cannot be compressed). */
+enum kv_dtype kv_dtype_parse(const char *s);
+
+/* Bytes of the quantized form of n elements with one scale per group
+ * elements (0: one scale for all n): 4 * ceil(n / group) + n. 0 for n 0. */
+size_t kv_quant_bytes(size_t n, size_t group);
+
+/* Quantizes n elements of type t at src (2-byte elements, host order) into
+ * dst, which holds dst_len >= kv_quant_bytes(n, group) bytes. No alignment
+ * is required of either buffer. Returns 0, or -EINVAL for an unknown type, n
+ * 0 or dst_len too small (dst untouched). */
+int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, void *dst,
+		   size_t dst_len);
+
+/* The inverse: reads kv_quant_bytes(n, group) <= src_len bytes at src and
+ * writes n elements of type t to dst. Returns 0 or -EINVAL. */
+int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n, size_t group,
+		     void *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,108 @@
+/* kvt_worker: a worker process for the script tests (drain, reload,
+ * socket activation), driven one line at a time on stdin:
+ *
+ *   kvt_worker SOCKET [NAMESPACE]     connects; prints "ready SESSION" or "err ..."
+ *
+ *   pool NAME BYTES   registers a pool         -> "ok ID"
+ *   alloc N           allocates N blocks       -> "ok N"
+ *   seal              seals what it holds      -> "ok N"
+ *   release           releases all it holds    -> "ok N"
+ *   ping              asks for the stats       -> "ok"
+ *   quit              exits 0
+ *
+ * A failed call answers "err CODE MESSAGE" (CODE: kvc error number, e.g.
+ * -1012 for KVC_ESHUTDOWN) and the worker carries on. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvc_internal.h"
+
+#define MAX_HELD 4096
+
+static kvc_block held[MAX_HELD];
+static size_t nheld;
+static int pool = -1;
+
+static void answer(kvc_conn *c, int r, long n)
+{
+	if (r < 0)
+		printf("err %d %s\n", r, *kvc_last_error(c) ? kvc_last_error(c) : kvc_strerror(r));
+	else
+		printf("ok %ld\n", n);
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	struct kvc_options o = { .ns = argc > 2 ? argv[2] : NULL, .client_name = "kvt_worker" };
+	char line[256], name[64];
+	kvc_conn *c = NULL;
+	unsigned long long bytes;
+	unsigned n;
+	int r;
+
+	if (argc < 2) {
+		fputs("usage: kvt_worker SOCKET [NAMESPACE]\n", stderr);
+		return 2;
+	}
+	r = kvc_connect(argv[1], &o, &c);
+	if (r < 0) {
+		printf("err %d connect: %s\n", r, kvc_strerror(r));
+		return 1;
+	}
+	printf("ready %llu\n", (unsigned long long)kvc_conn_hello(c)->session_id);
+	fflush(stdout);
+	while (fgets(line, sizeof(line), stdin)) {
+		if (sscanf(line, "pool %63s %llu", name, &bytes) == 2) {
+			struct kvc_pool_desc d = { .name = name, .block_bytes = bytes,
+						   .block_tokens = 16, .dtype = "fp16" };
+
+			r = kvc_register_pool(c, &d);
+			if (r >= 0)
+				pool = r;
+			answer(c, r, r);
+		} else if (sscanf(line, "alloc %u", &n) == 1) {
+			if (n > MAX_HELD - nheld)
+				n = (unsigned)(MAX_HELD - nheld);
+			r = kvc_alloc(c, pool, n, held + nheld);
+			if (r > 0)
+				nheld += (size_t)r;
+			answer(c, r, r);
+		} else if (!strncmp(line, "seal", 4)) {
+			kvc_hash h[MAX_HELD];
+			size_t i;
+
+			for (i = 0; i < nheld; i++) {
+				memset(&h[i], 0, sizeof(h[i]));
+				snprintf((char *)h[i].b, sizeof(h[i].b), "kvt-%d-%zu", (int)getpid(), i);
+			}
+			r = nheld ? kvc_seal(c, pool, held, h, nheld, held) : 0;
+			answer(c, r, r);
+		} else if (!strncmp(line, "release", 7)) {
+			r = nheld ? kvc_release(c, held, nheld) : 0;
+			answer(c, r, r < 0 ? 0 : (long)nheld);
+			if (r >= 0)
+				nheld = 0;
+		} else if (!strncmp(line, "ping", 4)) {
+			Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+			Kvcached__Stats st = KVCACHED__STATS__INIT;
+			Kvcached__Response *rs = NULL;
+
+			rq.op_case = KVCACHED__REQUEST__OP_STATS;
+			rq.stats = &st;
+			r = kvc_call(c, &rq, &rs);
+			if (rs)
+				kvcached__response__free_unpacked(rs, NULL);
+			answer(c, r, 0);
+		} else if (!strncmp(line, "quit", 4)) {
+			break;
+		} else {
+			printf("err 0 unknown command\n");
+			fflush(stdout);
+		}
+	}
+	kvc_close(c);
+	return 0;
+}

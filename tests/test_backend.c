@@ -1,0 +1,220 @@
+/* The backend interface, the same program for both backends: host by
+ * default (suite 'unit'), cuda with KVT_BACKEND=cuda (suite 'gpu'; exits 77
+ * without a GPU). Batches of asynchronous copies H2D, D2D and D2H through
+ * the G2 arena with completions on completion_fd, many in flight and reaped
+ * in any order; the synchronous copy; a recreated segment (new epoch, zeroed
+ * memory); bad offsets; the copy fault point. */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check.h"
+#include "fault.h"
+
+#define SEG (2u << 20)
+#define NSEG 4
+#define BLK 65536u
+#define NB 24
+
+static struct kv_backend *be, *be2;
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(seed * 31 + i * 7 + (i >> 9));
+}
+
+/* Waits for and reaps batches until every tag in [first, first + n) has
+ * completed; returns how many had a result other than 0 (res of the last in
+ * *res). */
+static int wait_tags(uint64_t first, int n, int *res)
+{
+	int seen[256] = { 0 }, got = 0, bad = 0;
+
+	CHECK(n <= 256);
+	while (got < n) {
+		struct pollfd p = { .fd = be->completion_fd, .events = POLLIN };
+		struct kv_copy_done d[16];
+		int k, i;
+
+		CHECK(poll(&p, 1, 10000) == 1);
+		k = be->ops->reap(be, d, 16);
+		for (i = 0; i < k; i++) {
+			CHECK(d[i].tag >= first && d[i].tag < first + (uint64_t)n);
+			CHECK(!seen[d[i].tag - first]);
+			seen[d[i].tag - first] = 1;
+			got++;
+			if (d[i].res) {
+				bad++;
+				*res = d[i].res;
+			}
+		}
+	}
+	/* Everything reaped: no readiness left. */
+	{
+		struct pollfd p = { .fd = be->completion_fd, .events = POLLIN };
+		struct kv_copy_done d;
+
+		CHECK_EQ(poll(&p, 1, 0), 0);
+		CHECK_EQ(be->ops->reap(be, &d, 1), 0);
+	}
+	return bad;
+}
+
+static void one(enum kv_copy_dir dir, uint64_t dev_off, uint64_t src_off, void *host,
+		uint64_t len, uint64_t tag)
+{
+	struct kv_copy c = { .dev_off = dev_off, .src_off = src_off, .host = host, .len = len };
+	int res = 0;
+
+	CHECK_EQ(be->ops->copy_async(be, 0, dir, &c, 1, tag), 0);
+	CHECK_EQ(wait_tags(tag, 1, &res), 0);
+}
+
+int main(void)
+{
+	const char *b = getenv("KVT_BACKEND");
+	int cuda = b && !strcmp(b, "cuda"), r, res = 0;
+	uint64_t arena_bytes = 2 * NB * BLK, i, tag = 100;
+	uint8_t *arena, *want;
+	struct kv_copy c[NB];
+	char err[256] = "";
+	uint32_t ep;
+	int fd;
+
+	if (cuda) {
+		int dev0 = 0;
+
+		r = kv_backend_cuda_create(&dev0, 1, NSEG * SEG, SEG, err, sizeof(err), &be);
+		if (r == -ENODEV || r == -ENOTSUP) {
+			fprintf(stderr, "skip: %s\n", err);
+			return 77;
+		}
+		if (r < 0)
+			fprintf(stderr, "cuda backend: %s\n", err);
+		CHECK_EQ(r, 0);
+		CHECK(!strcmp(be->name, "cuda"));
+	} else {
+		uint64_t fr, to;
+
+		CHECK_EQ(kv_backend_host_create(SEG, NSEG, &be), 0);
+		/* The cuda helpers where CUDA cannot run: clean errors. */
+		setenv("KVCACHED_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+		r = kv_backend_cuda_mem_info(0, &fr, &to);
+		CHECK(r == -ENODEV || r == -ENOTSUP);
+		CHECK(*kv_backend_cuda_error() != 0);
+		CHECK(kv_backend_cuda_device_count() == r);
+		r = kv_backend_cuda_create(NULL, 0, 8 << 20, 2 << 20, err, sizeof(err), &be2);
+		CHECK(r == -ENODEV || r == -ENOTSUP);
+		fprintf(stderr, "without a driver: %s\n", err);
+	}
+	want = malloc(NB * BLK);
+	CHECK(want != NULL);
+	CHECK_EQ(be->devices, 1);
+	CHECK_EQ(be->segments[0], NSEG);
+	CHECK(be->completion_fd >= 0);
+	for (i = 0; i < NSEG; i++) {
+		CHECK(be->ops->segment_fd(be, 0, (uint32_t)i) >= 0);
+		CHECK_EQ(be->epoch[0][i], 1);
+	}
+	CHECK_EQ(be->ops->segment_fd(be, 0, NSEG), -EINVAL);
+	CHECK_EQ(be->ops->segment_fd(be, 1, 0), -EINVAL);
+
+	arena = be->ops->host_alloc(be, arena_bytes);
+	CHECK(arena != NULL);
+	CHECK(((uintptr_t)arena & 4095) == 0);
+	for (i = 0; i < arena_bytes; i++)
+		CHECK(arena[i] == 0);
+
+	/* H2D: NB blocks into segments 0 and 1 (the arena's first half). */
+	fill(want, NB * BLK, 1);
+	memcpy(arena, want, NB * BLK);
+	for (i = 0; i < NB; i++)
+		c[i] = (struct kv_copy){ .dev_off = i * BLK, .host = arena + i * BLK, .len = BLK };
+	CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, c, NB, tag), 0);
+	CHECK_EQ(wait_tags(tag, 1, &res), 0);
+	tag++;
+
+	/* D2D, one block at a time, many batches in flight: block i of segment
+	 * 0/1 to segment 2/3. */
+	for (i = 0; i < NB; i++) {
+		struct kv_copy d = { .dev_off = 2 * SEG + i * BLK, .src_off = i * BLK, .len = BLK };
+
+		CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2D, &d, 1, tag + i), 0);
+	}
+	CHECK_EQ(wait_tags(tag, NB, &res), 0);
+	tag += NB;
+
+	/* D2H of the copies into the arena's second half. */
+	for (i = 0; i < NB; i++)
+		c[i] = (struct kv_copy){ .dev_off = 2 * SEG + i * BLK,
+					 .host = arena + NB * BLK + i * BLK, .len = BLK };
+	CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, c, NB, tag), 0);
+	CHECK_EQ(wait_tags(tag, 1, &res), 0);
+	tag++;
+	CHECK(memcmp(arena + NB * BLK, want, NB * BLK) == 0);
+
+	/* The synchronous copy (copy-on-write). */
+	CHECK_EQ(be->ops->copy(be, 0, 3 * SEG + SEG - BLK, 5 * BLK, BLK), 0);
+	one(KV_COPY_D2H, 3 * SEG + SEG - BLK, 0, arena, BLK, tag++);
+	CHECK(memcmp(arena, want + 5 * BLK, BLK) == 0);
+
+	/* Copies that leave a segment or the device: refused up front, or a
+	 * failed completion. */
+	{
+		struct kv_copy bad[] = {
+			{ .dev_off = SEG - 4096, .host = arena, .len = 8192 },     /* crosses */
+			{ .dev_off = NSEG * SEG, .host = arena, .len = 4096 },     /* beyond */
+		};
+
+		for (i = 0; i < 2; i++) {
+			r = be->ops->copy_async(be, 0, KV_COPY_H2D, &bad[i], 1, tag);
+			if (r == 0)
+				CHECK_EQ(wait_tags(tag, 1, &res), 1);
+			else
+				CHECK_EQ(r, -EINVAL);
+			tag++;
+		}
+		CHECK(be->ops->copy(be, 0, 0, NSEG * SEG, 4096) == -EINVAL);
+		CHECK(be->ops->copy_async(be, 1, KV_COPY_H2D, c, 1, tag) == -EINVAL);
+		if (cuda) {
+			/* Host memory that is not the arena's. */
+			struct kv_copy h = { .dev_off = 0, .host = want, .len = 4096 };
+
+			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, &h, 1, tag), -EINVAL);
+		}
+	}
+
+	/* A recreated segment: new epoch, fresh zeroed memory. */
+	fd = be->ops->segment_fd(be, 0, 1);
+	ep = be->epoch[0][1];
+	CHECK_EQ(be->ops->segment_create(be, 0, 1), 0);
+	CHECK(be->epoch[0][1] != ep);
+	CHECK(be->ops->segment_fd(be, 0, 1) >= 0);
+	(void)fd;
+	memset(arena, 0xee, BLK);
+	one(KV_COPY_D2H, SEG + 3 * BLK, 0, arena, BLK, tag++);
+	for (i = 0; i < BLK; i++)
+		CHECK(arena[i] == 0);
+	/* Segment 0 kept its bytes. */
+	one(KV_COPY_D2H, 2 * BLK, 0, arena, BLK, tag++);
+	CHECK(memcmp(arena, want + 2 * BLK, BLK) == 0);
+
+	/* The fault point fails the batch it hits. */
+	CHECK_EQ(kv_fault_parse("copy=EIO:skip=1", err, sizeof(err)), 0);
+	for (i = 0; i < 2; i++)
+		c[i] = (struct kv_copy){ .dev_off = i * BLK, .host = arena + i * BLK, .len = BLK };
+	CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, c, 2, tag), 0);
+	CHECK_EQ(wait_tags(tag, 1, &res), 1);
+	CHECK_EQ(res, -EIO);
+	tag++;
+	CHECK_EQ(kv_fault_fired(KV_FAULT_COPY), 1);
+	one(KV_COPY_D2H, 0, 0, arena, BLK, tag++);
+
+	be->ops->host_free(be, arena, arena_bytes);
+	kv_backend_destroy(be);
+	free(want);
+	return 0;
+}
