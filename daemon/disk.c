@@ -116,6 +116,11 @@ void kv_disk_close(struct kv_disk *d)
 	d->efd = d->fd = -1;
 }
 
+/* Submissions are handed to the kernel in groups of this many at least, so
+ * that a long burst (a flush computing checksums as it goes) keeps the disk
+ * busy instead of waiting for the end of the burst. */
+#define SUBMIT_BATCH 8
+
 /* Puts op in the ring if there is room; returns 0 or -EBUSY. */
 static int start(struct kv_disk *d, struct kv_disk_op *op)
 {
@@ -146,7 +151,8 @@ static int start(struct kv_disk *d, struct kv_disk_op *op)
 		io_uring_prep_read_fixed(sqe, d->fd, op->buf, len, op->off, idx);
 	io_uring_sqe_set_data(sqe, op);
 	d->inflight++;
-	d->unsubmitted++;
+	if (++d->unsubmitted >= SUBMIT_BATCH)
+		kv_disk_flush(d);
 	return 0;
 }
 
