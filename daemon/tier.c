@@ -759,16 +759,13 @@ static void wb_done(struct kv_disk_op *dop, int res)
 		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 		tb->run[L3] = NULL;
 	}
-	if (tb->evict_g2 && tb->g3_ok && !tb->dead) {
-		tb->busy &= (uint8_t)~BUSY_WB;
-		if (!tb->busy) {
-			tb->evict_g2 = 0;
-			drop_g2(t, tb);
-			return;
-		}
-		tb->busy |= BUSY_WB;
+	tb->busy &= (uint8_t)~BUSY_WB;
+	if (!tb->busy && tb->evict_g2 && tb->g3_ok && !tb->dead) {
+		tb->evict_g2 = 0;
+		drop_g2(t, tb);
+		return;
 	}
-	tb_unbusy(t, tb, BUSY_WB);
+	tb_unbusy(t, tb, 0);
 }
 
 /* The oldest idle dirty G2 copy of any pool. */
@@ -795,15 +792,23 @@ static struct tblock *oldest_dirty(struct kv_tiers *t)
 
 static void read_done(struct kv_disk_op *dop, int res);
 
-static void promote_fail(struct kv_tiers *t, struct tblock *tb, int flag)
+/* Clears flag and runs tb's waiting lookups again; with failed set they see
+ * tb as a miss. tb stays allocated while they run (BUSY_WAKE), whatever they
+ * do to it. */
+static void wake_waiters(struct kv_tiers *t, struct tblock *tb, int flag, int failed)
 {
-	kv_debug("promotion of a block of pool '%s' failed", tb->pool->name);
 	tb->busy &= (uint8_t)~flag;
 	tb->busy |= BUSY_WAKE;
-	tb->failed = 1;
+	tb->failed = (uint8_t)failed;
 	wake_all(&tb->waiters);
 	tb->failed = 0;
 	tb_unbusy(t, tb, BUSY_WAKE);
+}
+
+static void promote_fail(struct kv_tiers *t, struct tblock *tb, int flag)
+{
+	kv_debug("promotion of a block of pool '%s' failed", tb->pool->name);
+	wake_waiters(t, tb, flag, 1);
 }
 
 static int up_start(struct kv_tiers *t, struct tblock *tb)
@@ -884,10 +889,7 @@ static void up_done(struct kv_tiers *t, struct copyop *op, int res)
 		tb->dead = 1;
 		t->g1.promotions++;
 	}
-	tb->busy &= (uint8_t)~BUSY_UP;
-	tb->busy |= BUSY_WAKE;
-	wake_all(&tb->waiters);
-	tb_unbusy(t, tb, BUSY_WAKE);
+	wake_waiters(t, tb, BUSY_UP, 0);
 }
 
 static int read_start(struct kv_tiers *t, struct tblock *tb)
@@ -945,17 +947,13 @@ static void read_done(struct kv_disk_op *dop, int res)
 		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 		tb->run[L2] = NULL;
 		/* The copy on disk is not to be trusted again. */
-		tb->busy |= BUSY_WAKE;
-		tb->busy &= (uint8_t)~BUSY_READ;
 		L->st.blocks--;
 		jappend(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
 		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 		tb->run[L3] = NULL;
 		tb->g3_ok = 0;
-		tb_kill(t, tb);
-		tb->failed = 1;
-		wake_all(&tb->waiters);
-		tb_unbusy(t, tb, BUSY_WAKE);
+		tb_kill(t, tb);  /* freed by wake_waiters(): still busy here */
+		wake_waiters(t, tb, BUSY_READ, 1);
 		return;
 	}
 	t->lv[L2].st.blocks++;  /* a clean G2 copy now */
@@ -969,10 +967,7 @@ static void read_done(struct kv_disk_op *dop, int res)
 		if (r == -EAGAIN) {
 			/* No G1 room yet: the waiters run again and wait for it,
 			 * promoting from the G2 copy. */
-			tb->busy &= (uint8_t)~BUSY_READ;
-			tb->busy |= BUSY_WAKE;
-			wake_all(&tb->waiters);
-			tb_unbusy(t, tb, BUSY_WAKE);
+			wake_waiters(t, tb, BUSY_READ, 0);
 			return;
 		}
 	}
@@ -1384,7 +1379,6 @@ static void journal_compact(struct kv_tiers *t)
 {
 	struct level *L = &t->lv[L3];
 	struct jiter it = { 0 };
-	struct kv_list *pos;
 	uint32_t pg;
 	int r;
 
@@ -1398,7 +1392,6 @@ static void journal_compact(struct kv_tiers *t)
 		if (run && run->first_page == pg)
 			it.runs[it.n++] = run;
 	}
-	(void)pos;
 	r = kv_journal_rewrite(&t->jr, jnext, &it);
 	if (r < 0)
 		kv_warn("disk tier: cannot rewrite the index journal %s: %s", t->jr.path,
@@ -1936,7 +1929,7 @@ void kv_tiers_count_refs(struct kv_tiers *t)
 
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx)
 {
-	uint64_t used[2] = { 0 }, indexed = 0, copies[2] = { 0 };
+	uint64_t used[2] = { 0 }, indexed = 0;
 	int problems = 0, l;
 	char msg[200];
 
@@ -1968,8 +1961,6 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 					report(ctx, msg);
 					problems++;
 				}
-				if (l == L3 ? tb->g3_ok : 1)
-					copies[l]++;
 				/* Count each block once: at its G2 copy, or its G3 copy. */
 				if (tb->indexed && (l == L2 || !tb->run[L2]))
 					indexed++;
@@ -1995,6 +1986,5 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 		report(ctx, msg);
 		problems++;
 	}
-	(void)copies;
 	return problems;
 }
