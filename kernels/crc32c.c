@@ -9,6 +9,8 @@
 
 #include <string.h>
 
+#include "crc32c_parts.h"  /* the polynomial arithmetic, shared with the kernel */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
 #define KV_CRC_X86 1
@@ -20,7 +22,6 @@
 #error "crc32c.c assumes a little-endian machine"
 #endif
 
-#define POLY 0x82F63B78u
 /* Bytes per stream in the three-stream loop: 3 x 2 KiB per round. */
 #define LANE 2048
 
@@ -29,61 +30,21 @@ static uint32_t x2n[32];         /* x^(2^k) mod P */
 static uint32_t shift_lane[4][256];  /* r -> r * x^(8 LANE) mod P, by byte */
 static int have_sse42;
 
-/* a * b mod P, reflected. */
-static uint32_t multmodp(uint32_t a, uint32_t b)
-{
-	uint32_t m = 1u << 31, p = 0;
-
-	for (;;) {
-		if (a & m) {
-			p ^= b;
-			if ((a & (m - 1)) == 0)
-				break;
-		}
-		m >>= 1;
-		b = b & 1 ? (b >> 1) ^ POLY : b >> 1;
-	}
-	return p;
-}
-
-/* x^(n * 2^k) mod P. */
-static uint32_t x2nmodp(uint64_t n, unsigned k)
-{
-	uint32_t p = 1u << 31;  /* x^0 */
-
-	while (n) {
-		if (n & 1)
-			p = multmodp(x2n[k & 31], p);
-		n >>= 1;
-		k++;
-	}
-	return p;
-}
-
 __attribute__((constructor)) static void crc_init(void)
 {
-	uint32_t p, xl;
+	uint32_t xl;
 	unsigned i, k;
 
-	for (i = 0; i < 256; i++) {
-		uint32_t c = i;
-
-		for (k = 0; k < 8; k++)
-			c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
-		table[0][i] = c;
-	}
+	for (i = 0; i < 256; i++)
+		table[0][i] = kv_crc_tab0(i);
 	for (k = 1; k < 8; k++)
 		for (i = 0; i < 256; i++)
 			table[k][i] = (table[k - 1][i] >> 8) ^ table[0][table[k - 1][i] & 0xff];
-	p = 1u << 30;  /* x^1 */
-	for (k = 0; k < 32; k++) {
-		x2n[k] = p;
-		p = multmodp(p, p);
-	}
-	xl = x2nmodp(LANE, 3);
+	kv_crc_x2n_init(x2n);
+	xl = kv_crc_shift(1u << 31, LANE, x2n);  /* x^(8 LANE) */
 	for (k = 0; k < 4; k++)
 		for (i = 0; i < 256; i++)
-			shift_lane[k][i] = multmodp(xl, i << (8 * k));
+			shift_lane[k][i] = kv_crc_multmodp(xl, i << (8 * k));
 #if KV_CRC_X86
 	__builtin_cpu_init();
 	have_sse42 = __builtin_cpu_supports("sse4.2");
@@ -92,7 +53,7 @@ __attribute__((constructor)) static void crc_init(void)
 
 uint32_t kv_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
 {
-	return multmodp(x2nmodp(len_b, 3), crc_a) ^ crc_b;
+	return kv_crc_shift(crc_a, len_b, x2n) ^ crc_b;
 }
 
 static inline uint64_t load64(const uint8_t *p)
