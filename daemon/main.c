@@ -223,8 +223,7 @@ int main(int argc, char **argv)
 
 	kv_log_level = cfg.log_level;
 	kv_log_set_target(cfg.log_target);
-	r = kv_server_init(&srv, &cfg);
-	srv.src = &src;
+	r = kv_server_init(&srv, &cfg, &src);
 	if (r == 0)
 		r = kv_server_run(&srv);
 	kv_server_fini(&srv);

@@ -6,17 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server.h"
+#include "session.h"
 #include "tier.h"
 
-void kv_metrics_ns_usage(const struct kv_server *s, struct kv_ns_usage *u)
+void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u)
 {
 	const struct kv_list *pos;
 	uint32_t id;
 
 	memset(u, 0, (KV_MAX_NS + 1) * sizeof(*u));
 	for (id = 0; id < KV_MAX_POOLS; id++) {
-		const struct kv_pool *p = kv_pool_get(s->pools, id);
+		const struct kv_pool *p = kv_pool_get(d->pools, id);
 		struct kv_ns_usage *n;
 
 		if (!p)
@@ -30,7 +30,7 @@ void kv_metrics_ns_usage(const struct kv_server *s, struct kv_ns_usage *u)
 		n->cached += p->n.cached;
 		n->bytes += (p->n.writable + p->n.sealed + p->n.cached) * p->block_bytes;
 	}
-	kv_list_for_each(pos, &s->sessions) {
+	kv_list_for_each(pos, &d->sessions) {
 		const struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
 
 		if (ss->ns <= KV_MAX_NS)
@@ -60,34 +60,34 @@ static void family(FILE *f, const char *name, const char *type, const char *help
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void pool_labels(FILE *f, const struct kv_server *s, const struct kv_pool *p)
+static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool *p)
 {
 	char id[16], dev[16];
 
 	snprintf(id, sizeof(id), "%" PRIu32, p->id);
 	snprintf(dev, sizeof(dev), "%" PRIu32, p->device);
 	label(f, "pool", id, 1);
-	label(f, "namespace", kv_pools_ns_name(s->pools, p->ns), 0);
+	label(f, "namespace", kv_pools_ns_name(d->pools, p->ns), 0);
 	label(f, "name", p->name, 0);
 	label(f, "device", dev, 0);
 }
 
-static const struct kv_pool *pool_at(const struct kv_server *s, uint32_t id)
+static const struct kv_pool *pool_at(const struct kv_daemon *d, uint32_t id)
 {
-	return id < KV_MAX_POOLS ? kv_pool_get(s->pools, id) : NULL;
+	return id < KV_MAX_POOLS ? kv_pool_get(d->pools, id) : NULL;
 }
 
 /* One counter or gauge per pool, read by off from its counts. */
-static void pool_family(FILE *f, const struct kv_server *s, const char *name, const char *type,
+static void pool_family(FILE *f, const struct kv_daemon *d, const char *name, const char *type,
 			const char *help, size_t off)
 {
 	const struct kv_pool *p;
 	uint32_t id;
 
 	family(f, name, type, help);
-	for (id = 0; (p = pool_at(s, id)); id++) {
+	for (id = 0; (p = pool_at(d, id)); id++) {
 		fprintf(f, "%s{", name);
-		pool_labels(f, s, p);
+		pool_labels(f, d, p);
 		fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&p->n + off));
 	}
 }
@@ -108,12 +108,12 @@ static void tier_family(FILE *f, const struct kv_tier_stats *st, int nt, const c
 	}
 }
 
-static void tier_families(FILE *f, const struct kv_server *s)
+static void tier_families(FILE *f, const struct kv_daemon *d)
 {
 	struct kv_tier_stats st[KV_NTIERS];
-	int nt = kv_tiers_on(s->tiers) ? KV_NTIERS : 1;
+	int nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;
 
-	kv_tiers_stats(s->tiers, st);
+	kv_tiers_stats(d->tiers, st);
 	if (nt == KV_NTIERS && !st[KV_TIER_G3].capacity)
 		nt--;
 #define T(name, type, help, field) \
@@ -136,7 +136,7 @@ static void tier_families(FILE *f, const struct kv_server *s)
 #undef T
 }
 
-int kv_metrics_write(const struct kv_server *s, FILE *f)
+int kv_metrics_write(const struct kv_daemon *d, FILE *f)
 {
 	static const char *const states[] = { "free", "writable", "sealed", "cached" };
 	struct kv_ns_usage *u = calloc(KV_MAX_NS + 1, sizeof(*u));
@@ -147,16 +147,16 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 
 	if (!u)
 		return -ENOMEM;
-	kv_metrics_ns_usage(s, u);
-	kv_pools_pages(s->pools, &total, &nfree, &page_bytes);
+	kv_metrics_ns_usage(d, u);
+	kv_pools_pages(d->pools, &total, &nfree, &page_bytes);
 
 	family(f, "kvcached_info", "gauge", "The daemon's version and backend (always 1).");
 	fputs("kvcached_info{", f);
 	label(f, "version", KV_VERSION, 1);
-	label(f, "backend", s->be->name, 0);
+	label(f, "backend", d->be->name, 0);
 	fputs("} 1\n", f);
 	family(f, "kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.");
-	fprintf(f, "kvcached_uptime_seconds %.3f\n", (double)(kv_now_ms() - s->start_ms) / 1000.0);
+	fprintf(f, "kvcached_uptime_seconds %.3f\n", (double)(kv_now_ms() - d->start_ms) / 1000.0);
 	family(f, "kvcached_page_bytes", "gauge", "Bytes per page.");
 	fprintf(f, "kvcached_page_bytes %" PRIu64 "\n", page_bytes);
 	family(f, "kvcached_pages_total", "gauge", "Pages of KV memory, all devices.");
@@ -164,60 +164,60 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 	family(f, "kvcached_pages_free", "gauge", "Pages not assigned to any pool.");
 	fprintf(f, "kvcached_pages_free %" PRIu64 "\n", nfree);
 	family(f, "kvcached_sessions", "gauge", "Open connections, both sockets.");
-	fprintf(f, "kvcached_sessions %" PRIu32 "\n", s->nsessions);
+	fprintf(f, "kvcached_sessions %" PRIu32 "\n", d->nsessions);
 	family(f, "kvcached_draining", "gauge", "1 while the daemon drains before exiting.");
-	fprintf(f, "kvcached_draining %d\n", s->draining);
+	fprintf(f, "kvcached_draining %d\n", d->draining);
 	family(f, "kvcached_requests_total", "counter", "Requests handled.");
-	fprintf(f, "kvcached_requests_total %" PRIu64 "\n", s->requests);
+	fprintf(f, "kvcached_requests_total %" PRIu64 "\n", d->requests);
 	family(f, "kvcached_enospc_total", "counter",
 	       "Allocations refused for want of memory after eviction.");
-	fprintf(f, "kvcached_enospc_total %" PRIu64 "\n", s->enospc);
+	fprintf(f, "kvcached_enospc_total %" PRIu64 "\n", d->enospc);
 	family(f, "kvcached_reloads_total", "counter", "Configuration reloads tried.");
-	fprintf(f, "kvcached_reloads_total %" PRIu64 "\n", s->reloads);
+	fprintf(f, "kvcached_reloads_total %" PRIu64 "\n", d->reloads);
 	family(f, "kvcached_reload_failures_total", "counter",
 	       "Configuration reloads refused (invalid configuration).");
-	fprintf(f, "kvcached_reload_failures_total %" PRIu64 "\n", s->reload_failures);
+	fprintf(f, "kvcached_reload_failures_total %" PRIu64 "\n", d->reload_failures);
 
 	family(f, "kvcached_pool_blocks", "gauge", "Blocks of a pool by state.");
-	for (id = 0; (p = pool_at(s, id)); id++) {
+	for (id = 0; (p = pool_at(d, id)); id++) {
 		const uint64_t n[] = { p->n.free, p->n.writable, p->n.sealed, p->n.cached };
 
 		for (k = 0; k < 4; k++) {
 			fputs("kvcached_pool_blocks{", f);
-			pool_labels(f, s, p);
+			pool_labels(f, d, p);
 			label(f, "state", states[k], 0);
 			fprintf(f, "} %" PRIu64 "\n", n[k]);
 		}
 	}
 	family(f, "kvcached_pool_block_bytes", "gauge", "Bytes per block of a pool.");
-	for (id = 0; (p = pool_at(s, id)); id++) {
+	for (id = 0; (p = pool_at(d, id)); id++) {
 		fputs("kvcached_pool_block_bytes{", f);
-		pool_labels(f, s, p);
+		pool_labels(f, d, p);
 		fprintf(f, "} %" PRIu64 "\n", p->block_bytes);
 	}
-	pool_family(f, s, "kvcached_pool_runs", "gauge", "Runs of pages a pool holds.",
+	pool_family(f, d, "kvcached_pool_runs", "gauge", "Runs of pages a pool holds.",
 		    offsetof(struct kv_pool_counts, runs));
-	pool_family(f, s, "kvcached_pool_allocs_total", "counter",
+	pool_family(f, d, "kvcached_pool_allocs_total", "counter",
 		    "Blocks allocated (copy-on-write copies included).",
 		    offsetof(struct kv_pool_counts, allocs));
-	pool_family(f, s, "kvcached_pool_lookups_total", "counter", "Hashes looked up.",
+	pool_family(f, d, "kvcached_pool_lookups_total", "counter", "Hashes looked up.",
 		    offsetof(struct kv_pool_counts, lookups));
-	pool_family(f, s, "kvcached_pool_hits_total", "counter", "Hashes found by lookups.",
+	pool_family(f, d, "kvcached_pool_hits_total", "counter", "Hashes found by lookups.",
 		    offsetof(struct kv_pool_counts, hits));
-	pool_family(f, s, "kvcached_pool_evictions_total", "counter", "Cached blocks evicted.",
+	pool_family(f, d, "kvcached_pool_evictions_total", "counter", "Cached blocks evicted.",
 		    offsetof(struct kv_pool_counts, evictions));
-	pool_family(f, s, "kvcached_pool_dedups_total", "counter",
+	pool_family(f, d, "kvcached_pool_dedups_total", "counter",
 		    "Seals that found the hash published already.",
 		    offsetof(struct kv_pool_counts, dedups));
 
-	tier_families(f, s);
+	tier_families(f, d);
 
 	family(f, "kvcached_namespace_pools", "gauge", "Pools of a namespace.");
 	for (ns = 1; ns <= KV_MAX_NS; ns++) {
 		if (!u[ns].pools && !u[ns].sessions)
 			continue;
 		fputs("kvcached_namespace_pools{", f);
-		label(f, "namespace", kv_pools_ns_name(s->pools, ns), 1);
+		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
 		fprintf(f, "} %" PRIu32 "\n", u[ns].pools);
 	}
 	family(f, "kvcached_namespace_sessions", "gauge", "Open connections of a namespace.");
@@ -225,7 +225,7 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 		if (!u[ns].pools && !u[ns].sessions)
 			continue;
 		fputs("kvcached_namespace_sessions{", f);
-		label(f, "namespace", kv_pools_ns_name(s->pools, ns), 1);
+		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
 		fprintf(f, "} %" PRIu32 "\n", u[ns].sessions);
 	}
 	family(f, "kvcached_namespace_blocks", "gauge", "Blocks of a namespace's pools by state.");
@@ -236,7 +236,7 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 			continue;
 		for (k = 0; k < 3; k++) {
 			fputs("kvcached_namespace_blocks{", f);
-			label(f, "namespace", kv_pools_ns_name(s->pools, ns), 1);
+			label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
 			label(f, "state", states[k + 1], 0);
 			fprintf(f, "} %" PRIu64 "\n", n[k]);
 		}
@@ -247,7 +247,7 @@ int kv_metrics_write(const struct kv_server *s, FILE *f)
 		if (!u[ns].pools && !u[ns].sessions)
 			continue;
 		fputs("kvcached_namespace_bytes{", f);
-		label(f, "namespace", kv_pools_ns_name(s->pools, ns), 1);
+		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
 		fprintf(f, "} %" PRIu64 "\n", u[ns].bytes);
 	}
 	free(u);

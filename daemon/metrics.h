@@ -13,7 +13,7 @@
 
 #include "pool.h"
 
-struct kv_server;
+struct kv_daemon;
 
 struct kv_ns_usage {
 	uint32_t pools, sessions;
@@ -23,10 +23,10 @@ struct kv_ns_usage {
 
 /* Fills u[ns] for every namespace id 1..KV_MAX_NS (u has KV_MAX_NS + 1
  * entries; u[0] counts sessions before Hello). */
-void kv_metrics_ns_usage(const struct kv_server *s, struct kv_ns_usage *u);
+void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u);
 
 /* Writes the whole exposition to f. Returns 0, or -ENOMEM / -EIO when f
  * fails. */
-int kv_metrics_write(const struct kv_server *s, FILE *f);
+int kv_metrics_write(const struct kv_daemon *d, FILE *f);
 
 #endif

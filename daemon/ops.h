@@ -1,25 +1,34 @@
 /* Request handlers: what each protocol operation does to the pools and to
- * the references a session holds. Policy lives here; pool.c is mechanism.
+ * the references a session holds. Policy lives here (who may touch what);
+ * pool.c is mechanism. ops.c dispatches and holds the helpers every handler
+ * shares (ops_int.h); ops_block.c has the block operations, ops_admin.c the
+ * operators' ones.
  *
  * Batched operations are validated whole before anything changes, so a bad
- * handle at index i fails the request with nothing done (Error.index = i). */
+ * handle at index i fails the request with nothing done (Error.index = i).
+ *
+ * The dispatcher needs no socket and no event loop: a daemon context and a
+ * session are all it takes, so tests and fuzzers can drive it directly. */
 #ifndef KV_OPS_H
 #define KV_OPS_H
 
+#include "daemon.h"
 #include "kvcached.pb-c.h"
-#include "server.h"
+#include "session.h"
 
-/* kv_ops_handle() result that asks the server to close the session after
- * sending the reply (protocol violations). */
-#define KV_OPS_CLOSE 1
-/* kv_ops_handle() result: the request waits for a tier (ss->waiter is queued
- * on what it waits for). Nothing was changed and no reply built: the server
- * keeps the frame and runs it again when woken. */
-#define KV_OPS_PARK 2
+/* What became of a request. */
+enum kv_op_outcome {
+	KV_OP_REPLY,     /* rs holds the reply (a result or an error) */
+	KV_OP_CLOSE,     /* rs holds an EPROTO error: send it, then close */
+	KV_OP_PARK,      /* the request waits for a tier (ss->waiter is queued on
+			  * it); nothing changed and no reply: run the same
+			  * request again when woken */
+	KV_OP_NOMEM,     /* no reply could be built: close the session */
+};
 
-/* Fills rs (allocated from s->arena) for rq. Returns 0, KV_OPS_CLOSE, or
- * -ENOMEM when no reply could be built. */
-int kv_ops_handle(struct kv_server *s, struct kv_session *ss, const Kvcached__Request *rq,
-		  Kvcached__Response *rs);
+/* Runs rq for ss and fills rs, allocated from d->arena (valid until the
+ * arena is reset, which the caller does after packing rs). */
+enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
+				   const Kvcached__Request *rq, Kvcached__Response *rs);
 
 #endif

@@ -1,0 +1,389 @@
+/* Connections: framing, output, fds; see conn.h. */
+#include "conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "kvassert.h"
+#include "kvcached.pb-c.h"
+#include "lifecycle.h"
+#include "log.h"
+#include "ops.h"
+
+#define READ_CHUNK 65536
+/* Output a peer has not read yet beyond which its input is held back. */
+#define OUT_BACKLOG (8u << 20)
+
+struct kv_conn {
+	struct kv_session ss;
+	struct kv_conns *cs;
+	struct kv_list link;       /* cs->closing while CLOSING */
+	int fd;
+	int closing;
+	int paused;                /* input held back until output drains */
+	int parked;                /* the first frame in waits for a tier */
+	struct kv_loop_watch win, wout;
+	uint8_t *in;
+	size_t in_len, in_cap;
+	uint8_t *out;
+	size_t out_off, out_len, out_cap;
+};
+
+static void conn_close(struct kv_conn *c, const char *why);
+static void conn_input(struct kv_conn *c);
+
+static struct kv_loop *conn_loop(struct kv_conn *c)
+{
+	return &c->cs->d->loop;
+}
+
+static void conn_free_if_done(struct kv_conn *c)
+{
+	if (c->closing && !c->win.armed && !c->wout.armed) {
+		kv_list_del(&c->link);
+		free(c);
+	}
+}
+
+/* ---- output ----------------------------------------------------------- */
+
+static int out_reserve(struct kv_conn *c, size_t n)
+{
+	size_t cap;
+	uint8_t *p;
+
+	if (c->out_off == c->out_len)
+		c->out_off = c->out_len = 0;
+	if (c->out_cap - c->out_len >= n)
+		return 0;
+	if (c->out_off > 0) {
+		memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+		c->out_len -= c->out_off;
+		c->out_off = 0;
+		if (c->out_cap - c->out_len >= n)
+			return 0;
+	}
+	cap = c->out_cap ? c->out_cap : 4096;
+	while (cap - c->out_len < n)
+		cap *= 2;
+	p = realloc(c->out, cap);
+	if (!p)
+		return -ENOMEM;
+	c->out = p;
+	c->out_cap = cap;
+	return 0;
+}
+
+/* Sends what is queued. fds go with the first bytes still unsent, which
+ * precede the frames that announce them; the peer queues them until then.
+ * Returns 0 (all sent, or the rest waits for POLLOUT) or -errno. */
+static int conn_flush(struct kv_conn *c)
+{
+	struct kv_session *ss = &c->ss;
+
+	while (c->out_off < c->out_len) {
+		size_t left = c->out_len - c->out_off;
+		int nfds = ss->nfds > KV_FRAME_MAX_FDS ? KV_FRAME_MAX_FDS : (int)ss->nfds;
+		/* With more fds than one message carries, send one byte per batch
+		 * of fds so that every batch has data to ride on. */
+		struct iovec iov = { c->out + c->out_off, ss->nfds > KV_FRAME_MAX_FDS ? 1 : left };
+		ssize_t n = kv_sendmsg_fds(c->fd, &iov, 1, ss->fds, nfds, MSG_DONTWAIT);
+
+		if (n == -EAGAIN) {
+			if (!c->wout.armed &&
+			    kv_loop_poll(conn_loop(c), &c->wout, c->fd, POLLOUT, 0) < 0)
+				return -EBUSY;
+			return 0;
+		}
+		if (n < 0)
+			return (int)n;
+		kv_session_fds_sent(ss, (size_t)nfds);
+		c->out_off += (size_t)n;
+	}
+	c->out_off = c->out_len = 0;
+	return 0;
+}
+
+static void on_writable(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_conn *c = kv_container_of(w, struct kv_conn, wout);
+	int r;
+
+	(void)more;
+	if (!c->closing) {
+		if (res < 0 || (res & (POLLERR | POLLHUP))) {
+			conn_close(c, "peer hung up");
+		} else if ((r = conn_flush(c)) < 0) {
+			conn_close(c, strerror(-r));
+		} else if (c->paused && c->out_len - c->out_off < OUT_BACKLOG) {
+			c->paused = 0;
+			if (!c->parked)
+				conn_input(c);
+		}
+	}
+	conn_free_if_done(c);
+}
+
+/* Appends one frame holding rs. Returns 0 or -ENOMEM. */
+static int conn_reply(struct kv_conn *c, const Kvcached__Response *rs)
+{
+	size_t len = kvcached__response__get_packed_size(rs);
+
+	if (out_reserve(c, KV_FRAME_HDR + len) < 0)
+		return -ENOMEM;
+	kv_frame_hdr_encode(c->out + c->out_len, (uint32_t)len, 0);
+	kvcached__response__pack(rs, c->out + c->out_len + KV_FRAME_HDR);
+	c->out_len += KV_FRAME_HDR + len;
+	return 0;
+}
+
+/* Replies EPROTO (best effort) and closes the connection. */
+static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
+{
+	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+	Kvcached__Error err = KVCACHED__ERROR__INIT;
+
+	err.code = KVCACHED__ERROR_CODE__EPROTO;
+	err.message = (char *)what;
+	err.index = -1;
+	rs.id = id;
+	rs.error = &err;
+	if (conn_reply(c, &rs) == 0)
+		conn_flush(c);
+	conn_close(c, what);
+}
+
+/* ---- input ------------------------------------------------------------ */
+
+/* Handles every complete frame in the input buffer. Returns 0, or -1 when
+ * the connection was closed. */
+static int conn_frames(struct kv_conn *c)
+{
+	struct kv_daemon *d = c->cs->d;
+	size_t off = 0;
+
+	while (c->in_len - off >= KV_FRAME_HDR && !c->paused && !c->parked) {
+		Kvcached__Request *rq;
+		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+		enum kv_op_outcome out;
+		uint32_t len;
+		int r = kv_frame_hdr_decode(c->in + off, d->cfg.max_frame, &len);
+
+		if (r < 0) {
+			conn_proto_error(c, 0, r == -EMSGSIZE ? "frame larger than max_frame"
+							      : "bad frame header");
+			return -1;
+		}
+		if (c->in_len - off < KV_FRAME_HDR + len)
+			break;
+		rq = kvcached__request__unpack(kv_arena_pb(&d->arena), len, c->in + off + KV_FRAME_HDR);
+		if (!rq) {
+			kv_arena_reset(&d->arena);
+			conn_proto_error(c, 0, "undecodable request");
+			return -1;
+		}
+		kv_log_context(c->ss.id, kv_session_ns_name(&c->ss));
+		out = kv_ops_dispatch(d, &c->ss, rq, &rs);
+		kv_log_context(0, NULL);
+		if (out == KV_OP_PARK) {
+			/* The frame stays first in the buffer; wake runs it again. */
+			kv_arena_reset(&d->arena);
+			c->parked = 1;
+			break;
+		}
+		off += KV_FRAME_HDR + len;
+		c->ss.requests++;
+		d->requests++;
+		if (out != KV_OP_NOMEM && conn_reply(c, &rs) < 0)
+			out = KV_OP_NOMEM;
+		kv_arena_reset(&d->arena);
+		if (out == KV_OP_CLOSE) {
+			conn_flush(c);
+			conn_close(c, "protocol error");
+			return -1;
+		}
+		if (out == KV_OP_NOMEM) {
+			conn_close(c, "out of memory");
+			return -1;
+		}
+		if (c->out_len - c->out_off >= OUT_BACKLOG)
+			c->paused = 1;
+	}
+	if (off) {
+		memmove(c->in, c->in + off, c->in_len - off);
+		c->in_len -= off;
+	}
+	kv_tiers_kick(d->tiers);
+	return 0;
+}
+
+static void conn_input(struct kv_conn *c)
+{
+	size_t want = (size_t)c->cs->d->cfg.max_frame + KV_FRAME_HDR;
+
+	for (;;) {
+		int fds[8], nfds = 0, trunc = 0;
+		ssize_t n;
+
+		if (conn_frames(c) < 0)
+			return;
+		if (c->paused || c->parked)
+			break;
+		if (c->in_cap - c->in_len < READ_CHUNK && c->in_cap < want + READ_CHUNK) {
+			size_t cap = c->in_cap ? c->in_cap * 2 : READ_CHUNK * 2;
+			uint8_t *p = realloc(c->in, cap);
+
+			if (!p) {
+				conn_close(c, "out of memory");
+				return;
+			}
+			c->in = p;
+			c->in_cap = cap;
+		}
+		n = kv_recvmsg_fds(c->fd, c->in + c->in_len, c->in_cap - c->in_len, fds, &nfds, 8,
+				   MSG_DONTWAIT, &trunc);
+		if (n == -EAGAIN)
+			break;
+		if (n < 0) {
+			conn_close(c, strerror((int)-n));
+			return;
+		}
+		if (nfds || trunc) {
+			while (nfds > 0)
+				close(fds[--nfds]);
+			conn_proto_error(c, 0, "file descriptors are not accepted from clients");
+			return;
+		}
+		if (n == 0) {
+			conn_close(c, c->in_len ? "EOF inside a frame" : NULL);
+			return;
+		}
+		c->in_len += (size_t)n;
+	}
+	if (conn_flush(c) < 0)
+		conn_close(c, "send failed");
+}
+
+static void on_readable(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_conn *c = kv_container_of(w, struct kv_conn, win);
+
+	if (!c->closing) {
+		if (res < 0) {
+			conn_close(c, strerror(-res));
+		} else {
+			if (!c->paused && !c->parked)
+				conn_input(c);
+			/* A multishot poll can end (overflow); arm it again. */
+			if (!c->closing && !more &&
+			    kv_loop_poll(conn_loop(c), &c->win, c->fd, POLLIN, 1) < 0)
+				conn_close(c, "cannot poll");
+		}
+	}
+	conn_free_if_done(c);
+}
+
+/* A tier finished what the parked request waits for: run it again. */
+static void conn_wake(struct kv_waiter *w)
+{
+	struct kv_conn *c = kv_container_of(w, struct kv_conn, ss.waiter);
+
+	c->parked = 0;
+	if (!c->closing && !c->paused)
+		conn_input(c);
+}
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+static void conn_close(struct kv_conn *c, const char *why)
+{
+	struct kv_daemon *d = c->cs->d;
+
+	if (c->closing)
+		return;
+	c->closing = 1;
+	kv_log_context(c->ss.id, kv_session_ns_name(&c->ss));
+	if (why)
+		kv_info("session %llu (pid %d) closed: %s; released %llu references",
+			(unsigned long long)c->ss.id, (int)c->ss.cred.pid, why,
+			(unsigned long long)c->ss.refs.refs);
+	else
+		kv_debug("session %llu (pid %d) disconnected", (unsigned long long)c->ss.id,
+			 (int)c->ss.cred.pid);
+	kv_session_release(&c->ss);
+	c->parked = 0;
+	kv_list_push_back(&c->cs->closing, &c->link);
+	if (c->win.armed)
+		kv_loop_cancel(&d->loop, &c->win);
+	if (c->wout.armed)
+		kv_loop_cancel(&d->loop, &c->wout);
+	close(c->fd);
+	c->fd = -1;
+	free(c->in);
+	free(c->out);
+	c->in = c->out = NULL;
+	kv_log_context(0, NULL);
+	/* The struct itself goes once its watches have completed. */
+	kv_daemon_drain_check(d);
+}
+
+void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
+{
+	struct kv_conn *c = calloc(1, sizeof(*c));
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	if (!c) {
+		kv_err("out of memory accepting a connection");
+		close(fd);
+		return;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		kv_warn("SO_PEERCRED: %s; connection refused", strerror(errno));
+		close(fd);
+		free(c);
+		return;
+	}
+	c->cs = cs;
+	c->fd = fd;
+	c->win.cb = on_readable;
+	c->wout.cb = on_writable;
+	kv_list_init(&c->link);
+	if (kv_loop_poll(&cs->d->loop, &c->win, fd, POLLIN, 1) < 0) {
+		kv_err("cannot poll a new connection");
+		close(fd);
+		free(c);
+		return;
+	}
+	kv_session_open(cs->d, &c->ss, &cred, admin);
+	c->ss.waiter.wake = conn_wake;
+	kv_debug("session %llu: pid %d uid %u gid %u on the %s socket", (unsigned long long)c->ss.id,
+		 (int)cred.pid, cred.uid, cred.gid, admin ? "admin" : "worker");
+}
+
+void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
+{
+	cs->d = d;
+	kv_list_init(&cs->closing);
+}
+
+void kv_conns_fini(struct kv_conns *cs)
+{
+	struct kv_list *pos, *tmp;
+
+	if (!cs->d)
+		return;
+	kv_list_for_each_safe(pos, tmp, &cs->d->sessions)
+		conn_close(kv_container_of(pos, struct kv_conn, ss.link), NULL);
+	kv_list_for_each_safe(pos, tmp, &cs->closing) {
+		struct kv_conn *c = kv_container_of(pos, struct kv_conn, link);
+
+		kv_assert(c->closing);
+		kv_list_del(&c->link);
+		free(c);
+	}
+}

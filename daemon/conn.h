@@ -1,0 +1,42 @@
+/* The transport of one connection: input framing, output buffering and
+ * back-pressure, fd sending, close. Each connection carries one session
+ * (session.h), whose requests it hands to kv_ops_dispatch() one frame at a
+ * time.
+ *
+ *   OPEN --EOF / bad frame / error / send failure--> CLOSING --last completion--> freed
+ *
+ *   OPEN     polled for input (multishot POLLIN); orthogonal to it:
+ *            paused   OUT_BACKLOG bytes of output are unsent: input is left
+ *                     unread until the peer reads (one-shot POLLOUT)
+ *            parked   the first frame in the buffer waits for a tier
+ *                     (session.waiter); it runs again from the start when woken
+ *   CLOSING  the session released, the socket closed, on the closing list
+ *            until the io_uring completions of its watches have arrived
+ *
+ * A bad frame (bad header, oversize, undecodable, unknown op, fds attached)
+ * gets an EPROTO reply where one can be sent, then that connection closes;
+ * no other connection notices. */
+#ifndef KV_CONN_H
+#define KV_CONN_H
+
+#include "daemon.h"
+#include "session.h"
+
+/* The connections of a daemon: the closing ones wait here for their last
+ * completions. Embedded in the server. */
+struct kv_conns {
+	struct kv_daemon *d;
+	struct kv_list closing;
+};
+
+void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);
+/* Closes every connection and frees them all (the loop is stopped: no
+ * completion will come for them any more). */
+void kv_conns_fini(struct kv_conns *cs);
+
+/* Takes over fd, an accepted socket: records the peer's credentials, opens
+ * its session and polls it. admin: from the admin socket. On failure fd is
+ * closed and the reason logged. */
+void kv_conn_accept(struct kv_conns *cs, int fd, int admin);
+
+#endif

@@ -1,0 +1,148 @@
+/* The daemon context; see daemon.h. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+uint64_t kv_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void on_copies(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_daemon *d = kv_container_of(w, struct kv_daemon, copyw);
+
+	if (res >= 0)
+		kv_tiers_copies_done(d->tiers);
+	if (!more && !d->loop.stop)
+		kv_loop_poll(&d->loop, &d->copyw, d->be->completion_fd, POLLIN, 1);
+}
+
+static void on_disk(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_daemon *d = kv_container_of(w, struct kv_daemon, diskw);
+
+	if (res >= 0)
+		kv_tiers_disk_done(d->tiers);
+	if (d->flushing && kv_daemon_stop_flush(d))
+		kv_loop_stop(&d->loop);
+	if (!more && !d->loop.stop)
+		kv_loop_poll(&d->loop, &d->diskw, kv_tiers_disk_fd(d->tiers), POLLIN, 1);
+}
+
+int kv_daemon_stop_flush(struct kv_daemon *d)
+{
+	struct kv_tier_stats st[KV_NTIERS];
+
+	if (kv_tiers_clean(d->tiers))
+		goto done;
+	kv_tiers_stats(d->tiers, st);
+	if (st[KV_TIER_G3].inflight) {
+		d->flushing = 1;
+		return 0;   /* on_disk() comes back here */
+	}
+	if (kv_tiers_flush(d->tiers)) {
+		d->flushing = 1;
+		return 0;
+	}
+	kv_warn("stop: %llu dirty host-tier blocks cannot be written to disk (full or failing); "
+		"they are lost with this process", (unsigned long long)st[KV_TIER_G2].dirty);
+	d->flushing = 0;
+	return 1;
+done:
+	if (d->flushing)
+		kv_info("stop: the dirty host-tier blocks are on disk");
+	d->flushing = 0;
+	return 1;
+}
+
+static int backend_create(struct kv_daemon *d, const struct kv_config *cfg)
+{
+	uint64_t nseg = cfg->pool_bytes / cfg->segment_bytes;
+	char err[256] = "";
+	int r;
+
+	if (!strcmp(cfg->backend, "cuda")) {
+		/* Every visible device, pool_bytes on each. */
+		r = kv_backend_cuda_create(NULL, 0, cfg->pool_bytes, cfg->segment_bytes, err,
+					   sizeof(err), &d->be);
+		if (r < 0)
+			kv_err("cuda backend: %s", err);
+		return r;
+	}
+	if (strcmp(cfg->backend, "host")) {
+		kv_err("backend '%s' is not built in (available: host, cuda)", cfg->backend);
+		return -EINVAL;
+	}
+	r = kv_backend_host_create(cfg->segment_bytes, (uint32_t)nseg, &d->be);
+	if (r < 0)
+		kv_err("host backend: %llu segments of %llu bytes: %s", (unsigned long long)nseg,
+		       (unsigned long long)cfg->segment_bytes, strerror(-r));
+	return r;
+}
+
+int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
+{
+	char err[256] = "";
+	int r;
+
+	memset(d, 0, sizeof(*d));
+	d->cfg = *cfg;
+	d->sigfd = -1;
+	d->copyw.cb = on_copies;
+	d->diskw.cb = on_disk;
+	kv_list_init(&d->sessions);
+	kv_arena_init(&d->arena);
+	d->start_ms = kv_now_ms();
+	if ((r = backend_create(d, cfg)) < 0)
+		return r;
+	r = kv_pools_create(d->be, cfg->page_bytes, &d->pools);
+	if (r < 0) {
+		kv_err("page allocator: %s", strerror(-r));
+		return r;
+	}
+	r = kv_tiers_create(d->pools, d->be, cfg->page_bytes, &cfg->tiers, &d->tiers, err,
+			    sizeof(err));
+	if (r < 0) {
+		kv_err("tiers: %s", err[0] ? err : strerror(-r));
+		return r;
+	}
+	d->scratch = calloc(cfg->max_batch, sizeof(void *));
+	if (!d->scratch)
+		return -ENOMEM;
+	r = kv_loop_init(&d->loop, 1024);
+	if (r < 0) {
+		kv_err("io_uring: %s", strerror(-r));
+		return r;
+	}
+	if ((kv_tiers_on(d->tiers) &&
+	     (r = kv_loop_poll(&d->loop, &d->copyw, d->be->completion_fd, POLLIN, 1)) < 0) ||
+	    (kv_tiers_disk_fd(d->tiers) >= 0 &&
+	     (r = kv_loop_poll(&d->loop, &d->diskw, kv_tiers_disk_fd(d->tiers), POLLIN, 1)) < 0))
+		return r;
+	return 0;
+}
+
+void kv_daemon_fini(struct kv_daemon *d)
+{
+	if (d->loop.ring.ring_fd > 0)
+		kv_loop_fini(&d->loop);
+	kv_tiers_destroy(d->tiers);
+	kv_pools_destroy(d->pools);
+	kv_backend_destroy(d->be);
+	kv_arena_fini(&d->arena);
+	free(d->scratch);
+	d->tiers = NULL;
+	d->pools = NULL;
+	d->be = NULL;
+	d->scratch = NULL;
+}

@@ -1,0 +1,82 @@
+/* The daemon context: everything a request handler reaches, apart from the
+ * transport that brought the request.
+ *
+ * One struct kv_daemon per process, owned by the event loop thread: the live
+ * configuration, the backend, the pools, the tiers, the sessions (protocol
+ * state per connection, session.h), the per-request arena and scratch array,
+ * the counters operators see, and the drain state. The modules are layered
+ * on it, each knowing only those below it:
+ *
+ *   daemon     this context: the resources, the tier completions
+ *   session    a peer's protocol state: namespace, references, segments sent
+ *   lifecycle  drain, reload, signals, watchdog and status timers, stop
+ *   ops        one handler per protocol operation (ops.h, ops_block.c,
+ *              ops_admin.c)
+ *   conn       the transport of one connection: framing, buffers, fds
+ *   listener   the listening sockets
+ *   server     assembles them (main.c calls it)
+ *
+ * The one call that goes upward, a drain closing the worker socket, goes
+ * through the stop_accepting hook the server sets. */
+#ifndef KV_DAEMON_H
+#define KV_DAEMON_H
+
+#include <stdint.h>
+
+#include "arena.h"
+#include "backend.h"
+#include "config.h"
+#include "list.h"
+#include "loop.h"
+#include "pool.h"
+#include "tier.h"
+
+struct kv_daemon {
+	struct kv_config cfg;
+	/* Where cfg came from, for reloads (NULL: reloads re-apply nothing).
+	 * The caller's. */
+	const struct kv_config_source *src;
+	struct kv_loop loop;
+	struct kv_backend *be;
+	struct kv_pools *pools;
+	struct kv_tiers *tiers;
+	struct kv_loop_watch copyw, diskw;  /* tier completions */
+	struct kv_list sessions;   /* open sessions (struct kv_session) */
+	uint32_t nsessions;
+	uint64_t next_session;
+	struct kv_arena arena;     /* per request: reset after each reply */
+	void *scratch;             /* max_batch block pointers for ops */
+	uint64_t start_ms;
+	uint64_t requests, enospc;
+	uint64_t reloads, reload_failures;
+	/* lifecycle.c */
+	int draining;
+	uint64_t drain_deadline_ms;   /* wall clock */
+	int flushing;                 /* stopping: writing dirty G2 back to G3 */
+	int sigfd;
+	uint64_t watchdog_usec;
+	struct kv_loop_watch sigw, drainw, wdogw, statw;
+	/* Set by the server: stops new connections on the worker socket. */
+	void (*stop_accepting)(struct kv_daemon *d);
+	/* For the log: where the worker socket listens. */
+	const char *(*worker_name)(struct kv_daemon *d, char *buf, size_t len);
+};
+
+/* Creates the backend, the pools, the tiers and the event loop from cfg, and
+ * polls the tiers' completions. Returns 0 or -errno, logging what failed;
+ * kv_daemon_fini() frees what was made either way. */
+int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg);
+/* Frees what kv_daemon_init() made (sessions must be gone). */
+void kv_daemon_fini(struct kv_daemon *d);
+
+/* A stop (lifecycle.h, STOPPING) writes the dirty G2 copies back to G3:
+ * starts the write-backs, or goes on with them after a disk completion.
+ * Returns 1 when the stop may complete (nothing dirty is left, or nothing
+ * more can be written: logged), 0 while writes are in flight (d->flushing
+ * is set, and the disk completion that finishes them stops the loop). */
+int kv_daemon_stop_flush(struct kv_daemon *d);
+
+/* Milliseconds of the wall clock (what operators compare with dates). */
+uint64_t kv_now_ms(void);
+
+#endif

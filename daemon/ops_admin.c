@@ -1,0 +1,385 @@
+/* The operators' operations: Stats, ListClients, Check, Evict, Flush,
+ * Drain, Reload, Metrics. Stats is open to every session (its own namespace
+ * only, unless admin); the others need an admin session. See ops.h. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lifecycle.h"
+#include "log.h"
+#include "metrics.h"
+#include "ops_int.h"
+
+/* Whether the session may use an admin operation; if not, the reply says so. */
+static int admin_only(struct req *q, const char *what)
+{
+	if (kv_session_is_admin(q->ss))
+		return 1;
+	kv_op_fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
+		   "%s is an admin operation: use the admin socket (%s), or connect as root or "
+		   "the daemon's uid", what, q->d->cfg.admin_socket_path);
+	return 0;
+}
+
+/* The namespaces with pools or sessions: all for an admin, else the caller's. */
+static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
+{
+	struct kv_daemon *d = q->d;
+	struct kv_ns_usage *u = malloc((KV_MAX_NS + 1) * sizeof(*u));
+	uint32_t ns;
+
+	if (!u)
+		return -ENOMEM;
+	kv_metrics_ns_usage(d, u);
+	r->namespaces = kv_arena_alloc(&d->arena, KV_MAX_NS * sizeof(*r->namespaces));
+	for (ns = 1; r->namespaces && ns <= KV_MAX_NS; ns++) {
+		Kvcached__NamespaceInfo *ni;
+
+		if ((!u[ns].pools && !u[ns].sessions) || (!admin && ns != q->ss->ns))
+			continue;
+		ni = kv_arena_alloc(&d->arena, sizeof(*ni));
+		if (!ni) {
+			r->namespaces = NULL;
+			break;
+		}
+		kvcached__namespace_info__init(ni);
+		ni->name = (char *)kv_pools_ns_name(d->pools, ns);
+		ni->pools = u[ns].pools;
+		ni->sessions = u[ns].sessions;
+		ni->blocks_writable = u[ns].writable;
+		ni->blocks_sealed = u[ns].sealed;
+		ni->blocks_cached = u[ns].cached;
+		ni->bytes = u[ns].bytes;
+		r->namespaces[r->n_namespaces++] = ni;
+	}
+	free(u);
+	return r->namespaces ? 0 : -ENOMEM;
+}
+
+static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64_t page_bytes)
+{
+	struct kv_daemon *d = q->d;
+	uint32_t id;
+
+	r->pools = kv_arena_alloc(&d->arena, KV_MAX_POOLS * sizeof(*r->pools));
+	if (!r->pools)
+		return -ENOMEM;
+	for (id = 0; id < KV_MAX_POOLS; id++) {
+		struct kv_pool *p = kv_pool_get(d->pools, id);
+		Kvcached__PoolInfo *pi;
+
+		if (!p)
+			break;
+		if (!admin && p->ns != q->ss->ns)
+			continue;
+		pi = kv_arena_alloc(&d->arena, sizeof(*pi));
+		if (!pi)
+			return -ENOMEM;
+		kvcached__pool_info__init(pi);
+		pi->pool_id = p->id;
+		pi->namespace_ = (char *)kv_pools_ns_name(d->pools, p->ns);
+		pi->name = p->name;
+		pi->device = p->device;
+		pi->block_bytes = p->block_bytes;
+		pi->block_tokens = p->block_tokens;
+		pi->dtype = p->dtype;
+		pi->run_bytes = (uint64_t)p->run_pages * page_bytes;
+		pi->blocks_per_run = p->blocks_per_run;
+		pi->runs = p->n.runs;
+		pi->blocks_free = p->n.free;
+		pi->blocks_writable = p->n.writable;
+		pi->blocks_sealed = p->n.sealed;
+		pi->blocks_cached = p->n.cached;
+		pi->allocs = p->n.allocs;
+		pi->lookups = p->n.lookups;
+		pi->hits = p->n.hits;
+		pi->evictions = p->n.evictions;
+		pi->dedups = p->n.dedups;
+		r->pools[r->n_pools++] = pi;
+	}
+	return 0;
+}
+
+static int stats_tiers(struct req *q, Kvcached__StatsReply *r)
+{
+	struct kv_daemon *d = q->d;
+	struct kv_tier_stats st[KV_NTIERS];
+	int t, nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;
+
+	kv_tiers_stats(d->tiers, st);
+	r->tiers = kv_arena_alloc(&d->arena, KV_NTIERS * sizeof(*r->tiers));
+	if (!r->tiers)
+		return -ENOMEM;
+	for (t = 0; t < nt; t++) {
+		Kvcached__TierInfo *ti;
+
+		if (t == KV_TIER_G3 && !st[t].capacity)
+			break;
+		if (!(ti = kv_arena_alloc(&d->arena, sizeof(*ti))))
+			return -ENOMEM;
+		kvcached__tier_info__init(ti);
+		ti->tier = (Kvcached__Tier)t;
+		ti->capacity_bytes = st[t].capacity;
+		ti->used_bytes = st[t].used;
+		ti->blocks = st[t].blocks;
+		ti->dirty = st[t].dirty;
+		ti->hits = st[t].hits;
+		ti->promotions = st[t].promotions;
+		ti->demotions = st[t].demotions;
+		ti->evictions = st[t].evictions;
+		ti->io_errors = st[t].io_errors;
+		ti->checksum_failures = st[t].checksum_failures;
+		ti->inflight = st[t].inflight;
+		r->tiers[r->n_tiers++] = ti;
+	}
+	return 0;
+}
+
+void kv_op_stats(struct req *q)
+{
+	struct kv_daemon *d = q->d;
+	Kvcached__StatsReply *r = q_alloc(q, sizeof(*r));
+	uint64_t total, nfree, page_bytes;
+	int admin = kv_session_is_admin(q->ss);
+
+	if (!r)
+		return;
+	kvcached__stats_reply__init(r);
+	kv_pools_pages(d->pools, &total, &nfree, &page_bytes);
+	r->version = (char *)KV_VERSION;
+	r->backend = (char *)d->be->name;
+	r->uptime_ms = kv_now_ms() - d->start_ms;
+	r->page_bytes = page_bytes;
+	r->segment_bytes = d->be->segment_bytes;
+	r->pages_total = total;
+	r->pages_free = nfree;
+	r->segments = d->be->segments[0];
+	r->sessions = d->nsessions;
+	r->requests = d->requests;
+	r->enospc = d->enospc;
+	r->draining = d->draining;
+	r->drain_deadline_ms = d->draining ? d->drain_deadline_ms : 0;
+	r->reloads = d->reloads;
+	r->reload_failures = d->reload_failures;
+	r->clients = kv_sessions_clients(d);
+	if (stats_namespaces(q, r, admin) < 0 || stats_pools(q, r, admin, page_bytes) < 0 ||
+	    stats_tiers(q, r) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_STATS;
+	q->rs->stats = r;
+}
+
+void kv_op_clients(struct req *q)
+{
+	struct kv_daemon *d = q->d;
+	Kvcached__ClientsReply *r;
+	struct kv_list *pos;
+
+	if (!admin_only(q, "listing clients") || !(r = q_alloc(q, sizeof(*r))))
+		return;
+	kvcached__clients_reply__init(r);
+	if (!(r->clients = q_alloc(q, (d->nsessions + 1) * sizeof(void *))))
+		return;
+	kv_list_for_each(pos, &d->sessions) {
+		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+		Kvcached__ClientInfo *ci = q_alloc(q, sizeof(*ci));
+
+		if (!ci)
+			return;
+		kvcached__client_info__init(ci);
+		ci->session_id = ss->id;
+		ci->pid = ss->cred.pid;
+		ci->uid = ss->cred.uid;
+		ci->gid = ss->cred.gid;
+		ci->namespace_ = (char *)(ss->ns ? kv_pools_ns_name(d->pools, ss->ns) : "");
+		ci->name = ss->name;
+		ci->refs = ss->refs.refs;
+		ci->connected_ms = ss->connected_ms;
+		ci->requests = ss->requests;
+		ci->admin = ss->admin;
+		r->clients[r->n_clients++] = ci;
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_CLIENTS;
+	q->rs->clients = r;
+}
+
+struct check_ctx {
+	struct req *q;
+	Kvcached__CheckReply *r;
+	size_t cap;
+};
+
+static void count_ref(void *key, uint32_t count, void *ctx)
+{
+	(void)ctx;
+	((struct kv_block *)key)->check += count;
+}
+
+static void add_problem(void *ctx, const char *msg)
+{
+	struct check_ctx *c = ctx;
+
+	if (c->r->n_problems < c->cap && (c->r->problems[c->r->n_problems] = q_strdup(c->q, msg)))
+		c->r->n_problems++;
+}
+
+/* Runs the whole invariant check, including that each block's refcount is
+ * exactly what the sessions and the tiers hold. O(blocks); an operator's
+ * tool. */
+void kv_op_check(struct req *q)
+{
+	struct kv_daemon *d = q->d;
+	struct check_ctx c = { .q = q, .cap = 100 };
+	struct kv_list *pos;
+	int problems;
+
+	if (!admin_only(q, "the invariant check") || !(c.r = q_alloc(q, sizeof(*c.r))))
+		return;
+	kvcached__check_reply__init(c.r);
+	if (!(c.r->problems = q_alloc(q, c.cap * sizeof(char *))))
+		return;
+	kv_pools_check_clear(d->pools);
+	kv_list_for_each(pos, &d->sessions) {
+		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+
+		kv_refmap_each(&ss->refs, count_ref, NULL);
+		for (uint32_t i = 0; i < ss->npins; i++)
+			ss->pins[i]->check++;
+	}
+	kv_tiers_count_refs(d->tiers);
+	problems = kv_pools_check(d->pools, 1, add_problem, &c, &c.r->blocks_checked,
+				  kv_tiers_entries(d->tiers));
+	problems += kv_tiers_check(d->tiers, add_problem, &c);
+	c.r->ok = problems == 0;
+	if (problems)
+		kv_warn("invariant check: %d problems, first: %s", problems,
+			c.r->n_problems ? c.r->problems[0] : "?");
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_CHECK;
+	q->rs->check = c.r;
+}
+
+void kv_op_evict(struct req *q, const Kvcached__Evict *m)
+{
+	Kvcached__EvictReply *r;
+
+	if (!admin_only(q, "evict") || !(r = q_alloc(q, sizeof(*r))))
+		return;
+	if (!m->all_pools && !kv_pool_get(q->d->pools, m->pool_id)) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOENT, -1, "no pool %u", m->pool_id);
+		return;
+	}
+	if (m->tier > KVCACHED__TIER__TIER_G3) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "no tier %d", (int)m->tier);
+		return;
+	}
+	kvcached__evict_reply__init(r);
+	r->blocks = kv_tiers_evict(q->d->tiers, (int)m->tier, m->all_pools ? -1 : (int)m->pool_id);
+	kv_info("evict of tier G%d, %s: %llu blocks", (int)m->tier + 1,
+		m->all_pools ? "all pools" : "one pool", (unsigned long long)r->blocks);
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_EVICT;
+	q->rs->evict = r;
+}
+
+void kv_op_flush(struct req *q)
+{
+	Kvcached__FlushReply *r;
+
+	if (!admin_only(q, "flush") || !(r = q_alloc(q, sizeof(*r))))
+		return;
+	kvcached__flush_reply__init(r);
+	r->started = kv_tiers_flush(q->d->tiers);
+	r->clean = kv_tiers_clean(q->d->tiers);
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_FLUSH;
+	q->rs->flush = r;
+}
+
+void kv_op_drain(struct req *q, const Kvcached__Drain *m)
+{
+	struct kv_daemon *d = q->d;
+	Kvcached__DrainReply *r;
+	char why[64];
+
+	if (!admin_only(q, "drain") || !(r = q_alloc(q, sizeof(*r))))
+		return;
+	kvcached__drain_reply__init(r);
+	snprintf(why, sizeof(why), "drain asked by pid %d", (int)q->ss->cred.pid);
+	r->already = kv_daemon_drain(d, m->timeout_ms ? m->timeout_ms : d->cfg.drain_timeout_ms,
+				     why) == -EALREADY;
+	r->clients = kv_sessions_clients(d);
+	r->deadline_ms = d->drain_deadline_ms;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_DRAIN;
+	q->rs->drain = r;
+}
+
+struct reload_reply {
+	struct req *q;
+	Kvcached__ReloadReply *r;
+};
+
+static void reload_line(void *ctx, const char *line, int applied)
+{
+	struct reload_reply *x = ctx;
+	char ***list = applied ? &x->r->applied : &x->r->not_applied;
+	size_t *n = applied ? &x->r->n_applied : &x->r->n_not_applied;
+	char *copy = q_strdup(x->q, line);
+
+	if (!*list)
+		*list = q_alloc(x->q, kv_cfg_nkeys * sizeof(char *));
+	if (copy && *list && *n < kv_cfg_nkeys)
+		(*list)[(*n)++] = copy;
+}
+
+void kv_op_reload(struct req *q)
+{
+	struct reload_reply x = { .q = q };
+	char err[512];
+
+	if (!admin_only(q, "reload") || !(x.r = q_alloc(q, sizeof(*x.r))))
+		return;
+	kvcached__reload_reply__init(x.r);
+	if (kv_daemon_reload(q->d, reload_line, &x, err, sizeof(err)) < 0) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__ECONFIG, -1, "%s", err);
+		return;
+	}
+	x.r->config_path = (char *)(q->d->src ? q->d->src->path : "");
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_RELOAD;
+	q->rs->reload = x.r;
+}
+
+void kv_op_metrics(struct req *q)
+{
+	Kvcached__MetricsReply *r;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+	int rc;
+
+	if (!admin_only(q, "metrics") || !(r = q_alloc(q, sizeof(*r))))
+		return;
+	if (!(f = open_memstream(&text, &len))) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	kvcached__metrics_reply__init(r);
+	rc = kv_metrics_write(q->d, f);
+	if (fclose(f) != 0 || rc < 0)
+		q->out = KV_OP_NOMEM;
+	else
+		r->text = q_strdup(q, text);
+	free(text);
+	if (q->out == KV_OP_NOMEM)
+		return;
+	/* The reply must fit the client's frame limit. */
+	if (len + 4096 > q->d->cfg.max_frame) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__E2BIG, -1,
+			   "the metrics (%zu bytes) do not fit max_frame (%" PRIu32 "); raise it",
+			   len, q->d->cfg.max_frame);
+		return;
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_METRICS;
+	q->rs->metrics = r;
+}

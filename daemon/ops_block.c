@@ -1,0 +1,402 @@
+/* The block operations: Hello, RegisterPool, Alloc, Seal, Lookup, Release,
+ * Fork, Cow, SwapOut, SwapIn. See ops.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+#include "log.h"
+#include "ops_int.h"
+
+void kv_op_hello(struct req *q, const Kvcached__Hello *h)
+{
+	struct kv_daemon *d = q->d;
+	Kvcached__HelloReply *r;
+	int ns;
+
+	if (q->ss->ns) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "Hello sent twice");
+		return;
+	}
+	if (h->min_version > KV_PROTO_VERSION || h->max_version < KV_PROTO_VERSION) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EVERSION, -1,
+			   "client speaks versions %u..%u, daemon speaks %u", h->min_version,
+			   h->max_version, KV_PROTO_VERSION);
+		return;
+	}
+	ns = kv_pools_ns(d->pools, h->namespace_ && h->namespace_[0] ? h->namespace_ : "default");
+	if (ns < 0) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%s': %s", h->namespace_,
+			   ns == -ENOSPC ? "too many namespaces" : "bad name");
+		return;
+	}
+	if (!(r = q_alloc(q, sizeof(*r))))
+		return;
+	q->ss->ns = (uint32_t)ns;
+	snprintf(q->ss->name, sizeof(q->ss->name), "%s", h->client_name ? h->client_name : "");
+	kvcached__hello_reply__init(r);
+	r->version = KV_PROTO_VERSION;
+	r->page_bytes = d->cfg.page_bytes;
+	r->segment_bytes = d->be->segment_bytes;
+	r->device_bytes = d->be->segment_bytes * d->be->segments[0];
+	r->devices = d->be->devices;
+	r->backend = (char *)d->be->name;
+	r->max_frame = d->cfg.max_frame;
+	r->max_batch = d->cfg.max_batch;
+	r->session_id = q->ss->id;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_HELLO;
+	q->rs->hello = r;
+}
+
+void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
+{
+	struct kv_pool_desc desc = {
+		.name = m->name, .device = m->device, .block_bytes = m->block_bytes,
+		.block_tokens = m->block_tokens, .dtype = m->dtype,
+		.layout = m->layout.data, .layout_len = m->layout.len,
+	};
+	struct kv_daemon *d = q->d;
+	Kvcached__RegisterPoolReply *r;
+	struct kv_pool *p;
+	char err[256];
+	uint32_t before = kv_pools_count(d->pools);
+	int rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
+
+	if (rc < 0) {
+		kv_op_fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
+			   : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC
+			   : rc == -ENOMEM ? KVCACHED__ERROR_CODE__EINTERNAL
+					   : KVCACHED__ERROR_CODE__EINVAL, -1, "%s", err);
+		return;
+	}
+	if (kv_pools_count(d->pools) != before)
+		kv_tiers_pool_added(d->tiers, p);
+	if (!(r = q_alloc(q, sizeof(*r))))
+		return;
+	kvcached__register_pool_reply__init(r);
+	r->pool_id = p->id;
+	r->run_bytes = (uint64_t)p->run_pages * d->cfg.page_bytes;
+	r->blocks_per_run = p->blocks_per_run;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_REGISTER_POOL;
+	q->rs->register_pool = r;
+	kv_debug("session %llu: pool %u '%s' block_bytes %llu: runs of %u pages, %u blocks",
+		 (unsigned long long)q->ss->id, p->id, p->name, (unsigned long long)p->block_bytes,
+		 p->run_pages, p->blocks_per_run);
+}
+
+void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
+{
+	struct kv_pool *p = kv_op_pool(q, m->pool_id);
+	char why[512];
+	uint32_t i;
+
+	if (!p)
+		return;
+	if (m->count == 0 || m->count > q->d->cfg.max_batch) {
+		kv_op_fail(q, m->count ? KVCACHED__ERROR_CODE__E2BIG : KVCACHED__ERROR_CODE__EINVAL,
+			   -1, "alloc of %u blocks: must be 1..%u", m->count, q->d->cfg.max_batch);
+		return;
+	}
+	if (kv_refmap_reserve(&q->ss->refs, m->count) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	if (kv_pool_alloc(p, m->count, q->blk, why, sizeof(why)) < 0) {
+		q->d->enospc++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+		return;
+	}
+	for (i = 0; i < m->count; i++)
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	kv_op_reply_blocks(q, m->count);
+}
+
+void kv_op_seal(struct req *q, const Kvcached__Seal *m)
+{
+	struct kv_pool *p = kv_op_pool(q, m->pool_id);
+	size_t i;
+
+	if (!p)
+		return;
+	if (m->hashes.len != m->n_blocks * HASH) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "seal of %zu blocks needs %zu hash bytes, got %zu", m->n_blocks,
+			   m->n_blocks * HASH, m->hashes.len);
+		return;
+	}
+	if (kv_op_resolve(q, p, m->blocks, m->n_blocks, 1) < 0)
+		return;
+	for (i = 0; i < m->n_blocks; i++) {
+		if (q->blk[i]->state != KV_BLOCK_WRITABLE) {
+			kv_op_fail(q, KVCACHED__ERROR_CODE__ESTATE, (int)i,
+				   "block %#llx (index %zu) is sealed already",
+				   (unsigned long long)m->blocks[i], i);
+			return;
+		}
+	}
+	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	for (i = 0; i < m->n_blocks; i++) {
+		struct kv_block *b = q->blk[i];
+		struct kv_block *nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
+
+		if (nb != b) {
+			kv_refmap_sub(&q->ss->refs, b);
+			kv_refmap_add(&q->ss->refs, nb);
+			q->blk[i] = nb;
+		}
+	}
+	kv_op_reply_blocks(q, m->n_blocks);
+}
+
+/* Drops the first n pins a parked lookup held (it has run again and holds
+ * what it needs now). */
+static void unpin(struct kv_session *ss, uint32_t n)
+{
+	uint32_t i;
+
+	if (!n)
+		return;
+	for (i = 0; i < n; i++)
+		kv_block_unref(ss->pins[i]);
+	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
+	ss->npins -= n;
+}
+
+static int pin(struct kv_session *ss, struct kv_block *b)
+{
+	if (ss->npins == ss->pins_cap) {
+		uint32_t cap = ss->pins_cap ? 2 * ss->pins_cap : 16;
+		void *np = realloc(ss->pins, cap * sizeof(*ss->pins));
+
+		if (!np)
+			return -ENOMEM;
+		ss->pins = np;
+		ss->pins_cap = cap;
+	}
+	kv_block_ref(b);
+	ss->pins[ss->npins++] = b;
+	return 0;
+}
+
+void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
+{
+	struct kv_pool *p = kv_op_pool(q, m->pool_id);
+	size_t n = m->hashes.len / HASH, k;
+	uint32_t old_pins = q->ss->npins;
+	int parked = 0;
+
+	if (!p)
+		return;
+	if (m->hashes.len % HASH || n > q->d->cfg.max_batch) {
+		kv_op_fail(q, m->hashes.len % HASH ? KVCACHED__ERROR_CODE__EINVAL
+						   : KVCACHED__ERROR_CODE__E2BIG, -1,
+			   "lookup of %zu hash bytes: must be a multiple of %d, at most %u hashes",
+			   m->hashes.len, HASH, q->d->cfg.max_batch);
+		return;
+	}
+	/* Blocks in lower tiers are promoted first: all of the chain's at once,
+	 * and the request parks on the first; when it runs again the next
+	 * promotion still under way parks it, until the whole prefix is in G1. */
+	for (k = 0; k < n; k++) {
+		struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + k * HASH);
+
+		if (!e)
+			break;
+		if (e->kind == KV_ENTRY_TIER) {
+			int r = kv_tiers_promote(q->d->tiers, e, parked ? NULL : &q->ss->waiter);
+
+			if (r == -EAGAIN)
+				break;  /* no room to start more now: the rerun will */
+			if (r < 0)
+				break;  /* a miss from here on */
+			parked = 1;
+			continue;
+		}
+		q->blk[k] = kv_container_of(e, struct kv_block, ix);
+	}
+	if (parked) {
+		/* While the request waits for the rest of the chain, the blocks
+		 * it has found stay in G1: demotion would otherwise take them
+		 * and the request could chase its own chain forever. */
+		for (size_t i = 0; i < k; i++) {
+			struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + i * HASH);
+
+			if (e && e->kind == KV_ENTRY_BLOCK &&
+			    pin(q->ss, kv_container_of(e, struct kv_block, ix)) < 0) {
+				q->out = KV_OP_NOMEM;
+				return;
+			}
+		}
+		unpin(q->ss, old_pins);
+		q->out = KV_OP_PARK;
+		return;
+	}
+	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	for (size_t i = 0; i < k; i++) {
+		kv_block_ref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	}
+	unpin(q->ss, old_pins);
+	p->n.lookups += n;
+	p->n.hits += k;
+	kv_op_reply_blocks(q, k);
+}
+
+void kv_op_release(struct req *q, const Kvcached__Release *m)
+{
+	size_t i;
+
+	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
+		return;
+	/* Tail first: a chain listed head first leaves its tail the oldest in
+	 * the LRU, so eviction takes it before the head. */
+	for (i = m->n_blocks; i-- > 0;) {
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_block_unref(q->blk[i]);
+	}
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
+}
+
+void kv_op_fork(struct req *q, const Kvcached__Fork *m)
+{
+	size_t i;
+
+	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
+		return;
+	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	for (i = 0; i < m->n_blocks; i++) {
+		kv_block_ref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	}
+	kv_op_reply_blocks(q, m->n_blocks);
+}
+
+static void unref_copies(struct kv_block **copy, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (copy[i])
+			kv_block_unref(copy[i]);
+}
+
+void kv_op_cow(struct req *q, const Kvcached__Cow *m)
+{
+	struct kv_block **copy;
+	size_t i, n = m->n_blocks;
+	char why[512];
+	int r;
+
+	if (kv_op_resolve(q, NULL, m->blocks, n, 0) < 0)
+		return;
+	if (!(copy = q_alloc(q, n * sizeof(*copy))))
+		return;
+	if (kv_refmap_reserve(&q->ss->refs, n) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	/* Allocate every copy first so that ENOSPC leaves the caller's blocks
+	 * and references as they were (cached blocks evicted on the way stay
+	 * evicted: they were only a cache). A block written only through this
+	 * reference needs no copy. */
+	for (i = 0; i < n; i++) {
+		struct kv_block *b = q->blk[i];
+
+		copy[i] = NULL;
+		if (b->state == KV_BLOCK_WRITABLE && b->ref == 1)
+			continue;
+		if (kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why)) < 0) {
+			unref_copies(copy, i);
+			q->d->enospc++;
+			kv_op_fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+			return;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		if (copy[i] && (r = kv_block_copy(copy[i], q->blk[i])) < 0) {
+			unref_copies(copy, n);
+			kv_err("copy-on-write: backend copy failed: %s", strerror(-r));
+			kv_op_fail(q, KVCACHED__ERROR_CODE__EINTERNAL, -1, "block copy failed: %s",
+				   strerror(-r));
+			return;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		if (!copy[i])
+			continue;
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_block_unref(q->blk[i]);
+		kv_refmap_add(&q->ss->refs, copy[i]);
+		q->blk[i] = copy[i];
+	}
+	kv_op_reply_blocks(q, n);
+}
+
+void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
+{
+	Kvcached__SwapOutReply *r = q_alloc(q, sizeof(*r));
+	struct kv_pool *p;
+	uint64_t handle;
+	char why[256];
+	size_t i;
+	int rc;
+
+	if (!r || kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 1) < 0)
+		return;
+	p = kv_block_pool(q->blk[0]);
+	for (i = 1; i < m->n_blocks; i++) {
+		if (kv_block_pool(q->blk[i]) != p) {
+			kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, (int)i,
+				   "swap out: block %zu is of another pool than block 0", i);
+			return;
+		}
+	}
+	rc = kv_tiers_swap_out(q->d->tiers, &q->ss->swaps, p, q->blk, (uint32_t)m->n_blocks,
+			       &handle, why, sizeof(why));
+	if (rc < 0) {
+		kv_op_fail(q, kv_op_errno_code(rc), -1, "swap out: %s", why);
+		return;
+	}
+	/* The swap holds these references now. */
+	for (i = 0; i < m->n_blocks; i++)
+		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+	kvcached__swap_out_reply__init(r);
+	r->swap = handle;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_SWAP_OUT;
+	q->rs->swap_out = r;
+}
+
+void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
+{
+	char why[512];
+	uint32_t n = 0, i;
+	int rc;
+
+	if (kv_refmap_reserve(&q->ss->refs, q->d->cfg.max_batch) < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	rc = kv_tiers_swap_in(q->d->tiers, &q->ss->swaps, m->swap, &q->ss->waiter, q->blk,
+			      q->d->cfg.max_batch, &n, why, sizeof(why));
+	if (rc == 1) {
+		q->out = KV_OP_PARK;
+		return;
+	}
+	if (rc < 0) {
+		if (rc == -ENOSPC)
+			q->d->enospc++;
+		kv_op_fail(q, kv_op_errno_code(rc), -1, "swap in: %s", why);
+		return;
+	}
+	for (i = 0; i < n; i++)
+		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	kv_op_reply_blocks(q, n);
+}

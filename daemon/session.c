@@ -1,0 +1,143 @@
+/* Sessions; see session.h. */
+#include "session.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvassert.h"
+
+void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
+		     int admin)
+{
+	ss->d = d;
+	ss->cred = *cred;
+	ss->admin = admin;
+	ss->id = ++d->next_session;
+	ss->connected_ms = kv_now_ms();
+	kv_refmap_init(&ss->refs);
+	kv_list_init(&ss->waiter.link);
+	kv_list_init(&ss->swaps);
+	kv_list_push_back(&d->sessions, &ss->link);
+	d->nsessions++;
+}
+
+static void release_ref(void *key, uint32_t count, void *ctx)
+{
+	struct kv_block *b = key;
+
+	(void)ctx;
+	while (count--)
+		kv_block_unref(b);
+}
+
+void kv_session_release(struct kv_session *ss)
+{
+	struct kv_daemon *d = ss->d;
+	uint32_t dev;
+
+	if (!kv_list_linked(&ss->link))
+		return;
+	/* Nothing a worker held leaks; nothing it sealed is lost. */
+	kv_refmap_each(&ss->refs, release_ref, NULL);
+	kv_refmap_fini(&ss->refs);
+	if (kv_list_linked(&ss->waiter.link))
+		kv_list_del(&ss->waiter.link);
+	while (ss->npins)
+		kv_block_unref(ss->pins[--ss->npins]);
+	free(ss->pins);
+	ss->pins = NULL;
+	kv_tiers_owner_gone(d->tiers, &ss->swaps);
+	kv_session_fds_sent(ss, ss->nfds);
+	free(ss->fds);
+	ss->fds = NULL;
+	ss->fds_cap = 0;
+	for (dev = 0; dev < KV_MAX_DEVICES; dev++)
+		free(ss->seg_sent[dev]);
+	memset(ss->seg_sent, 0, sizeof(ss->seg_sent));
+	kv_list_del(&ss->link);
+	kv_assert(d->nsessions > 0);
+	d->nsessions--;
+}
+
+int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
+{
+	struct kv_backend *be = ss->d->be;
+	uint32_t **sent = &ss->seg_sent[dev];
+	int fd;
+
+	kv_assert(dev < be->devices && seg < be->segments[dev]);
+	if (!*sent) {
+		*sent = calloc(be->segments[dev], sizeof(uint32_t));
+		if (!*sent)
+			return -ENOMEM;
+	}
+	if ((*sent)[seg] == be->epoch[dev][seg])
+		return 0;
+	if (ss->nfds == ss->fds_cap) {
+		size_t cap = ss->fds_cap ? ss->fds_cap * 2 : 16;
+		int *p = realloc(ss->fds, cap * sizeof(int));
+
+		if (!p)
+			return -ENOMEM;
+		ss->fds = p;
+		ss->fds_cap = cap;
+	}
+	/* A dup: the backend closes its fd when it recreates the segment, and
+	 * the number could then name anything by the time we send it. */
+	fd = be->ops->segment_fd(be, dev, seg);
+	if (fd < 0)
+		return fd;
+	fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (fd < 0)
+		return -errno;
+	ss->fds[ss->nfds++] = fd;
+	(*sent)[seg] = be->epoch[dev][seg];
+	return 1;
+}
+
+void kv_session_fds_sent(struct kv_session *ss, size_t n)
+{
+	kv_assert(n <= ss->nfds);
+	for (size_t i = 0; i < n; i++)
+		close(ss->fds[i]);
+	memmove(ss->fds, ss->fds + n, (ss->nfds - n) * sizeof(int));
+	ss->nfds -= n;
+}
+
+int kv_session_is_admin(const struct kv_session *ss)
+{
+	return ss->admin || (ss->d->cfg.worker_socket_admin &&
+			     (ss->cred.uid == 0 || ss->cred.uid == geteuid()));
+}
+
+const char *kv_session_ns_name(const struct kv_session *ss)
+{
+	return ss->ns ? kv_pools_ns_name(ss->d->pools, ss->ns) : NULL;
+}
+
+uint32_t kv_sessions_clients(const struct kv_daemon *d)
+{
+	const struct kv_list *pos;
+	uint32_t n = 0;
+
+	kv_list_for_each(pos, &d->sessions) {
+		const struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+
+		if (!ss->admin || ss->refs.refs)
+			n++;
+	}
+	return n;
+}
+
+uint64_t kv_sessions_refs(const struct kv_daemon *d)
+{
+	const struct kv_list *pos;
+	uint64_t refs = 0;
+
+	kv_list_for_each(pos, &d->sessions)
+		refs += kv_container_of(pos, struct kv_session, link)->refs.refs;
+	return refs;
+}

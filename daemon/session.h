@@ -1,0 +1,72 @@
+/* A session: one peer's protocol state, whatever transport carries it.
+ *
+ *   NEW --Hello ok--> READY --EOF / bad frame / error--> CLOSED
+ *
+ *   NEW     only Hello is accepted (ns 0); anything else is a protocol error
+ *   READY   ns set; refs holds exactly the references the peer holds; pins
+ *           the references a parked lookup holds for itself; seg_sent the
+ *           backend epoch of every segment the peer was sent (0: none)
+ *   CLOSED  kv_session_release() has dropped every reference (sealed blocks
+ *           stay cached), the pins and the swaps; the session is off the
+ *           daemon's list
+ *
+ * The transport (conn.h) embeds a session, sets waiter.wake and sends the
+ * fds queued here ahead of the reply that announces them. Request handlers
+ * (ops.h) change sessions; nothing here knows sockets or frames. */
+#ifndef KV_SESSION_H
+#define KV_SESSION_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "daemon.h"
+#include "refmap.h"
+
+struct kv_session {
+	struct kv_list link;       /* d->sessions while open */
+	struct kv_daemon *d;
+	uint64_t id;
+	struct ucred cred;
+	uint32_t ns;               /* 0 until Hello */
+	char name[64];
+	int admin;                 /* accepted on the admin socket */
+	struct kv_waiter waiter;   /* a parked request waits on a tier with it */
+	/* A parked lookup's G1 blocks, each with a reference, so that they stay
+	 * in G1 until the lookup runs again and takes its own (ops_block.c). */
+	struct kv_block **pins;
+	uint32_t npins, pins_cap;
+	struct kv_list swaps;      /* swapped-out sequences (tier.h) */
+	int *fds;                  /* our dups of segment fds, not sent yet */
+	size_t nfds, fds_cap;
+	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
+	struct kv_refmap refs;
+	uint64_t connected_ms, requests;
+};
+
+/* Opens ss (zeroed by the caller) for a peer with cred: READY for Hello, on
+ * d's list. admin: it came through the admin socket. */
+void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
+		     int admin);
+/* Releases everything ss holds and takes it off d's list (CLOSED).
+ * Idempotent. */
+void kv_session_release(struct kv_session *ss);
+
+/* Queues the fd of (dev, seg) to go with the next reply unless this session
+ * has the segment's current memory already. Returns 1 if queued, 0 if sent
+ * before, or -errno. */
+int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg);
+/* Closes the first n queued fds (they were sent). */
+void kv_session_fds_sent(struct kv_session *ss, size_t n);
+/* Whether the peer may use admin operations: the admin socket, or root or
+ * the daemon's uid on the worker socket unless worker_socket_admin is off. */
+int kv_session_is_admin(const struct kv_session *ss);
+/* The namespace's name, NULL before Hello (for the log). */
+const char *kv_session_ns_name(const struct kv_session *ss);
+
+/* Sessions that keep a drain going: those of the worker socket, and those of
+ * the admin socket that hold references. */
+uint32_t kv_sessions_clients(const struct kv_daemon *d);
+/* References all sessions hold. */
+uint64_t kv_sessions_refs(const struct kv_daemon *d);
+
+#endif
