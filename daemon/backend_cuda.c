@@ -42,7 +42,6 @@
 #include "backend.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +57,7 @@
 #include <unistd.h>
 
 #include "cudrv.h"
+#include "kverr.h"
 #include "fault.h"
 #include "log.h"
 
@@ -112,19 +112,6 @@ struct cuda_backend {
 	int batch_off;                 /* cuMemcpyBatchAsync failed once: per-copy */
 };
 
-static void set_err(char *err, unsigned errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, unsigned errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static CUresult use_ctx(struct cuda_dev *d)
 {
@@ -672,7 +659,7 @@ static const struct kv_backend_ops cuda_ops = {
 	do {                                                                           \
 		CUresult r_ = (call);                                                  \
 		if (r_ != CUDA_SUCCESS) {                                              \
-			set_err(err, errlen, "CUDA device %d: %s: %s", d->ordinal, what, \
+			kv_errf(err, errlen, "CUDA device %d: %s: %s", d->ordinal, what, \
 				kv_cu_name(r_));                                       \
 			return kv_cu_errno(r_);                                        \
 		}                                                                      \
@@ -694,7 +681,7 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 	d->cb = cb;
 	d->ordinal = ordinal;
 	if (pthread_cond_init(&d->cond, NULL) != 0) {
-		set_err(err, errlen, "pthread_cond_init failed");
+		kv_errf(err, errlen, "pthread_cond_init failed");
 		return -ENOMEM;
 	}
 	d->cond_ok = 1;
@@ -710,7 +697,7 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 	CU_TRY(kv_cu.cuDeviceGetAttribute(&uva, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, d->dev),
 	       "cuDeviceGetAttribute");
 	if (!vmm || !fdh || !uva) {
-		set_err(err, errlen, "CUDA device %d (%s) lacks %s", ordinal, name,
+		kv_errf(err, errlen, "CUDA device %d (%s) lacks %s", ordinal, name,
 			!vmm ? "virtual memory management" : !fdh ? "POSIX fd memory export"
 								: "unified addressing");
 		return -ENOTSUP;
@@ -723,20 +710,20 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 	       "cuMemGetAllocationGranularity");
 	grec = g;
 	if (!gmin || sb % gmin) {
-		set_err(err, errlen, "the segment size (%llu KiB) must be a multiple of CUDA device "
+		kv_errf(err, errlen, "the segment size (%llu KiB) must be a multiple of CUDA device "
 			"%d's allocation granularity (%llu KiB)", (unsigned long long)(sb >> 10),
 			ordinal, (unsigned long long)(gmin >> 10));
 		return -EINVAL;
 	}
 	nseg = bytes_per_dev / sb;
 	if (!nseg || nseg > UINT32_MAX) {
-		set_err(err, errlen, "a pool of %llu bytes per device holds no segment of %llu",
+		kv_errf(err, errlen, "a pool of %llu bytes per device holds no segment of %llu",
 			(unsigned long long)bytes_per_dev, (unsigned long long)sb);
 		return -EINVAL;
 	}
 	CU_TRY(kv_cu.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
 	if (nseg * sb > free_b) {
-		set_err(err, errlen, "CUDA device %d (%s) has %llu MiB free of %llu; the pool "
+		kv_errf(err, errlen, "CUDA device %d (%s) has %llu MiB free of %llu; the pool "
 			"needs %llu MiB", ordinal, name, (unsigned long long)(free_b >> 20),
 			(unsigned long long)(total_b >> 20), (unsigned long long)(nseg * sb >> 20));
 		return -ENOMEM;
@@ -745,7 +732,7 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 	cb->be.epoch[i] = calloc(nseg, sizeof(uint32_t));
 	d->segs = calloc(nseg, sizeof(*d->segs));
 	if (!cb->be.epoch[i] || !d->segs) {
-		set_err(err, errlen, "out of memory");
+		kv_errf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	for (s = 0; s < nseg; s++)
@@ -766,7 +753,7 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 		cb->be.epoch[i][s] = 1;
 	}
 	if (pthread_create(&d->thread, NULL, completion_thread, d) != 0) {
-		set_err(err, errlen, "cannot start the completion thread");
+		kv_errf(err, errlen, "cannot start the completion thread");
 		return -EAGAIN;
 	}
 	d->thread_started = 1;
@@ -792,12 +779,12 @@ static int device_count(char *err, unsigned errlen)
 	CUresult cr;
 
 	if (r < 0) {
-		set_err(err, errlen, "%s", kv_cu_error());
+		kv_errf(err, errlen, "%s", kv_cu_error());
 		return r;
 	}
 	cr = kv_cu.cuDeviceGetCount(&n);
 	if (cr != CUDA_SUCCESS) {
-		set_err(err, errlen, "cuDeviceGetCount: %s", kv_cu_name(cr));
+		kv_errf(err, errlen, "cuDeviceGetCount: %s", kv_cu_name(cr));
 		return kv_cu_errno(cr);
 	}
 	return n;
@@ -816,12 +803,12 @@ static int mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
 	if (r < 0)
 		return r;
 	if (dev < 0 || dev >= r) {
-		set_err(err, errlen, "no CUDA device %d (%d visible)", dev, r);
+		kv_errf(err, errlen, "no CUDA device %d (%d visible)", dev, r);
 		return -ENODEV;
 	}
 	if ((cr = kv_cu.cuDeviceGet(&d, dev)) != CUDA_SUCCESS ||
 	    (cr = kv_cu.cuDevicePrimaryCtxRetain(&ctx, d)) != CUDA_SUCCESS) {
-		set_err(err, errlen, "CUDA device %d: %s", dev, kv_cu_name(cr));
+		kv_errf(err, errlen, "CUDA device %d: %s", dev, kv_cu_name(cr));
 		return kv_cu_errno(cr);
 	}
 	if ((cr = kv_cu.cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
@@ -830,7 +817,7 @@ static int mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
 	}
 	kv_cu.cuDevicePrimaryCtxRelease(d);
 	if (cr != CUDA_SUCCESS) {
-		set_err(err, errlen, "CUDA device %d: cuMemGetInfo: %s", dev, kv_cu_name(cr));
+		kv_errf(err, errlen, "CUDA device %d: cuMemGetInfo: %s", dev, kv_cu_name(cr));
 		return kv_cu_errno(cr);
 	}
 	*free_bytes = f;
@@ -846,38 +833,38 @@ static int create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev, uint64
 	int r, count;
 
 	if (!seg_bytes || !bytes_per_dev) {
-		set_err(err, errlen, "no pool or segment size");
+		kv_errf(err, errlen, "no pool or segment size");
 		return -EINVAL;
 	}
 	count = device_count(err, errlen);
 	if (count < 0)
 		return count;
 	if (count == 0) {
-		set_err(err, errlen, "no CUDA device is visible");
+		kv_errf(err, errlen, "no CUDA device is visible");
 		return -ENODEV;
 	}
 	if (!devs || !ndev)
 		ndev = (uint32_t)(count < KV_MAX_DEVICES ? count : KV_MAX_DEVICES);
 	if (ndev > KV_MAX_DEVICES) {
-		set_err(err, errlen, "at most %d devices", KV_MAX_DEVICES);
+		kv_errf(err, errlen, "at most %d devices", KV_MAX_DEVICES);
 		return -EINVAL;
 	}
 	for (i = 0; devs && i < ndev; i++) {
 		uint32_t j;
 
 		if (devs[i] < 0 || devs[i] >= count) {
-			set_err(err, errlen, "no CUDA device %d (%d visible)", devs[i], count);
+			kv_errf(err, errlen, "no CUDA device %d (%d visible)", devs[i], count);
 			return -ENODEV;
 		}
 		for (j = 0; j < i; j++)
 			if (devs[j] == devs[i]) {
-				set_err(err, errlen, "CUDA device %d listed twice", devs[i]);
+				kv_errf(err, errlen, "CUDA device %d listed twice", devs[i]);
 				return -EINVAL;
 			}
 	}
 	cb = calloc(1, sizeof(*cb));
 	if (!cb) {
-		set_err(err, errlen, "out of memory");
+		kv_errf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&cb->lock, NULL);
@@ -887,7 +874,7 @@ static int create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev, uint64
 	cb->be.completion_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (cb->be.completion_fd < 0) {
 		r = -errno;
-		set_err(err, errlen, "eventfd: %s", strerror(errno));
+		kv_errf(err, errlen, "eventfd: %s", strerror(errno));
 		cuda_destroy(&cb->be);
 		return r;
 	}

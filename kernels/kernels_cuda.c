@@ -2,9 +2,10 @@
 #include "kernels_cuda.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "kverr.h"
 
 /* kernels.fatbin, embedded by embed.py. */
 extern const unsigned char kv_kernels_fatbin[];
@@ -19,19 +20,6 @@ struct kv_cuda_kernels {
 	CUfunction copy, crc;
 };
 
-static void set_err(char *err, unsigned errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, unsigned errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errlen)
 {
@@ -44,7 +32,7 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 	size_t i;
 
 	if (!k) {
-		set_err(err, errlen, "out of memory");
+		kv_errf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	(void)kv_kernels_fatbin_len;
@@ -56,7 +44,7 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 	fn[5] = &k->crc;
 	r = kv_cu.cuModuleLoadData(&k->mod, kv_kernels_fatbin);
 	if (r != CUDA_SUCCESS) {
-		set_err(err, errlen, "loading the kernels: %s%s", kv_cu_name(r),
+		kv_errf(err, errlen, "loading the kernels: %s%s", kv_cu_name(r),
 			r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION
 				? " (no code for this GPU; rebuild with its architecture in "
 				  "-Dgpu_archs, or a newer driver)"
@@ -68,7 +56,7 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 	for (i = 0; i < 6; i++) {
 		r = kv_cu.cuModuleGetFunction(fn[i], k->mod, names[i]);
 		if (r != CUDA_SUCCESS) {
-			set_err(err, errlen, "kernel %s: %s", names[i], kv_cu_name(r));
+			kv_errf(err, errlen, "kernel %s: %s", names[i], kv_cu_name(r));
 			kv_cuda_kernels_unload(k);
 			return kv_cu_errno(r);
 		}
