@@ -231,12 +231,14 @@ KVC_PUBLIC int kvc_release(kvc_conn *c, const kvc_block *blocks, size_t n)
 	return r < 0 ? r : 0;
 }
 
-/* Returns n or a negative error. */
-KVC_PUBLIC int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out)
+/* Fork and Cow: n handles in, n handles out (Fork: the same ones; Cow: of
+ * the same pools). Returns n or a negative error. */
+static int fork_or_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out, int cow)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Fork f = KVCACHED__FORK__INIT;
-	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1, .same = blocks };
+	Kvcached__Cow cw = KVCACHED__COW__INIT;
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1 };
 	int r;
 
 	if (!c || (n && (!blocks || !out)))
@@ -244,31 +246,30 @@ KVC_PUBLIC int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_bloc
 	r = check_batch(c, n);
 	if (r < 0 || n == 0)
 		return r;
-	f.n_blocks = n;
-	f.blocks = (uint64_t *)blocks;
-	req.op_case = KVCACHED__REQUEST__OP_FORK;
-	req.fork = &f;
+	if (cow) {
+		e.same_pool = blocks;
+		cw.n_blocks = n;
+		cw.blocks = (uint64_t *)blocks;
+		req.op_case = KVCACHED__REQUEST__OP_COW;
+		req.cow = &cw;
+	} else {
+		e.same = blocks;
+		f.n_blocks = n;
+		f.blocks = (uint64_t *)blocks;
+		req.op_case = KVCACHED__REQUEST__OP_FORK;
+		req.fork = &f;
+	}
 	return call_blocks(c, &req, &e, out);
 }
 
-/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_fork(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out)
+{
+	return fork_or_cow(c, blocks, n, out, 0);
+}
+
 KVC_PUBLIC int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out)
 {
-	Kvcached__Request req = KVCACHED__REQUEST__INIT;
-	Kvcached__Cow cw = KVCACHED__COW__INIT;
-	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1, .same_pool = blocks };
-	int r;
-
-	if (!c || (n && (!blocks || !out)))
-		return KVC_EINVAL;
-	r = check_batch(c, n);
-	if (r < 0 || n == 0)
-		return r;
-	cw.n_blocks = n;
-	cw.blocks = (uint64_t *)blocks;
-	req.op_case = KVCACHED__REQUEST__OP_COW;
-	req.cow = &cw;
-	return call_blocks(c, &req, &e, out);
+	return fork_or_cow(c, blocks, n, out, 1);
 }
 
 static const char *check_swap_out(const Kvcached__Response *r, const void *arg)
