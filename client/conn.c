@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "kvassert.h"
 
 #define RBUF_MIN (64u * 1024)
 #define FDQ_MAX 1024u               /* unclaimed fds before we call it a flood */
@@ -174,8 +175,10 @@ fail:
 
 static int fdq_pop(kvc_conn *c)
 {
-	int fd = c->fdq[c->fdq_head];
+	int fd;
 
+	kv_assert(c->fdq_len > 0);
+	fd = c->fdq[c->fdq_head];
 	c->fdq_head++;
 	if (--c->fdq_len == 0)
 		c->fdq_head = 0;

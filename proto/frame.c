@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "kvassert.h"
+
 void kv_frame_hdr_encode(uint8_t out[KV_FRAME_HDR], uint32_t len, uint16_t flags)
 {
 	out[0] = len & 0xff;
@@ -83,6 +85,7 @@ ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return -errno;
+	kv_assert(*nfds >= 0 && *nfds <= maxfds);
 	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
 		size_t i, cnt;
 
