@@ -101,6 +101,8 @@ int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
 void kv_session_fds_sent(struct kv_session *ss, size_t n)
 {
 	kv_assert(n <= ss->nfds);
+	if (n == 0)
+		return;
 	for (size_t i = 0; i < n; i++)
 		close(ss->fds[i]);
 	memmove(ss->fds, ss->fds + n, (ss->nfds - n) * sizeof(int));
