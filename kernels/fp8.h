@@ -188,9 +188,16 @@ KV_HD uint8_t kv_quant_elem(float x, float inv)
 	return kv_f32_to_e4m3(kv_fmul(x, inv));
 }
 
+/* A NaN code, or a NaN scale, gives the one quiet NaN 0x7FC00000: the
+ * device's multiply returns its own canonical NaN (0x7FFFFFFF) where the
+ * host's keeps the operand's payload, so neither is used for it. */
 KV_HD float kv_dequant_elem(uint8_t q, float scale)
 {
-	return kv_fmul(kv_e4m3_to_f32(q), scale);
+	float r = kv_fmul(kv_e4m3_to_f32(q), scale);
+
+	if ((kv_f32_bits(r) & 0x7fffffffu) > 0x7f800000u)
+		return kv_bits_f32(0x7fc00000u);
+	return r;
 }
 
 /* |x| as bits, or 0 for inf and NaN (they do not set a group's scale). For

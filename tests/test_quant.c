@@ -195,6 +195,11 @@ static void known_answers(void)
 	CHECK_EQ(kv_f32_to_e4m3(-NAN), 0x7f);
 	CHECK_EQ(kv_f32_to_e4m3(kv_bits_f32(0x7f800001u)), 0x7f);
 	CHECK(isnan(kv_e4m3_to_f32(0x7f)) && isnan(kv_e4m3_to_f32(0xff)));
+	/* The dequantizer's NaN is one value whatever the code's sign or the
+	 * scale (the device's multiply would make another). */
+	CHECK_EQ(kv_f32_bits(kv_dequant_elem(0xff, 2.0f)), 0x7fc00000u);
+	CHECK_EQ(kv_f32_bits(kv_dequant_elem(0x7f, -3.0f)), 0x7fc00000u);
+	CHECK_EQ(kv_f32_bits(kv_dequant_elem(0x10, kv_bits_f32(0xffc01234u))), 0x7fc00000u);
 	CHECK(kv_e4m3_to_f32(0x7e) == 448.0f && kv_e4m3_to_f32(0xfe) == -448.0f);
 	CHECK(kv_e4m3_to_f32(0x01) == 0x1p-9f && kv_e4m3_to_f32(0x08) == 0x1p-6f);
 	CHECK(kv_e4m3_to_f32(0x80) == 0.0f && signbit(kv_e4m3_to_f32(0x80)));
