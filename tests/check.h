@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(cond) do { \
 	if (!(cond)) { \
@@ -22,5 +23,21 @@
 } while (0)
 
 #define SKIP(why) do { fprintf(stderr, "skip: %s\n", why); exit(77); } while (0)
+
+/* The exit status of a test that needs a GPU and found none: 77 (skip), or
+ * 1 (fail) under KVT_REQUIRE_GPU=1, which runs on GPU machines set so that
+ * a broken driver or a missing device cannot pass as a skip. */
+static inline int kvt_no_gpu_status(void)
+{
+	const char *r = getenv("KVT_REQUIRE_GPU");
+
+	return r && !strcmp(r, "1") ? 1 : 77;
+}
+
+#define GPU_SKIP(why) do { \
+	fprintf(stderr, "%s: no usable GPU: %s\n", \
+		kvt_no_gpu_status() == 77 ? "skip" : "KVT_REQUIRE_GPU=1, fail", why); \
+	exit(kvt_no_gpu_status()); \
+} while (0)
 
 #endif

@@ -41,32 +41,40 @@ int kvt_cuda(void)
 	return b && !strcmp(b, "cuda");
 }
 
-/* Exits 77 unless a child process can load CUDA and sees a device. */
+/* Exits 77 (1 under KVT_REQUIRE_GPU=1) unless a child process can load CUDA
+ * and sees a device. Once per process: after this one has loaded CUDA itself
+ * a forked child cannot, which says nothing about the GPU. */
 static void probe_gpu(void)
 {
 #if KV_HAVE_CUDA
-	pid_t pid = fork();
+	static int probed;
+	pid_t pid;
 	int st;
 
+	if (probed)
+		return;
+	fflush(stderr);
+	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0) {
 		int n = 0;
 
 		if (kv_cu_load() < 0) {
-			fprintf(stderr, "skip: no usable GPU: %s\n", kv_cu_error());
+			fprintf(stderr, "no usable GPU: %s\n", kv_cu_error());
 			_exit(77);
 		}
 		if (kv_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS || n == 0) {
-			fprintf(stderr, "skip: no CUDA device\n");
+			fprintf(stderr, "no usable GPU: no CUDA device\n");
 			_exit(77);
 		}
 		_exit(0);
 	}
 	CHECK(waitpid(pid, &st, 0) == pid);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		exit(77);
+		GPU_SKIP("the probe (above) failed");
+	probed = 1;
 #else
-	SKIP("built without CUDA");
+	GPU_SKIP("built without CUDA");
 #endif
 }
 

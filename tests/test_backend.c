@@ -88,10 +88,8 @@ int main(void)
 		int dev0 = 0;
 
 		r = kv_backend_cuda_create(&dev0, 1, NSEG * SEG, SEG, err, sizeof(err), &be);
-		if (r == -ENODEV || r == -ENOTSUP) {
-			fprintf(stderr, "skip: %s\n", err);
-			return 77;
-		}
+		if (r == -ENODEV || r == -ENOTSUP)
+			GPU_SKIP(err);
 		if (r < 0)
 			fprintf(stderr, "cuda backend: %s\n", err);
 		CHECK_EQ(r, 0);

@@ -32,6 +32,14 @@ static uint64_t rnd(void)
 static struct kv_cuda_kernels *K;
 static CUstream S;
 
+/* After uploads (cuMemcpyHtoD, cuMemsetD8: the legacy stream) and before a
+ * launch on S, which is CU_STREAM_NON_BLOCKING and so does not wait for
+ * them: a pageable upload may return before its DMA has landed. */
+static void uploaded(void)
+{
+	CK(kv_cu.cuCtxSynchronize());
+}
+
 /* Pinned, device-mapped descriptors. */
 static struct kv_gather_desc *desc_alloc(uint32_t n, CUdeviceptr *dptr)
 {
@@ -82,6 +90,7 @@ static void quant_case(enum kv_dtype t, uint64_t n, uint64_t group)
 	CK(kv_cu.cuMemAlloc(&dq, ND * qs));
 	CK(kv_cu.cuMemAlloc(&dd, ND * n * 2));
 	CK(kv_cu.cuMemcpyHtoD(dsrc, src, ND * n * 2));
+	uploaded();
 	for (b = 0; b < ND; b++)
 		d[b] = (struct kv_gather_desc){ .src = dsrc + b * n * 2, .dst = dq + b * qs };
 	CHECK_EQ(kv_cuda_quant(K, t, ddesc, ND, n, group, S), 0);
@@ -146,6 +155,7 @@ static void crc_case(void)
 	CK(kv_cu.cuMemAlloc(&dbuf, total));
 	CK(kv_cu.cuMemAlloc(&dout, sizeof(out)));
 	CK(kv_cu.cuMemcpyHtoD(dbuf, buf, total));
+	uploaded();
 	total = 0;
 	for (i = 0; i < NL; i++)
 		for (j = 0; j < NOFF; j++, k++) {
@@ -209,6 +219,7 @@ static void copy_case(void)
 			src += lens[i];
 		}
 	}
+	uploaded();
 	CHECK_EQ(kv_gather_plan(d, dstage, blocks, lens, N, 0), total);
 	CHECK_EQ(kv_cuda_copy_batch(K, ddesc, N, maxlen, S), 0);
 	CK(kv_cu.cuStreamSynchronize(S));
@@ -243,10 +254,10 @@ int main(void)
 	int n = 0, t;
 
 	if (kv_cu_load() < 0)
-		SKIP(kv_cu_error());
+		GPU_SKIP(kv_cu_error());
 	CK(kv_cu.cuDeviceGetCount(&n));
 	if (!n)
-		SKIP("no CUDA device");
+		GPU_SKIP("no CUDA device");
 	CK(kv_cu.cuDeviceGet(&dev, 0));
 	CK(kv_cu.cuDevicePrimaryCtxRetain(&ctx, dev));
 	CK(kv_cu.cuCtxSetCurrent(ctx));

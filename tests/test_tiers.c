@@ -519,7 +519,7 @@ static void child_done(int st)
 	if (st == 77) {
 		fresh_disk();
 		rmdir(dir);
-		exit(77);
+		GPU_SKIP("a case's child found none");
 	}
 	CHECK_EQ(st, 0);
 }
