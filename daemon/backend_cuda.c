@@ -625,12 +625,19 @@ static void cuda_destroy(struct kv_backend *be)
 	struct cuda_backend *cb = (struct cuda_backend *)be;
 	uint32_t i;
 
+	/* The host arena is unregistered while the context that registered it
+	 * is alive, after every copy that could touch it has finished. */
 	for (i = 0; i < KV_MAX_DEVICES; i++)
-		dev_fini(cb, &cb->dev[i], be->segments[i]);
+		if (cb->dev[i].ctx && cb->dev[i].copy_stream && use_ctx(&cb->dev[i]) == CUDA_SUCCESS)
+			kv_cu.cuStreamSynchronize(cb->dev[i].copy_stream);
+	if (cb->nhost)
+		use_ctx(&cb->dev[0]);
 	for (i = 0; i < cb->nhost; i++) {
 		kv_cu.cuMemHostUnregister(cb->host[i].p);
 		munmap(cb->host[i].p, cb->host[i].bytes);
 	}
+	for (i = 0; i < KV_MAX_DEVICES; i++)
+		dev_fini(cb, &cb->dev[i], be->segments[i]);
 	for (i = 0; i < KV_MAX_DEVICES; i++)
 		free(be->epoch[i]);
 	free(cb->host);

@@ -428,13 +428,21 @@ static void gather(bool quick)
 	struct gctx g = { .n = quick ? 1024 : 4096, .bs = 64 * KIB };
 	uint64_t total = (uint64_t)g.n * g.bs;
 	char err[256];
+	CUcontext ctx;
+	CUdevice dev;
 	void *p;
 
 	printf("(h3) %u blocks of 64 KiB, scattered in device memory, to pinned host memory "
 	       "and back\n", g.n);
+	/* Its own context: the backend of (h2) left none current. */
+	if (!cu_ok(kv_cu.cuDeviceGet(&dev, 0), "cuDeviceGet") ||
+	    !cu_ok(kv_cu.cuDevicePrimaryCtxRetain(&ctx, dev), "context"))
+		return;
+	if (!cu_ok(kv_cu.cuCtxSetCurrent(ctx), "context"))
+		goto out;
 	if (kv_cuda_kernels_load(&g.k, err, sizeof(err)) < 0) {
 		printf("  %s\n", err);
-		return;
+		goto out;
 	}
 	if (!cu_ok(kv_cu.cuStreamCreate(&g.s, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
 	    !cu_ok(kv_cu.cuMemAlloc(&g.blocks, 2 * total), "cuMemAlloc") ||
@@ -487,6 +495,8 @@ out:
 	if (g.s)
 		kv_cu.cuStreamDestroy(g.s);
 	kv_cuda_kernels_unload(g.k);
+	kv_cu.cuCtxSetCurrent(NULL);
+	kv_cu.cuDevicePrimaryCtxRelease(dev);
 }
 
 void kvbench_gpu(bool quick)
