@@ -40,7 +40,8 @@ struct kvt_tier {
 	uint64_t io_errors, checksum_failures, inflight;
 };
 void kvt_tier(int tier, struct kvt_tier *t);
-/* Waits (up to 2 s) until no tier copy or disk I/O is in flight. */
+/* Waits until no tier copy or disk I/O is in flight (fails the test after
+ * a minute). */
 void kvt_tiers_settle(void);
 uint32_t kvt_sessions(void);
 /* Waits up to 5 s until the daemon counts n sessions. */
