@@ -89,7 +89,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 	const char *bin = getenv("KVCACHED_BIN");
 	const char *argv[64];
 	va_list ap;
-	int argc = 0, i;
+	uint64_t deadline;
+	int argc = 0;
 
 	if (!bin)
 		SKIP("KVCACHED_BIN is not set (run through meson test)");
@@ -125,7 +126,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 		atexit(kill_daemon);
 	}
 	daemon_pid = d->pid;
-	for (i = 0; i < 500; i++) {
+	deadline = now_ms() + KVT_WAIT_MS;
+	for (;;) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		int fd = socket(AF_UNIX, SOCK_STREAM, 0), r;
 
@@ -135,10 +137,13 @@ void kvt_start(struct kvt_daemon *d, ...)
 		if (r == 0)
 			return;
 		CHECK(kvt_alive(d));
+		if (now_ms() > deadline) {
+			fprintf(stderr, "daemon did not start listening in %d s\n",
+				KVT_WAIT_MS / 1000);
+			exit(1);
+		}
 		sleep_ms(10);
 	}
-	fprintf(stderr, "daemon did not start listening\n");
-	exit(1);
 }
 
 int kvt_alive(const struct kvt_daemon *d)
@@ -322,9 +327,9 @@ uint32_t kvt_sessions(void)
 
 void kvt_wait_sessions(uint32_t n)
 {
-	int i;
+	uint64_t deadline = now_ms() + KVT_WAIT_MS;
 
-	for (i = 0; i < 500 && kvt_sessions() != n; i++)
+	while (kvt_sessions() != n && now_ms() <= deadline)
 		sleep_ms(10);
 	CHECK_EQ(kvt_sessions(), n);
 }
