@@ -16,11 +16,25 @@
 #include <time.h>
 #include <unistd.h>
 
+/* How long the harness waits for the daemon to reach a state before it
+ * fails the test: a guard against a hang, not a time any wait should take
+ * (the suite runs under ASan too, on machines busy with other builds), and
+ * short of meson's timeout so that the failure says what it waited for. */
+#define KVT_WAIT_MS 60000
+
 static void sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
 
 	nanosleep(&ts, NULL);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static pid_t daemon_pid, starter_pid;
@@ -83,7 +97,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 	const char *bin = getenv("KVCACHED_BIN");
 	const char *argv[64];
 	va_list ap;
-	int argc = 0, i;
+	uint64_t deadline;
+	int argc = 0;
 
 	if (!bin)
 		SKIP("KVCACHED_BIN is not set (run through meson test)");
@@ -119,7 +134,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 		atexit(kill_daemon);
 	}
 	daemon_pid = d->pid;
-	for (i = 0; i < 500; i++) {
+	deadline = now_ms() + KVT_WAIT_MS;
+	for (;;) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		int fd = socket(AF_UNIX, SOCK_STREAM, 0), r;
 
@@ -129,10 +145,13 @@ void kvt_start(struct kvt_daemon *d, ...)
 		if (r == 0)
 			return;
 		CHECK(kvt_alive(d));
+		if (now_ms() > deadline) {
+			fprintf(stderr, "daemon did not start listening in %d s\n",
+				KVT_WAIT_MS / 1000);
+			exit(1);
+		}
 		sleep_ms(10);
 	}
-	fprintf(stderr, "daemon did not start listening\n");
-	exit(1);
 }
 
 int kvt_alive(const struct kvt_daemon *d)
@@ -222,9 +241,9 @@ static Kvcached__Response *stats(void)
 	return rs;
 }
 
-void kvt_tier(int tier, struct kvt_tier *t)
+/* Tier tier's numbers from a Stats reply. */
+static void tier_of(const Kvcached__Response *rs, int tier, struct kvt_tier *t)
 {
-	Kvcached__Response *rs = stats();
 	size_t i;
 
 	memset(t, 0, sizeof(*t));
@@ -247,22 +266,41 @@ void kvt_tier(int tier, struct kvt_tier *t)
 		t->checksum_failures = ti->checksum_failures;
 		t->inflight = ti->inflight;
 	}
+}
+
+void kvt_tier(int tier, struct kvt_tier *t)
+{
+	Kvcached__Response *rs = stats();
+
+	tier_of(rs, tier, t);
 	kvcached__response__free_unpacked(rs, NULL);
 }
 
+/* The daemon starts the next tier move from the completion of the last one
+ * (a write-back that ends can start a demotion), so "nothing in flight" is
+ * only true of G2 and G3 read from one Stats reply: read apart, a move could
+ * start between the two reads and neither would show it. */
 void kvt_tiers_settle(void)
 {
-	struct kvt_tier a, b;
-	int i;
+	uint64_t deadline = now_ms() + KVT_WAIT_MS;
+	struct kvt_tier g2, g3;
 
-	for (i = 0; i < 1000; i++) {
-		kvt_tier(1, &a);
-		kvt_tier(2, &b);
-		if (!a.inflight && !b.inflight)
+	for (;;) {
+		Kvcached__Response *rs = stats();
+
+		tier_of(rs, 1, &g2);
+		tier_of(rs, 2, &g3);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (!g2.inflight && !g3.inflight)
 			return;
-		usleep(2000);
+		if (now_ms() > deadline) {
+			fprintf(stderr, "tiers: %llu G2 copies and %llu G3 I/Os still in flight "
+				"after %d s\n", (unsigned long long)g2.inflight,
+				(unsigned long long)g3.inflight, KVT_WAIT_MS / 1000);
+			exit(1);
+		}
+		sleep_ms(1);
 	}
-	CHECK(!"tier copies still in flight after 2 s");
 }
 
 void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
@@ -297,9 +335,9 @@ uint32_t kvt_sessions(void)
 
 void kvt_wait_sessions(uint32_t n)
 {
-	int i;
+	uint64_t deadline = now_ms() + KVT_WAIT_MS;
 
-	for (i = 0; i < 500 && kvt_sessions() != n; i++)
+	while (kvt_sessions() != n && now_ms() <= deadline)
 		sleep_ms(10);
 	CHECK_EQ(kvt_sessions(), n);
 }

@@ -16,7 +16,8 @@ struct kvt_daemon {
 };
 
 /* Starts the daemon with the given extra arguments (NULL-terminated) on a
- * fresh socket, exports KVCACHED_SOCKET, and waits until it accepts. */
+ * fresh socket, exports KVCACHED_SOCKET, and waits until it accepts (fails
+ * the test if it exits first or does not accept within a minute). */
 void kvt_start(struct kvt_daemon *d, ...) __attribute__((sentinel));
 /* SIGTERM, wait, require exit status 0, remove the socket dir. */
 void kvt_stop(struct kvt_daemon *d);
@@ -40,10 +41,11 @@ struct kvt_tier {
 	uint64_t io_errors, checksum_failures, inflight;
 };
 void kvt_tier(int tier, struct kvt_tier *t);
-/* Waits (up to 2 s) until no tier copy or disk I/O is in flight. */
+/* Waits until no tier copy or disk I/O is in flight (fails the test after
+ * a minute). */
 void kvt_tiers_settle(void);
 uint32_t kvt_sessions(void);
-/* Waits up to 5 s until the daemon counts n sessions. */
+/* Waits until the daemon counts n sessions (fails the test after a minute). */
 void kvt_wait_sessions(uint32_t n);
 
 /* Forks a worker running fn(arg); its exit status is fn's return. */

@@ -4,11 +4,13 @@
  * daemon errors, protocol violations that break a connection, local limits,
  * and calls from several threads. Exits 0 (pass) or 1 (fail). */
 #include <errno.h>
+#include <linux/sockios.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -147,8 +149,27 @@ static void send_raw(int fd, const uint8_t *p, size_t n, const int *fds, int nfd
 	}
 }
 
+/* Waits until the client has read all that was sent on fd (SIOCOUTQ: the
+ * bytes its socket has not consumed), so that what is sent next reaches it
+ * apart; a pause would only make that likely. Gives up after 10 s: a client
+ * that stopped reading fails its own checks. */
+static void srv_wait_read(int fd)
+{
+	struct timespec ts = { 0, 50000 }, t0, t;
+	int queued;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		if (ioctl(fd, SIOCOUTQ, &queued) < 0 || queued == 0)
+			return;
+		nanosleep(&ts, NULL);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (t.tv_sec - t0.tv_sec < 10);
+}
+
 /* Sends resp; fds ride with the first byte. chunk > 0 sends it in pieces of
- * that size, pausing between them so that the client reads them apart. */
+ * that size, each once the client has read the one before, so that it reads
+ * them apart. */
 static void srv_send(int fd, const Kvcached__Response *resp, const int *fds, int nfds,
 		     size_t chunk)
 {
@@ -164,7 +185,7 @@ static void srv_send(int fd, const Kvcached__Response *resp, const int *fds, int
 
 		send_raw(fd, buf + off, n, off ? NULL : fds, off ? 0 : nfds);
 		if (chunk < KV_FRAME_HDR + len)
-			usleep(200);
+			srv_wait_read(fd);
 	}
 	free(buf);
 }
@@ -400,7 +421,7 @@ static void happy_srv(int fd, void *arg)
 		kv_frame_hdr_encode(buf, (uint32_t)len, 0);
 		kvcached__response__pack(&resp, buf + KV_FRAME_HDR);
 		send_raw(fd, buf, KV_FRAME_HDR + len - 3, NULL, 0);
-		usleep(1000);
+		srv_wait_read(fd);
 		send_raw(fd, buf + KV_FRAME_HDR + len - 3, 3, &fd2, 1);
 		free(buf);
 	}

@@ -120,6 +120,8 @@ dm = kvt.Daemon(d2, "--pool-size=16MiB", "--segment-size=4MiB", wait=False,
                 env={"NOTIFY_SOCKET": n2.path, "WATCHDOG_USEC": str(WD_USEC),
                      "WATCHDOG_PID": "1"})
 check(n2.wait_for("READY", "1") is not None, "no READY=1", dm.log)
+# A window, not a wait: that no ping comes can only be watched for a while;
+# 0.6 s is 6 periods of the pings that a watchdog would send.
 n2.recv(0.6)
 check(not [kv for t, kv in n2.msgs if "WATCHDOG" in kv], "pings for another pid's watchdog",
       dm.log)

@@ -14,7 +14,7 @@
  *
  * Without a GPU (or without CUDA in the build) it says "skipped: no GPU"
  * and why. Figures, never assertions, like the rest of kvbench. */
-#include "kvbench_gpu.h"
+#include "gpu.h"
 
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
 /* kvbench section h: the GPU data paths, measured in this process without a
- * daemon (kvbench_gpu.c). */
+ * daemon (gpu.c). */
 #ifndef KVBENCH_GPU_H
 #define KVBENCH_GPU_H
 
