@@ -1,0 +1,124 @@
+/* Demotion: cached G1 blocks copied down into G2. */
+#include "tier_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* ---- demotion: G1 -> G2 ------------------------------------------------------ */
+
+static void op_fail_undo(struct kv_tiers *t, struct copyop *op)
+{
+	uint32_t i;
+
+	for (i = 0; i < op->n; i++) {
+		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);
+
+		if (b)
+			kv_block_demote_end(b, 0);
+		op->tb[i]->busy = 0;
+		tb_free(t, op->tb[i]);
+	}
+	free(op);
+}
+
+/* Starts copying the oldest cached blocks of dev (of pool only, when set)
+ * into G2 until want bytes are under way. Returns the bytes started. */
+uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want)
+{
+	uint64_t started = 0;
+
+	while (started < want) {
+		struct kv_copy c[BATCH];
+		struct copyop *op = calloc(1, sizeof(*op));
+		int r;
+
+		if (!op)
+			break;
+		op->kind = OP_DEMOTE;
+		op->dev = dev;
+		while (op->n < BATCH && started + op->bytes < want) {
+			struct kv_block *b;
+			struct tblock *tb;
+			struct kv_list *n;
+
+			/* With a disk behind it, G2 keeps g2_low percent free or
+			 * clean for promotions to stage through: past that,
+			 * demotion waits for write-back. */
+			if (t->lv[L3].on && (t->dirty_bytes + t->swap_bytes) * 100 >=
+						    t->lv[L2].st.capacity * (100 - t->cfg.g2_low))
+				break;
+			if (only)
+				b = (n = kv_list_back(&only->lru)) ? kv_container_of(n, struct kv_block, node)
+								   : NULL;
+			else
+				b = kv_pools_oldest_cached(t->ps, dev);
+			if (!b)
+				break;
+			tb = tb_new(t, kv_block_pool(b), b->ix.hash);
+			if (!tb)
+				break;
+			if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
+				free(tb);
+				break;
+			}
+			tb->busy = BUSY_DOWN;
+			kv_block_demote_begin(b);
+			c[op->n] = (struct kv_copy){ .dev_off = kv_block_offset(b),
+						      .host = g2_slot(t, tb->run[L2], tb->slot[L2]) +
+							      HDR_BYTES,
+						      .len = tb->pool->block_bytes };
+			op->tb[op->n] = tb;
+			op->h[op->n] = kv_block_handle(b);
+			op->bytes += tb->pool->block_bytes;
+			op->n++;
+		}
+		if (!op->n) {
+			free(op);
+			break;
+		}
+		r = t->be->ops->copy_async(t->be, dev, KV_COPY_D2H, c, op->n, (uint64_t)(uintptr_t)op);
+		if (r < 0) {
+			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
+			t->lv[L2].st.io_errors++;
+			op_fail_undo(t, op);
+			break;
+		}
+		started += op->bytes;
+		t->down_bytes[dev] += op->bytes;
+		t->lv[L2].st.inflight++;
+	}
+	return started;
+}
+
+void demote_done(struct kv_tiers *t, struct copyop *op, int res)
+{
+	uint32_t i;
+
+	t->down_bytes[op->dev] -= op->bytes;
+	if (res < 0) {
+		t->lv[L2].st.io_errors++;
+		kv_warn("host tier: demotion of %u blocks failed: %s; they stay in G1", op->n,
+			strerror(-res));
+	}
+	for (i = 0; i < op->n; i++) {
+		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);
+		struct tblock *tb = op->tb[i];
+
+		if (b && kv_block_demote_end(b, res == 0)) {
+			tb_index(t, tb);
+			t->lv[L2].st.blocks++;
+			dirty_add(t, tb, 1);
+			t->lv[L2].st.demotions++;
+			tb_unbusy(t, tb, BUSY_DOWN);
+		} else {
+			/* A lookup took the block meanwhile (or the copy failed):
+			 * the block stays in G1, the copy goes. */
+			tb->busy = 0;
+			slot_put(t, L2, tb->run[L2], tb->slot[L2]);
+			tb->run[L2] = NULL;
+			free(tb);
+		}
+	}
+}
