@@ -4,8 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* ---- operators ---------------------------------------------------------------- */
-
 uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 {
 	uint32_t i, n = kv_pools_count(t->ps);
@@ -24,12 +22,12 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 				done += kv_pools_evict_all(t->ps, (int)i);
 				continue;
 			}
-			done += demote(t, p->device, p, UINT64_MAX / 2) / p->block_bytes;
+			done += tier_demote(t, p->device, p, UINT64_MAX / 2) / p->block_bytes;
 			/* What G2 could not take is dropped, as the operator asked. */
 			done += kv_pools_evict_all(t->ps, (int)i);
 		} else if (tier == KV_TIER_G2 && tp2) {
 			while ((node = kv_list_back(&tp2->clean))) {
-				drop_g2(t, kv_container_of(node, struct tblock, lru[L2]));
+				tb_drop_g2(t, kv_container_of(node, struct tblock, lru[L2]));
 				done++;
 			}
 			while ((node = kv_list_back(&tp2->lru))) {
@@ -37,18 +35,18 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 
 				if (tp3 || t->lv[L3].on) {
 					tb->evict_g2 = 1;
-					if (writeback(t, tb) == 0) {
+					if (tier_writeback_start(t, tb) == 0) {
 						done++;
 						continue;
 					}
 					tb->evict_g2 = 0;
 				}
-				drop_g2(t, tb);
+				tb_drop_g2(t, tb);
 				done++;
 			}
 		} else if (tier == KV_TIER_G3 && tp3) {
 			while ((node = kv_list_back(&tp3->lru))) {
-				drop_g3(t, kv_container_of(node, struct tblock, lru[L3]));
+				tb_drop_g3(t, kv_container_of(node, struct tblock, lru[L3]));
 				done++;
 			}
 		}
@@ -59,7 +57,7 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 
 			done += r->nused;
 			t->lv[L3].st.used -= (uint64_t)r->nused * r->slot_bytes;
-			run_release(t, L3, r);
+			srun_release(t, L3, r);
 		}
 	if (t->lv[L3].on)
 		kv_disk_flush(&t->disk);
@@ -78,7 +76,7 @@ uint64_t kv_tiers_flush(struct kv_tiers *t)
 		struct kv_list *node;
 
 		while (tp && (node = kv_list_back(&tp->lru)) &&
-		       writeback(t, kv_container_of(node, struct tblock, lru[L2])) == 0)
+		       tier_writeback_start(t, kv_container_of(node, struct tblock, lru[L2])) == 0)
 			n++;
 	}
 	kv_disk_flush(&t->disk);

@@ -2,6 +2,8 @@
  * of the runs a previous daemon left by the pools that register again. */
 #include "tier_int.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -17,7 +19,7 @@ struct jiter {
 	int run_done;
 };
 
-static int jnext(void *ctx, struct kv_jrec *rec)
+static int journal_compact_next(void *ctx, struct kv_jrec *rec)
 {
 	struct jiter *it = ctx;
 
@@ -54,7 +56,7 @@ static int jnext(void *ctx, struct kv_jrec *rec)
 	return 0;
 }
 
-void journal_compact(struct kv_tiers *t)
+void tier_journal_compact(struct kv_tiers *t)
 {
 	struct level *L = &t->lv[L3];
 	struct jiter it = { 0 };
@@ -71,7 +73,7 @@ void journal_compact(struct kv_tiers *t)
 		if (run && run->first_page == pg)
 			it.runs[it.n++] = run;
 	}
-	r = kv_journal_rewrite(&t->jr, jnext, &it);
+	r = kv_journal_rewrite(&t->jr, journal_compact_next, &it);
 	if (r < 0)
 		kv_warn("disk tier: cannot rewrite the index journal %s: %s", t->jr.path,
 			strerror(-r));
@@ -79,6 +81,13 @@ void journal_compact(struct kv_tiers *t)
 		t->jlive = t->jr.records;
 	free(it.runs);
 }
+
+/* Replay: builds dormant runs indexed by their first page. */
+struct replay {
+	struct kv_tiers *t;
+	struct srun **at;   /* per page: the dormant run starting there */
+	uint32_t npages;
+};
 
 static void replay_drop(struct replay *rp, uint32_t page)
 {
@@ -88,7 +97,7 @@ static void replay_drop(struct replay *rp, uint32_t page)
 	}
 }
 
-void replay_rec(void *ctx, const struct kv_jrec *rec)
+static void replay_rec(void *ctx, const struct kv_jrec *rec)
 {
 	struct replay *rp = ctx;
 	struct srun *r;
@@ -105,7 +114,7 @@ void replay_rec(void *ctx, const struct kv_jrec *rec)
 		     pg < rec->page + rec->npages && pg < rp->npages; pg++)
 			if (rp->at[pg] && pg + rp->at[pg]->npages > rec->page)
 				replay_drop(rp, pg);
-		r = srun_alloc(rec->nslots, 1);
+		r = srun_new(rec->nslots, 1);
 		if (!r)
 			return;
 		r->first_page = rec->page;
@@ -130,7 +139,7 @@ void replay_rec(void *ctx, const struct kv_jrec *rec)
 
 /* Claims the replayed runs that still hold something; they wait on the
  * dormant list for their pool. Returns how many blocks they hold. */
-uint64_t replay_finish(struct kv_tiers *t, struct replay *rp)
+static uint64_t replay_finish(struct kv_tiers *t, struct replay *rp)
 {
 	uint64_t blocks = 0;
 	uint32_t pg, s;
@@ -155,6 +164,56 @@ uint64_t replay_finish(struct kv_tiers *t, struct replay *rp)
 	return blocks;
 }
 
+int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen)
+{
+	const struct kv_tiers_config *cfg = &t->cfg;
+	struct replay rp = { .t = t };
+	char jpath[sizeof(cfg->disk_index) + 8];
+	uint64_t blocks;
+	int r;
+
+	if (cfg->disk_bytes < t->page_bytes) {
+		snprintf(err, errlen, "disk_size %llu is less than one page (%llu bytes)",
+			 (unsigned long long)cfg->disk_bytes, (unsigned long long)t->page_bytes);
+		return -EINVAL;
+	}
+	r = kv_disk_open(&t->disk, cfg->disk_path, cfg->disk_bytes, cfg->queue_depth, t->g2,
+			 t->g2_bytes, t->lv[L2].pages.segment_bytes, err, errlen);
+	if (r < 0)
+		return r;
+	if (!t->disk.direct)
+		kv_warn("disk tier: %s does not support O_DIRECT; using the page cache",
+			cfg->disk_path);
+	r = tier_level_init(t, L3, t->disk.bytes);
+	if (r < 0) {
+		snprintf(err, errlen, "disk tier: %s", strerror(-r));
+		return r;
+	}
+	rp.npages = t->lv[L3].pages.npages;
+	rp.at = calloc(rp.npages, sizeof(*rp.at));
+	if (!rp.at) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if (cfg->disk_index[0])
+		snprintf(jpath, sizeof(jpath), "%s", cfg->disk_index);
+	else
+		snprintf(jpath, sizeof(jpath), "%s.idx", cfg->disk_path);
+	r = kv_journal_open(&t->jr, jpath, t->page_bytes, t->lv[L3].st.capacity, replay_rec, &rp,
+			    err, errlen);
+	if (r < 0) {
+		free(rp.at);
+		return r;
+	}
+	blocks = replay_finish(t, &rp);
+	free(rp.at);
+	tier_journal_compact(t);
+	kv_info("disk tier: %s, %llu MiB%s, index %s: %llu blocks from before", cfg->disk_path,
+		(unsigned long long)(t->lv[L3].st.capacity >> 20),
+		t->disk.direct ? ", O_DIRECT" : "", jpath, (unsigned long long)blocks);
+	return 0;
+}
+
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 {
 	const char *ns = kv_pools_ns_name(t->ps, p->ns);
@@ -176,7 +235,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 		XXH3_64bits_update(st, p->layout, p->layout_len);
 	p->layout_id = XXH3_64bits_digest(st);
 	XXH3_freeState(st);
-	if (!t->lv[L3].on || kv_list_empty(&t->dormant) || !(tp = tpool_get(t, L3, p)))
+	if (!t->lv[L3].on || kv_list_empty(&t->dormant) || !(tp = tpool_get_or_create(t, L3, p)))
 		return;
 	kv_list_for_each_safe(pos, tmp, &t->dormant) {
 		struct srun *r = kv_container_of(pos, struct srun, link);
@@ -204,7 +263,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 			tb->g3_ok = 1;
 			r->occ[s] = tb;
 			tb_index(t, tb);
-			tb_idle(t, tb);
+			tb_set_idle(t, tb);
 			t->lv[L3].st.blocks++;
 			adopted++;
 		}
@@ -212,7 +271,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 		free(r->dvalid);
 		r->dhash = NULL;
 		r->dvalid = NULL;
-		srun_chain(r);
+		srun_build_free_chain(r);
 		if (!r->nused) {
 			kv_list_del(&r->link);
 			kv_pages_free(&t->lv[L3].pages, r->first_page, r->npages);

@@ -6,9 +6,7 @@
 
 #include "log.h"
 
-/* ---- demotion: G1 -> G2 ------------------------------------------------------ */
-
-static void op_fail_undo(struct kv_tiers *t, struct copyop *op)
+static void demote_undo(struct kv_tiers *t, struct copyop *op)
 {
 	uint32_t i;
 
@@ -25,7 +23,7 @@ static void op_fail_undo(struct kv_tiers *t, struct copyop *op)
 
 /* Starts copying the oldest cached blocks of dev (of pool only, when set)
  * into G2 until want bytes are under way. Returns the bytes started. */
-uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want)
+uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want)
 {
 	uint64_t started = 0;
 
@@ -65,10 +63,10 @@ uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t
 			}
 			tb->busy = BUSY_DOWN;
 			kv_block_demote_begin(b);
-			c[op->n] = (struct kv_copy){ .dev_off = kv_block_offset(b),
-						      .host = g2_slot(t, tb->run[L2], tb->slot[L2]) +
-							      HDR_BYTES,
-						      .len = tb->pool->block_bytes };
+			c[op->n] = (struct kv_copy){
+				.dev_off = kv_block_offset(b),
+				.host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+				.len = tb->pool->block_bytes };
 			op->tb[op->n] = tb;
 			op->h[op->n] = kv_block_handle(b);
 			op->bytes += tb->pool->block_bytes;
@@ -82,7 +80,7 @@ uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t
 		if (r < 0) {
 			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
 			t->lv[L2].st.io_errors++;
-			op_fail_undo(t, op);
+			demote_undo(t, op);
 			break;
 		}
 		started += op->bytes;
@@ -92,7 +90,7 @@ uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t
 	return started;
 }
 
-void demote_done(struct kv_tiers *t, struct copyop *op, int res)
+void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 {
 	uint32_t i;
 
@@ -109,9 +107,9 @@ void demote_done(struct kv_tiers *t, struct copyop *op, int res)
 		if (b && kv_block_demote_end(b, res == 0)) {
 			tb_index(t, tb);
 			t->lv[L2].st.blocks++;
-			dirty_add(t, tb, 1);
+			g2_dirty_add(t, tb, 1);
 			t->lv[L2].st.demotions++;
-			tb_unbusy(t, tb, BUSY_DOWN);
+			tb_busy_clear(t, tb, BUSY_DOWN);
 		} else {
 			/* A lookup took the block meanwhile (or the copy failed):
 			 * the block stays in G1, the copy goes. */
@@ -120,5 +118,23 @@ void demote_done(struct kv_tiers *t, struct copyop *op, int res)
 			tb->run[L2] = NULL;
 			free(tb);
 		}
+	}
+}
+
+void tier_demote_kick(struct kv_tiers *t)
+{
+	uint32_t d;
+
+	for (d = 0; d < t->be->devices; d++) {
+		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+
+		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
+			continue;
+		t->demoting[d] = 1;
+		if (free * 100 < total * t->cfg.g1_high)
+			tier_demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
+		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
+			t->demoting[d] = 0;
 	}
 }

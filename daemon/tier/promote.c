@@ -9,30 +9,28 @@
 #include "crc32c.h"
 #include "log.h"
 
-/* ---- promotion: G3 -> G2 -> G1 ----------------------------------------------- */
-
-static void read_done(struct kv_disk_op *dop, int res);
+static void promote_read_done(struct kv_disk_op *dop, int res);
 
 /* Clears flag and runs tb's waiting lookups again; with failed set they see
  * tb as a miss. tb stays allocated while they run (BUSY_WAKE), whatever they
  * do to it. */
-static void wake_waiters(struct kv_tiers *t, struct tblock *tb, int flag, int failed)
+static void tb_wake_waiters(struct kv_tiers *t, struct tblock *tb, int flag, int failed)
 {
 	tb->busy &= (uint8_t)~flag;
 	tb->busy |= BUSY_WAKE;
 	tb->failed = (uint8_t)failed;
-	wake_all(&tb->waiters);
+	tier_wake_all(&tb->waiters);
 	tb->failed = 0;
-	tb_unbusy(t, tb, BUSY_WAKE);
+	tb_busy_clear(t, tb, BUSY_WAKE);
 }
 
-static void promote_fail(struct kv_tiers *t, struct tblock *tb, int flag)
+static void promote_failed(struct kv_tiers *t, struct tblock *tb, int flag)
 {
 	kv_debug("promotion of a block of pool '%s' failed", tb->pool->name);
-	wake_waiters(t, tb, flag, 1);
+	tb_wake_waiters(t, tb, flag, 1);
 }
 
-static int up_start(struct kv_tiers *t, struct tblock *tb)
+static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 {
 	struct kv_block *b;
 	struct copyop *op;
@@ -47,7 +45,7 @@ static int up_start(struct kv_tiers *t, struct tblock *tb)
 		uint32_t dev = tb->pool->device;
 
 		if (!t->down_bytes[dev]) {
-			demote(t, dev, NULL, 4 * tb->pool->block_bytes);
+			tier_demote(t, dev, NULL, 4 * tb->pool->block_bytes);
 			/* G2 may be full of dirty copies: write-back frees it. */
 			kv_tiers_kick(t);
 		}
@@ -67,9 +65,9 @@ static int up_start(struct kv_tiers *t, struct tblock *tb)
 	op->tb[0] = tb;
 	op->h[0] = tb->dst = kv_block_handle(b);
 	c = (struct kv_copy){ .dev_off = kv_block_offset(b),
-			      .host = g2_slot(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+			      .host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
 			      .len = tb->pool->block_bytes };
-	tb_busy(tb, BUSY_UP);
+	tb_busy_set(tb, BUSY_UP);
 	r = t->be->ops->copy_async(t->be, op->dev, KV_COPY_H2D, &c, 1, (uint64_t)(uintptr_t)op);
 	if (r < 0) {
 		free(op);
@@ -82,7 +80,7 @@ static int up_start(struct kv_tiers *t, struct tblock *tb)
 	return 0;
 }
 
-void up_done(struct kv_tiers *t, struct copyop *op, int res)
+void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 {
 	struct tblock *tb = op->tb[0];
 	struct kv_block *b = kv_block_lookup(t->ps, op->h[0]);
@@ -93,7 +91,7 @@ void up_done(struct kv_tiers *t, struct copyop *op, int res)
 		kv_warn("host tier: promotion copy failed: %s", strerror(res < 0 ? -res : EIO));
 		if (b)
 			kv_block_unref(b);
-		promote_fail(t, tb, BUSY_UP);
+		promote_failed(t, tb, BUSY_UP);
 		return;
 	}
 	if (tb->dead) {
@@ -110,24 +108,25 @@ void up_done(struct kv_tiers *t, struct copyop *op, int res)
 		tb->dead = 1;
 		t->g1.promotions++;
 	}
-	wake_waiters(t, tb, BUSY_UP, 0);
+	tb_wake_waiters(t, tb, BUSY_UP, 0);
 }
 
-static int read_start(struct kv_tiers *t, struct tblock *tb)
+static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 {
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
 		return -ENOSPC;
-	tb_busy(tb, BUSY_READ);
-	tb->dop = (struct kv_disk_op){ .done = read_done, .buf = g2_slot(t, tb->run[L2], tb->slot[L2]),
+	tb_busy_set(tb, BUSY_READ);
+	tb->dop = (struct kv_disk_op){ .done = promote_read_done,
+				       .buf = tier_g2_addr(t, tb->run[L2], tb->slot[L2]),
 				       .len = tb->run[L3]->slot_bytes,
-				       .off = g3_off(t, tb->run[L3], tb->slot[L3]) };
+				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->lv[L3].st.inflight++;
 	kv_disk_submit(&t->disk, &tb->dop);
 	return 0;
 }
 
 /* Whether the slot read into buf is what tb names. */
-static const char *slot_bad(struct kv_tiers *t, struct tblock *tb, const uint8_t *buf)
+static const char *slot_mismatch(struct kv_tiers *t, struct tblock *tb, const uint8_t *buf)
 {
 	struct slot_hdr h, want;
 
@@ -136,7 +135,7 @@ static const char *slot_bad(struct kv_tiers *t, struct tblock *tb, const uint8_t
 		return "bad magic";
 	if (h.version != SLOT_VERSION)
 		return "unknown format version";
-	hdr_fill(t, tb, &want, h.payload_crc);
+	slot_hdr_fill(t, tb, &want, h.payload_crc);
 	if (h.hdr_crc != want.hdr_crc || memcmp(&h, &want, sizeof(h)))
 		return h.ns != want.ns ? "another namespace"
 		       : h.layout != want.layout ? "another layout"
@@ -148,7 +147,7 @@ static const char *slot_bad(struct kv_tiers *t, struct tblock *tb, const uint8_t
 	return NULL;
 }
 
-static void read_done(struct kv_disk_op *dop, int res)
+static void promote_read_done(struct kv_disk_op *dop, int res)
 {
 	struct tblock *tb = kv_container_of(dop, struct tblock, dop);
 	struct kv_tiers *t = tb->t;
@@ -159,7 +158,7 @@ static void read_done(struct kv_disk_op *dop, int res)
 	if (res != (int)dop->len) {
 		L->st.io_errors++;
 		bad = res < 0 ? strerror(-res) : "short read";
-	} else if ((bad = slot_bad(t, tb, dop->buf))) {
+	} else if ((bad = slot_mismatch(t, tb, dop->buf))) {
 		L->st.checksum_failures++;
 	}
 	if (bad) {
@@ -169,17 +168,17 @@ static void read_done(struct kv_disk_op *dop, int res)
 		tb->run[L2] = NULL;
 		/* The copy on disk is not to be trusted again. */
 		L->st.blocks--;
-		jappend(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
+		tier_journal_append(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
 		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 		tb->run[L3] = NULL;
 		tb->g3_ok = 0;
-		tb_kill(t, tb);  /* freed by wake_waiters(): still busy here */
-		wake_waiters(t, tb, BUSY_READ, 1);
+		tb_kill(t, tb);  /* freed by tb_wake_waiters(): still busy here */
+		tb_wake_waiters(t, tb, BUSY_READ, 1);
 		return;
 	}
 	t->lv[L2].st.blocks++;  /* a clean G2 copy now */
 	if (!tb->dead) {
-		int r = up_start(t, tb);
+		int r = promote_copy_start(t, tb);
 
 		if (r == 0) {
 			tb->busy &= (uint8_t)~BUSY_READ;
@@ -188,11 +187,11 @@ static void read_done(struct kv_disk_op *dop, int res)
 		if (r == -EAGAIN) {
 			/* No G1 room yet: the waiters run again and wait for it,
 			 * promoting from the G2 copy. */
-			wake_waiters(t, tb, BUSY_READ, 0);
+			tb_wake_waiters(t, tb, BUSY_READ, 0);
 			return;
 		}
 	}
-	promote_fail(t, tb, BUSY_READ);
+	promote_failed(t, tb, BUSY_READ);
 }
 
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w)
@@ -203,7 +202,7 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 		return -ENOENT;
 	if (!(tb->busy & (BUSY_READ | BUSY_UP))) {
 		int from_g2 = tb->run[L2] != NULL;
-		int r = from_g2 ? up_start(t, tb) : read_start(t, tb);
+		int r = from_g2 ? promote_copy_start(t, tb) : promote_read_start(t, tb);
 
 		if (r == -EAGAIN ||
 		    (r == -ENOSPC && !from_g2 && (t->lv[L2].st.inflight || t->lv[L3].st.inflight))) {

@@ -17,18 +17,18 @@ static uint64_t round4k(uint64_t n)
 
 /* ---- slots ---------------------------------------------------------------- */
 
-uint8_t *g2_slot(struct kv_tiers *t, const struct srun *r, uint32_t s)
+uint8_t *tier_g2_addr(struct kv_tiers *t, const struct srun *r, uint32_t s)
 {
 	return t->g2 + (uint64_t)r->first_page * t->page_bytes + (uint64_t)s * r->slot_bytes;
 }
 
-uint64_t g3_off(struct kv_tiers *t, const struct srun *r, uint32_t s)
+uint64_t tier_g3_offset(struct kv_tiers *t, const struct srun *r, uint32_t s)
 {
 	return (uint64_t)r->first_page * t->page_bytes + (uint64_t)s * r->slot_bytes;
 }
 
-void jappend(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
-	     const uint8_t *hash)
+void tier_journal_append(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
+			 const uint8_t *hash)
 {
 	struct kv_jrec rec = { .type = (uint8_t)type, .page = r->first_page };
 
@@ -49,7 +49,7 @@ void jappend(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
 		kv_warn("disk tier: index journal append failed: the next start may miss blocks");
 }
 
-struct tpool *tpool_get(struct kv_tiers *t, int l, struct kv_pool *p)
+struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p)
 {
 	struct level *L = &t->lv[l];
 	struct tpool *tp = L->tp[p->id];
@@ -74,7 +74,7 @@ struct tpool *tpool_get(struct kv_tiers *t, int l, struct kv_pool *p)
 	return tp;
 }
 
-struct srun *srun_alloc(uint32_t nslots, int dormant)
+struct srun *srun_new(uint32_t nslots, int dormant)
 {
 	struct srun *r = calloc(1, sizeof(*r));
 
@@ -109,7 +109,7 @@ void srun_free(struct srun *r)
 }
 
 /* Builds the free chain over the slots that are not occupied. */
-void srun_chain(struct srun *r)
+void srun_build_free_chain(struct srun *r)
 {
 	uint32_t s;
 
@@ -121,7 +121,7 @@ void srun_chain(struct srun *r)
 		}
 }
 
-static int run_new(struct kv_tiers *t, int l, struct tpool *tp)
+static int tpool_add_run(struct kv_tiers *t, int l, struct tpool *tp)
 {
 	struct level *L = &t->lv[l];
 	struct srun *r;
@@ -130,7 +130,7 @@ static int run_new(struct kv_tiers *t, int l, struct tpool *tp)
 
 	if (L->pages.npages - L->pages.nfree + tp->run_pages > L->limit_pages)
 		return -ENOSPC;
-	r = srun_alloc(tp->nslots, 0);
+	r = srun_new(tp->nslots, 0);
 	if (!r)
 		return -ENOMEM;
 	first = kv_pages_alloc(&L->pages, tp->run_pages, 1, r, &fresh);
@@ -143,18 +143,18 @@ static int run_new(struct kv_tiers *t, int l, struct tpool *tp)
 	r->npages = tp->run_pages;
 	r->slot_bytes = (uint32_t)tp->slot_bytes;
 	r->layout = tp->pool->layout_id;
-	srun_chain(r);
+	srun_build_free_chain(r);
 	kv_list_push_back(&tp->runs, &r->link);
 	kv_list_push_back(&tp->partial, &r->plink);
 	if (l == L3)
-		jappend(t, KV_J_RUN, r, 0, NULL);
+		tier_journal_append(t, KV_J_RUN, r, 0, NULL);
 	return 0;
 }
 
-void run_release(struct kv_tiers *t, int l, struct srun *r)
+void srun_release(struct kv_tiers *t, int l, struct srun *r)
 {
 	if (l == L3)
-		jappend(t, KV_J_RUN_FREE, r, 0, NULL);
+		tier_journal_append(t, KV_J_RUN_FREE, r, 0, NULL);
 	kv_list_del(&r->link);
 	if (kv_list_linked(&r->plink))
 		kv_list_del(&r->plink);
@@ -183,12 +183,12 @@ void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s)
 	if (r->nused-- == r->nslots && r->tp)
 		kv_list_push_back(&r->tp->partial, &r->plink);
 	if (!r->nused)
-		run_release(t, l, r);
+		srun_release(t, l, r);
 }
 
 /* ---- tier blocks ---------------------------------------------------------- */
 
-void dirty_add(struct kv_tiers *t, const struct tblock *tb, int d)
+void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d)
 {
 	t->lv[L2].st.dirty += (uint64_t)(int64_t)d;
 	t->dirty_bytes += (uint64_t)((int64_t)d * (int64_t)tb->run[L2]->slot_bytes);
@@ -203,7 +203,7 @@ static void tb_unlist(struct tblock *tb)
 }
 
 /* Puts an idle tb on the lists its copies belong to. */
-void tb_idle(struct kv_tiers *t, struct tblock *tb)
+void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 {
 	tb_unlist(tb);
 	tb->tick = ++t->tick;
@@ -220,13 +220,13 @@ void tb_free(struct kv_tiers *t, struct tblock *tb)
 	if (tb->run[L2]) {
 		t->lv[L2].st.blocks--;
 		if (!tb->g3_ok)
-			dirty_add(t, tb, -1);
+			g2_dirty_add(t, tb, -1);
 		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 	}
 	if (tb->run[L3]) {
 		if (tb->g3_ok) {
 			t->lv[L3].st.blocks--;
-			jappend(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
+			tier_journal_append(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
 		}
 		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 	}
@@ -246,13 +246,13 @@ void tb_kill(struct kv_tiers *t, struct tblock *tb)
 		tb_free(t, tb);
 }
 
-void tb_busy(struct tblock *tb, int flag)
+void tb_busy_set(struct tblock *tb, int flag)
 {
 	tb_unlist(tb);
 	tb->busy |= (uint8_t)flag;
 }
 
-void tb_unbusy(struct kv_tiers *t, struct tblock *tb, int flag)
+void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag)
 {
 	tb->busy &= (uint8_t)~flag;
 	if (tb->busy)
@@ -260,7 +260,7 @@ void tb_unbusy(struct kv_tiers *t, struct tblock *tb, int flag)
 	if (tb->dead)
 		tb_free(t, tb);
 	else
-		tb_idle(t, tb);
+		tb_set_idle(t, tb);
 }
 
 struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
@@ -288,27 +288,27 @@ void tb_index(struct kv_tiers *t, struct tblock *tb)
 }
 
 /* Drops tb's G2 copy (tb idle). Without a G3 copy the block is gone. */
-void drop_g2(struct kv_tiers *t, struct tblock *tb)
+void tb_drop_g2(struct kv_tiers *t, struct tblock *tb)
 {
 	tb_unlist(tb);
 	t->lv[L2].st.blocks--;
 	if (!tb->g3_ok)
-		dirty_add(t, tb, -1);
+		g2_dirty_add(t, tb, -1);
 	slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 	tb->run[L2] = NULL;
 	t->lv[L2].st.evictions++;
 	if (!tb->run[L3])
 		tb_kill(t, tb);
 	else
-		tb_idle(t, tb);
+		tb_set_idle(t, tb);
 }
 
 /* Drops tb's G3 copy (tb idle). */
-void drop_g3(struct kv_tiers *t, struct tblock *tb)
+void tb_drop_g3(struct kv_tiers *t, struct tblock *tb)
 {
 	tb_unlist(tb);
 	t->lv[L3].st.blocks--;
-	jappend(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
+	tier_journal_append(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
 	slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 	tb->run[L3] = NULL;
 	tb->g3_ok = 0;
@@ -316,8 +316,8 @@ void drop_g3(struct kv_tiers *t, struct tblock *tb)
 	if (!tb->run[L2]) {
 		tb_kill(t, tb);
 	} else {
-		dirty_add(t, tb, 1);
-		tb_idle(t, tb);
+		g2_dirty_add(t, tb, 1);
+		tb_set_idle(t, tb);
 	}
 }
 
@@ -325,7 +325,7 @@ void drop_g3(struct kv_tiers *t, struct tblock *tb)
  * pool. In G2 clean copies go first; a dirty one only when there is no G3 to
  * write it to (with G3 the caller waits for write-back instead of dropping
  * what could be kept). Returns 1 if it freed one. */
-static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
+static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 {
 	struct tblock *victim = NULL;
 	struct kv_list *n;
@@ -334,7 +334,7 @@ static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
 	if (l == L3 && !kv_list_empty(&t->dormant)) {
 		struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
 
-		run_release(t, L3, r);
+		srun_release(t, L3, r);
 		return 1;
 	}
 	/* Clean G2 copies cost nothing to drop: all of them go before any
@@ -368,9 +368,9 @@ static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
 	if (!victim)
 		return 0;
 	if (l == L2)
-		drop_g2(t, victim);
+		tb_drop_g2(t, victim);
 	else
-		drop_g3(t, victim);
+		tb_drop_g3(t, victim);
 	return 1;
 }
 
@@ -379,7 +379,7 @@ static int evict_one(struct kv_tiers *t, int l, struct tpool *own)
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot)
 {
-	struct tpool *tp = tpool_get(t, l, p);
+	struct tpool *tp = tpool_get_or_create(t, l, p);
 	unsigned tries;
 
 	if (!tp)
@@ -393,27 +393,27 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 			*slot = (uint16_t)slot_take(t, l, r, occ);
 			return 0;
 		}
-		if (run_new(t, l, tp) == 0)
+		if (tpool_add_run(t, l, tp) == 0)
 			continue;
-		if (!evict_one(t, l, tp))
+		if (!slot_evict_one(t, l, tp))
 			break;
 	}
 	return -ENOSPC;
 }
 
-static uint64_t ns_key(struct kv_tiers *t, const struct kv_pool *p)
+static uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
 {
 	const char *ns = kv_pools_ns_name(t->ps, p->ns);
 
 	return XXH3_64bits(ns, strlen(ns));
 }
 
-void hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc)
+void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc)
 {
 	memset(h, 0, sizeof(*h));
 	h->magic = SLOT_MAGIC;
 	h->version = SLOT_VERSION;
-	h->ns = ns_key(t, tb->pool);
+	h->ns = slot_hdr_ns(t, tb->pool);
 	h->layout = tb->pool->layout_id;
 	memcpy(h->hash, tb->ix.hash, KV_HASH_BYTES);
 	h->payload_len = tb->pool->block_bytes;

@@ -8,9 +8,7 @@
 
 #include "log.h"
 
-/* ---- swap -------------------------------------------------------------------- */
-
-void swap_free(struct kv_tiers *t, struct kv_swap *sw)
+void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw)
 {
 	uint32_t i;
 
@@ -28,7 +26,7 @@ void swap_free(struct kv_tiers *t, struct kv_swap *sw)
 	free(sw);
 }
 
-static void swap_unref(struct kv_tiers *t, struct kv_swap *sw)
+static void swap_unref_g1(struct kv_tiers *t, struct kv_swap *sw)
 {
 	uint32_t i;
 
@@ -40,7 +38,8 @@ static void swap_unref(struct kv_tiers *t, struct kv_swap *sw)
 	}
 }
 
-static int swap_copy(struct kv_tiers *t, struct kv_swap *sw, int kind, struct kv_block **blocks)
+static int swap_copy_start(struct kv_tiers *t, struct kv_swap *sw, int kind,
+			   struct kv_block **blocks)
 {
 	struct kv_copy *c = calloc(sw->n, sizeof(*c));
 	struct copyop *op = calloc(1, sizeof(*op));
@@ -56,9 +55,10 @@ static int swap_copy(struct kv_tiers *t, struct kv_swap *sw, int kind, struct kv
 	op->sw = sw;
 	op->dev = sw->pool->device;
 	for (i = 0; i < sw->n; i++) {
-		c[i] = (struct kv_copy){ .dev_off = kv_block_offset(blocks[i]),
-					 .host = g2_slot(t, sw->run[i], sw->slot[i]) + HDR_BYTES,
-					 .len = sw->pool->block_bytes };
+		c[i] = (struct kv_copy){
+			.dev_off = kv_block_offset(blocks[i]),
+			.host = tier_g2_addr(t, sw->run[i], sw->slot[i]) + HDR_BYTES,
+			.len = sw->pool->block_bytes };
 		sw->h[i] = kv_block_handle(blocks[i]);
 	}
 	r = t->be->ops->copy_async(t->be, op->dev, kind == OP_SWAP_OUT ? KV_COPY_D2H : KV_COPY_H2D,
@@ -104,18 +104,18 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 				 (unsigned long long)t->lv[L2].st.used,
 				 (unsigned long long)t->lv[L2].st.capacity);
 			sw->n = i;
-			swap_free(t, sw);
+			tier_swap_free(t, sw);
 			return -ENOSPC;
 		}
 		sw->n = i + 1;
 		t->lv[L2].st.blocks++;
 		t->swap_bytes += sw->run[i]->slot_bytes;
 	}
-	r = swap_copy(t, sw, OP_SWAP_OUT, blocks);
+	r = swap_copy_start(t, sw, OP_SWAP_OUT, blocks);
 	if (r < 0) {
 		snprintf(why, whylen, "copy to the host tier failed: %s", strerror(-r));
 		t->lv[L2].st.io_errors++;
-		swap_free(t, sw);
+		tier_swap_free(t, sw);
 		return -EIO;
 	}
 	sw->state = SW_OUT_COPY;
@@ -126,7 +126,7 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 	return 0;
 }
 
-void swap_done(struct kv_tiers *t, struct copyop *op, int res)
+void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res)
 {
 	struct kv_swap *sw = op->sw;
 
@@ -141,12 +141,12 @@ void swap_done(struct kv_tiers *t, struct copyop *op, int res)
 			/* Keep the blocks in G1: swap_in hands them back as they are. */
 			sw->state = SW_IN;
 		} else {
-			swap_unref(t, sw);
+			swap_unref_g1(t, sw);
 			sw->state = SW_OUT;
 			t->lv[L2].st.demotions += sw->n;
 		}
 	} else if (res < 0) {
-		swap_unref(t, sw);
+		swap_unref_g1(t, sw);
 		sw->state = SW_OUT;
 		sw->err = -EIO;
 	} else {
@@ -163,11 +163,11 @@ void swap_done(struct kv_tiers *t, struct copyop *op, int res)
 	}
 	if (sw->dead) {
 		if (sw->state == SW_IN)
-			swap_unref(t, sw);
-		swap_free(t, sw);
+			swap_unref_g1(t, sw);
+		tier_swap_free(t, sw);
 		return;
 	}
-	wake_all(&sw->waiters);
+	tier_wake_all(&sw->waiters);
 }
 
 int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
@@ -208,7 +208,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		r = kv_pool_alloc(sw->pool, sw->n, out, why, whylen);
 		if (r < 0)
 			return r;
-		r = swap_copy(t, sw, OP_SWAP_IN, out);
+		r = swap_copy_start(t, sw, OP_SWAP_IN, out);
 		if (r < 0) {
 			for (i = 0; i < sw->n; i++)
 				kv_block_unref(out[i]);
@@ -224,7 +224,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		out[i] = kv_block_lookup(t->ps, sw->h[i]);
 	*n = sw->n;
 	kv_list_del(&sw->link);
-	swap_free(t, sw);
+	tier_swap_free(t, sw);
 	return 0;
 }
 
@@ -239,7 +239,7 @@ void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_list *owner)
 			continue;
 		}
 		if (sw->state == SW_IN)
-			swap_unref(t, sw);
-		swap_free(t, sw);
+			swap_unref_g1(t, sw);
+		tier_swap_free(t, sw);
 	}
 }

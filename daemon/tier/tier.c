@@ -22,7 +22,7 @@ void kv_tiers_config_defaults(struct kv_tiers_config *c)
 
 /* ---- waking parked requests ----------------------------------------------- */
 
-void wake_all(struct kv_list *waiters)
+void tier_wake_all(struct kv_list *waiters)
 {
 	struct kv_list local;
 
@@ -55,13 +55,13 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 			switch (op->kind) {
 			case OP_DEMOTE:
 				t->lv[L2].st.inflight--;
-				demote_done(t, op, done[i].res);
+				tier_demote_done(t, op, done[i].res);
 				break;
 			case OP_PROMOTE:
-				up_done(t, op, done[i].res);
+				tier_promote_done(t, op, done[i].res);
 				break;
 			default:
-				swap_done(t, op, done[i].res);
+				tier_swap_done(t, op, done[i].res);
 				break;
 			}
 			free(op);
@@ -69,7 +69,7 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 	}
 	/* Lookups waiting for staging room first: demotion must not take
 	 * the slots that promotions just gave back. */
-	wake_all(&t->space_waiters);
+	tier_wake_all(&t->space_waiters);
 	kv_tiers_kick(t);
 }
 
@@ -79,52 +79,22 @@ void kv_tiers_disk_done(struct kv_tiers *t)
 		kv_disk_reap(&t->disk);
 	/* Lookups waiting for staging room first: demotion must not take
 	 * the slots that promotions just gave back. */
-	wake_all(&t->space_waiters);
+	tier_wake_all(&t->space_waiters);
 	kv_tiers_kick(t);
 }
 
-
+/* Every watermark: G2's write-back, then each device's demotion. */
 void kv_tiers_kick(struct kv_tiers *t)
 {
-	struct level *L = &t->lv[L2];
-	uint32_t d;
-
-	if (!L->on)
+	if (!t->lv[L2].on)
 		return;
-	if (t->lv[L3].on) {
-		uint64_t cap = L->st.capacity;
-		uint64_t pinned = t->dirty_bytes + t->swap_bytes, wb = t->wb_bytes;
-		struct tblock *tb;
-
-		/* Clean copies cost nothing to drop, so what fills G2 is what is
-		 * dirty (and swapped): write back when the rest falls under
-		 * g2_low percent, until it reaches g2_high (counting writes in
-		 * flight). */
-		if (t->writing_back || (cap - pinned) * 100 < cap * t->cfg.g2_low) {
-			t->writing_back = 1;
-			while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high &&
-			       (tb = oldest_dirty(t)) && writeback(t, tb) == 0)
-				wb += tb->run[L2]->slot_bytes;
-			if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
-				t->writing_back = 0;
-		}
-	}
-	for (d = 0; d < t->be->devices; d++) {
-		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
-
-		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
-			continue;
-		t->demoting[d] = 1;
-		if (free * 100 < total * t->cfg.g1_high)
-			demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
-		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
-		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
-			t->demoting[d] = 0;
-	}
+	if (t->lv[L3].on)
+		tier_writeback_kick(t);
+	tier_demote_kick(t);
 	if (t->lv[L3].on) {
 		kv_disk_flush(&t->disk);
 		if (t->jr.records > 2 * t->jlive + 16384)
-			journal_compact(t);
+			tier_journal_compact(t);
 	}
 }
 
@@ -136,7 +106,7 @@ static void tier_drop(void *ctx, struct kv_index_entry *e)
 	tb_kill(ctx, kv_container_of(e, struct tblock, ix));
 }
 
-static int level_init(struct kv_tiers *t, int l, uint64_t bytes)
+int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes)
 {
 	uint64_t seg = 1ull << 30, pages;
 	struct level *L = &t->lv[l];
@@ -183,7 +153,7 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 		if (cfg->disk_path[0]) {
 			snprintf(err, errlen, "disk_path needs a host tier (host_tier_size) to stage "
 					      "its I/O through");
-			goto fail_einval;
+			goto err_inval;
 		}
 		return 0;
 	}
@@ -191,17 +161,17 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	    cfg->g2_high > 100) {
 		snprintf(err, errlen, "watermarks: need low <= high <= 100 (g1 %u/%u, g2 %u/%u)",
 			 cfg->g1_low, cfg->g1_high, cfg->g2_low, cfg->g2_high);
-		goto fail_einval;
+		goto err_inval;
 	}
 	if (cfg->host_bytes < page_bytes) {
 		snprintf(err, errlen, "host_tier_size %llu is less than one page (%llu bytes)",
 			 (unsigned long long)cfg->host_bytes, (unsigned long long)page_bytes);
-		goto fail_einval;
+		goto err_inval;
 	}
-	r = level_init(t, L2, cfg->host_bytes);
+	r = tier_level_init(t, L2, cfg->host_bytes);
 	if (r < 0) {
 		snprintf(err, errlen, "host tier: %s", strerror(-r));
-		goto fail;
+		goto err;
 	}
 	t->g2_bytes = t->lv[L2].st.capacity;
 	t->g2 = be->ops->host_alloc(be, t->g2_bytes);
@@ -209,58 +179,17 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 		snprintf(err, errlen, "host tier: cannot allocate %llu bytes",
 			 (unsigned long long)t->g2_bytes);
 		r = -ENOMEM;
-		goto fail;
+		goto err;
 	}
 	if (cfg->disk_path[0]) {
-		struct replay rp = { .t = t };
-		char jpath[sizeof(cfg->disk_index) + 8];
-		uint64_t blocks;
-
-		if (cfg->disk_bytes < page_bytes) {
-			snprintf(err, errlen, "disk_size %llu is less than one page (%llu bytes)",
-				 (unsigned long long)cfg->disk_bytes, (unsigned long long)page_bytes);
-			goto fail_einval;
-		}
-		r = kv_disk_open(&t->disk, cfg->disk_path, cfg->disk_bytes, cfg->queue_depth, t->g2,
-				 t->g2_bytes, t->lv[L2].pages.segment_bytes, err, errlen);
+		r = tier_g3_open(t, err, errlen);
 		if (r < 0)
-			goto fail;
-		if (!t->disk.direct)
-			kv_warn("disk tier: %s does not support O_DIRECT; using the page cache",
-				cfg->disk_path);
-		r = level_init(t, L3, t->disk.bytes);
-		if (r < 0) {
-			snprintf(err, errlen, "disk tier: %s", strerror(-r));
-			goto fail;
-		}
-		rp.npages = t->lv[L3].pages.npages;
-		rp.at = calloc(rp.npages, sizeof(*rp.at));
-		if (!rp.at) {
-			r = -ENOMEM;
-			snprintf(err, errlen, "out of memory");
-			goto fail;
-		}
-		if (cfg->disk_index[0])
-			snprintf(jpath, sizeof(jpath), "%s", cfg->disk_index);
-		else
-			snprintf(jpath, sizeof(jpath), "%s.idx", cfg->disk_path);
-		r = kv_journal_open(&t->jr, jpath, page_bytes, t->lv[L3].st.capacity, replay_rec, &rp,
-				    err, errlen);
-		if (r < 0) {
-			free(rp.at);
-			goto fail;
-		}
-		blocks = replay_finish(t, &rp);
-		free(rp.at);
-		journal_compact(t);
-		kv_info("disk tier: %s, %llu MiB%s, index %s: %llu blocks from before", cfg->disk_path,
-			(unsigned long long)(t->lv[L3].st.capacity >> 20),
-			t->disk.direct ? ", O_DIRECT" : "", jpath, (unsigned long long)blocks);
+			goto err;
 	}
 	return 0;
-fail_einval:
+err_inval:
 	r = -EINVAL;
-fail:
+err:
 	kv_tiers_destroy(t);
 	*out = NULL;
 	return r;
@@ -315,10 +244,10 @@ void kv_tiers_destroy(struct kv_tiers *t)
 
 		if (kv_list_linked(&sw->link))
 			kv_list_del(&sw->link);
-		swap_free(t, sw);
+		tier_swap_free(t, sw);
 	}
 	if (t->lv[L3].on && t->jr.fd >= 0)
-		journal_compact(t);
+		tier_journal_compact(t);
 	while (!kv_list_empty(&t->dormant)) {
 		struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
 

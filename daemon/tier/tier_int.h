@@ -140,48 +140,93 @@ struct kv_tiers {
 	struct kv_tier_stats g1;
 };
 
-/* Replay: builds dormant runs indexed by their first page. */
-struct replay {
-	struct kv_tiers *t;
-	struct srun **at;   /* per page: the dormant run starting there */
-	uint32_t npages;
-};
-
 /* ---- between the files ---------------------------------------------------- */
 
-uint8_t *g2_slot(struct kv_tiers *t, const struct srun *r, uint32_t s);
-uint64_t g3_off(struct kv_tiers *t, const struct srun *r, uint32_t s);
-void jappend(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
-	     const uint8_t *hash);
-struct tpool *tpool_get(struct kv_tiers *t, int l, struct kv_pool *p);
-struct srun *srun_alloc(uint32_t nslots, int dormant);
+/* slots.c: where a slot's bytes are, the G3 journal records, runs and slots */
+uint8_t *tier_g2_addr(struct kv_tiers *t, const struct srun *r, uint32_t s);
+uint64_t tier_g3_offset(struct kv_tiers *t, const struct srun *r, uint32_t s);
+/* Appends a KV_J_* record (a warning, not an error, when that fails: the
+ * next start may then miss blocks) and keeps t->jlive. */
+void tier_journal_append(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
+			 const uint8_t *hash);
+/* The tpool of p in tier l, made on first use; NULL when l is off or out of
+ * memory. */
+struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p);
+/* A run of nslots empty slots, not on any list; dormant: with the per-slot
+ * hashes a replayed run carries. NULL when out of memory. */
+struct srun *srun_new(uint32_t nslots, int dormant);
 void srun_free(struct srun *r);
-void srun_chain(struct srun *r);
-void run_release(struct kv_tiers *t, int l, struct srun *r);
-void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
-void dirty_add(struct kv_tiers *t, const struct tblock *tb, int d);
-void tb_idle(struct kv_tiers *t, struct tblock *tb);
-void tb_free(struct kv_tiers *t, struct tblock *tb);
-void tb_kill(struct kv_tiers *t, struct tblock *tb);
-void tb_busy(struct tblock *tb, int flag);
-void tb_unbusy(struct kv_tiers *t, struct tblock *tb, int flag);
-struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
-void tb_index(struct kv_tiers *t, struct tblock *tb);
-void drop_g2(struct kv_tiers *t, struct tblock *tb);
-void drop_g3(struct kv_tiers *t, struct tblock *tb);
+/* Links the slots that hold nothing into r's free chain. */
+void srun_build_free_chain(struct srun *r);
+/* Gives r's pages back to tier l and frees r (journalled in G3). */
+void srun_release(struct kv_tiers *t, int l, struct srun *r);
+/* A free slot of tier l for pool p, for occ (a tblock or SWAP_SLOT): from a
+ * partial run, a new run, or by evicting idle copies. Returns 0 with *run and
+ * *slot set, or -ENOSPC. */
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot);
-void hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
-void wake_all(struct kv_list *waiters);
-uint64_t demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want);
-void demote_done(struct kv_tiers *t, struct copyop *op, int res);
-int writeback(struct kv_tiers *t, struct tblock *tb);
-struct tblock *oldest_dirty(struct kv_tiers *t);
-void up_done(struct kv_tiers *t, struct copyop *op, int res);
-void swap_free(struct kv_tiers *t, struct kv_swap *sw);
-void swap_done(struct kv_tiers *t, struct copyop *op, int res);
-void journal_compact(struct kv_tiers *t);
-void replay_rec(void *ctx, const struct kv_jrec *rec);
-uint64_t replay_finish(struct kv_tiers *t, struct replay *rp);
+/* Frees slot s of r (occupied); the run goes when its last slot does. */
+void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
+/* The header that tb's slot carries, with payload CRC32C crc. */
+void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
+
+/* slots.c: tier blocks */
+struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
+/* Puts tb in the index under its hash (no entry may be there). */
+void tb_index(struct kv_tiers *t, struct tblock *tb);
+/* Takes tb out of the index (if it is in) and marks it dead; frees it now
+ * when idle, else when its last busy flag clears. */
+void tb_kill(struct kv_tiers *t, struct tblock *tb);
+/* Frees tb's slots and tb (not busy; out of the index or never in it). */
+void tb_free(struct kv_tiers *t, struct tblock *tb);
+/* Puts idle tb on the LRU lists its copies belong to, as the newest. */
+void tb_set_idle(struct kv_tiers *t, struct tblock *tb);
+/* Sets busy flag (off the LRUs while any is set). */
+void tb_busy_set(struct tblock *tb, int flag);
+/* Clears flag; when none is left, frees tb if dead, else makes it idle. */
+void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag);
+/* Drops idle tb's G2 (G3) copy; with no copy left tb is killed. */
+void tb_drop_g2(struct kv_tiers *t, struct tblock *tb);
+void tb_drop_g3(struct kv_tiers *t, struct tblock *tb);
+/* Counts tb's G2 copy as dirty (d = 1) or no longer dirty (d = -1). */
+void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d);
+
+/* demote.c */
+/* Starts copying the oldest cached blocks of dev (of only, when set) into G2
+ * until want bytes are under way. Returns the bytes started. */
+uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want);
+void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res);
+/* The G1 watermarks: demotes on the devices under g1_low percent free. */
+void tier_demote_kick(struct kv_tiers *t);
+
+/* writeback.c */
+/* Starts writing idle tb's dirty G2 copy to G3. Returns 0 or -ENOSPC. */
+int tier_writeback_start(struct kv_tiers *t, struct tblock *tb);
+/* The G2 watermarks: writes back when G2 is under g2_low percent clean. */
+void tier_writeback_kick(struct kv_tiers *t);
+
+/* promote.c */
+void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res);
+
+/* swap.c */
+void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res);
+/* Frees sw's G2 slots and sw, and takes it off t->swaps; the owner's list and
+ * the G1 references sw holds are the caller's to handle. */
+void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw);
+
+/* adopt.c */
+/* Rewrites the G3 journal with only what is live now. */
+void tier_journal_compact(struct kv_tiers *t);
+/* Opens G3 (t->cfg.disk_path; G2 is set up) and replays its journal: the
+ * runs a previous daemon left wait on t->dormant for their pools. Returns 0
+ * or -errno with err set; kv_tiers_destroy() frees what was opened. */
+int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen);
+
+/* tier.c */
+/* Runs every waiter on waiters (moved off it first: a wake may park again). */
+void tier_wake_all(struct kv_list *waiters);
+/* Sets up tier l over bytes (rounded down to whole segments of at most 1 GiB
+ * of pages). Returns 0 or -errno. */
+int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes);
 
 #endif

@@ -7,31 +7,29 @@
 #include "crc32c.h"
 #include "log.h"
 
-/* ---- write-back: G2 -> G3 ------------------------------------------------------ */
+static void writeback_done(struct kv_disk_op *dop, int res);
 
-static void wb_done(struct kv_disk_op *dop, int res);
-
-int writeback(struct kv_tiers *t, struct tblock *tb)
+int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 {
-	uint8_t *slot = g2_slot(t, tb->run[L2], tb->slot[L2]);
+	uint8_t *slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
 	struct slot_hdr h;
 
 	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
 		return -ENOSPC;
-	hdr_fill(t, tb, &h, kv_crc32c(0, slot + HDR_BYTES, tb->pool->block_bytes));
+	slot_hdr_fill(t, tb, &h, kv_crc32c(0, slot + HDR_BYTES, tb->pool->block_bytes));
 	memset(slot, 0, HDR_BYTES);
 	memcpy(slot, &h, sizeof(h));
-	tb_busy(tb, BUSY_WB);
-	tb->dop = (struct kv_disk_op){ .done = wb_done, .write = 1, .buf = slot,
+	tb_busy_set(tb, BUSY_WB);
+	tb->dop = (struct kv_disk_op){ .done = writeback_done, .write = 1, .buf = slot,
 				       .len = tb->run[L3]->slot_bytes,
-				       .off = g3_off(t, tb->run[L3], tb->slot[L3]) };
+				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->wb_bytes += tb->run[L2]->slot_bytes;
 	t->lv[L3].st.inflight++;
 	kv_disk_submit(&t->disk, &tb->dop);
 	return 0;
 }
 
-static void wb_done(struct kv_disk_op *dop, int res)
+static void writeback_done(struct kv_disk_op *dop, int res)
 {
 	struct tblock *tb = kv_container_of(dop, struct tblock, dop);
 	struct kv_tiers *t = tb->t;
@@ -43,8 +41,8 @@ static void wb_done(struct kv_disk_op *dop, int res)
 		tb->g3_ok = 1;
 		L->st.blocks++;
 		L->st.demotions++;
-		dirty_add(t, tb, -1);
-		jappend(t, KV_J_SLOT, tb->run[L3], tb->slot[L3], tb->ix.hash);
+		g2_dirty_add(t, tb, -1);
+		tier_journal_append(t, KV_J_SLOT, tb->run[L3], tb->slot[L3], tb->ix.hash);
 	} else {
 		if (!tb->dead) {
 			L->st.io_errors++;
@@ -68,14 +66,14 @@ static void wb_done(struct kv_disk_op *dop, int res)
 	tb->busy &= (uint8_t)~BUSY_WB;
 	if (!tb->busy && tb->evict_g2 && tb->g3_ok && !tb->dead) {
 		tb->evict_g2 = 0;
-		drop_g2(t, tb);
+		tb_drop_g2(t, tb);
 		return;
 	}
-	tb_unbusy(t, tb, 0);
+	tb_busy_clear(t, tb, 0);
 }
 
 /* The oldest idle dirty G2 copy of any pool. */
-struct tblock *oldest_dirty(struct kv_tiers *t)
+static struct tblock *oldest_dirty(struct kv_tiers *t)
 {
 	struct tblock *victim = NULL;
 	uint32_t i;
@@ -92,4 +90,24 @@ struct tblock *oldest_dirty(struct kv_tiers *t)
 			victim = b;
 	}
 	return victim;
+}
+
+void tier_writeback_kick(struct kv_tiers *t)
+{
+	struct level *L = &t->lv[L2];
+	uint64_t cap = L->st.capacity;
+	uint64_t pinned = t->dirty_bytes + t->swap_bytes, wb = t->wb_bytes;
+	struct tblock *tb;
+
+	/* Clean copies cost nothing to drop, so what fills G2 is what is
+	 * dirty (and swapped): write back when the rest falls under g2_low
+	 * percent, until it reaches g2_high (counting writes in flight). */
+	if (!t->writing_back && (cap - pinned) * 100 >= cap * t->cfg.g2_low)
+		return;
+	t->writing_back = 1;
+	while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high && (tb = oldest_dirty(t)) &&
+	       tier_writeback_start(t, tb) == 0)
+		wb += tb->run[L2]->slot_bytes;
+	if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
+		t->writing_back = 0;
 }
