@@ -512,7 +512,7 @@ static int op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 		return -ENOMEM;
 	rc = kv_tiers_swap_in(q->s->tiers, &q->ss->swaps, m->swap, &q->ss->waiter, q->blk,
 			      q->s->cfg.max_batch, &n, why, sizeof(why));
-	if (rc == 1)
+	if (rc == -EINPROGRESS)
 		return KV_OPS_PARK;
 	if (rc < 0) {
 		if (rc == -ENOSPC)

@@ -30,6 +30,9 @@ static void promote_failed(struct kv_tiers *t, struct tblock *tb, int flag)
 	tb_wake_waiters(t, tb, flag, 1);
 }
 
+/* Starts the H2D copy of tb's G2 copy into a new G1 block. Returns 0;
+ * -EAGAIN when G1 has no room until demotions or I/O in flight complete;
+ * -ENOSPC when it has none at all; -ENOMEM, or the copy's -errno. */
 static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 {
 	struct kv_block *b;
@@ -111,6 +114,8 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 	tb_wake_waiters(t, tb, BUSY_UP, 0);
 }
 
+/* Starts reading tb's G3 copy into a new G2 slot. Returns 0 or -ENOSPC (no
+ * G2 slot). */
 static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 {
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
@@ -211,7 +216,7 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 			if (!w)
 				return -EAGAIN;
 			kv_list_push_back(&t->space_waiters, &w->link);
-			return 1;
+			return 0;
 		}
 		if (r < 0) {
 			kv_debug("promotion from G%d of a block of pool '%s' cannot start: %s",
@@ -222,5 +227,5 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 	}
 	if (w)
 		kv_list_push_back(&tb->waiters, &w->link);
-	return 1;
+	return 0;
 }

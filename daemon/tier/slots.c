@@ -324,7 +324,7 @@ void tb_drop_g3(struct kv_tiers *t, struct tblock *tb)
 /* Frees one idle copy in tier l, own pool first, then the oldest of any
  * pool. In G2 clean copies go first; a dirty one only when there is no G3 to
  * write it to (with G3 the caller waits for write-back instead of dropping
- * what could be kept). Returns 1 if it freed one. */
+ * what could be kept). Returns how many it freed: 1, or 0 when none can go. */
 static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 {
 	struct tblock *victim = NULL;

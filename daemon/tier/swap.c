@@ -193,7 +193,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 	}
 	if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY) {
 		kv_list_push_back(&sw->waiters, &w->link);
-		return 1;
+		return -EINPROGRESS;
 	}
 	if (sw->err) {
 		sw->err = 0;
@@ -218,7 +218,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		}
 		sw->state = SW_IN_COPY;
 		kv_list_push_back(&sw->waiters, &w->link);
-		return 1;
+		return -EINPROGRESS;
 	}
 	for (i = 0; i < sw->n; i++)
 		out[i] = kv_block_lookup(t->ps, sw->h[i]);
