@@ -268,6 +268,7 @@ static int op_seal(struct req *q, const Kvcached__Seal *m)
 		return -ENOMEM;
 	for (i = 0; i < m->n_blocks; i++) {
 		struct kv_block *b = q->blk[i];
+		kv_tiers_forget(q->s->tiers, p, m->hashes.data + i * HASH);
 		struct kv_block *nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
 
 		if (nb != b) {

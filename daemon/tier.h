@@ -93,6 +93,11 @@ void kv_tiers_kick(struct kv_tiers *t);
  * previous daemon left for that layout. */
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
 
+/* A G1 block is about to be sealed under hash in pool p: drops the lower
+ * tiers' copy, if any (the G1 block wins), so that kv_pool_seal() finds at
+ * most a G1 block under hash. */
+void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
+
 /* e (kind KV_ENTRY_TIER) was hit by a lookup; w, unless NULL, is the request,
  * to be woken (run again) when there is news. Returns
  *   0        the promotion is under way (started now or earlier) and w is

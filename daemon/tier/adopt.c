@@ -233,7 +233,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 	XXH3_64bits_update(st, p->dtype, strlen(p->dtype) + 1);
 	if (p->layout_len)
 		XXH3_64bits_update(st, p->layout, p->layout_len);
-	p->layout_id = XXH3_64bits_digest(st);
+	t->layout_id[p->id] = XXH3_64bits_digest(st);
 	XXH3_freeState(st);
 	if (!t->lv[L3].on || kv_list_empty(&t->dormant) || !(tp = tpool_get_or_create(t, L3, p)))
 		return;
@@ -241,7 +241,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 		struct srun *r = kv_container_of(pos, struct srun, link);
 		uint32_t s;
 
-		if (r->layout != p->layout_id || r->slot_bytes != tp->slot_bytes ||
+		if (r->layout != t->layout_id[p->id] || r->slot_bytes != tp->slot_bytes ||
 		    r->nslots != tp->nslots || r->npages != tp->run_pages)
 			continue;
 		kv_list_del(&r->link);

@@ -142,7 +142,7 @@ static int tpool_add_run(struct kv_tiers *t, int l, struct tpool *tp)
 	r->first_page = (uint32_t)first;
 	r->npages = tp->run_pages;
 	r->slot_bytes = (uint32_t)tp->slot_bytes;
-	r->layout = tp->pool->layout_id;
+	r->layout = t->layout_id[tp->pool->id];
 	srun_build_free_chain(r);
 	kv_list_push_back(&tp->runs, &r->link);
 	kv_list_push_back(&tp->partial, &r->plink);
@@ -244,6 +244,17 @@ void tb_kill(struct kv_tiers *t, struct tblock *tb)
 	tb->dead = 1;
 	if (!tb->busy)
 		tb_free(t, tb);
+}
+
+void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
+{
+	struct kv_index_entry *e;
+
+	if (!t->entries)
+		return;  /* no tier block anywhere: spare the seal a second lookup */
+	e = kv_pool_find_entry(p, hash);
+	if (e && e->kind == KV_ENTRY_TIER)
+		tb_kill(t, kv_container_of(e, struct tblock, ix));
 }
 
 void tb_busy_set(struct tblock *tb, int flag)
@@ -414,7 +425,7 @@ void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, ui
 	h->magic = SLOT_MAGIC;
 	h->version = SLOT_VERSION;
 	h->ns = slot_hdr_ns(t, tb->pool);
-	h->layout = tb->pool->layout_id;
+	h->layout = t->layout_id[tb->pool->id];
 	memcpy(h->hash, tb->ix.hash, KV_HASH_BYTES);
 	h->payload_len = tb->pool->block_bytes;
 	h->payload_crc = crc;

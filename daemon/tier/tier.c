@@ -100,12 +100,6 @@ void kv_tiers_kick(struct kv_tiers *t)
 
 /* ---- setup ----------------------------------------------------------------- */
 
-/* kv_pool_seal() of a hash a lower tier holds: the G1 block wins. */
-static void tier_drop(void *ctx, struct kv_index_entry *e)
-{
-	tb_kill(ctx, kv_container_of(e, struct tblock, ix));
-}
-
 int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes)
 {
 	uint64_t seg = 1ull << 30, pages;
@@ -147,7 +141,6 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	kv_list_init(&t->dormant);
 	kv_list_init(&t->swaps);
 	kv_list_init(&t->space_waiters);
-	kv_pools_set_tier_drop(ps, tier_drop, t);
 	*out = t;
 	if (!cfg->host_bytes) {
 		if (cfg->disk_path[0]) {
@@ -262,7 +255,6 @@ void kv_tiers_destroy(struct kv_tiers *t)
 		kv_disk_close(&t->disk);
 	if (t->g2)
 		t->be->ops->host_free(t->be, t->g2, t->g2_bytes);
-	kv_pools_set_tier_drop(t->ps, NULL, NULL);
 	free(t);
 }
 

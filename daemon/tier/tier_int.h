@@ -138,6 +138,7 @@ struct kv_tiers {
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
 	struct kv_tier_stats g1;
+	uint64_t layout_id[KV_MAX_POOLS];  /* per pool id: names its layout across restarts */
 };
 
 /* ---- between the files ---------------------------------------------------- */
