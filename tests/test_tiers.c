@@ -6,7 +6,8 @@
  *   - a byte flipped in a slot on disk: a miss, the checksum counter rises;
  *   - injected write failures, ENOSPC, read EIO and copy failures: nothing in
  *     use is lost, errors are counted;
- *   - kill -9 with a warm G3, restart: the same prefixes hit from G3;
+ *   - kill -9 with a warm G3, restart: the same prefixes hit from G3; runs
+ *     no pool claims after a restart make room when G3 fills;
  *   - many concurrent lookups of one block on disk share one promotion;
  *   - sealing a hash that G2 or G3 holds: the new G1 block wins.
  * In the gpu suite (KVT_BACKEND=cuda) every size doubles (the smallest VMM
@@ -473,6 +474,46 @@ struct race {
 	int pool;
 };
 
+/* Runs a previous daemon left for a layout no pool has registered since
+ * (dormant) are the first to go when G3 needs room; their bytes leave G3's
+ * used count with them. */
+static void test_dormant_runs_evicted(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t3;
+	kvc_conn *c;
+	int pool, i;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	for (i = 0; i < WARM; i++)
+		put_chain(c, pool, i);
+	kvt_tiers_settle();
+	all_to_g3(c);
+	kvc_close(c);
+	kvt_stop(&d);
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "q", BB);
+	kvt_tier(2, &t3);
+	CHECK(t3.used >= (uint64_t)WARM * CHAIN * BB);
+	CHECK_EQ(t3.blocks, 0);
+	/* Twice what G3 holds besides them. */
+	for (i = 0; i < 2 * NCHAINS; i++) {
+		put_chain(c, pool, 100 + i);
+		kvt_tiers_settle();
+		if (i % 8 == 7)
+			all_to_g3(c);
+	}
+	kvt_tier(2, &t3);
+	CHECK(t3.used <= t3.capacity);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
 static int racer(void *arg)
 {
 	struct race *r = arg;
@@ -580,6 +621,7 @@ int main(void)
 	/* Demotion copies fail: the blocks stay in G1. */
 	RUN(test_faults("copy=EIO:count=1", 1, 0));
 	RUN(test_warm_restart());
+	RUN(test_dormant_runs_evicted());
 	RUN(test_shared_promotion());
 
 	fresh_disk();

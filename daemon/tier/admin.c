@@ -56,7 +56,6 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 			struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
 
 			done += r->nused;
-			t->lv[L3].st.used -= (uint64_t)r->nused * r->slot_bytes;
 			srun_release(t, L3, r);
 		}
 	if (t->lv[L3].on)

@@ -153,6 +153,9 @@ static int tpool_add_run(struct kv_tiers *t, int l, struct tpool *tp)
 
 void srun_release(struct kv_tiers *t, int l, struct srun *r)
 {
+	/* Only a dormant run goes with slots in use: they were counted as
+	 * used when it was replayed. */
+	t->lv[l].st.used -= (uint64_t)r->nused * r->slot_bytes;
 	if (l == L3)
 		tier_journal_append(t, KV_J_RUN_FREE, r, 0, NULL);
 	kv_list_del(&r->link);

@@ -159,7 +159,8 @@ struct srun *srun_new(uint32_t nslots, int dormant);
 void srun_free(struct srun *r);
 /* Links the slots that hold nothing into r's free chain. */
 void srun_build_free_chain(struct srun *r);
-/* Gives r's pages back to tier l and frees r (journalled in G3). */
+/* Gives r's pages back to tier l and frees r (journalled in G3); the slots a
+ * dormant run still holds stop counting as used. */
 void srun_release(struct kv_tiers *t, int l, struct srun *r);
 /* A free slot of tier l for pool p, for occ (a tblock or SWAP_SLOT): from a
  * partial run, a new run, or by evicting idle copies. Returns 0 with *run and
