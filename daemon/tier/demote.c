@@ -6,6 +6,17 @@
 
 #include "log.h"
 
+/* Frees tb, whose demotion did not complete: its G2 slot was never counted
+ * as a block, dirty or not (tb_free() would take it off those counts). */
+static void demote_discard(struct kv_tiers *t, struct tblock *tb)
+{
+	tb->busy = 0;
+	slot_put(t, L2, tb->run[L2], tb->slot[L2]);
+	tb->run[L2] = NULL;
+	free(tb);
+}
+
+/* The copy of op did not start: its blocks stay in G1, its tblocks go. */
 static void demote_undo(struct kv_tiers *t, struct copyop *op)
 {
 	uint32_t i;
@@ -15,8 +26,7 @@ static void demote_undo(struct kv_tiers *t, struct copyop *op)
 
 		if (b)
 			kv_block_demote_end(b, 0);
-		op->tb[i]->busy = 0;
-		tb_free(t, op->tb[i]);
+		demote_discard(t, op->tb[i]);
 	}
 	free(op);
 }
@@ -113,10 +123,7 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 		} else {
 			/* A lookup took the block meanwhile (or the copy failed):
 			 * the block stays in G1, the copy goes. */
-			tb->busy = 0;
-			slot_put(t, L2, tb->run[L2], tb->slot[L2]);
-			tb->run[L2] = NULL;
-			free(tb);
+			demote_discard(t, tb);
 		}
 	}
 }

@@ -75,8 +75,8 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	if (r < 0) {
 		free(op);
 		kv_block_unref(b);
-		tb->busy &= (uint8_t)~BUSY_UP;
 		t->lv[L2].st.io_errors++;
+		tb_busy_clear(t, tb, BUSY_UP);  /* back on its LRU when idle */
 		return r;
 	}
 	t->lv[L2].st.inflight++;
