@@ -190,8 +190,17 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 					problems++;
 				}
 				/* Count each block once: at its G2 copy, or its G3 copy. */
-				if (tb->indexed && (l == L2 || !tb->run[L2]))
-					indexed++;
+				if (l == L2 || !tb->run[L2]) {
+					const char *why = tb_state_problem(tb);
+
+					if (why) {
+						snprintf(msg, sizeof(msg), "tier G%d: slot %u of the run "
+							 "at page %u: %s", l + 2, s, pg, why);
+						report(ctx, msg);
+						problems++;
+					}
+					indexed += tb->indexed;
+				}
 			}
 			if (n != r->nused) {
 				snprintf(msg, sizeof(msg), "tier G%d: run at page %u: %u slots used, %u "

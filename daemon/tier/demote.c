@@ -10,6 +10,7 @@
  * as a block, dirty or not (tb_free() would take it off those counts). */
 static void demote_discard(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(tb->busy == BUSY_DOWN && !tb->indexed);
 	tb->busy = 0;
 	slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 	tb->run[L2] = NULL;
@@ -114,6 +115,7 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);
 		struct tblock *tb = op->tb[i];
 
+		kv_assert(tb->busy == BUSY_DOWN);
 		if (b && kv_block_demote_end(b, res == 0)) {
 			tb_index(t, tb);
 			t->lv[L2].st.blocks++;

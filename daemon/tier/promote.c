@@ -16,6 +16,7 @@ static void promote_read_done(struct kv_disk_op *dop, int res);
  * do to it. */
 static void tb_wake_waiters(struct kv_tiers *t, struct tblock *tb, int flag, int failed)
 {
+	kv_assert((tb->busy & flag) && !(tb->busy & BUSY_WAKE));
 	tb->busy &= (uint8_t)~flag;
 	tb->busy |= BUSY_WAKE;
 	tb->failed = (uint8_t)failed;
@@ -41,6 +42,7 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	char why[256];
 	int r;
 
+	kv_assert(tb->run[L2] && !tb->dead && !(tb->busy & (BUSY_DOWN | BUSY_UP)));
 	/* Room in G1 without dropping anything if possible: when there is
 	 * none, demote (so that a cached block moves down instead of being
 	 * lost) and let the caller wait for it. */
@@ -88,6 +90,7 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 	struct tblock *tb = op->tb[0];
 	struct kv_block *b = kv_block_lookup(t->ps, op->h[0]);
 
+	kv_assert(op->n == 1 && (tb->busy & BUSY_UP));
 	t->lv[L2].st.inflight--;
 	if (res < 0 || !b) {
 		t->lv[L2].st.io_errors++;
@@ -118,6 +121,8 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
  * G2 slot). */
 static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->run[L2] && tb->run[L3] && tb->g3_ok &&
+		  !(tb->busy & (BUSY_DOWN | BUSY_WB | BUSY_READ | BUSY_UP)));
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
 		return -ENOSPC;
 	tb_busy_set(tb, BUSY_READ);
@@ -159,6 +164,7 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 	struct level *L = &t->lv[L3];
 	const char *bad = NULL;
 
+	kv_assert(tb->busy & BUSY_READ);
 	L->st.inflight--;
 	if (res != (int)dop->len) {
 		L->st.io_errors++;
@@ -203,6 +209,7 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 {
 	struct tblock *tb = kv_container_of(e, struct tblock, ix);
 
+	kv_assert(e->kind == KV_ENTRY_TIER && tb->indexed);
 	if (tb->failed)
 		return -ENOENT;
 	if (!(tb->busy & (BUSY_READ | BUSY_UP))) {

@@ -19,11 +19,13 @@ static uint64_t round4k(uint64_t n)
 
 uint8_t *tier_g2_addr(struct kv_tiers *t, const struct srun *r, uint32_t s)
 {
+	kv_assert(s < r->nslots);
 	return t->g2 + (uint64_t)r->first_page * t->page_bytes + (uint64_t)s * r->slot_bytes;
 }
 
 uint64_t tier_g3_offset(struct kv_tiers *t, const struct srun *r, uint32_t s)
 {
+	kv_assert(s < r->nslots);
 	return (uint64_t)r->first_page * t->page_bytes + (uint64_t)s * r->slot_bytes;
 }
 
@@ -155,6 +157,7 @@ void srun_release(struct kv_tiers *t, int l, struct srun *r)
 {
 	/* Only a dormant run goes with slots in use: they were counted as
 	 * used when it was replayed. */
+	kv_assert(!r->nused || (l == L3 && !r->tp));
 	t->lv[l].st.used -= (uint64_t)r->nused * r->slot_bytes;
 	if (l == L3)
 		tier_journal_append(t, KV_J_RUN_FREE, r, 0, NULL);
@@ -169,6 +172,7 @@ static uint32_t slot_take(struct kv_tiers *t, int l, struct srun *r, struct tblo
 {
 	uint32_t s = r->free_head;
 
+	kv_assert(r->nused < r->nslots && s < r->nslots && !r->occ[s] && occ);
 	r->free_head = r->next[s];
 	r->occ[s] = occ;
 	if (++r->nused == r->nslots)
@@ -179,6 +183,8 @@ static uint32_t slot_take(struct kv_tiers *t, int l, struct srun *r, struct tblo
 
 void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s)
 {
+	kv_assert(s < r->nslots && r->occ[s] && r->nused > 0 && !r->dvalid);
+	kv_assert(t->lv[l].st.used >= r->slot_bytes);
 	r->occ[s] = NULL;
 	r->next[s] = r->free_head;
 	r->free_head = s;
@@ -193,6 +199,7 @@ void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s)
 
 void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d)
 {
+	kv_assert(tb->run[L2] && (d > 0 || t->lv[L2].st.dirty > 0));
 	t->lv[L2].st.dirty += (uint64_t)(int64_t)d;
 	t->dirty_bytes += (uint64_t)((int64_t)d * (int64_t)tb->run[L2]->slot_bytes);
 }
@@ -208,6 +215,7 @@ static void tb_unlist(struct tblock *tb)
 /* Puts an idle tb on the lists its copies belong to. */
 void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->busy && !tb->dead);
 	tb_unlist(tb);
 	tb->tick = ++t->tick;
 	if (tb->run[L2])
@@ -215,12 +223,15 @@ void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 				   &tb->lru[L2]);
 	if (tb->run[L3] && tb->g3_ok)
 		kv_list_push_front(&tb->run[L3]->tp->lru, &tb->lru[L3]);
+	tb_assert_state(tb);
 }
 
 void tb_free(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->busy && !tb->indexed && kv_list_empty(&tb->waiters));
 	tb_unlist(tb);
 	if (tb->run[L2]) {
+		kv_assert(t->lv[L2].st.blocks > 0);
 		t->lv[L2].st.blocks--;
 		if (!tb->g3_ok)
 			g2_dirty_add(t, tb, -1);
@@ -228,6 +239,7 @@ void tb_free(struct kv_tiers *t, struct tblock *tb)
 	}
 	if (tb->run[L3]) {
 		if (tb->g3_ok) {
+			kv_assert(t->lv[L3].st.blocks > 0);
 			t->lv[L3].st.blocks--;
 			tier_journal_append(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);
 		}
@@ -240,6 +252,7 @@ void tb_free(struct kv_tiers *t, struct tblock *tb)
 void tb_kill(struct kv_tiers *t, struct tblock *tb)
 {
 	if (tb->indexed) {
+		kv_assert(t->entries > 0);
 		kv_index_remove(kv_pools_index(t->ps), &tb->ix);
 		tb->indexed = 0;
 		t->entries--;
@@ -262,12 +275,15 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
 
 void tb_busy_set(struct tblock *tb, int flag)
 {
+	kv_assert(flag && !(tb->busy & flag) && !tb->dead);
 	tb_unlist(tb);
 	tb->busy |= (uint8_t)flag;
+	tb_assert_state(tb);
 }
 
 void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag)
 {
+	kv_assert((tb->busy & flag) == flag);
 	tb->busy &= (uint8_t)~flag;
 	if (tb->busy)
 		return;
@@ -296,14 +312,51 @@ struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash
 
 void tb_index(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->indexed && !tb->dead && !kv_pool_find_entry(tb->pool, tb->ix.hash));
 	kv_index_insert(kv_pools_index(t->ps), &tb->ix);
 	tb->indexed = 1;
 	t->entries++;
 }
 
+const char *tb_state_problem(const struct tblock *tb)
+{
+	int idle = !tb->busy && !tb->dead, l;
+
+	if (tb->indexed + tb->dead + !!(tb->busy & BUSY_DOWN) != 1)
+		return "tblock: not exactly one of indexed, dead, being demoted";
+	for (l = L2; l <= L3; l++)
+		if (tb->run[l] && (tb->slot[l] >= tb->run[l]->nslots ||
+				   tb->run[l]->occ[tb->slot[l]] != tb))
+			return "tblock: its slot names another occupant";
+	if (tb->g3_ok && !tb->run[L3])
+		return "tblock: g3_ok without a G3 slot";
+	if ((tb->busy & BUSY_DOWN) && (tb->busy != BUSY_DOWN || !tb->run[L2] || tb->run[L3]))
+		return "tblock: being demoted, but busy otherwise or not with a G2 slot only";
+	if ((tb->busy & BUSY_WB) && (!tb->run[L2] || !tb->run[L3] || tb->g3_ok))
+		return "tblock: written back without a G2 copy and an unwritten G3 slot";
+	if ((tb->busy & BUSY_READ) &&
+	    (!tb->run[L2] || !tb->run[L3] || !tb->g3_ok || (tb->busy & BUSY_WB)))
+		return "tblock: read from G3 without a G3 copy and a G2 slot to read into";
+	if ((tb->busy & BUSY_UP) && !tb->run[L2])
+		return "tblock: promoted without a G2 copy";
+	if (idle && !tb->run[L2] && !tb->run[L3])
+		return "tblock: idle without a copy";
+	if (idle && tb->run[L3] && !tb->g3_ok)
+		return "tblock: idle with an unwritten G3 slot";
+	if (kv_list_linked(&tb->lru[L2]) != (idle && tb->run[L2]) ||
+	    kv_list_linked(&tb->lru[L3]) != (idle && tb->run[L3]))
+		return "tblock: on an LRU list while busy, or idle and on none";
+	if (!kv_list_empty(&tb->waiters) && !(tb->busy & (BUSY_READ | BUSY_UP)))
+		return "tblock: lookups wait on it with no promotion under way";
+	if (tb->failed && !(tb->busy & BUSY_WAKE))
+		return "tblock: failed outside its waiters' wake-up";
+	return NULL;
+}
+
 /* Drops tb's G2 copy (tb idle). Without a G3 copy the block is gone. */
 void tb_drop_g2(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->busy && !tb->dead && tb->run[L2] && t->lv[L2].st.blocks > 0);
 	tb_unlist(tb);
 	t->lv[L2].st.blocks--;
 	if (!tb->g3_ok)
@@ -320,6 +373,7 @@ void tb_drop_g2(struct kv_tiers *t, struct tblock *tb)
 /* Drops tb's G3 copy (tb idle). */
 void tb_drop_g3(struct kv_tiers *t, struct tblock *tb)
 {
+	kv_assert(!tb->busy && !tb->dead && tb->run[L3] && tb->g3_ok && t->lv[L3].st.blocks > 0);
 	tb_unlist(tb);
 	t->lv[L3].st.blocks--;
 	tier_journal_append(t, KV_J_SLOT_FREE, tb->run[L3], tb->slot[L3], NULL);

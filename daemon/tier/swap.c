@@ -33,8 +33,8 @@ static void swap_unref_g1(struct kv_tiers *t, struct kv_swap *sw)
 	for (i = 0; i < sw->n; i++) {
 		struct kv_block *b = kv_block_lookup(t->ps, sw->h[i]);
 
-		if (b)
-			kv_block_unref(b);
+		kv_assert(b);  /* sw holds a reference on it */
+		kv_block_unref(b);
 	}
 }
 
@@ -130,6 +130,7 @@ void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res)
 {
 	struct kv_swap *sw = op->sw;
 
+	kv_assert(sw->state == (op->kind == OP_SWAP_OUT ? SW_OUT_COPY : SW_IN_COPY));
 	t->lv[L2].st.inflight--;
 	if (res < 0) {
 		t->lv[L2].st.io_errors++;
@@ -191,6 +192,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		snprintf(why, whylen, "no swap %llu on this connection", (unsigned long long)handle);
 		return -ENOENT;
 	}
+	kv_assert(!sw->dead && (sw->state == SW_OUT || !sw->err));
 	if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY) {
 		kv_list_push_back(&sw->waiters, &w->link);
 		return -EINPROGRESS;
@@ -220,8 +222,11 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		kv_list_push_back(&sw->waiters, &w->link);
 		return -EINPROGRESS;
 	}
-	for (i = 0; i < sw->n; i++)
+	kv_assert(sw->state == SW_IN);
+	for (i = 0; i < sw->n; i++) {
 		out[i] = kv_block_lookup(t->ps, sw->h[i]);
+		kv_assert(out[i]);  /* sw holds a reference on it */
+	}
 	*n = sw->n;
 	kv_list_del(&sw->link);
 	tier_swap_free(t, sw);

@@ -61,6 +61,7 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 				tier_promote_done(t, op, done[i].res);
 				break;
 			default:
+				kv_assert(op->kind == OP_SWAP_OUT || op->kind == OP_SWAP_IN);
 				tier_swap_done(t, op, done[i].res);
 				break;
 			}

@@ -8,6 +8,7 @@
 
 #include "disk.h"
 #include "journal.h"
+#include "kvassert.h"
 #include "tier.h"
 
 #define HDR_BYTES 4096u       /* a slot starts with its header, then the payload */
@@ -18,7 +19,7 @@
 #define L3 1
 
 /* The header at the start of every slot (G2 and G3 alike, so a write-back
- * is one write of the whole slot). docs/architecture.md has the format. */
+ * is one write of the whole slot). docs/tiers.md has the format. */
 struct slot_hdr {
 	uint64_t magic;
 	uint32_t version;
@@ -70,7 +71,47 @@ struct level {
 
 enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16 };
 
-/* A block held by the lower tiers. */
+/* A block held by the lower tiers: a tblock, with a G2 copy, a G3 copy or
+ * both. Its state is its copies (run[L2], run[L3] and g3_ok), its busy flags
+ * (a copy or I/O in flight, or its waiters running), dead and indexed:
+ *
+ *   tb_new --demote--> DOWN --copy done, G1 block freed--> G2 dirty <-----------+
+ *                        |                                   |                   |
+ *                        | cancelled (a lookup took the      | write-back        | write
+ *                        | G1 block) or failed: freed,       v                   | failed
+ *                        | never indexed                    WB (G3 slot written) -+
+ *                                                            | written, journalled
+ *                                                            v
+ *   adopted after a restart --> G3 only <--drop G2-- G2 clean + G3 (g3_ok)
+ *                                  |                    ^     |
+ *                                  +--lookup: READ -----+     +--drop G3--> G2 dirty
+ *                                     (G3 read into a new G2 slot and checked;
+ *                                     a bad slot: both copies go, tb dies)
+ *
+ *   any G2 copy --lookup--> UP (H2D copy into dst, a new G1 block): done, dst
+ *                           is sealed under the hash, takes the index entry
+ *                           and tb dies; failed, tb is as before
+ *   losing its last copy (eviction, kv_tiers_forget(), a bad slot) --> dead:
+ *                           out of the index, freed once no busy flag is left
+ *
+ * A READ that finds G1 room goes on to UP (both flags for a moment); WB and UP
+ * can be under way together (a lookup promotes a block being written back);
+ * WAKE is set while the waiters run (tb_wake_waiters()), whatever they do.
+ * What holds (tb_state_problem() checks it, kv_tiers_check() reports it):
+ *   - indexed, or dead, or DOWN: exactly one. Nothing in the index or on a
+ *     list points at a dead tblock.
+ *   - run[l] set: run[l]->occ[slot[l]] == tb. g3_ok: run[L3] set.
+ *   - DOWN: no other flag, a G2 slot only, its bytes being copied in.
+ *   - WB: a G2 copy and a G3 slot, !g3_ok. READ: a G3 copy (g3_ok), a G2 slot
+ *     being filled, not WB. UP: a G2 copy.
+ *   - idle (busy 0, not dead): a G2 copy, or a G3 copy only; a G3 slot only
+ *     with g3_ok; the G2 copy on its tpool's clean list (g3_ok) or lru (dirty),
+ *     the G3 copy on the G3 tpool's lru. Busy: on no LRU (eviction and
+ *     write-back take only idle copies).
+ *   - waiters non-empty only while READ or UP. failed only while WAKE.
+ * Counted: G2's blocks are the G2 copies of tblocks past DOWN (a READ's slot
+ * once read) and the swap slots; its dirty ones, those copies without g3_ok;
+ * G3's blocks, the copies with g3_ok. */
 struct tblock {
 	struct kv_index_entry ix;  /* kind KV_ENTRY_TIER */
 	struct kv_tiers *t;
@@ -101,6 +142,27 @@ struct copyop {
 	uint64_t h[BATCH];
 };
 
+/* A swap: one session's blocks, parked in G2 slots that are not in the index
+ * and on no LRU (occ is SWAP_SLOT).
+ *
+ *   swap_out --> OUT_COPY --copy done--> OUT --swap_in--> IN_COPY --copy done--> IN
+ *                   |                     ^                  |                    |
+ *                   | copy failed         +---copy failed----+ (err = -EIO)       | swap_in
+ *                   +--> IN, the G1 blocks kept                                   v
+ *                                                          gone: the blocks are the caller's
+ *   (a swap_in that finds a copy in flight parks on waiters; the owner going
+ *   frees the swap, at once or, during a copy, when the copy is done)
+ *
+ *   OUT_COPY  h[] holds the caller's references on the G1 blocks being copied;
+ *             every run[i] set.
+ *   OUT       the data is in G2 only: every run[i] set; h[] is stale.
+ *   IN_COPY   h[] holds one reference on each new G1 block being filled;
+ *             every run[i] set.
+ *   IN        h[] holds the references swap_in hands over; run[i] set only
+ *             when the swap-out copy failed (the slots go with the swap).
+ *   waiters (swap_in requests) non-empty only in the _COPY states. dead (the
+ *   owner went during a copy: off its list, freed when the copy is done) only
+ *   there too. err (-EIO) only in OUT, reported by the next swap_in. */
 enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN };
 
 struct kv_swap {
@@ -187,6 +249,19 @@ void tb_set_idle(struct kv_tiers *t, struct tblock *tb);
 void tb_busy_set(struct tblock *tb, int flag);
 /* Clears flag; when none is left, frees tb if dead, else makes it idle. */
 void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag);
+/* What breaks the rules above (drawn over struct tblock), or NULL. */
+const char *tb_state_problem(const struct tblock *tb);
+/* kv_assert() of those rules, with the broken one in the message. */
+#ifdef NDEBUG
+#define tb_assert_state(tb) ((void)0)
+#else
+#define tb_assert_state(tb)                                                          \
+	do {                                                                          \
+		const char *tb_why_ = tb_state_problem(tb);                           \
+		if (tb_why_)                                                          \
+			kv_assert_fail(tb_why_, __FILE__, __LINE__, __func__);        \
+	} while (0)
+#endif
 /* Drops idle tb's G2 (G3) copy; with no copy left tb is killed. */
 void tb_drop_g2(struct kv_tiers *t, struct tblock *tb);
 void tb_drop_g3(struct kv_tiers *t, struct tblock *tb);

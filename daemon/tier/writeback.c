@@ -14,6 +14,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 	uint8_t *slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
 	struct slot_hdr h;
 
+	kv_assert(!tb->busy && !tb->dead && !tb->run[L3] && !tb->g3_ok);
 	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
 		return -ENOSPC;
 	slot_hdr_fill(t, tb, &h, kv_crc32c(0, slot + HDR_BYTES, tb->pool->block_bytes));
@@ -35,6 +36,7 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 	struct kv_tiers *t = tb->t;
 	struct level *L = &t->lv[L3];
 
+	kv_assert((tb->busy & BUSY_WB) && tb->run[L2] && tb->run[L3] && !tb->g3_ok);
 	t->wb_bytes -= tb->run[L2]->slot_bytes;
 	L->st.inflight--;
 	if (res == (int)dop->len && !tb->dead) {
