@@ -389,6 +389,25 @@ void tb_drop_g3(struct kv_tiers *t, struct tblock *tb)
 	}
 }
 
+struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean)
+{
+	struct tblock *victim = NULL;
+	uint32_t i;
+
+	for (i = 0; i < kv_pools_count(t->ps); i++) {
+		struct tpool *tp = t->lv[l].tp[i];
+		struct kv_list *n;
+		struct tblock *b;
+
+		if (!tp || !(n = kv_list_back(clean ? &tp->clean : &tp->lru)))
+			continue;
+		b = kv_container_of(n, struct tblock, lru[l]);
+		if (!victim || b->tick < victim->tick)
+			victim = b;
+	}
+	return victim;
+}
+
 /* Frees one idle copy in tier l, own pool first, then the oldest of any
  * pool. In G2 clean copies go first; a dirty one only when there is no G3 to
  * write it to (with G3 the caller waits for write-back instead of dropping
@@ -397,7 +416,6 @@ static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 {
 	struct tblock *victim = NULL;
 	struct kv_list *n;
-	uint32_t i;
 
 	if (l == L3 && !kv_list_empty(&t->dormant)) {
 		struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
@@ -407,32 +425,18 @@ static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 	}
 	/* Clean G2 copies cost nothing to drop: all of them go before any
 	 * dirty one. */
-	if (l == L2 && own && (n = kv_list_back(&own->clean)))
-		victim = kv_container_of(n, struct tblock, lru[L2]);
-	for (i = 0; !victim && l == L2 && i < kv_pools_count(t->ps); i++) {
-		struct tpool *tp = t->lv[l].tp[i];
-		struct tblock *b;
-
-		if (!tp || !(n = kv_list_back(&tp->clean)))
-			continue;
-		b = kv_container_of(n, struct tblock, lru[L2]);
-		if (!victim || b->tick < victim->tick)
-			victim = b;
+	if (l == L2) {
+		if (own && (n = kv_list_back(&own->clean)))
+			victim = kv_container_of(n, struct tblock, lru[L2]);
+		else
+			victim = tier_oldest_idle(t, L2, 1);
+		if (!victim && t->lv[L3].on)
+			return 0;
 	}
-	if (l == L2 && t->lv[L3].on && !victim)
-		return 0;
 	if (!victim && own && (n = kv_list_back(&own->lru)))
 		victim = kv_container_of(n, struct tblock, lru[l]);
-	for (i = 0; !victim && i < kv_pools_count(t->ps); i++) {
-		struct tpool *tp = t->lv[l].tp[i];
-		struct tblock *b;
-
-		if (!tp || !(n = kv_list_back(&tp->lru)))
-			continue;
-		b = kv_container_of(n, struct tblock, lru[l]);
-		if (!victim || b->tick < victim->tick)
-			victim = b;
-	}
+	if (!victim)
+		victim = tier_oldest_idle(t, l, 0);
 	if (!victim)
 		return 0;
 	if (l == L2)

@@ -229,6 +229,9 @@ void srun_release(struct kv_tiers *t, int l, struct srun *r);
  * *slot set, or -ENOSPC. */
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot);
+/* The oldest idle copy in tier l of any pool: on the tpools' clean lists
+ * (G2 only) or on their lru lists (in G2, the dirty copies). NULL if none. */
+struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);
 /* Frees slot s of r (occupied); the run goes when its last slot does. */
 void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
 /* The header that tb's slot carries, with payload CRC32C crc. */

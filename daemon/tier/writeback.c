@@ -74,26 +74,6 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 	tb_busy_clear(t, tb, 0);
 }
 
-/* The oldest idle dirty G2 copy of any pool. */
-static struct tblock *oldest_dirty(struct kv_tiers *t)
-{
-	struct tblock *victim = NULL;
-	uint32_t i;
-
-	for (i = 0; i < kv_pools_count(t->ps); i++) {
-		struct tpool *tp = t->lv[L2].tp[i];
-		struct kv_list *n;
-		struct tblock *b;
-
-		if (!tp || !(n = kv_list_back(&tp->lru)))
-			continue;
-		b = kv_container_of(n, struct tblock, lru[L2]);
-		if (!victim || b->tick < victim->tick)
-			victim = b;
-	}
-	return victim;
-}
-
 void tier_writeback_kick(struct kv_tiers *t)
 {
 	struct level *L = &t->lv[L2];
@@ -107,7 +87,7 @@ void tier_writeback_kick(struct kv_tiers *t)
 	if (!t->writing_back && (cap - pinned) * 100 >= cap * t->cfg.g2_low)
 		return;
 	t->writing_back = 1;
-	while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high && (tb = oldest_dirty(t)) &&
+	while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0)) &&
 	       tier_writeback_start(t, tb) == 0)
 		wb += tb->run[L2]->slot_bytes;
 	if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
