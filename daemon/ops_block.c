@@ -140,9 +140,11 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 		return;
 	}
 	for (i = 0; i < m->n_blocks; i++) {
-		struct kv_block *b = q->blk[i];
-		struct kv_block *nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
+		struct kv_block *b = q->blk[i], *nb;
 
+		/* A lower tier's copy of the hash gives way to the G1 block. */
+		kv_tiers_forget(q->d->tiers, p, m->hashes.data + i * HASH);
+		nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
 		if (nb != b) {
 			kv_refmap_sub(&q->ss->refs, b);
 			kv_refmap_add(&q->ss->refs, nb);
@@ -386,7 +388,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	}
 	rc = kv_tiers_swap_in(q->d->tiers, &q->ss->swaps, m->swap, &q->ss->waiter, q->blk,
 			      q->d->cfg.max_batch, &n, why, sizeof(why));
-	if (rc == 1) {
+	if (rc == -EINPROGRESS) {
 		q->out = KV_OP_PARK;
 		return;
 	}

@@ -9,6 +9,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "kvassert.h"
+
 #define GEN_MASK 0xfffffu
 
 struct kv_pools {
@@ -21,16 +23,7 @@ struct kv_pools {
 	uint32_t nns;
 	struct kv_index index;
 	uint64_t tick;
-	void (*tier_drop)(void *ctx, struct kv_index_entry *e);
-	void *tier_ctx;
 };
-
-void kv_pools_set_tier_drop(struct kv_pools *ps, void (*fn)(void *ctx, struct kv_index_entry *e),
-			    void *ctx)
-{
-	ps->tier_drop = fn;
-	ps->tier_ctx = ctx;
-}
 
 struct kv_index *kv_pools_index(struct kv_pools *ps)
 {
@@ -563,11 +556,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	struct kv_index_entry *ie = kv_pool_find_entry(p, hash);
 	struct kv_block *e;
 
-	if (ie && ie->kind != KV_ENTRY_BLOCK) {
-		/* A lower tier holds a copy: the block in G1 wins. */
-		p->pools->tier_drop(p->pools->tier_ctx, ie);
-		ie = NULL;
-	}
+	kv_assert(!ie || ie->kind == KV_ENTRY_BLOCK);
 	e = ie ? kv_container_of(ie, struct kv_block, ix) : NULL;
 	if (e) {
 		kv_block_ref(e);

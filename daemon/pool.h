@@ -89,7 +89,6 @@ struct kv_pool {
 	struct kv_list free;       /* FREE blocks; front is taken first */
 	struct kv_list lru;        /* CACHED blocks; back is evicted first */
 	struct kv_list demoting;   /* CACHED blocks being copied to the host tier */
-	uint64_t layout_id;        /* names the layout across restarts (tier.c) */
 	struct kv_list runs;
 	struct kv_run *spare;      /* one empty run kept against alloc/free churn */
 	struct kv_pool_counts n;
@@ -148,7 +147,8 @@ int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
 
 /* Seals b (WRITABLE) under hash. Returns the block that now carries the
  * caller's reference: b, or the block already cached under hash, in which
- * case the caller's reference on b has been dropped (dedup). */
+ * case the caller's reference on b has been dropped (dedup). Only a G1 block
+ * may be indexed under hash: the caller has removed any other entry. */
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
 
 /* The SEALED or CACHED block under hash, or NULL (also when a lower tier
@@ -157,11 +157,6 @@ struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash);
 /* The index entry under hash, whatever tier holds it, or NULL. */
 struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash);
 struct kv_index *kv_pools_index(struct kv_pools *ps);
-
-/* Called by kv_pool_seal() when a lower tier holds the hash being sealed: the
- * hook must take that entry out of the index (the new G1 block wins). */
-void kv_pools_set_tier_drop(struct kv_pools *ps, void (*fn)(void *ctx, struct kv_index_entry *e),
-			    void *ctx);
 
 /* ---- for the tiers ---- */
 /* The oldest CACHED block (not demoting) of device dev, or NULL. */

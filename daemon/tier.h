@@ -93,10 +93,21 @@ void kv_tiers_kick(struct kv_tiers *t);
  * previous daemon left for that layout. */
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
 
-/* e (kind KV_ENTRY_TIER) was hit by a lookup. Returns 1 when its promotion
- * is under way (started now or earlier; w, unless NULL, waits for it), or
- * -ENOENT when it is to be treated as a miss (its promotion just failed, or
- * there is no room to promote it). */
+/* A G1 block is about to be sealed under hash in pool p: drops the lower
+ * tiers' copy, if any (the G1 block wins), so that kv_pool_seal() finds at
+ * most a G1 block under hash. */
+void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
+
+/* e (kind KV_ENTRY_TIER) was hit by a lookup; w, unless NULL, is the request,
+ * to be woken (run again) when there is news. Returns
+ *   0        the promotion is under way (started now or earlier) and w is
+ *            queued on it; or it cannot start until a copy or I/O in flight
+ *            completes (no room in G1, or in G2 to stage through) and w is
+ *            queued for that. Either way the caller parks (unless w is NULL);
+ *   -EAGAIN  there is no room to start it now and w is NULL: nothing is
+ *            queued (the caller, parked already, tries again when woken);
+ *   -ENOENT  it is to be treated as a miss (its promotion just failed, or
+ *            cannot start at all). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
 /* Swap. owner is the session's swap list. swap_out takes over the caller's
@@ -105,10 +116,12 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool *p,
 		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
 		      size_t whylen);
-/* Returns 1 with w parked while copies are in flight; 0 with *n blocks (each
- * carrying one reference, now the caller's) in out, and the swap gone;
- * -ENOENT for an unknown handle, -ENOSPC when G1 cannot take them, -EIO when
- * a copy failed (the swap stays, it can be tried again). */
+/* Returns 0 with *n blocks (each carrying one reference, now the caller's) in
+ * out, and the swap gone; -EINPROGRESS while copies are in flight (started
+ * now or earlier), with w queued to be woken when they are done; -ENOENT for
+ * an unknown handle, -E2BIG when it holds more than max blocks, -ENOSPC when
+ * G1 cannot take them, -EIO when a copy failed (the swap stays, it can be
+ * tried again). */
 int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		     struct kv_waiter *w, struct kv_block **out, uint32_t max, uint32_t *n,
 		     char *why, size_t whylen);

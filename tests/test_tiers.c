@@ -6,9 +6,11 @@
  *   - a byte flipped in a slot on disk: a miss, the checksum counter rises;
  *   - injected write failures, ENOSPC, read EIO and copy failures: nothing in
  *     use is lost, errors are counted;
- *   - kill -9 with a warm G3, restart: the same prefixes hit from G3;
+ *   - kill -9 with a warm G3, restart: the same prefixes hit from G3; runs
+ *     no pool claims after a restart make room when G3 fills;
  *   - a clean stop writes dirty G2 copies back first: warm after a restart;
- *   - many concurrent lookups of one block on disk share one promotion.
+ *   - many concurrent lookups of one block on disk share one promotion;
+ *   - sealing a hash that G2 or G3 holds: the new G1 block wins.
  * In the gpu suite (KVT_BACKEND=cuda) every size doubles (the smallest VMM
  * segment is 2 MiB), so the block counts are the same, and each case runs in
  * a child process: CUDA does not survive fork(), and cases fork workers. */
@@ -260,6 +262,59 @@ static void test_swap(void)
 }
 
 /* Finds the slot of hash h in the disk file; returns its offset or -1. */
+/* Seals the hashes of chain again from new blocks with other bytes (seed
+ * base + j) while a lower tier holds them: the new G1 blocks win, the tier
+ * copies are dropped (kv_tiers_forget), and lookups see the new bytes. */
+static void reseal_chain(kvc_conn *c, int pool, int chain, uint64_t base)
+{
+	kvc_block b[CHAIN];
+	kvc_hash h[CHAIN];
+	int j;
+
+	chain_hashes(chain, h);
+	CHECK_EQ(kvc_alloc(c, pool, CHAIN, b), CHAIN);
+	for (j = 0; j < CHAIN; j++)
+		kvt_mem_fill(c, kvc_block_ptr(c, b[j]), BB, base + (uint64_t)j);
+	CHECK_EQ(kvc_seal(c, pool, b, h, CHAIN, b), CHAIN);
+	CHECK_EQ(kvc_release(c, b, CHAIN), 0);
+	CHECK_EQ(kvc_lookup(c, pool, h, CHAIN, b), CHAIN);
+	for (j = 0; j < CHAIN; j++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[j]), BB, base + (uint64_t)j));
+	CHECK_EQ(kvc_release(c, b, CHAIN), 0);
+}
+
+static void test_seal_over_lower_tier(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t2, t3;
+	kvc_conn *c;
+	int pool;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	/* Chain 0 in G2 only, chain 1 in G3 only. */
+	put_chain(c, pool, 1);
+	all_to_g3(c);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.blocks, CHAIN);
+	put_chain(c, pool, 0);
+	admin_evict(c, 0);
+	kvt_tier(1, &t2);
+	CHECK_EQ(t2.blocks, CHAIN);
+	reseal_chain(c, pool, 0, 5000);
+	reseal_chain(c, pool, 1, 6000);
+	kvt_tiers_settle();
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t2.blocks, 0);
+	CHECK_EQ(t3.blocks, 0);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
 static off_t find_slot(const kvc_hash *h)
 {
 	int fd = open(disk, O_RDONLY);
@@ -458,6 +513,46 @@ struct race {
 	int pool;
 };
 
+/* Runs a previous daemon left for a layout no pool has registered since
+ * (dormant) are the first to go when G3 needs room; their bytes leave G3's
+ * used count with them. */
+static void test_dormant_runs_evicted(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t3;
+	kvc_conn *c;
+	int pool, i;
+
+	fresh_disk();
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	for (i = 0; i < WARM; i++)
+		put_chain(c, pool, i);
+	kvt_tiers_settle();
+	all_to_g3(c);
+	kvc_close(c);
+	kvt_stop(&d);
+	start(&d);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "q", BB);
+	kvt_tier(2, &t3);
+	CHECK(t3.used >= (uint64_t)WARM * CHAIN * BB);
+	CHECK_EQ(t3.blocks, 0);
+	/* Twice what G3 holds besides them. */
+	for (i = 0; i < 2 * NCHAINS; i++) {
+		put_chain(c, pool, 100 + i);
+		kvt_tiers_settle();
+		if (i % 8 == 7)
+			all_to_g3(c);
+	}
+	kvt_tier(2, &t3);
+	CHECK(t3.used <= t3.capacity);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
+	kvt_stop(&d);
+}
+
 static int racer(void *arg)
 {
 	struct race *r = arg;
@@ -552,6 +647,7 @@ int main(void)
 
 	RUN(test_demote_promote());
 	RUN(test_swap());
+	RUN(test_seal_over_lower_tier());
 	RUN(test_corrupt());
 	/* Writes fail: the blocks stay in G2 and are written on a later try. */
 	RUN(test_faults("g3_write=EIO:count=3", 3, 0));
@@ -565,6 +661,7 @@ int main(void)
 	RUN(test_faults("copy=EIO:count=1", 1, 0));
 	RUN(test_warm_restart());
 	RUN(test_stop_writes_back());
+	RUN(test_dormant_runs_evicted());
 	RUN(test_shared_promotion());
 
 	fresh_disk();

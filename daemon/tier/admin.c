@@ -1,0 +1,227 @@
+/* What operators ask of the tiers: evict, flush, stats, the invariant check. */
+#include "tier_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
+{
+	uint32_t i, n = kv_pools_count(t->ps);
+	uint64_t done = 0;
+
+	for (i = 0; i < n; i++) {
+		struct kv_pool *p = kv_pool_get(t->ps, i);
+		struct tpool *tp2 = t->lv[L2].on ? t->lv[L2].tp[i] : NULL;
+		struct tpool *tp3 = t->lv[L3].on ? t->lv[L3].tp[i] : NULL;
+		struct kv_list *node;
+
+		if (pool_id >= 0 && (uint32_t)pool_id != i)
+			continue;
+		if (tier == KV_TIER_G1) {
+			if (!t->lv[L2].on) {
+				done += kv_pools_evict_all(t->ps, (int)i);
+				continue;
+			}
+			done += tier_demote(t, p->device, p, UINT64_MAX / 2) / p->block_bytes;
+			/* What G2 could not take is dropped, as the operator asked. */
+			done += kv_pools_evict_all(t->ps, (int)i);
+		} else if (tier == KV_TIER_G2 && tp2) {
+			while ((node = kv_list_back(&tp2->clean))) {
+				tb_drop_g2(t, kv_container_of(node, struct tblock, lru[L2]));
+				done++;
+			}
+			while ((node = kv_list_back(&tp2->lru))) {
+				struct tblock *tb = kv_container_of(node, struct tblock, lru[L2]);
+
+				if (tp3 || t->lv[L3].on) {
+					tb->evict_g2 = 1;
+					if (tier_writeback_start(t, tb) == 0) {
+						done++;
+						continue;
+					}
+					tb->evict_g2 = 0;
+				}
+				tb_drop_g2(t, tb);
+				done++;
+			}
+		} else if (tier == KV_TIER_G3 && tp3) {
+			while ((node = kv_list_back(&tp3->lru))) {
+				tb_drop_g3(t, kv_container_of(node, struct tblock, lru[L3]));
+				done++;
+			}
+		}
+	}
+	if (tier == KV_TIER_G3 && pool_id < 0)
+		while (!kv_list_empty(&t->dormant)) {
+			struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
+
+			done += r->nused;
+			srun_release(t, L3, r);
+		}
+	if (t->lv[L3].on)
+		kv_disk_flush(&t->disk);
+	return done;
+}
+
+uint64_t kv_tiers_flush(struct kv_tiers *t)
+{
+	uint64_t n = 0;
+	uint32_t i;
+
+	if (!t->lv[L3].on)
+		return 0;
+	for (i = 0; i < kv_pools_count(t->ps); i++) {
+		struct tpool *tp = t->lv[L2].tp[i];
+		struct kv_list *node;
+
+		while (tp && (node = kv_list_back(&tp->lru)) &&
+		       tier_writeback_start(t, kv_container_of(node, struct tblock, lru[L2])) == 0)
+			n++;
+	}
+	kv_disk_flush(&t->disk);
+	return n;
+}
+
+int kv_tiers_clean(const struct kv_tiers *t)
+{
+	return !t->lv[L3].on || (!t->lv[L2].st.dirty && !t->wb_bytes);
+}
+
+void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS])
+{
+	uint32_t d;
+	uint64_t total = 0, free = 0, tot;
+
+	memset(st, 0, sizeof(struct kv_tier_stats) * KV_NTIERS);
+	for (d = 0; d < t->be->devices; d++) {
+		free += kv_pools_dev_free(t->ps, d, &tot);
+		total += tot;
+	}
+	st[KV_TIER_G1] = t->g1;
+	st[KV_TIER_G1].capacity = total;
+	st[KV_TIER_G1].used = total - free;
+	for (d = 0; d < kv_pools_count(t->ps); d++) {
+		const struct kv_pool *p = kv_pool_get(t->ps, d);
+
+		st[KV_TIER_G1].blocks += p->n.writable + p->n.sealed + p->n.cached;
+		st[KV_TIER_G1].hits += p->n.hits;
+		st[KV_TIER_G1].evictions += p->n.evictions;
+	}
+	st[KV_TIER_G1].inflight = t->lv[L2].st.inflight;
+	if (t->lv[L2].on)
+		st[KV_TIER_G2] = t->lv[L2].st;
+	if (t->lv[L3].on)
+		st[KV_TIER_G3] = t->lv[L3].st;
+	if (t->lv[L3].on)
+		st[KV_TIER_G3].io_errors += t->jr.errors;
+}
+
+uint64_t kv_tiers_entries(const struct kv_tiers *t)
+{
+	return t->entries;
+}
+
+void kv_tiers_count_refs(struct kv_tiers *t)
+{
+	struct kv_list *pos;
+	uint32_t i;
+
+	kv_list_for_each(pos, &t->swaps) {
+		struct kv_swap *sw = kv_container_of(pos, struct kv_swap, all);
+
+		if (sw->state == SW_OUT)
+			continue;
+		for (i = 0; i < sw->n; i++) {
+			struct kv_block *b = kv_block_lookup(t->ps, sw->h[i]);
+
+			if (b)
+				b->check++;
+		}
+	}
+	for (i = 0; t->lv[L2].on && i < t->lv[L2].pages.npages; i++) {
+		struct srun *r = t->lv[L2].pages.owner[i];
+		uint32_t s;
+
+		if (!r || r->first_page != i)
+			continue;
+		for (s = 0; s < r->nslots; s++) {
+			struct tblock *tb = r->occ[s];
+			struct kv_block *b;
+
+			if (tb && tb != SWAP_SLOT && (tb->busy & BUSY_UP) &&
+			    (b = kv_block_lookup(t->ps, tb->dst)))
+				b->check++;
+		}
+	}
+}
+
+int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx)
+{
+	uint64_t used[2] = { 0 }, indexed = 0;
+	int problems = 0, l;
+	char msg[200];
+
+	for (l = 0; l < 2; l++) {
+		struct level *L = &t->lv[l];
+		uint32_t pg, s;
+
+		for (pg = 0; L->on && pg < L->pages.npages; pg++) {
+			struct srun *r = L->pages.owner[pg];
+			uint32_t n = 0;
+
+			if (!r || r->first_page != pg)
+				continue;
+			for (s = 0; s < r->nslots; s++) {
+				struct tblock *tb = r->occ[s];
+
+				if (r->dvalid) {
+					n += r->dvalid[s];
+					continue;
+				}
+				if (!tb)
+					continue;
+				n++;
+				if (tb == SWAP_SLOT)
+					continue;
+				if (tb->run[l] != r || tb->slot[l] != s) {
+					snprintf(msg, sizeof(msg), "tier G%d: slot %u of the run at page %u "
+						 "names a block that is elsewhere", l + 2, s, pg);
+					report(ctx, msg);
+					problems++;
+				}
+				/* Count each block once: at its G2 copy, or its G3 copy. */
+				if (l == L2 || !tb->run[L2]) {
+					const char *why = tb_state_problem(tb);
+
+					if (why) {
+						snprintf(msg, sizeof(msg), "tier G%d: slot %u of the run "
+							 "at page %u: %s", l + 2, s, pg, why);
+						report(ctx, msg);
+						problems++;
+					}
+					indexed += tb->indexed;
+				}
+			}
+			if (n != r->nused) {
+				snprintf(msg, sizeof(msg), "tier G%d: run at page %u: %u slots used, %u "
+					 "counted", l + 2, pg, n, r->nused);
+				report(ctx, msg);
+				problems++;
+			}
+			used[l] += (uint64_t)n * r->slot_bytes;
+		}
+		if (L->on && used[l] != L->st.used) {
+			snprintf(msg, sizeof(msg), "tier G%d: %llu bytes in used slots, %llu counted",
+				 l + 2, (unsigned long long)used[l], (unsigned long long)L->st.used);
+			report(ctx, msg);
+			problems++;
+		}
+	}
+	if (indexed != t->entries) {
+		snprintf(msg, sizeof(msg), "tiers: %llu blocks in the index, %llu counted",
+			 (unsigned long long)indexed, (unsigned long long)t->entries);
+		report(ctx, msg);
+		problems++;
+	}
+	return problems;
+}

@@ -1,0 +1,149 @@
+/* Demotion: cached G1 blocks copied down into G2. */
+#include "tier_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Frees tb, whose demotion did not complete: its G2 slot was never counted
+ * as a block, dirty or not (tb_free() would take it off those counts). */
+static void demote_discard(struct kv_tiers *t, struct tblock *tb)
+{
+	kv_assert(tb->busy == BUSY_DOWN && !tb->indexed);
+	tb->busy = 0;
+	slot_put(t, L2, tb->run[L2], tb->slot[L2]);
+	tb->run[L2] = NULL;
+	free(tb);
+}
+
+/* The copy of op did not start: its blocks stay in G1, its tblocks go. */
+static void demote_undo(struct kv_tiers *t, struct copyop *op)
+{
+	uint32_t i;
+
+	for (i = 0; i < op->n; i++) {
+		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);
+
+		if (b)
+			kv_block_demote_end(b, 0);
+		demote_discard(t, op->tb[i]);
+	}
+	free(op);
+}
+
+/* Starts copying the oldest cached blocks of dev (of pool only, when set)
+ * into G2 until want bytes are under way. Returns the bytes started. */
+uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want)
+{
+	uint64_t started = 0;
+
+	while (started < want) {
+		struct kv_copy c[BATCH];
+		struct copyop *op = calloc(1, sizeof(*op));
+		int r;
+
+		if (!op)
+			break;
+		op->kind = OP_DEMOTE;
+		op->dev = dev;
+		while (op->n < BATCH && started + op->bytes < want) {
+			struct kv_block *b;
+			struct tblock *tb;
+			struct kv_list *n;
+
+			/* With a disk behind it, G2 keeps g2_low percent free or
+			 * clean for promotions to stage through: past that,
+			 * demotion waits for write-back. */
+			if (t->lv[L3].on && (t->dirty_bytes + t->swap_bytes) * 100 >=
+						    t->lv[L2].st.capacity * (100 - t->cfg.g2_low))
+				break;
+			if (only)
+				b = (n = kv_list_back(&only->lru)) ? kv_container_of(n, struct kv_block, node)
+								   : NULL;
+			else
+				b = kv_pools_oldest_cached(t->ps, dev);
+			if (!b)
+				break;
+			tb = tb_new(t, kv_block_pool(b), b->ix.hash);
+			if (!tb)
+				break;
+			if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
+				free(tb);
+				break;
+			}
+			tb->busy = BUSY_DOWN;
+			kv_block_demote_begin(b);
+			c[op->n] = (struct kv_copy){
+				.dev_off = kv_block_offset(b),
+				.host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+				.len = tb->pool->block_bytes };
+			op->tb[op->n] = tb;
+			op->h[op->n] = kv_block_handle(b);
+			op->bytes += tb->pool->block_bytes;
+			op->n++;
+		}
+		if (!op->n) {
+			free(op);
+			break;
+		}
+		r = t->be->ops->copy_async(t->be, dev, KV_COPY_D2H, c, op->n, (uint64_t)(uintptr_t)op);
+		if (r < 0) {
+			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
+			t->lv[L2].st.io_errors++;
+			demote_undo(t, op);
+			break;
+		}
+		started += op->bytes;
+		t->down_bytes[dev] += op->bytes;
+		t->lv[L2].st.inflight++;
+	}
+	return started;
+}
+
+void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
+{
+	uint32_t i;
+
+	t->down_bytes[op->dev] -= op->bytes;
+	if (res < 0) {
+		t->lv[L2].st.io_errors++;
+		kv_warn("host tier: demotion of %u blocks failed: %s; they stay in G1", op->n,
+			strerror(-res));
+	}
+	for (i = 0; i < op->n; i++) {
+		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);
+		struct tblock *tb = op->tb[i];
+
+		kv_assert(tb->busy == BUSY_DOWN);
+		if (b && kv_block_demote_end(b, res == 0)) {
+			tb_index(t, tb);
+			t->lv[L2].st.blocks++;
+			g2_dirty_add(t, tb, 1);
+			t->lv[L2].st.demotions++;
+			tb_busy_clear(t, tb, BUSY_DOWN);
+		} else {
+			/* A lookup took the block meanwhile (or the copy failed):
+			 * the block stays in G1, the copy goes. */
+			demote_discard(t, tb);
+		}
+	}
+}
+
+void tier_demote_kick(struct kv_tiers *t)
+{
+	uint32_t d;
+
+	for (d = 0; d < t->be->devices; d++) {
+		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+
+		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
+			continue;
+		t->demoting[d] = 1;
+		if (free * 100 < total * t->cfg.g1_high)
+			tier_demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
+		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
+			t->demoting[d] = 0;
+	}
+}

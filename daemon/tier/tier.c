@@ -1,0 +1,270 @@
+/* The lower tiers; see tier.h for the model and its rules, tier_int.h for
+ * the structures. Here: setup and teardown, and the completions and the
+ * watermarks that drive the rest. */
+#include "tier_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+void kv_tiers_config_defaults(struct kv_tiers_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->queue_depth = 64;
+	c->g1_low = 10;
+	c->g1_high = 20;
+	c->g2_low = 10;
+	c->g2_high = 25;
+}
+
+/* ---- waking parked requests ----------------------------------------------- */
+
+void tier_wake_all(struct kv_list *waiters)
+{
+	struct kv_list local;
+
+	kv_list_init(&local);
+	while (!kv_list_empty(waiters)) {
+		struct kv_list *n = kv_list_front(waiters);
+
+		kv_list_del(n);
+		kv_list_push_back(&local, n);
+	}
+	while (!kv_list_empty(&local)) {
+		struct kv_waiter *w = kv_container_of(kv_list_front(&local), struct kv_waiter, link);
+
+		kv_list_del(&w->link);
+		w->wake(w);
+	}
+}
+
+/* ---- completions and the watermarks ----------------------------------------- */
+
+void kv_tiers_copies_done(struct kv_tiers *t)
+{
+	struct kv_copy_done done[32];
+	int n, i;
+
+	while ((n = t->be->ops->reap(t->be, done, 32)) > 0) {
+		for (i = 0; i < n; i++) {
+			struct copyop *op = (struct copyop *)(uintptr_t)done[i].tag;
+
+			switch (op->kind) {
+			case OP_DEMOTE:
+				t->lv[L2].st.inflight--;
+				tier_demote_done(t, op, done[i].res);
+				break;
+			case OP_PROMOTE:
+				tier_promote_done(t, op, done[i].res);
+				break;
+			default:
+				kv_assert(op->kind == OP_SWAP_OUT || op->kind == OP_SWAP_IN);
+				tier_swap_done(t, op, done[i].res);
+				break;
+			}
+			free(op);
+		}
+	}
+	/* Lookups waiting for staging room first: demotion must not take
+	 * the slots that promotions just gave back. */
+	tier_wake_all(&t->space_waiters);
+	kv_tiers_kick(t);
+}
+
+void kv_tiers_disk_done(struct kv_tiers *t)
+{
+	if (t->lv[L3].on)
+		kv_disk_reap(&t->disk);
+	/* Lookups waiting for staging room first: demotion must not take
+	 * the slots that promotions just gave back. */
+	tier_wake_all(&t->space_waiters);
+	kv_tiers_kick(t);
+}
+
+/* Every watermark: G2's write-back, then each device's demotion. */
+void kv_tiers_kick(struct kv_tiers *t)
+{
+	if (!t->lv[L2].on)
+		return;
+	if (t->lv[L3].on)
+		tier_writeback_kick(t);
+	tier_demote_kick(t);
+	if (t->lv[L3].on) {
+		kv_disk_flush(&t->disk);
+		if (t->jr.records > 2 * t->jlive + 16384)
+			tier_journal_compact(t);
+	}
+}
+
+/* ---- setup ----------------------------------------------------------------- */
+
+int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes)
+{
+	uint64_t seg = 1ull << 30, pages;
+	struct level *L = &t->lv[l];
+	int r;
+
+	bytes -= bytes % t->page_bytes;
+	if (seg > bytes)
+		seg = bytes;
+	seg -= seg % t->page_bytes;
+	if (!seg)
+		return -EINVAL;
+	bytes -= bytes % seg;
+	r = kv_pages_init(&L->pages, (uint32_t)l, (uint32_t)(bytes / seg), seg, t->page_bytes);
+	if (r < 0)
+		return r;
+	pages = bytes / t->page_bytes;
+	L->limit_pages = (uint32_t)pages;
+	L->st.capacity = bytes;
+	L->on = 1;
+	return 0;
+}
+
+int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_bytes,
+		    const struct kv_tiers_config *cfg, struct kv_tiers **out, char *err,
+		    size_t errlen)
+{
+	struct kv_tiers *t = calloc(1, sizeof(*t));
+	int r;
+
+	if (!t)
+		return -ENOMEM;
+	t->ps = ps;
+	t->be = be;
+	t->cfg = *cfg;
+	t->page_bytes = page_bytes;
+	t->disk.fd = t->disk.efd = -1;
+	t->jr.fd = -1;
+	kv_list_init(&t->dormant);
+	kv_list_init(&t->swaps);
+	kv_list_init(&t->space_waiters);
+	*out = t;
+	if (!cfg->host_bytes) {
+		if (cfg->disk_path[0]) {
+			snprintf(err, errlen, "disk_path needs a host tier (host_tier_size) to stage "
+					      "its I/O through");
+			goto err_inval;
+		}
+		return 0;
+	}
+	if (cfg->g1_low > cfg->g1_high || cfg->g1_high > 100 || cfg->g2_low > cfg->g2_high ||
+	    cfg->g2_high > 100) {
+		snprintf(err, errlen, "watermarks: need low <= high <= 100 (g1 %u/%u, g2 %u/%u)",
+			 cfg->g1_low, cfg->g1_high, cfg->g2_low, cfg->g2_high);
+		goto err_inval;
+	}
+	if (cfg->host_bytes < page_bytes) {
+		snprintf(err, errlen, "host_tier_size %llu is less than one page (%llu bytes)",
+			 (unsigned long long)cfg->host_bytes, (unsigned long long)page_bytes);
+		goto err_inval;
+	}
+	r = tier_level_init(t, L2, cfg->host_bytes);
+	if (r < 0) {
+		snprintf(err, errlen, "host tier: %s", strerror(-r));
+		goto err;
+	}
+	t->g2_bytes = t->lv[L2].st.capacity;
+	t->g2 = be->ops->host_alloc(be, t->g2_bytes);
+	if (!t->g2) {
+		snprintf(err, errlen, "host tier: cannot allocate %llu bytes",
+			 (unsigned long long)t->g2_bytes);
+		r = -ENOMEM;
+		goto err;
+	}
+	if (cfg->disk_path[0]) {
+		r = tier_g3_open(t, err, errlen);
+		if (r < 0)
+			goto err;
+	}
+	return 0;
+err_inval:
+	r = -EINVAL;
+err:
+	kv_tiers_destroy(t);
+	*out = NULL;
+	return r;
+}
+
+/* Frees every tier block and run of level l. */
+static void level_fini(struct kv_tiers *t, int l)
+{
+	struct level *L = &t->lv[l];
+	uint32_t pg, s;
+
+	for (pg = 0; L->on && pg < L->pages.npages; pg++) {
+		struct srun *r = L->pages.owner[pg];
+
+		if (!r || r->first_page != pg)
+			continue;
+		for (s = 0; s < r->nslots; s++) {
+			struct tblock *tb = r->occ[s];
+
+			if (!tb || tb == SWAP_SLOT)
+				continue;
+			tb->run[l] = NULL;
+			if (!tb->run[L2] && !tb->run[L3])
+				free(tb);
+		}
+		pg += r->npages - 1;  /* its other pages point at it too */
+		srun_free(r);
+	}
+	for (s = 0; s < KV_MAX_POOLS; s++)
+		free(L->tp[s]);
+	kv_pages_fini(&L->pages);
+}
+
+void kv_tiers_destroy(struct kv_tiers *t)
+{
+	if (!t)
+		return;
+	/* Let what is in flight finish, so that nothing points at freed
+	 * memory and the journal records every write that completed. */
+	while (t->lv[L3].on && t->disk.inflight) {
+		struct io_uring_cqe *cqe;
+
+		kv_disk_flush(&t->disk);
+		if (io_uring_wait_cqe(&t->disk.ring, &cqe) < 0)
+			break;
+		kv_disk_reap(&t->disk);
+	}
+	if (t->lv[L2].on)
+		kv_tiers_copies_done(t);
+	while (!kv_list_empty(&t->swaps)) {
+		struct kv_swap *sw = kv_container_of(kv_list_front(&t->swaps), struct kv_swap, all);
+
+		if (kv_list_linked(&sw->link))
+			kv_list_del(&sw->link);
+		tier_swap_free(t, sw);
+	}
+	if (t->lv[L3].on && t->jr.fd >= 0)
+		tier_journal_compact(t);
+	while (!kv_list_empty(&t->dormant)) {
+		struct srun *r = kv_container_of(kv_list_front(&t->dormant), struct srun, link);
+
+		kv_list_del(&r->link);
+		kv_pages_free(&t->lv[L3].pages, r->first_page, r->npages);
+		srun_free(r);
+	}
+	level_fini(t, L3);
+	level_fini(t, L2);
+	kv_journal_close(&t->jr);
+	if (t->disk.fd >= 0 || t->disk.ring_ok)
+		kv_disk_close(&t->disk);
+	if (t->g2)
+		t->be->ops->host_free(t->be, t->g2, t->g2_bytes);
+	free(t);
+}
+
+int kv_tiers_disk_fd(const struct kv_tiers *t)
+{
+	return t->lv[L3].on ? t->disk.efd : -1;
+}
+
+int kv_tiers_on(const struct kv_tiers *t)
+{
+	return t->lv[L2].on;
+}

@@ -1,0 +1,312 @@
+/* The lower tiers' internals, shared by the files of daemon/tier/ and by
+ * nothing else: the slot format, the tier structures and the functions one
+ * file calls in another. tier.h is the interface to the rest of the daemon. */
+#ifndef KV_TIER_INT_H
+#define KV_TIER_INT_H
+
+#include <stdint.h>
+
+#include "disk.h"
+#include "journal.h"
+#include "kvassert.h"
+#include "tier.h"
+
+#define HDR_BYTES 4096u       /* a slot starts with its header, then the payload */
+#define SLOT_MAGIC 0x31544c5333475648ull  /* "HVG3SLT1" */
+#define SLOT_VERSION 1
+#define BATCH 64              /* copies per copy_async */
+#define L2 0                  /* index into t->lv[] */
+#define L3 1
+
+/* The header at the start of every slot (G2 and G3 alike, so a write-back
+ * is one write of the whole slot). docs/tiers.md has the format. */
+struct slot_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t hdr_crc;         /* CRC32C of this struct with hdr_crc = 0 */
+	uint64_t ns;              /* XXH3-64 of the namespace name */
+	uint64_t layout;          /* the pool's layout id */
+	uint8_t hash[KV_HASH_BYTES];
+	uint64_t payload_len;
+	uint32_t payload_crc;     /* CRC32C of payload_len bytes after the header */
+	uint32_t flags;
+};
+
+struct tpool;
+struct tblock;
+
+/* A run of slots: npages contiguous pages of a tier cut into nslots slots. */
+struct srun {
+	struct kv_list link;      /* its tpool's runs, or t->dormant */
+	struct kv_list plink;     /* its tpool's partial list while a slot is free */
+	struct tpool *tp;         /* NULL while dormant (G3 after a restart, no pool yet) */
+	uint32_t first_page, npages, nslots, nused, free_head;
+	uint32_t slot_bytes;
+	uint64_t layout;
+	struct tblock **occ;      /* per slot: its block, SWAP_SLOT, or NULL */
+	uint32_t *next;           /* the free chain */
+	uint8_t (*dhash)[KV_HASH_BYTES];  /* dormant: what each slot holds */
+	uint8_t *dvalid;
+};
+
+#define SWAP_SLOT ((struct tblock *)1)
+
+/* One pool's slots in one tier. */
+struct tpool {
+	struct kv_pool *pool;
+	struct kv_list runs, partial;
+	struct kv_list lru;       /* idle copies, front = newest (G2: dirty ones) */
+	struct kv_list clean;     /* G2: idle copies that G3 holds too */
+	uint32_t run_pages, nslots;
+	uint64_t slot_bytes;
+};
+
+struct level {
+	int on;
+	struct kv_pages pages;
+	uint32_t limit_pages;     /* G3 shrinks to what it holds on ENOSPC */
+	struct tpool *tp[KV_MAX_POOLS];
+	struct kv_tier_stats st;
+};
+
+enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16 };
+
+/* A block held by the lower tiers: a tblock, with a G2 copy, a G3 copy or
+ * both. Its state is its copies (run[L2], run[L3] and g3_ok), its busy flags
+ * (a copy or I/O in flight, or its waiters running), dead and indexed:
+ *
+ *   tb_new --demote--> DOWN --copy done, G1 block freed--> G2 dirty <-----------+
+ *                        |                                   |                   |
+ *                        | cancelled (a lookup took the      | write-back        | write
+ *                        | G1 block) or failed: freed,       v                   | failed
+ *                        | never indexed                    WB (G3 slot written) -+
+ *                                                            | written, journalled
+ *                                                            v
+ *   adopted after a restart --> G3 only <--drop G2-- G2 clean + G3 (g3_ok)
+ *                                  |                    ^     |
+ *                                  +--lookup: READ -----+     +--drop G3--> G2 dirty
+ *                                     (G3 read into a new G2 slot and checked;
+ *                                     a bad slot: both copies go, tb dies)
+ *
+ *   any G2 copy --lookup--> UP (H2D copy into dst, a new G1 block): done, dst
+ *                           is sealed under the hash, takes the index entry
+ *                           and tb dies; failed, tb is as before
+ *   losing its last copy (eviction, kv_tiers_forget(), a bad slot) --> dead:
+ *                           out of the index, freed once no busy flag is left
+ *
+ * A READ that finds G1 room goes on to UP (both flags for a moment); WB and UP
+ * can be under way together (a lookup promotes a block being written back);
+ * WAKE is set while the waiters run (tb_wake_waiters()), whatever they do.
+ * What holds (tb_state_problem() checks it, kv_tiers_check() reports it):
+ *   - indexed, or dead, or DOWN: exactly one. Nothing in the index or on a
+ *     list points at a dead tblock.
+ *   - run[l] set: run[l]->occ[slot[l]] == tb. g3_ok: run[L3] set.
+ *   - DOWN: no other flag, a G2 slot only, its bytes being copied in.
+ *   - WB: a G2 copy and a G3 slot, !g3_ok. READ: a G3 copy (g3_ok), a G2 slot
+ *     being filled, not WB. UP: a G2 copy.
+ *   - idle (busy 0, not dead): a G2 copy, or a G3 copy only; a G3 slot only
+ *     with g3_ok; the G2 copy on its tpool's clean list (g3_ok) or lru (dirty),
+ *     the G3 copy on the G3 tpool's lru. Busy: on no LRU (eviction and
+ *     write-back take only idle copies).
+ *   - waiters non-empty only while READ or UP. failed only while WAKE.
+ * Counted: G2's blocks are the G2 copies of tblocks past DOWN (a READ's slot
+ * once read) and the swap slots; its dirty ones, those copies without g3_ok;
+ * G3's blocks, the copies with g3_ok. */
+struct tblock {
+	struct kv_index_entry ix;  /* kind KV_ENTRY_TIER */
+	struct kv_tiers *t;
+	struct kv_pool *pool;
+	struct srun *run[2];       /* [L2], [L3]; NULL = no copy there */
+	uint16_t slot[2];
+	uint8_t g3_ok;             /* the G3 copy is written and recorded */
+	uint8_t busy;              /* BUSY_*: off the LRUs while any is set */
+	uint8_t dead;              /* out of the index: freed once not busy */
+	uint8_t failed;            /* its promotion just failed: lookups miss */
+	uint8_t evict_g2;          /* drop the G2 copy once written back */
+	uint8_t indexed;
+	uint64_t tick;
+	struct kv_list lru[2];
+	struct kv_list waiters;    /* parked lookups */
+	uint64_t dst;              /* promotion: the G1 block being filled */
+	struct kv_disk_op dop;
+};
+
+enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
+
+struct copyop {
+	int kind;
+	uint32_t dev, n;
+	uint64_t bytes;
+	struct kv_swap *sw;
+	struct tblock *tb[BATCH];
+	uint64_t h[BATCH];
+};
+
+/* A swap: one session's blocks, parked in G2 slots that are not in the index
+ * and on no LRU (occ is SWAP_SLOT).
+ *
+ *   swap_out --> OUT_COPY --copy done--> OUT --swap_in--> IN_COPY --copy done--> IN
+ *                   |                     ^                  |                    |
+ *                   | copy failed         +---copy failed----+ (err = -EIO)       | swap_in
+ *                   +--> IN, the G1 blocks kept                                   v
+ *                                                          gone: the blocks are the caller's
+ *   (a swap_in that finds a copy in flight parks on waiters; the owner going
+ *   frees the swap, at once or, during a copy, when the copy is done)
+ *
+ *   OUT_COPY  h[] holds the caller's references on the G1 blocks being copied;
+ *             every run[i] set.
+ *   OUT       the data is in G2 only: every run[i] set; h[] is stale.
+ *   IN_COPY   h[] holds one reference on each new G1 block being filled;
+ *             every run[i] set.
+ *   IN        h[] holds the references swap_in hands over; run[i] set only
+ *             when the swap-out copy failed (the slots go with the swap).
+ *   waiters (swap_in requests) non-empty only in the _COPY states. dead (the
+ *   owner went during a copy: off its list, freed when the copy is done) only
+ *   there too. err (-EIO) only in OUT, reported by the next swap_in. */
+enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN };
+
+struct kv_swap {
+	struct kv_list link;       /* the owner's list */
+	struct kv_list all;        /* t->swaps */
+	uint64_t id;
+	struct kv_pool *pool;
+	uint32_t n;
+	int state, dead, err;
+	struct kv_list waiters;
+	struct srun **run;
+	uint16_t *slot;
+	uint64_t *h;               /* G1 blocks: SW_OUT_COPY, SW_IN_COPY, SW_IN */
+};
+
+struct kv_tiers {
+	struct kv_pools *ps;
+	struct kv_backend *be;
+	struct kv_tiers_config cfg;
+	uint64_t page_bytes;
+	uint8_t *g2;
+	uint64_t g2_bytes;
+	struct level lv[2];
+	struct kv_disk disk;
+	struct kv_journal jr;
+	uint64_t jlive;            /* records a rewrite would write */
+	struct kv_list dormant;    /* G3 runs no pool has claimed since the restart */
+	struct kv_list swaps;
+	struct kv_list space_waiters;  /* lookups waiting for G2 staging room */
+	uint64_t entries;          /* tblocks in the index */
+	uint64_t tick, next_swap;
+	uint64_t down_bytes[KV_MAX_DEVICES];  /* demotion copies in flight */
+	uint8_t demoting[KV_MAX_DEVICES], writing_back;
+	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
+	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
+	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
+	struct kv_tier_stats g1;
+	uint64_t layout_id[KV_MAX_POOLS];  /* per pool id: names its layout across restarts */
+};
+
+/* ---- between the files ---------------------------------------------------- */
+
+/* slots.c: where a slot's bytes are, the G3 journal records, runs and slots */
+uint8_t *tier_g2_addr(struct kv_tiers *t, const struct srun *r, uint32_t s);
+uint64_t tier_g3_offset(struct kv_tiers *t, const struct srun *r, uint32_t s);
+/* Appends a KV_J_* record (a warning, not an error, when that fails: the
+ * next start may then miss blocks) and keeps t->jlive. */
+void tier_journal_append(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
+			 const uint8_t *hash);
+/* The tpool of p in tier l, made on first use; NULL when l is off or out of
+ * memory. */
+struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p);
+/* A run of nslots empty slots, not on any list; dormant: with the per-slot
+ * hashes a replayed run carries. NULL when out of memory. */
+struct srun *srun_new(uint32_t nslots, int dormant);
+void srun_free(struct srun *r);
+/* Links the slots that hold nothing into r's free chain. */
+void srun_build_free_chain(struct srun *r);
+/* Gives r's pages back to tier l and frees r (journalled in G3); the slots a
+ * dormant run still holds stop counting as used. */
+void srun_release(struct kv_tiers *t, int l, struct srun *r);
+/* A free slot of tier l for pool p, for occ (a tblock or SWAP_SLOT): from a
+ * partial run, a new run, or by evicting idle copies. Returns 0 with *run and
+ * *slot set, or -ENOSPC. */
+int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
+	       struct srun **run, uint16_t *slot);
+/* The oldest idle copy in tier l of any pool: on the tpools' clean lists
+ * (G2 only) or on their lru lists (in G2, the dirty copies). NULL if none. */
+struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);
+/* Frees slot s of r (occupied); the run goes when its last slot does. */
+void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
+/* The header that tb's slot carries, with payload CRC32C crc. */
+void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
+
+/* slots.c: tier blocks */
+struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
+/* Puts tb in the index under its hash (no entry may be there). */
+void tb_index(struct kv_tiers *t, struct tblock *tb);
+/* Takes tb out of the index (if it is in) and marks it dead; frees it now
+ * when idle, else when its last busy flag clears. */
+void tb_kill(struct kv_tiers *t, struct tblock *tb);
+/* Frees tb's slots and tb (not busy; out of the index or never in it). */
+void tb_free(struct kv_tiers *t, struct tblock *tb);
+/* Puts idle tb on the LRU lists its copies belong to, as the newest. */
+void tb_set_idle(struct kv_tiers *t, struct tblock *tb);
+/* Sets busy flag (off the LRUs while any is set). */
+void tb_busy_set(struct tblock *tb, int flag);
+/* Clears flag; when none is left, frees tb if dead, else makes it idle. */
+void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag);
+/* What breaks the rules above (drawn over struct tblock), or NULL. */
+const char *tb_state_problem(const struct tblock *tb);
+/* kv_assert() of those rules, with the broken one in the message. */
+#ifdef NDEBUG
+#define tb_assert_state(tb) ((void)0)
+#else
+#define tb_assert_state(tb)                                                          \
+	do {                                                                          \
+		const char *tb_why_ = tb_state_problem(tb);                           \
+		if (tb_why_)                                                          \
+			kv_assert_fail(tb_why_, __FILE__, __LINE__, __func__);        \
+	} while (0)
+#endif
+/* Drops idle tb's G2 (G3) copy; with no copy left tb is killed. */
+void tb_drop_g2(struct kv_tiers *t, struct tblock *tb);
+void tb_drop_g3(struct kv_tiers *t, struct tblock *tb);
+/* Counts tb's G2 copy as dirty (d = 1) or no longer dirty (d = -1). */
+void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d);
+
+/* demote.c */
+/* Starts copying the oldest cached blocks of dev (of only, when set) into G2
+ * until want bytes are under way. Returns the bytes started. */
+uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uint64_t want);
+void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res);
+/* The G1 watermarks: demotes on the devices under g1_low percent free. */
+void tier_demote_kick(struct kv_tiers *t);
+
+/* writeback.c */
+/* Starts writing idle tb's dirty G2 copy to G3. Returns 0 or -ENOSPC. */
+int tier_writeback_start(struct kv_tiers *t, struct tblock *tb);
+/* The G2 watermarks: writes back when G2 is under g2_low percent clean. */
+void tier_writeback_kick(struct kv_tiers *t);
+
+/* promote.c */
+void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res);
+
+/* swap.c */
+void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res);
+/* Frees sw's G2 slots and sw, and takes it off t->swaps; the owner's list and
+ * the G1 references sw holds are the caller's to handle. */
+void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw);
+
+/* adopt.c */
+/* Rewrites the G3 journal with only what is live now. */
+void tier_journal_compact(struct kv_tiers *t);
+/* Opens G3 (t->cfg.disk_path; G2 is set up) and replays its journal: the
+ * runs a previous daemon left wait on t->dormant for their pools. Returns 0
+ * or -errno with err set; kv_tiers_destroy() frees what was opened. */
+int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen);
+
+/* tier.c */
+/* Runs every waiter on waiters (moved off it first: a wake may park again). */
+void tier_wake_all(struct kv_list *waiters);
+/* Sets up tier l over bytes (rounded down to whole segments of at most 1 GiB
+ * of pages). Returns 0 or -errno. */
+int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes);
+
+#endif

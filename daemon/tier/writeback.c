@@ -1,0 +1,95 @@
+/* Write-back: dirty G2 copies written to G3. */
+#include "tier_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "log.h"
+
+static void writeback_done(struct kv_disk_op *dop, int res);
+
+int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
+{
+	uint8_t *slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
+	struct slot_hdr h;
+
+	kv_assert(!tb->busy && !tb->dead && !tb->run[L3] && !tb->g3_ok);
+	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
+		return -ENOSPC;
+	slot_hdr_fill(t, tb, &h, kv_crc32c(0, slot + HDR_BYTES, tb->pool->block_bytes));
+	memset(slot, 0, HDR_BYTES);
+	memcpy(slot, &h, sizeof(h));
+	tb_busy_set(tb, BUSY_WB);
+	tb->dop = (struct kv_disk_op){ .done = writeback_done, .write = 1, .buf = slot,
+				       .len = tb->run[L3]->slot_bytes,
+				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
+	t->wb_bytes += tb->run[L2]->slot_bytes;
+	t->lv[L3].st.inflight++;
+	kv_disk_submit(&t->disk, &tb->dop);
+	return 0;
+}
+
+static void writeback_done(struct kv_disk_op *dop, int res)
+{
+	struct tblock *tb = kv_container_of(dop, struct tblock, dop);
+	struct kv_tiers *t = tb->t;
+	struct level *L = &t->lv[L3];
+
+	kv_assert((tb->busy & BUSY_WB) && tb->run[L2] && tb->run[L3] && !tb->g3_ok);
+	t->wb_bytes -= tb->run[L2]->slot_bytes;
+	L->st.inflight--;
+	if (res == (int)dop->len && !tb->dead) {
+		tb->g3_ok = 1;
+		L->st.blocks++;
+		L->st.demotions++;
+		g2_dirty_add(t, tb, -1);
+		tier_journal_append(t, KV_J_SLOT, tb->run[L3], tb->slot[L3], tb->ix.hash);
+	} else {
+		if (!tb->dead) {
+			L->st.io_errors++;
+			kv_warn("disk tier: write of %u bytes at %llu: %s; the block stays in G2",
+				dop->len, (unsigned long long)dop->off,
+				res < 0 ? strerror(-res) : "short write");
+		}
+		if (res == -ENOSPC || res == -EDQUOT) {
+			uint32_t used = L->pages.npages - L->pages.nfree;
+
+			if (used < L->limit_pages) {
+				L->limit_pages = used;
+				L->st.capacity = (uint64_t)used * t->page_bytes;
+				kv_warn("disk tier: the file system is full; G3 shrinks to %u MiB",
+					(unsigned)(L->st.capacity >> 20));
+			}
+		}
+		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
+		tb->run[L3] = NULL;
+	}
+	tb->busy &= (uint8_t)~BUSY_WB;
+	if (!tb->busy && tb->evict_g2 && tb->g3_ok && !tb->dead) {
+		tb->evict_g2 = 0;
+		tb_drop_g2(t, tb);
+		return;
+	}
+	tb_busy_clear(t, tb, 0);
+}
+
+void tier_writeback_kick(struct kv_tiers *t)
+{
+	struct level *L = &t->lv[L2];
+	uint64_t cap = L->st.capacity;
+	uint64_t pinned = t->dirty_bytes + t->swap_bytes, wb = t->wb_bytes;
+	struct tblock *tb;
+
+	/* Clean copies cost nothing to drop, so what fills G2 is what is
+	 * dirty (and swapped): write back when the rest falls under g2_low
+	 * percent, until it reaches g2_high (counting writes in flight). */
+	if (!t->writing_back && (cap - pinned) * 100 >= cap * t->cfg.g2_low)
+		return;
+	t->writing_back = 1;
+	while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0)) &&
+	       tier_writeback_start(t, tb) == 0)
+		wb += tb->run[L2]->slot_bytes;
+	if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
+		t->writing_back = 0;
+}
