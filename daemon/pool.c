@@ -285,7 +285,7 @@ struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h)
 
 /* ---- runs ---------------------------------------------------------------- */
 
-static int run_new(struct kv_pool *p)
+static int pool_run_new(struct kv_pool *p)
 {
 	struct kv_pages *dev = pool_dev(p);
 	struct kv_run *run;
@@ -338,7 +338,7 @@ err:
 }
 
 /* Gives an empty run's pages back to the device. */
-static void run_release(struct kv_run *run)
+static void pool_run_release(struct kv_run *run)
 {
 	struct kv_pool *p = run->pool;
 	struct kv_pages *dev = pool_dev(p);
@@ -383,7 +383,7 @@ static struct kv_block *take_free(struct kv_pool *p)
 
 /* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
  * emptied run may stay as the pool's spare; otherwise it is released. */
-static void make_free(struct kv_block *b, int keep_spare)
+static void pool_make_free(struct kv_block *b, int keep_spare)
 {
 	struct kv_run *run = b->run;
 	struct kv_pool *p = run->pool;
@@ -396,11 +396,11 @@ static void make_free(struct kv_block *b, int keep_spare)
 		if (keep_spare && !p->spare)
 			p->spare = run;
 		else
-			run_release(run);
+			pool_run_release(run);
 	}
 }
 
-static void evict(struct kv_block *b, int keep_spare)
+static void pool_evict(struct kv_block *b, int keep_spare)
 {
 	struct kv_pool *p = b->run->pool;
 
@@ -408,12 +408,12 @@ static void evict(struct kv_block *b, int keep_spare)
 	kv_index_remove(&p->pools->index, &b->ix);
 	p->n.cached--;
 	p->n.evictions++;
-	make_free(b, keep_spare);
+	pool_make_free(b, keep_spare);
 }
 
 /* Frees pages for p from other pools of the device: a spare run, else the
  * globally oldest cached block. Returns 1 if it freed anything. */
-static int reclaim_other(struct kv_pool *p)
+static int pool_reclaim_other(struct kv_pool *p)
 {
 	struct kv_pools *ps = p->pools;
 	struct kv_block *oldest = NULL;
@@ -423,7 +423,7 @@ static int reclaim_other(struct kv_pool *p)
 		struct kv_pool *q = ps->pool[i];
 
 		if (q != p && q->device == p->device && q->spare) {
-			run_release(q->spare);
+			pool_run_release(q->spare);
 			return 1;
 		}
 	}
@@ -440,7 +440,7 @@ static int reclaim_other(struct kv_pool *p)
 	}
 	if (!oldest)
 		return 0;
-	evict(oldest, 0);
+	pool_evict(oldest, 0);
 	return 1;
 }
 
@@ -457,15 +457,15 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 			out[got++] = b;
 			continue;
 		}
-		if (run_new(p) == 0)
+		if (pool_run_new(p) == 0)
 			continue;
 		if (!may_evict)
 			break;
 		if ((old = kv_list_back(&p->lru))) {
-			evict(kv_container_of(old, struct kv_block, node), 1);
+			pool_evict(kv_container_of(old, struct kv_block, node), 1);
 			continue;
 		}
-		if (reclaim_other(p))
+		if (pool_reclaim_other(p))
 			continue;
 		break;
 	}
@@ -479,7 +479,7 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 			b->ref = 0;
 			p->n.writable--;
-			make_free(b, 1);
+			pool_make_free(b, 1);
 		}
 		return -ENOSPC;
 	}
@@ -495,7 +495,7 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 		b->ref = 0;
 		p->n.writable--;
-		make_free(b, 1);
+		pool_make_free(b, 1);
 	}
 	return -ENOSPC;
 }
@@ -554,7 +554,7 @@ void kv_block_unref(struct kv_block *b)
 		p->n.cached++;
 	} else {
 		p->n.writable--;
-		make_free(b, 1);
+		pool_make_free(b, 1);
 	}
 }
 
@@ -649,7 +649,7 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 	}
 	kv_index_remove(&p->pools->index, &b->ix);
 	p->n.cached--;
-	make_free(b, 1);
+	pool_make_free(b, 1);
 	return 1;
 }
 
@@ -693,7 +693,7 @@ uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
 		if (pool_id >= 0 && (uint32_t)pool_id != i)
 			continue;
 		while ((old = kv_list_back(&ps->pool[i]->lru))) {
-			evict(kv_container_of(old, struct kv_block, node), 0);
+			pool_evict(kv_container_of(old, struct kv_block, node), 0);
 			n++;
 		}
 	}
