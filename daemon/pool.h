@@ -25,7 +25,11 @@
  *
  * This module knows nothing of sessions or the protocol: callers (ops.c)
  * check that a peer holds the references it gives back. Single-threaded:
- * only the event loop thread calls in. */
+ * only the event loop thread calls in.
+ *
+ * The module is pool.c (registration, runs, the block lifecycle, handles),
+ * evict.c (the eviction policy across pools) and check.c (the invariant
+ * checker); pool_int.h is what they share, and no other file includes it. */
 #ifndef KV_POOL_H
 #define KV_POOL_H
 
