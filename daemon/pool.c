@@ -387,7 +387,6 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 	while (got < n) {
 		struct kv_block *b = take_free(p);
-		struct kv_list *old;
 
 		if (b) {
 			out[got++] = b;
@@ -395,15 +394,8 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 		}
 		if (pool_run_new(p) == 0)
 			continue;
-		if (!may_evict)
+		if (!may_evict || !pool_make_room(p))
 			break;
-		if ((old = kv_list_back(&p->lru))) {
-			pool_evict(kv_container_of(old, struct kv_block, node), 1);
-			continue;
-		}
-		if (pool_reclaim_other(p))
-			continue;
-		break;
 	}
 	if (got == n) {
 		p->n.allocs += n;

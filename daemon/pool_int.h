@@ -34,10 +34,10 @@ void pool_run_release(struct kv_run *run);
 void pool_make_free(struct kv_block *b, int keep_spare);
 
 /* ---- evict.c ---- */
-/* Evicts CACHED b (not demoting): out of the LRU and the index, FREE. */
-void pool_evict(struct kv_block *b, int keep_spare);
-/* Frees pages for p from other pools of the device: a spare run, else the
- * globally oldest cached block. Returns 1 if it freed anything. */
-int pool_reclaim_other(struct kv_pool *p);
+/* Frees room for one more block of p by evicting (steps 3 and 4 of
+ * kv_pool_alloc()): the back of p's LRU, else another pool's spare run on
+ * p's device, else the device's oldest cached block. Returns 1 if it freed
+ * anything, 0 when nothing on the device can be taken. */
+int pool_make_room(struct kv_pool *p);
 
 #endif
