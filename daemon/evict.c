@@ -7,12 +7,15 @@
  * counter bumped each time a block becomes CACHED. */
 #include "pool_int.h"
 
+#include "kvassert.h"
+
 /* Evicts CACHED b (on its pool's LRU, so not demoting): out of the LRU and
  * the index, then FREE. keep_spare as pool_make_free(). */
 static void pool_evict(struct kv_block *b, int keep_spare)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
 	kv_index_remove(&p->pools->index, &b->ix);
 	p->n.cached--;

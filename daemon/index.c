@@ -5,6 +5,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "kvassert.h"
+
 static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
 {
 	uint8_t key[4 + KV_HASH_BYTES];
@@ -72,6 +74,7 @@ void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 {
 	size_t k;
 
+	kv_assert(!e->pprev);  /* not linked already */
 	if (ix->count >= ix->nbuckets)
 		ix_grow(ix);
 	k = ix_bucket(ix, ix->nbuckets, e->pool, e->hash);
@@ -85,6 +88,7 @@ void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 
 void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e)
 {
+	kv_assert(e->pprev && *e->pprev == e && ix->count > 0);
 	*e->pprev = e->next;
 	if (e->next)
 		e->next->pprev = e->pprev;

@@ -8,6 +8,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "kvassert.h"
+
 #define GEN_MASK 0xfffffu
 
 void kv_pools_set_tier_drop(struct kv_pools *ps, void (*fn)(void *ctx, struct kv_index_entry *e),
@@ -242,6 +244,11 @@ void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx)
 
 uint64_t kv_block_handle(const struct kv_block *b)
 {
+	/* Each field must fit its bits, or the handle names another block. */
+	kv_assert(b->gen <= GEN_MASK);
+	kv_assert(b->run->pool->id < KV_MAX_POOLS);
+	kv_assert(b->run->first_page <= 0xfffff);
+	kv_assert(b->slot < KV_MAX_RUN_BLOCKS);
 	return (uint64_t)(b->gen & GEN_MASK) << 44 | (uint64_t)b->run->pool->id << 32 |
 	       (uint64_t)b->run->first_page << 12 | b->slot;
 }
@@ -324,7 +331,9 @@ void pool_run_release(struct kv_run *run)
 	struct kv_pages *dev = pool_dev(p);
 	uint32_t i, maxgen = dev->gen[run->first_page];
 
+	kv_assert(run->nused == 0);
 	for (i = 0; i < p->blocks_per_run; i++) {
+		kv_assert(run->blocks[i].state == KV_BLOCK_FREE);
 		kv_list_del(&run->blocks[i].node);
 		if (run->blocks[i].gen > maxgen)
 			maxgen = run->blocks[i].gen;
@@ -343,6 +352,27 @@ void pool_run_release(struct kv_run *run)
 
 /* ---- block transitions ---------------------------------------------------- */
 
+/* The table in pool.h: what holds in each state. */
+static const struct {
+	uint8_t no_ref, listed, indexed;
+} state_holds[] = {
+	[KV_BLOCK_FREE] = { 1, 1, 0 },
+	[KV_BLOCK_WRITABLE] = { 0, 0, 0 },
+	[KV_BLOCK_SEALED] = { 0, 0, 1 },
+	[KV_BLOCK_CACHED] = { 1, 1, 1 },
+};
+
+void kv_block_assert_state(const struct kv_block *b)
+{
+	kv_assert(b->state <= KV_BLOCK_CACHED);
+	kv_assert((b->ref == 0) == state_holds[b->state].no_ref);
+	kv_assert(kv_list_linked(&b->node) == state_holds[b->state].listed);
+	/* kv_index_remove() clears pprev: an entry is linked iff it is set. */
+	kv_assert((b->ix.pprev != NULL) == state_holds[b->state].indexed);
+	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
+	kv_assert(b->gen <= GEN_MASK && b->slot < b->run->pool->blocks_per_run);
+}
+
 static struct kv_block *take_free(struct kv_pool *p)
 {
 	struct kv_list *n = kv_list_front(&p->free);
@@ -351,6 +381,9 @@ static struct kv_block *take_free(struct kv_pool *p)
 	if (!n)
 		return NULL;
 	b = kv_container_of(n, struct kv_block, node);
+	kv_block_assert_state(b);
+	kv_assert(b->state == KV_BLOCK_FREE);
+	kv_assert(b->run->nused < p->blocks_per_run);
 	kv_list_del(n);
 	b->state = KV_BLOCK_WRITABLE;
 	b->ref = 1;
@@ -358,6 +391,7 @@ static struct kv_block *take_free(struct kv_pool *p)
 		p->spare = NULL;
 	p->n.free--;
 	p->n.writable++;
+	kv_block_assert_state(b);
 	return b;
 }
 
@@ -368,10 +402,15 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	struct kv_run *run = b->run;
 	struct kv_pool *p = run->pool;
 
+	kv_assert(b->state != KV_BLOCK_FREE);
+	kv_assert(b->ref == 0 && !b->demoting);
+	kv_assert(!kv_list_linked(&b->node) && !b->ix.pprev);
+	kv_assert(run->nused > 0);
 	b->state = KV_BLOCK_FREE;
 	b->gen = (b->gen + 1) & GEN_MASK;
 	kv_list_push_front(&p->free, &b->node);
 	p->n.free++;
+	kv_block_assert_state(b);
 	if (--run->nused == 0) {
 		if (keep_spare && !p->spare)
 			p->spare = run;
@@ -454,6 +493,7 @@ void kv_block_ref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state != KV_BLOCK_FREE);
 	if (b->state == KV_BLOCK_CACHED) {
 		if (b->demoting) {
 			/* Cancels the demotion: the copy's completion sees it. */
@@ -466,12 +506,15 @@ void kv_block_ref(struct kv_block *b)
 		p->n.sealed++;
 	}
 	b->ref++;
+	kv_block_assert_state(b);
 }
 
 void kv_block_unref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state == KV_BLOCK_WRITABLE || b->state == KV_BLOCK_SEALED);
+	kv_assert(b->ref > 0);
 	if (--b->ref > 0)
 		return;
 	if (b->state == KV_BLOCK_SEALED) {
@@ -480,6 +523,7 @@ void kv_block_unref(struct kv_block *b)
 		kv_list_push_front(&p->lru, &b->node);
 		p->n.sealed--;
 		p->n.cached++;
+		kv_block_assert_state(b);
 	} else {
 		p->n.writable--;
 		pool_make_free(b, 1);
@@ -491,6 +535,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	struct kv_index_entry *ie = kv_pool_find_entry(p, hash);
 	struct kv_block *e;
 
+	kv_assert(b->state == KV_BLOCK_WRITABLE && b->run->pool == p);
 	if (ie && ie->kind != KV_ENTRY_BLOCK) {
 		/* A lower tier holds a copy: the block in G1 wins. */
 		p->pools->tier_drop(p->pools->tier_ctx, ie);
@@ -510,6 +555,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	b->state = KV_BLOCK_SEALED;
 	p->n.writable--;
 	p->n.sealed++;
+	kv_block_assert_state(b);
 	return b;
 }
 
@@ -537,10 +583,12 @@ void kv_block_demote_begin(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
 	kv_list_push_front(&p->demoting, &b->node);
 	b->demoting = 1;
 	p->n.demoting++;
+	kv_block_assert_state(b);
 }
 
 int kv_block_demote_end(struct kv_block *b, int ok)
@@ -554,6 +602,7 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 	kv_list_del(&b->node);
 	if (!ok) {
 		kv_list_push_front(&p->lru, &b->node);
+		kv_block_assert_state(b);
 		return 0;
 	}
 	kv_index_remove(&p->pools->index, &b->ix);

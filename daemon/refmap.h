@@ -35,7 +35,8 @@ int kv_refmap_add(struct kv_refmap *m, void *key);
  * Returns 0 or -ENOMEM. */
 int kv_refmap_reserve(struct kv_refmap *m, size_t n);
 
-/* Drops one reference. Returns the count left, or -ENOENT if none was held. */
+/* Drops one reference, which must be held (an assertion: callers check with
+ * kv_refmap_get() first). Returns the count left. */
 int kv_refmap_sub(struct kv_refmap *m, const void *key);
 
 /* Calls fn(key, count, ctx) for every held key. fn must not change m. */

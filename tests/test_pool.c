@@ -279,6 +279,59 @@ static void test_sharing(void)
 	env_free(&e);
 }
 
+/* What the allocator's callers must never do fails an assertion, not
+ * silently: the state machines in pool.h and pages.h. */
+static void test_asserts(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[4];
+	struct kv_pages pg;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int fresh;
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 4, b, why, sizeof(why)) == 0);
+	hash_of(h, 1);
+	CHECK(kv_pool_seal(p, b[1], h) == b[1]);
+	hash_of(h, 2);
+	CHECK(kv_pool_seal(p, b[2], h) == b[2]);
+	kv_block_unref(b[2]);                         /* CACHED, ref 0 */
+	kv_block_unref(b[0]);                         /* FREE */
+	CHECK(b[0]->state == KV_BLOCK_FREE && b[2]->state == KV_BLOCK_CACHED);
+	must_be_consistent(e.ps);
+
+	CHECK_ABORTS(kv_block_unref(b[0]));           /* unref of a FREE block */
+	CHECK_ABORTS(kv_block_unref(b[2]));           /* unref of a CACHED block */
+	CHECK_ABORTS(kv_block_ref(b[0]));             /* ref of a FREE block */
+	CHECK_ABORTS(kv_pool_seal(p, b[1], h));       /* seal of a SEALED block */
+	CHECK_ABORTS(kv_pool_seal(p, b[0], h));       /* seal of a FREE block */
+	CHECK_ABORTS(kv_block_demote_begin(b[1]));    /* demotion of a SEALED block */
+	CHECK_ABORTS({ b[1]->gen = 1u << 20; kv_block_handle(b[1]); });  /* gen out of range */
+	CHECK_ABORTS({ b[1]->ref = 0; kv_block_assert_state(b[1]); });  /* SEALED, ref 0 */
+	CHECK_ABORTS({ b[3]->run->nused = 0; kv_block_unref(b[3]); });   /* nused underflow */
+	/* The children changed nothing here. */
+	must_be_consistent(e.ps);
+	env_free(&e);
+
+	/* Pages: 2 segments of 4. Freeing a page twice, one never taken, or a
+	 * range across two segments. */
+	CHECK(kv_pages_init(&pg, 0, 2, 4 * 65536, 65536) == 0);
+	CHECK(kv_pages_alloc(&pg, 2, 1, &pg, &fresh) == 0);
+	kv_pages_free(&pg, 0, 2);
+	CHECK_ABORTS(kv_pages_free(&pg, 0, 2));
+	CHECK_ABORTS(kv_pages_free(&pg, 5, 1));
+	CHECK(kv_pages_claim(&pg, 2, 2, 1, &pg) == 0);
+	CHECK(kv_pages_claim(&pg, 4, 2, 1, &fresh) == 0);
+	CHECK_ABORTS(kv_pages_free(&pg, 2, 4));
+	kv_pages_free(&pg, 2, 2);
+	kv_pages_free(&pg, 4, 2);
+	CHECK_EQ(pg.nfree, 8);
+	kv_pages_fini(&pg);
+}
+
 /* Bytes written in a block survive a copy (copy-on-write's mechanism). */
 static void test_copy(void)
 {
@@ -300,5 +353,6 @@ int main(void)
 	test_lifecycle();
 	test_sharing();
 	test_copy();
+	test_asserts();
 	return 0;
 }
