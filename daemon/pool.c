@@ -601,6 +601,10 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 	p->n.demoting--;
 	kv_list_del(&b->node);
 	if (!ok) {
+		/* Back at the front, so with the newest tick: the LRU stays in
+		 * tick order, which kv_pools_check() verifies and the choice of
+		 * the oldest block across pools relies on. */
+		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
 		kv_block_assert_state(b);
 		return 0;

@@ -195,7 +195,7 @@ uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *to
 void kv_block_demote_begin(struct kv_block *b);
 /* Ends b's demotion: if it is still demoting (no lookup took it meanwhile),
  * b leaves the index and becomes FREE, and 1 is returned; otherwise 0. With
- * ok == 0 (the copy failed) b goes back to the LRU instead. */
+ * ok == 0 (the copy failed) b goes back to the LRU instead, as its newest. */
 int kv_block_demote_end(struct kv_block *b, int ok);
 /* Device offset of b's bytes. */
 uint64_t kv_block_offset(const struct kv_block *b);

@@ -279,6 +279,58 @@ static void test_sharing(void)
 	env_free(&e);
 }
 
+/* Demotion (tier.c drives it): a finished copy frees the block, a lookup
+ * meanwhile cancels it, a failed copy puts the block back on the LRU. */
+static void test_demote(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[4], *x;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int i;
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 4, b, why, sizeof(why)) == 0);
+	for (i = 0; i < 4; i++) {
+		hash_of(h, i);
+		CHECK(kv_pool_seal(p, b[i], h) == b[i]);
+	}
+	for (i = 3; i >= 0; i--)
+		kv_block_unref(b[i]);
+	must_be_consistent(e.ps);
+
+	/* Oldest first: 3, then 2 once 3 is demoting. */
+	x = kv_pools_oldest_cached(e.ps, 0);
+	CHECK(x == b[3]);
+	kv_block_demote_begin(x);
+	CHECK(x->demoting && p->n.demoting == 1);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == b[2]);
+	must_be_consistent(e.ps);
+	CHECK(kv_block_demote_end(x, 1) == 1);
+	CHECK(x->state == KV_BLOCK_FREE && p->n.demoting == 0);
+	must_be_consistent(e.ps);
+
+	/* A reference taken meanwhile cancels it. */
+	kv_block_demote_begin(b[2]);
+	kv_block_ref(b[2]);
+	CHECK(b[2]->state == KV_BLOCK_SEALED && !b[2]->demoting);
+	CHECK(kv_block_demote_end(b[2], 1) == 0);
+	must_be_consistent(e.ps);
+	kv_block_unref(b[2]);
+	must_be_consistent(e.ps);
+
+	/* A failed copy: back on the LRU, which stays in tick order. */
+	x = kv_pools_oldest_cached(e.ps, 0);
+	CHECK(x == b[1]);
+	kv_block_demote_begin(x);
+	CHECK(kv_block_demote_end(x, 0) == 0);
+	CHECK(x->state == KV_BLOCK_CACHED && !x->demoting);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
 /* What the allocator's callers must never do fails an assertion, not
  * silently: the state machines in pool.h and pages.h. */
 static void test_asserts(void)
@@ -353,6 +405,7 @@ int main(void)
 	test_lifecycle();
 	test_sharing();
 	test_copy();
+	test_demote();
 	test_asserts();
 	return 0;
 }
