@@ -58,6 +58,8 @@ static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block 
 			    kv_list_linked(&b->node), in_ix == b);
 		break;
 	}
+	if (b->ref > KV_BLOCK_REF_MAX)
+		bad(c, "block %#llx: ref %u over the maximum %u", h, b->ref, KV_BLOCK_REF_MAX);
 	if (refs && b->check != b->ref)
 		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
 	if (kv_block_lookup(ps, kv_block_handle(b)) != b)

@@ -9,6 +9,12 @@
 #include <time.h>
 
 #include "kvassert.h"
+#include "refmap.h"
+
+/* See KV_BLOCK_REF_MAX: a session's refmap count on a block is at most the
+ * block's ref, so it must be able to reach it. */
+_Static_assert(KV_BLOCK_REF_MAX <= KV_REFMAP_COUNT_MAX,
+	       "a block's references must fit a session's refmap count");
 
 #define GEN_MASK 0xfffffu
 
@@ -370,6 +376,7 @@ void kv_block_assert_state(const struct kv_block *b)
 	/* kv_index_remove() clears pprev: an entry is linked iff it is set. */
 	kv_assert((b->ix.pprev != NULL) == state_holds[b->state].indexed);
 	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
+	kv_assert(b->ref <= KV_BLOCK_REF_MAX);
 	kv_assert(b->gen <= GEN_MASK && b->slot < b->run->pool->blocks_per_run);
 }
 
@@ -489,11 +496,18 @@ struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 	return e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix) : NULL;
 }
 
-void kv_block_ref(struct kv_block *b)
+int kv_block_ref_room(const struct kv_block *b, uint32_t n)
+{
+	return b->ref <= KV_BLOCK_REF_MAX && n <= KV_BLOCK_REF_MAX - b->ref;
+}
+
+int kv_block_ref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
 	kv_assert(b->state != KV_BLOCK_FREE);
+	if (!kv_block_ref_room(b, 1))
+		return -EOVERFLOW;
 	if (b->state == KV_BLOCK_CACHED) {
 		if (b->demoting) {
 			/* Cancels the demotion: the copy's completion sees it. */
@@ -507,6 +521,7 @@ void kv_block_ref(struct kv_block *b)
 	}
 	b->ref++;
 	kv_block_assert_state(b);
+	return 0;
 }
 
 void kv_block_unref(struct kv_block *b)
@@ -543,7 +558,11 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	}
 	e = ie ? kv_container_of(ie, struct kv_block, ix) : NULL;
 	if (e) {
-		kv_block_ref(e);
+		/* A block at KV_BLOCK_REF_MAX cannot take the caller's
+		 * reference; b cannot go into the index beside it: b stays as
+		 * it is, WRITABLE, the caller's own (pool.h). */
+		if (kv_block_ref(e) < 0)
+			return b;
 		kv_block_unref(b);
 		p->n.dedups++;
 		return e;

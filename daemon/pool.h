@@ -24,9 +24,11 @@
  * another state is demoting.
  * Every transition is O(1). A block's generation changes whenever it becomes
  * FREE, so a handle kept past its release is detected (ESTALE), never reused.
- * Taking a reference on a FREE block, dropping one from a block that has
- * none (FREE, CACHED) and sealing a block that is not WRITABLE are the
- * caller's bugs: they fail an assertion (ops.c refuses such requests first).
+ * In every state ref <= KV_BLOCK_REF_MAX. Taking a reference on a FREE
+ * block, dropping one from a block that has none (FREE, CACHED) and sealing
+ * a block that is not WRITABLE are the caller's bugs: they fail an assertion
+ * (ops.c refuses such requests first). A reference past KV_BLOCK_REF_MAX is
+ * refused with an error, since clients can ask for it.
  *
  * Run lifecycle (the pages under a run: pages.h):
  *
@@ -66,6 +68,18 @@
 #define KV_NAME_MAX 64
 #define KV_MIN_BLOCK_BYTES 4096
 #define KV_BLOCK_ALIGN 256
+
+/* The most references one block carries; kv_block_ref() refuses more with
+ * -EOVERFLOW instead of letting ref wrap (a client forking one block over
+ * and over, 65536 a request, would otherwise reach 2^32 and free a block
+ * others hold). Why 2^31 - 1 and not UINT32_MAX - 1: a session's count on a
+ * block (refmap.h) is never more than the block's ref and stops at
+ * KV_REFMAP_COUNT_MAX = INT32_MAX, since kv_refmap_sub() returns it as an
+ * int; with blocks stopping no higher, adding to a session's refmap the
+ * reference just taken on a block cannot overflow (pool.c checks the two
+ * limits at compile time). Still 32768 full batches of forks of one block:
+ * no honest client gets near it. */
+#define KV_BLOCK_REF_MAX 0x7fffffffu
 
 enum kv_block_state { KV_BLOCK_FREE, KV_BLOCK_WRITABLE, KV_BLOCK_SEALED, KV_BLOCK_CACHED };
 
@@ -171,7 +185,10 @@ int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
 
 /* Seals b (WRITABLE, of pool p) under hash. Returns the block that now carries the
  * caller's reference: b, or the block already cached under hash, in which
- * case the caller's reference on b has been dropped (dedup). */
+ * case the caller's reference on b has been dropped (dedup). When that block
+ * holds KV_BLOCK_REF_MAX references already, there is no dedup and no seal:
+ * b is returned as it was, WRITABLE (a hash is indexed once, and the block
+ * under it already serves lookups; the caller keeps its own copy). */
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
 
 /* The SEALED or CACHED block under hash, or NULL (also when a lower tier
@@ -200,8 +217,14 @@ int kv_block_demote_end(struct kv_block *b, int ok);
 /* Device offset of b's bytes. */
 uint64_t kv_block_offset(const struct kv_block *b);
 
-/* Takes a reference (a CACHED block becomes SEALED). b must not be FREE. */
-void kv_block_ref(struct kv_block *b);
+/* Takes a reference (a CACHED block becomes SEALED). b must not be FREE.
+ * Returns 0, or -EOVERFLOW when b holds KV_BLOCK_REF_MAX references already;
+ * then nothing changed. */
+int kv_block_ref(struct kv_block *b);
+/* 1 if n more references fit on b (n calls of kv_block_ref() would all
+ * succeed), else 0: validates a batch before anything changes. A block
+ * listed k times in a batch needs kv_block_ref_room(b, k). */
+int kv_block_ref_room(const struct kv_block *b, uint32_t n);
 /* Drops a reference; at 0 a SEALED block becomes CACHED (newest in the LRU),
  * a WRITABLE one FREE. b must hold one (WRITABLE or SEALED). */
 void kv_block_unref(struct kv_block *b);

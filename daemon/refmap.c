@@ -85,7 +85,10 @@ int kv_refmap_add(struct kv_refmap *m, void *key)
 {
 	struct kv_refmap_slot *s = find(m, key);
 
+	kv_assert(m->refs < UINT64_MAX);
 	if (s) {
+		if (s->count >= KV_REFMAP_COUNT_MAX)
+			return -EOVERFLOW;
 		s->count++;
 	} else {
 		if (kv_refmap_reserve(m, 1) < 0)

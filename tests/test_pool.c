@@ -331,6 +331,71 @@ static void test_demote(void)
 	env_free(&e);
 }
 
+/* A block's references stop at KV_BLOCK_REF_MAX: a reference more is
+ * refused with -EOVERFLOW and changes nothing; a seal that would dedup onto
+ * a full block keeps the caller's block instead. */
+static void test_ref_saturation(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[3], *x;
+	struct kv_pool_counts before;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 3, b, why, sizeof(why)) == 0);
+	hash_of(h, 7);
+	CHECK(kv_pool_seal(p, b[0], h) == b[0]);
+
+	/* Room: counted without overflow, whatever n. */
+	CHECK(kv_block_ref_room(b[0], KV_BLOCK_REF_MAX - 1) == 1);
+	CHECK(kv_block_ref_room(b[0], KV_BLOCK_REF_MAX) == 0);
+	CHECK(kv_block_ref_room(b[0], UINT32_MAX) == 0);
+
+	/* SEALED b[0] one short of the maximum: one more fits, then no more. */
+	b[0]->ref = KV_BLOCK_REF_MAX - 1;
+	CHECK(kv_block_ref_room(b[0], 1) == 1 && kv_block_ref_room(b[0], 2) == 0);
+	CHECK(kv_block_ref(b[0]) == 0);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX);
+	CHECK(kv_block_ref_room(b[0], 0) == 1 && kv_block_ref_room(b[0], 1) == 0);
+	before = p->n;
+	CHECK(kv_block_ref(b[0]) == -EOVERFLOW);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX && b[0]->state == KV_BLOCK_SEALED);
+	CHECK(memcmp(&before, &p->n, sizeof(before)) == 0);
+	must_be_consistent(e.ps);
+
+	/* Sealing b[1] under the same hash cannot dedup onto b[0]: b[1] comes
+	 * back WRITABLE, still the caller's, and b[0] is untouched. */
+	x = kv_pool_seal(p, b[1], h);
+	CHECK(x == b[1] && b[1]->state == KV_BLOCK_WRITABLE && b[1]->ref == 1);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX && kv_pool_find(p, h) == b[0]);
+	CHECK(memcmp(&before, &p->n, sizeof(before)) == 0);
+	must_be_consistent(e.ps);
+
+	/* With room again, the same seal dedups. */
+	b[0]->ref = 1;
+	x = kv_pool_seal(p, b[1], h);
+	CHECK(x == b[0] && b[0]->ref == 2 && b[1]->state == KV_BLOCK_FREE);
+	CHECK_EQ(p->n.dedups, before.dedups + 1);
+	must_be_consistent(e.ps);
+
+	/* A WRITABLE block (fork before seal) saturates the same way. */
+	b[2]->ref = KV_BLOCK_REF_MAX;
+	CHECK(kv_block_ref(b[2]) == -EOVERFLOW && b[2]->ref == KV_BLOCK_REF_MAX);
+	CHECK(b[2]->state == KV_BLOCK_WRITABLE);
+	b[2]->ref = 1;
+
+	/* The checker and the state assertion catch a ref past the maximum. */
+	b[2]->ref = KV_BLOCK_REF_MAX + 1;
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL, 0) > 0);
+	CHECK_ABORTS(kv_block_assert_state(b[2]));
+	b[2]->ref = 1;
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
 /* What the allocator's callers must never do fails an assertion, not
  * silently: the state machines in pool.h and pages.h. */
 static void test_asserts(void)
@@ -406,6 +471,7 @@ int main(void)
 	test_sharing();
 	test_copy();
 	test_demote();
+	test_ref_saturation();
 	test_asserts();
 	return 0;
 }
