@@ -74,6 +74,7 @@ void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 {
 	size_t k;
 
+	kv_assert(!e->pprev);  /* not linked already */
 	if (ix->count >= ix->nbuckets)
 		ix_grow(ix);
 	k = ix_bucket(ix, ix->nbuckets, e->pool, e->hash);

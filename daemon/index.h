@@ -38,11 +38,13 @@ void kv_index_fini(struct kv_index *ix);
 
 struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash);
 
-/* Links e (its pool and hash set). Grows the table when it is full; a failed
- * grow is harmless (chains get longer). */
+/* Links e (its pool and hash set), which must not be linked: pprev NULL, as
+ * in a zeroed entry or after kv_index_remove(). Grows the table when it is
+ * full; a failed grow is harmless (chains get longer). */
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e);
 
-/* Unlinks e, which must be in the index. O(1): no rehash, no chain walk. */
+/* Unlinks e, which must be in the index (an assertion), and clears its
+ * pprev. O(1): no rehash, no chain walk. */
 void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e);
 
 #endif

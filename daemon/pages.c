@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvassert.h"
+
 static int bit_get(const uint64_t *b, uint32_t i)
 {
 	return (int)(b[i / 64] >> (i % 64)) & 1;
@@ -100,6 +102,7 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
 		return -ENOSPC;
 	s = kv_pages_seg_of(p, (uint32_t)at);
 	for (i = 0; i < n; i++) {
+		kv_assert(!p->owner[at + i]);  /* a free page has no owner */
 		bit_set(p->free_bits, (uint32_t)at + i, 0);
 		p->owner[at + i] = owner;
 	}
@@ -122,6 +125,7 @@ int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, 
 		if (!bit_get(p->free_bits, first + i))
 			return -EBUSY;
 	for (i = 0; i < n; i++) {
+		kv_assert(!p->owner[first + i]);
 		bit_set(p->free_bits, first + i, 0);
 		p->owner[first + i] = owner;
 	}
@@ -135,6 +139,16 @@ void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 {
 	uint32_t s = kv_pages_seg_of(p, first), i;
 
+	/* n pages of one segment, all in use (a page freed twice, or never
+	 * taken, is the caller's bug) and all of one owner: what one
+	 * kv_pages_alloc() or kv_pages_claim() handed out. */
+	kv_assert(n >= 1 && first < p->npages && n <= p->npages - first);
+	kv_assert(kv_pages_seg_of(p, first + n - 1) == s);
+	kv_assert(p->segs[s].used >= n && p->nfree <= p->npages - n);
+	for (i = 0; i < n; i++) {
+		kv_assert(!bit_get(p->free_bits, first + i));
+		kv_assert(p->owner[first + i] == p->owner[first]);
+	}
 	for (i = 0; i < n; i++) {
 		bit_set(p->free_bits, first + i, 1);
 		p->owner[first + i] = NULL;
@@ -147,5 +161,6 @@ void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 
 void kv_pages_fresh(struct kv_pages *p, uint32_t seg)
 {
+	kv_assert(seg < p->nsegs);
 	p->segs[seg].last_ns = p->segs[seg].ns;
 }

@@ -8,7 +8,20 @@
  * capability, so a client never receives an fd holding another tenant's data.
  *
  * Runs are rare events (one per blocks_per_run allocations); a search is a
- * first-fit scan over the free bitmap of candidate segments. */
+ * first-fit scan over the free bitmap of candidate segments.
+ *
+ * Page and segment states (kv_pools_check() verifies them for the devices'
+ * pages; kv_pages_free() asserts its part):
+ *
+ *   page:    FREE (bit set, owner NULL) --alloc / claim--> USED (bit clear,
+ *            owner: what the caller passed, or set) --free--> FREE
+ *   segment: UNOWNED (ns 0, used 0) --a page taken for ns--> OWNED (ns,
+ *            used >= 1) --its last page freed--> UNOWNED (last_ns kept)
+ *
+ * Pages go back exactly as they were handed out: kv_pages_free() of pages
+ * that are free already, or of a range spanning two owners or two segments,
+ * is the caller's bug and fails an assertion. pool.c passes a NULL owner to
+ * kv_pages_alloc() and fills owner[] in once its run exists. */
 #ifndef KV_PAGES_H
 #define KV_PAGES_H
 
@@ -51,7 +64,7 @@ void kv_pages_fresh(struct kv_pages *p, uint32_t seg);
  * the range leaves its segment. */
 int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, void *owner);
 
-/* Returns n pages from first on. */
+/* Returns n pages from first on: in use, of one owner and one segment. */
 void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n);
 
 static inline uint32_t kv_pages_seg_of(const struct kv_pages *p, uint32_t page)

@@ -1,8 +1,7 @@
 /* Pools, runs and blocks; see pool.h for the lifecycle and its invariants. */
-#include "pool.h"
+#include "pool_int.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,20 +9,14 @@
 #include <time.h>
 
 #include "kvassert.h"
+#include "refmap.h"
+
+/* See KV_BLOCK_REF_MAX: a session's refmap count on a block is at most the
+ * block's ref, so it must be able to reach it. */
+_Static_assert(KV_BLOCK_REF_MAX <= KV_REFMAP_COUNT_MAX,
+	       "a block's references must fit a session's refmap count");
 
 #define GEN_MASK 0xfffffu
-
-struct kv_pools {
-	struct kv_backend *be;
-	struct kv_pages dev[KV_MAX_DEVICES];
-	uint32_t ndev;
-	struct kv_pool *pool[KV_MAX_POOLS];
-	uint32_t npools;
-	char ns_name[KV_MAX_NS][KV_NAME_MAX];
-	uint32_t nns;
-	struct kv_index index;
-	uint64_t tick;
-};
 
 struct kv_index *kv_pools_index(struct kv_pools *ps)
 {
@@ -248,13 +241,13 @@ void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx)
 		fn(ps->pool[i], ctx);
 }
 
-static struct kv_pages *pool_dev(const struct kv_pool *p)
-{
-	return &p->pools->dev[p->device];
-}
-
 uint64_t kv_block_handle(const struct kv_block *b)
 {
+	/* Each field must fit its bits, or the handle names another block. */
+	kv_assert(b->gen <= GEN_MASK);
+	kv_assert(b->run->pool->id < KV_MAX_POOLS);
+	kv_assert(b->run->first_page <= 0xfffff);
+	kv_assert(b->slot < KV_MAX_RUN_BLOCKS);
 	return (uint64_t)(b->gen & GEN_MASK) << 44 | (uint64_t)b->run->pool->id << 32 |
 	       (uint64_t)b->run->first_page << 12 | b->slot;
 }
@@ -278,7 +271,7 @@ struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h)
 
 /* ---- runs ---------------------------------------------------------------- */
 
-static int run_new(struct kv_pool *p)
+static int pool_run_new(struct kv_pool *p)
 {
 	struct kv_pages *dev = pool_dev(p);
 	struct kv_run *run;
@@ -331,13 +324,15 @@ err:
 }
 
 /* Gives an empty run's pages back to the device. */
-static void run_release(struct kv_run *run)
+void pool_run_release(struct kv_run *run)
 {
 	struct kv_pool *p = run->pool;
 	struct kv_pages *dev = pool_dev(p);
 	uint32_t i, maxgen = dev->gen[run->first_page];
 
+	kv_assert(run->nused == 0);
 	for (i = 0; i < p->blocks_per_run; i++) {
+		kv_assert(run->blocks[i].state == KV_BLOCK_FREE);
 		kv_list_del(&run->blocks[i].node);
 		if (run->blocks[i].gen > maxgen)
 			maxgen = run->blocks[i].gen;
@@ -356,6 +351,28 @@ static void run_release(struct kv_run *run)
 
 /* ---- block transitions ---------------------------------------------------- */
 
+/* The table in pool.h: what holds in each state. */
+static const struct {
+	uint8_t no_ref, listed, indexed;
+} state_holds[] = {
+	[KV_BLOCK_FREE] = { 1, 1, 0 },
+	[KV_BLOCK_WRITABLE] = { 0, 0, 0 },
+	[KV_BLOCK_SEALED] = { 0, 0, 1 },
+	[KV_BLOCK_CACHED] = { 1, 1, 1 },
+};
+
+void kv_block_assert_state(const struct kv_block *b)
+{
+	kv_assert(b->state <= KV_BLOCK_CACHED);
+	kv_assert((b->ref == 0) == state_holds[b->state].no_ref);
+	kv_assert(kv_list_linked(&b->node) == state_holds[b->state].listed);
+	/* kv_index_remove() clears pprev: an entry is linked iff it is set. */
+	kv_assert((b->ix.pprev != NULL) == state_holds[b->state].indexed);
+	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
+	kv_assert(b->ref <= KV_BLOCK_REF_MAX);
+	kv_assert(b->gen <= GEN_MASK && b->slot < b->run->pool->blocks_per_run);
+}
+
 static struct kv_block *take_free(struct kv_pool *p)
 {
 	struct kv_list *n = kv_list_front(&p->free);
@@ -364,6 +381,9 @@ static struct kv_block *take_free(struct kv_pool *p)
 	if (!n)
 		return NULL;
 	b = kv_container_of(n, struct kv_block, node);
+	kv_block_assert_state(b);
+	kv_assert(b->state == KV_BLOCK_FREE);
+	kv_assert(b->run->nused < p->blocks_per_run);
 	kv_list_del(n);
 	b->state = KV_BLOCK_WRITABLE;
 	b->ref = 1;
@@ -371,70 +391,32 @@ static struct kv_block *take_free(struct kv_pool *p)
 		p->spare = NULL;
 	p->n.free--;
 	p->n.writable++;
+	kv_block_assert_state(b);
 	return b;
 }
 
 /* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
  * emptied run may stay as the pool's spare; otherwise it is released. */
-static void make_free(struct kv_block *b, int keep_spare)
+void pool_make_free(struct kv_block *b, int keep_spare)
 {
 	struct kv_run *run = b->run;
 	struct kv_pool *p = run->pool;
 
+	kv_assert(b->state != KV_BLOCK_FREE);
+	kv_assert(b->ref == 0 && !b->demoting);
+	kv_assert(!kv_list_linked(&b->node) && !b->ix.pprev);
+	kv_assert(run->nused > 0);
 	b->state = KV_BLOCK_FREE;
 	b->gen = (b->gen + 1) & GEN_MASK;
 	kv_list_push_front(&p->free, &b->node);
 	p->n.free++;
+	kv_block_assert_state(b);
 	if (--run->nused == 0) {
 		if (keep_spare && !p->spare)
 			p->spare = run;
 		else
-			run_release(run);
+			pool_run_release(run);
 	}
-}
-
-static void evict(struct kv_block *b, int keep_spare)
-{
-	struct kv_pool *p = b->run->pool;
-
-	kv_list_del(&b->node);
-	kv_index_remove(&p->pools->index, &b->ix);
-	p->n.cached--;
-	p->n.evictions++;
-	make_free(b, keep_spare);
-}
-
-/* Frees pages for p from other pools of the device: a spare run, else the
- * globally oldest cached block. Returns 1 if it freed anything. */
-static int reclaim_other(struct kv_pool *p)
-{
-	struct kv_pools *ps = p->pools;
-	struct kv_block *oldest = NULL;
-	uint32_t i;
-
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-
-		if (q != p && q->device == p->device && q->spare) {
-			run_release(q->spare);
-			return 1;
-		}
-	}
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-		struct kv_list *n;
-		struct kv_block *b;
-
-		if (q == p || q->device != p->device || !(n = kv_list_back(&q->lru)))
-			continue;
-		b = kv_container_of(n, struct kv_block, node);
-		if (!oldest || b->tick < oldest->tick)
-			oldest = b;
-	}
-	if (!oldest)
-		return 0;
-	evict(oldest, 0);
-	return 1;
 }
 
 static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why,
@@ -444,23 +426,15 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 	while (got < n) {
 		struct kv_block *b = take_free(p);
-		struct kv_list *old;
 
 		if (b) {
 			out[got++] = b;
 			continue;
 		}
-		if (run_new(p) == 0)
+		if (pool_run_new(p) == 0)
 			continue;
-		if (!may_evict)
+		if (!may_evict || !pool_make_room(p))
 			break;
-		if ((old = kv_list_back(&p->lru))) {
-			evict(kv_container_of(old, struct kv_block, node), 1);
-			continue;
-		}
-		if (reclaim_other(p))
-			continue;
-		break;
 	}
 	if (got == n) {
 		p->n.allocs += n;
@@ -472,7 +446,7 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 			b->ref = 0;
 			p->n.writable--;
-			make_free(b, 1);
+			pool_make_free(b, 1);
 		}
 		return -ENOSPC;
 	}
@@ -488,7 +462,7 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 
 		b->ref = 0;
 		p->n.writable--;
-		make_free(b, 1);
+		pool_make_free(b, 1);
 	}
 	return -ENOSPC;
 }
@@ -515,10 +489,18 @@ struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 	return e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix) : NULL;
 }
 
-void kv_block_ref(struct kv_block *b)
+int kv_block_ref_room(const struct kv_block *b, uint32_t n)
+{
+	return b->ref <= KV_BLOCK_REF_MAX && n <= KV_BLOCK_REF_MAX - b->ref;
+}
+
+int kv_block_ref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state != KV_BLOCK_FREE);
+	if (!kv_block_ref_room(b, 1))
+		return -EOVERFLOW;
 	if (b->state == KV_BLOCK_CACHED) {
 		if (b->demoting) {
 			/* Cancels the demotion: the copy's completion sees it. */
@@ -531,12 +513,16 @@ void kv_block_ref(struct kv_block *b)
 		p->n.sealed++;
 	}
 	b->ref++;
+	kv_block_assert_state(b);
+	return 0;
 }
 
 void kv_block_unref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state == KV_BLOCK_WRITABLE || b->state == KV_BLOCK_SEALED);
+	kv_assert(b->ref > 0);
 	if (--b->ref > 0)
 		return;
 	if (b->state == KV_BLOCK_SEALED) {
@@ -545,9 +531,10 @@ void kv_block_unref(struct kv_block *b)
 		kv_list_push_front(&p->lru, &b->node);
 		p->n.sealed--;
 		p->n.cached++;
+		kv_block_assert_state(b);
 	} else {
 		p->n.writable--;
-		make_free(b, 1);
+		pool_make_free(b, 1);
 	}
 }
 
@@ -556,10 +543,15 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	struct kv_index_entry *ie = kv_pool_find_entry(p, hash);
 	struct kv_block *e;
 
+	kv_assert(b->state == KV_BLOCK_WRITABLE && b->run->pool == p);
 	kv_assert(!ie || ie->kind == KV_ENTRY_BLOCK);
 	e = ie ? kv_container_of(ie, struct kv_block, ix) : NULL;
 	if (e) {
-		kv_block_ref(e);
+		/* A block at KV_BLOCK_REF_MAX cannot take the caller's
+		 * reference; b cannot go into the index beside it: b stays as
+		 * it is, WRITABLE, the caller's own (pool.h). */
+		if (kv_block_ref(e) < 0)
+			return b;
 		kv_block_unref(b);
 		p->n.dedups++;
 		return e;
@@ -571,6 +563,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	b->state = KV_BLOCK_SEALED;
 	p->n.writable--;
 	p->n.sealed++;
+	kv_block_assert_state(b);
 	return b;
 }
 
@@ -579,25 +572,6 @@ uint64_t kv_block_offset(const struct kv_block *b)
 	const struct kv_pool *p = b->run->pool;
 
 	return (uint64_t)b->run->first_page * pool_dev(p)->page_bytes + b->slot * p->block_bytes;
-}
-
-struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev)
-{
-	struct kv_block *oldest = NULL;
-	uint32_t i;
-
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-		struct kv_list *n;
-		struct kv_block *b;
-
-		if (q->device != dev || !(n = kv_list_back(&q->lru)))
-			continue;
-		b = kv_container_of(n, struct kv_block, node);
-		if (!oldest || b->tick < oldest->tick)
-			oldest = b;
-	}
-	return oldest;
 }
 
 uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
@@ -617,10 +591,12 @@ void kv_block_demote_begin(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
 	kv_list_push_front(&p->demoting, &b->node);
 	b->demoting = 1;
 	p->n.demoting++;
+	kv_block_assert_state(b);
 }
 
 int kv_block_demote_end(struct kv_block *b, int ok)
@@ -633,12 +609,17 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 	p->n.demoting--;
 	kv_list_del(&b->node);
 	if (!ok) {
+		/* Back at the front, so with the newest tick: the LRU stays in
+		 * tick order, which kv_pools_check() verifies and the choice of
+		 * the oldest block across pools relies on. */
+		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
+		kv_block_assert_state(b);
 		return 0;
 	}
 	kv_index_remove(&p->pools->index, &b->ix);
 	p->n.cached--;
-	make_free(b, 1);
+	pool_make_free(b, 1);
 	return 1;
 }
 
@@ -669,204 +650,4 @@ void kv_pools_pages(const struct kv_pools *ps, uint64_t *total, uint64_t *free,
 		*free += ps->dev[d].nfree;
 	}
 	*page_bytes = ps->ndev ? ps->dev[0].page_bytes : 0;
-}
-
-uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
-{
-	uint64_t n = 0;
-	uint32_t i;
-
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_list *old;
-
-		if (pool_id >= 0 && (uint32_t)pool_id != i)
-			continue;
-		while ((old = kv_list_back(&ps->pool[i]->lru))) {
-			evict(kv_container_of(old, struct kv_block, node), 0);
-			n++;
-		}
-	}
-	return n;
-}
-
-/* ---- the invariant checker ------------------------------------------------- */
-
-struct checker {
-	void (*report)(void *ctx, const char *msg);
-	void *ctx;
-	int problems;
-};
-
-static void __attribute__((format(printf, 2, 3))) bad(struct checker *c, const char *fmt, ...)
-{
-	char msg[256];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (c->problems++ < 100 && c->report)
-		c->report(c->ctx, msg);
-}
-
-static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block *b, int refs,
-			uint64_t *counts)
-{
-	struct kv_pool *p = b->run->pool;
-	unsigned long long h = (unsigned long long)kv_block_handle(b);
-	struct kv_block *in_ix = b->state == KV_BLOCK_SEALED || b->state == KV_BLOCK_CACHED
-					 ? kv_pool_find(p, b->ix.hash) : NULL;
-
-	if (b->state > KV_BLOCK_CACHED) {
-		bad(c, "block %#llx: bad state %u", h, b->state);
-		return;
-	}
-	counts[b->state]++;
-	switch (b->state) {
-	case KV_BLOCK_FREE:
-		if (b->ref || !kv_list_linked(&b->node))
-			bad(c, "block %#llx FREE: ref %u, on list %d", h, b->ref,
-			    kv_list_linked(&b->node));
-		break;
-	case KV_BLOCK_WRITABLE:
-		if (!b->ref || kv_list_linked(&b->node))
-			bad(c, "block %#llx WRITABLE: ref %u, on list %d", h, b->ref,
-			    kv_list_linked(&b->node));
-		break;
-	case KV_BLOCK_SEALED:
-		if (!b->ref || kv_list_linked(&b->node) || in_ix != b)
-			bad(c, "block %#llx SEALED: ref %u, on list %d, indexed %d", h, b->ref,
-			    kv_list_linked(&b->node), in_ix == b);
-		break;
-	case KV_BLOCK_CACHED:
-		if (b->ref || !kv_list_linked(&b->node) || in_ix != b)
-			bad(c, "block %#llx CACHED: ref %u, on list %d, indexed %d", h, b->ref,
-			    kv_list_linked(&b->node), in_ix == b);
-		break;
-	}
-	if (refs && b->check != b->ref)
-		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
-	if (kv_block_lookup(ps, kv_block_handle(b)) != b)
-		bad(c, "block %#llx: its handle does not resolve to it", h);
-}
-
-static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *head, int state,
-		       uint64_t want, int demoting)
-{
-	struct kv_list *pos;
-	uint64_t n = 0, prev_tick = UINT64_MAX;
-
-	kv_list_for_each(pos, head) {
-		struct kv_block *b = kv_container_of(pos, struct kv_block, node);
-
-		if (b->run->pool != p || b->state != state || b->demoting != demoting) {
-			bad(c, "pool %u: list of state %d holds a block of pool %u state %u", p->id,
-			    state, b->run->pool->id, b->state);
-			return;
-		}
-		if (state == KV_BLOCK_CACHED && b->tick > prev_tick)
-			bad(c, "pool %u: LRU out of order", p->id);
-		prev_tick = b->tick;
-		if (++n > want)
-			break;
-	}
-	if (n != want)
-		bad(c, "pool %u: list of state %d has %s%llu blocks, %llu counted", p->id, state,
-		    n > want ? "more than " : "", (unsigned long long)n, (unsigned long long)want);
-}
-
-int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
-		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
-{
-	struct checker c = { .report = report, .ctx = ctx };
-	uint64_t walked = 0, indexed = 0;
-	uint32_t i, d, pg;
-
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *p = ps->pool[i];
-		uint64_t counts[4] = { 0 }, runs = 0;
-		struct kv_list *pos;
-
-		kv_list_for_each(pos, &p->runs) {
-			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
-			struct kv_pages *dev = pool_dev(p);
-			uint32_t used = 0, s;
-
-			runs++;
-			for (pg = 0; pg < run->npages; pg++)
-				if (dev->owner[run->first_page + pg] != run)
-					bad(&c, "pool %u: page %u of a run is not owned by it", p->id,
-					    run->first_page + pg);
-			for (s = 0; s < p->blocks_per_run; s++) {
-				check_block(ps, &c, &run->blocks[s], refs, counts);
-				used += run->blocks[s].state != KV_BLOCK_FREE;
-			}
-			if (used != run->nused)
-				bad(&c, "pool %u run at page %u: %u blocks used, %u counted", p->id,
-				    run->first_page, used, run->nused);
-			if (!used && p->spare != run)
-				bad(&c, "pool %u run at page %u: empty but not the spare", p->id,
-				    run->first_page);
-			walked += p->blocks_per_run;
-		}
-		if (runs != p->n.runs || counts[0] != p->n.free || counts[1] != p->n.writable ||
-		    counts[2] != p->n.sealed || counts[3] != p->n.cached)
-			bad(&c, "pool %u: counters (runs %llu free %llu writable %llu sealed %llu "
-				"cached %llu) differ from blocks (%llu %llu %llu %llu %llu)", p->id,
-			    (unsigned long long)p->n.runs, (unsigned long long)p->n.free,
-			    (unsigned long long)p->n.writable, (unsigned long long)p->n.sealed,
-			    (unsigned long long)p->n.cached, (unsigned long long)runs,
-			    (unsigned long long)counts[0], (unsigned long long)counts[1],
-			    (unsigned long long)counts[2], (unsigned long long)counts[3]);
-		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0], 0);
-		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3] - p->n.demoting, 0);
-		check_list(&c, p, &p->demoting, KV_BLOCK_CACHED, p->n.demoting, 1);
-		indexed += counts[2] + counts[3];
-	}
-	if (indexed + tier_entries != ps->index.count)
-		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
-		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);
-	for (d = 0; d < ps->ndev; d++) {
-		struct kv_pages *dev = &ps->dev[d];
-		uint32_t nfree = 0, s;
-
-		for (pg = 0; pg < dev->npages; pg++) {
-			int isfree = (int)(dev->free_bits[pg / 64] >> (pg % 64)) & 1;
-
-			nfree += isfree;
-			if (isfree == (dev->owner[pg] != NULL))
-				bad(&c, "device %u page %u: free bit %d but owner %p", d, pg, isfree,
-				    dev->owner[pg]);
-		}
-		if (nfree != dev->nfree)
-			bad(&c, "device %u: %u pages free, %u counted", d, nfree, dev->nfree);
-		for (s = 0; s < dev->nsegs; s++) {
-			uint32_t used = 0;
-
-			for (pg = s * dev->pages_per_seg; pg < (s + 1) * dev->pages_per_seg; pg++)
-				used += dev->owner[pg] != NULL;
-			if (used != dev->segs[s].used || (!used && dev->segs[s].ns))
-				bad(&c, "device %u segment %u: %u pages used, %u counted, owner %u", d,
-				    s, used, dev->segs[s].used, dev->segs[s].ns);
-		}
-	}
-	if (blocks)
-		*blocks = walked;
-	return c.problems;
-}
-
-void kv_pools_check_clear(struct kv_pools *ps)
-{
-	uint32_t i, s;
-
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_list *pos;
-
-		kv_list_for_each(pos, &ps->pool[i]->runs) {
-			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
-
-			for (s = 0; s < ps->pool[i]->blocks_per_run; s++)
-				run->blocks[s].check = 0;
-		}
-	}
 }

@@ -9,9 +9,10 @@
  *
  *   FREE --alloc--> WRITABLE(ref>=1) --seal--> SEALED(ref>=1) --ref 0--> CACHED
  *     ^                 | ref 0                   ^  lookup / fork: ref++    |
- *     +-----------------+-------------------------+-------------------------+ evict
- *
- * What holds in each state (kv_pools_check() verifies all of it):
+ *     +-----------------+-------------------------+-------------------------+ evict,
+ *                                                                             demoted
+ * What holds in each state (kv_block_assert_state() checks one block at each
+ * transition; kv_pools_check() verifies all of it, lists and counters too):
  *   FREE      ref 0, on its pool's free list, not in the prefix index
  *   WRITABLE  ref >= 1, on no list, not in the index
  *   SEALED    ref >= 1, on no list, in the index under its hash
@@ -19,13 +20,37 @@
  * A CACHED block being copied down to the host tier (tier.h) is "demoting":
  * it sits on the pool's demoting list instead of the LRU, so eviction leaves
  * it alone until the copy is done, and a lookup that takes a reference on it
- * cancels the demotion (the copy's result is then thrown away).
+ * cancels the demotion (the copy's result is then thrown away). No block of
+ * another state is demoting.
  * Every transition is O(1). A block's generation changes whenever it becomes
  * FREE, so a handle kept past its release is detected (ESTALE), never reused.
+ * In every state ref <= KV_BLOCK_REF_MAX. Taking a reference on a FREE
+ * block, dropping one from a block that has none (FREE, CACHED) and sealing
+ * a block that is not WRITABLE are the caller's bugs: they fail an assertion
+ * (ops.c refuses such requests first). A reference past KV_BLOCK_REF_MAX is
+ * refused with an error, since clients can ask for it.
+ *
+ * Run lifecycle (the pages under a run: pages.h):
+ *
+ *   pool_run_new --> IN USE (nused >= 1) --last block FREE--> SPARE (p->spare)
+ *                      ^                                        |
+ *                      +------------- a block taken ------------+
+ *   IN USE --last block FREE while p has a spare, or evicted for another
+ *            pool or by kv_pools_evict_all()--> released (pages back)
+ *   SPARE --another pool needs the pages / kv_pools_destroy--> released
+ *
+ * nused counts the run's blocks that are not FREE, 0 <= nused <=
+ * blocks_per_run. A pool keeps at most one spare, and an empty run is always
+ * the spare (but for the instant between pool_run_new() and the allocation
+ * that takes its first block).
  *
  * This module knows nothing of sessions or the protocol: callers (ops.c)
  * check that a peer holds the references it gives back. Single-threaded:
- * only the event loop thread calls in. */
+ * only the event loop thread calls in.
+ *
+ * The module is pool.c (registration, runs, the block lifecycle, handles),
+ * evict.c (the eviction policy across pools) and check.c (the invariant
+ * checker); pool_int.h is what they share, and no other file includes it. */
 #ifndef KV_POOL_H
 #define KV_POOL_H
 
@@ -43,6 +68,18 @@
 #define KV_NAME_MAX 64
 #define KV_MIN_BLOCK_BYTES 4096
 #define KV_BLOCK_ALIGN 256
+
+/* The most references one block carries; kv_block_ref() refuses more with
+ * -EOVERFLOW instead of letting ref wrap (a client forking one block over
+ * and over, 65536 a request, would otherwise reach 2^32 and free a block
+ * others hold). Why 2^31 - 1 and not UINT32_MAX - 1: a session's count on a
+ * block (refmap.h) is never more than the block's ref and stops at
+ * KV_REFMAP_COUNT_MAX = INT32_MAX, since kv_refmap_sub() returns it as an
+ * int; with blocks stopping no higher, adding to a session's refmap the
+ * reference just taken on a block cannot overflow (pool.c checks the two
+ * limits at compile time). Still 32768 full batches of forks of one block:
+ * no honest client gets near it. */
+#define KV_BLOCK_REF_MAX 0x7fffffffu
 
 enum kv_block_state { KV_BLOCK_FREE, KV_BLOCK_WRITABLE, KV_BLOCK_SEALED, KV_BLOCK_CACHED };
 
@@ -145,10 +182,14 @@ int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *wh
  * Returns 0 or -ENOSPC. */
 int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
 
-/* Seals b (WRITABLE) under hash. Returns the block that now carries the
+/* Seals b (WRITABLE, of pool p) under hash. Returns the block that now carries the
  * caller's reference: b, or the block already cached under hash, in which
  * case the caller's reference on b has been dropped (dedup). Only a G1 block
- * may be indexed under hash: the caller has removed any other entry. */
+ * may be indexed under hash: the caller has removed any other entry. When
+ * the block under hash holds KV_BLOCK_REF_MAX references already, there is
+ * no dedup and no seal: b is returned as it was, WRITABLE (a hash is indexed
+ * once, and the block under it already serves lookups; the caller keeps its
+ * own copy). */
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
 
 /* The SEALED or CACHED block under hash, or NULL (also when a lower tier
@@ -163,19 +204,25 @@ struct kv_index *kv_pools_index(struct kv_pools *ps);
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev);
 /* Free bytes of device dev: free pages plus free blocks of its pools. */
 uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total);
-/* Moves CACHED b from the LRU to the demoting list. */
+/* Moves CACHED b (not demoting) from the LRU to the demoting list. */
 void kv_block_demote_begin(struct kv_block *b);
 /* Ends b's demotion: if it is still demoting (no lookup took it meanwhile),
  * b leaves the index and becomes FREE, and 1 is returned; otherwise 0. With
- * ok == 0 (the copy failed) b goes back to the LRU instead. */
+ * ok == 0 (the copy failed) b goes back to the LRU instead, as its newest. */
 int kv_block_demote_end(struct kv_block *b, int ok);
 /* Device offset of b's bytes. */
 uint64_t kv_block_offset(const struct kv_block *b);
 
-/* Takes a reference (a CACHED block becomes SEALED). */
-void kv_block_ref(struct kv_block *b);
+/* Takes a reference (a CACHED block becomes SEALED). b must not be FREE.
+ * Returns 0, or -EOVERFLOW when b holds KV_BLOCK_REF_MAX references already;
+ * then nothing changed. */
+int kv_block_ref(struct kv_block *b);
+/* 1 if n more references fit on b (n calls of kv_block_ref() would all
+ * succeed), else 0: validates a batch before anything changes. A block
+ * listed k times in a batch needs kv_block_ref_room(b, k). */
+int kv_block_ref_room(const struct kv_block *b, uint32_t n);
 /* Drops a reference; at 0 a SEALED block becomes CACHED (newest in the LRU),
- * a WRITABLE one FREE. */
+ * a WRITABLE one FREE. b must hold one (WRITABLE or SEALED). */
 void kv_block_unref(struct kv_block *b);
 
 /* Copies src's bytes over dst's (same pool). Returns 0 or -errno. */
@@ -191,6 +238,11 @@ void kv_pools_pages(const struct kv_pools *ps, uint64_t *total, uint64_t *free,
 /* Evicts every CACHED block (of pool id, or of all pools if id < 0).
  * Returns how many. */
 uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id);
+
+/* Checks, with kv_assert(), what pool.h says holds for a block in its state
+ * (ref, list, index, demoting, generation and slot in range). O(1): the
+ * allocator runs it at its transitions; callers may too. */
+void kv_block_assert_state(const struct kv_block *b);
 
 /* The invariant checker. Walks every block, list, run and page and calls
  * report(ctx, message) for each broken invariant; with refs set it also

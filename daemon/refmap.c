@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvassert.h"
+
 static size_t slot_of(const struct kv_refmap *m, const void *key)
 {
 	uint64_t x = (uint64_t)(uintptr_t)key;
@@ -83,7 +85,10 @@ int kv_refmap_add(struct kv_refmap *m, void *key)
 {
 	struct kv_refmap_slot *s = find(m, key);
 
+	kv_assert(m->refs < UINT64_MAX);
 	if (s) {
+		if (s->count >= KV_REFMAP_COUNT_MAX)
+			return -EOVERFLOW;
 		s->count++;
 	} else {
 		if (kv_refmap_reserve(m, 1) < 0)
@@ -100,8 +105,10 @@ int kv_refmap_sub(struct kv_refmap *m, const void *key)
 	struct kv_refmap_slot *s = find(m, key);
 	size_t i, j, k;
 
-	if (!s)
-		return -ENOENT;
+	/* Giving back what the session does not hold is the caller's bug
+	 * (ops.c checks first). A held key has a count of at least 1. */
+	kv_assert(s != NULL);
+	kv_assert(s->count > 0 && m->refs >= s->count);
 	m->refs--;
 	if (--s->count > 0)
 		return (int)s->count;

@@ -2,9 +2,13 @@
 #ifndef KV_TEST_CHECK_H
 #define KV_TEST_CHECK_H
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define CHECK(cond) do { \
 	if (!(cond)) { \
@@ -21,6 +25,34 @@
 		exit(1); \
 	} \
 } while (0)
+
+/* Checks that stmt fails a kv_assert() (aborts), running it in a child
+ * process whose stderr goes to /dev/null. Where assertions are compiled out
+ * (NDEBUG) there is nothing to check, and stmt does not run. */
+#ifdef NDEBUG
+#define CHECK_ABORTS(stmt) do { } while (0)
+#else
+#define CHECK_ABORTS(stmt) do { \
+	pid_t pid_; \
+	int st_; \
+	fflush(NULL); \
+	pid_ = fork(); \
+	CHECK(pid_ >= 0); \
+	if (pid_ == 0) { \
+		int fd_ = open("/dev/null", O_WRONLY); \
+		if (fd_ >= 0) \
+			dup2(fd_, 2); \
+		stmt; \
+		_exit(0); \
+	} \
+	CHECK(waitpid(pid_, &st_, 0) == pid_); \
+	if (!WIFSIGNALED(st_) || WTERMSIG(st_) != SIGABRT) { \
+		fprintf(stderr, "%s:%d: check failed: %s did not abort\n", __FILE__, __LINE__, \
+			#stmt); \
+		exit(1); \
+	} \
+} while (0)
+#endif
 
 #define SKIP(why) do { fprintf(stderr, "skip: %s\n", why); exit(77); } while (0)
 

@@ -279,6 +279,176 @@ static void test_sharing(void)
 	env_free(&e);
 }
 
+/* Demotion (tier.c drives it): a finished copy frees the block, a lookup
+ * meanwhile cancels it, a failed copy puts the block back on the LRU. */
+static void test_demote(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[4], *x;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int i;
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 4, b, why, sizeof(why)) == 0);
+	for (i = 0; i < 4; i++) {
+		hash_of(h, i);
+		CHECK(kv_pool_seal(p, b[i], h) == b[i]);
+	}
+	for (i = 3; i >= 0; i--)
+		kv_block_unref(b[i]);
+	must_be_consistent(e.ps);
+
+	/* Oldest first: 3, then 2 once 3 is demoting. */
+	x = kv_pools_oldest_cached(e.ps, 0);
+	CHECK(x == b[3]);
+	kv_block_demote_begin(x);
+	CHECK(x->demoting && p->n.demoting == 1);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == b[2]);
+	must_be_consistent(e.ps);
+	CHECK(kv_block_demote_end(x, 1) == 1);
+	CHECK(x->state == KV_BLOCK_FREE && p->n.demoting == 0);
+	must_be_consistent(e.ps);
+
+	/* A reference taken meanwhile cancels it. */
+	kv_block_demote_begin(b[2]);
+	kv_block_ref(b[2]);
+	CHECK(b[2]->state == KV_BLOCK_SEALED && !b[2]->demoting);
+	CHECK(kv_block_demote_end(b[2], 1) == 0);
+	must_be_consistent(e.ps);
+	kv_block_unref(b[2]);
+	must_be_consistent(e.ps);
+
+	/* A failed copy: back on the LRU, which stays in tick order. */
+	x = kv_pools_oldest_cached(e.ps, 0);
+	CHECK(x == b[1]);
+	kv_block_demote_begin(x);
+	CHECK(kv_block_demote_end(x, 0) == 0);
+	CHECK(x->state == KV_BLOCK_CACHED && !x->demoting);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
+/* A block's references stop at KV_BLOCK_REF_MAX: a reference more is
+ * refused with -EOVERFLOW and changes nothing; a seal that would dedup onto
+ * a full block keeps the caller's block instead. */
+static void test_ref_saturation(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[3], *x;
+	struct kv_pool_counts before;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 3, b, why, sizeof(why)) == 0);
+	hash_of(h, 7);
+	CHECK(kv_pool_seal(p, b[0], h) == b[0]);
+
+	/* Room: counted without overflow, whatever n. */
+	CHECK(kv_block_ref_room(b[0], KV_BLOCK_REF_MAX - 1) == 1);
+	CHECK(kv_block_ref_room(b[0], KV_BLOCK_REF_MAX) == 0);
+	CHECK(kv_block_ref_room(b[0], UINT32_MAX) == 0);
+
+	/* SEALED b[0] one short of the maximum: one more fits, then no more. */
+	b[0]->ref = KV_BLOCK_REF_MAX - 1;
+	CHECK(kv_block_ref_room(b[0], 1) == 1 && kv_block_ref_room(b[0], 2) == 0);
+	CHECK(kv_block_ref(b[0]) == 0);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX);
+	CHECK(kv_block_ref_room(b[0], 0) == 1 && kv_block_ref_room(b[0], 1) == 0);
+	before = p->n;
+	CHECK(kv_block_ref(b[0]) == -EOVERFLOW);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX && b[0]->state == KV_BLOCK_SEALED);
+	CHECK(memcmp(&before, &p->n, sizeof(before)) == 0);
+	must_be_consistent(e.ps);
+
+	/* Sealing b[1] under the same hash cannot dedup onto b[0]: b[1] comes
+	 * back WRITABLE, still the caller's, and b[0] is untouched. */
+	x = kv_pool_seal(p, b[1], h);
+	CHECK(x == b[1] && b[1]->state == KV_BLOCK_WRITABLE && b[1]->ref == 1);
+	CHECK(b[0]->ref == KV_BLOCK_REF_MAX && kv_pool_find(p, h) == b[0]);
+	CHECK(memcmp(&before, &p->n, sizeof(before)) == 0);
+	must_be_consistent(e.ps);
+
+	/* With room again, the same seal dedups. */
+	b[0]->ref = 1;
+	x = kv_pool_seal(p, b[1], h);
+	CHECK(x == b[0] && b[0]->ref == 2 && b[1]->state == KV_BLOCK_FREE);
+	CHECK_EQ(p->n.dedups, before.dedups + 1);
+	must_be_consistent(e.ps);
+
+	/* A WRITABLE block (fork before seal) saturates the same way. */
+	b[2]->ref = KV_BLOCK_REF_MAX;
+	CHECK(kv_block_ref(b[2]) == -EOVERFLOW && b[2]->ref == KV_BLOCK_REF_MAX);
+	CHECK(b[2]->state == KV_BLOCK_WRITABLE);
+	b[2]->ref = 1;
+
+	/* The checker and the state assertion catch a ref past the maximum. */
+	b[2]->ref = KV_BLOCK_REF_MAX + 1;
+	CHECK(kv_pools_check(e.ps, 0, NULL, NULL, NULL, 0) > 0);
+	CHECK_ABORTS(kv_block_assert_state(b[2]));
+	b[2]->ref = 1;
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
+/* What the allocator's callers must never do fails an assertion, not
+ * silently: the state machines in pool.h and pages.h. */
+static void test_asserts(void)
+{
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[4];
+	struct kv_pages pg;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int fresh;
+
+	env_new(&e, 1, 4);
+	p = pool(&e, 1, "p", 16384);
+	CHECK(kv_pool_alloc(p, 4, b, why, sizeof(why)) == 0);
+	hash_of(h, 1);
+	CHECK(kv_pool_seal(p, b[1], h) == b[1]);
+	hash_of(h, 2);
+	CHECK(kv_pool_seal(p, b[2], h) == b[2]);
+	kv_block_unref(b[2]);                         /* CACHED, ref 0 */
+	kv_block_unref(b[0]);                         /* FREE */
+	CHECK(b[0]->state == KV_BLOCK_FREE && b[2]->state == KV_BLOCK_CACHED);
+	must_be_consistent(e.ps);
+
+	CHECK_ABORTS(kv_block_unref(b[0]));           /* unref of a FREE block */
+	CHECK_ABORTS(kv_block_unref(b[2]));           /* unref of a CACHED block */
+	CHECK_ABORTS(kv_block_ref(b[0]));             /* ref of a FREE block */
+	CHECK_ABORTS(kv_pool_seal(p, b[1], h));       /* seal of a SEALED block */
+	CHECK_ABORTS(kv_pool_seal(p, b[0], h));       /* seal of a FREE block */
+	CHECK_ABORTS(kv_block_demote_begin(b[1]));    /* demotion of a SEALED block */
+	CHECK_ABORTS({ b[1]->gen = 1u << 20; kv_block_handle(b[1]); });  /* gen out of range */
+	CHECK_ABORTS({ b[1]->ref = 0; kv_block_assert_state(b[1]); });  /* SEALED, ref 0 */
+	CHECK_ABORTS({ b[3]->run->nused = 0; kv_block_unref(b[3]); });   /* nused underflow */
+	/* The children changed nothing here. */
+	must_be_consistent(e.ps);
+	env_free(&e);
+
+	/* Pages: 2 segments of 4. Freeing a page twice, one never taken, or a
+	 * range across two segments. */
+	CHECK(kv_pages_init(&pg, 0, 2, 4 * 65536, 65536) == 0);
+	CHECK(kv_pages_alloc(&pg, 2, 1, &pg, &fresh) == 0);
+	kv_pages_free(&pg, 0, 2);
+	CHECK_ABORTS(kv_pages_free(&pg, 0, 2));
+	CHECK_ABORTS(kv_pages_free(&pg, 5, 1));
+	CHECK(kv_pages_claim(&pg, 2, 2, 1, &pg) == 0);
+	CHECK(kv_pages_claim(&pg, 4, 2, 1, &fresh) == 0);
+	CHECK_ABORTS(kv_pages_free(&pg, 2, 4));
+	kv_pages_free(&pg, 2, 2);
+	kv_pages_free(&pg, 4, 2);
+	CHECK_EQ(pg.nfree, 8);
+	kv_pages_fini(&pg);
+}
+
 /* Bytes written in a block survive a copy (copy-on-write's mechanism). */
 static void test_copy(void)
 {
@@ -300,5 +470,8 @@ int main(void)
 	test_lifecycle();
 	test_sharing();
 	test_copy();
+	test_demote();
+	test_ref_saturation();
+	test_asserts();
 	return 0;
 }

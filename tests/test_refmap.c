@@ -21,6 +21,37 @@ static void sum(void *key, uint32_t count, void *ctx)
 	*s += count;
 }
 
+/* Counts stop at KV_REFMAP_COUNT_MAX: an add more is refused with
+ * -EOVERFLOW and changes nothing. */
+static void test_saturation(void)
+{
+	struct kv_refmap m;
+	size_t i;
+
+	kv_refmap_init(&m);
+	CHECK(kv_refmap_add(&m, &keys[0]) == 0);
+	CHECK(kv_refmap_add(&m, &keys[1]) == 0);
+	/* Set keys[0]'s count one short of the maximum directly. */
+	for (i = 0; i < m.cap; i++)
+		if (m.slots[i].key == &keys[0])
+			m.slots[i].count = KV_REFMAP_COUNT_MAX - 1;
+	m.refs = (uint64_t)KV_REFMAP_COUNT_MAX;
+	CHECK(kv_refmap_add(&m, &keys[0]) == 0);
+	CHECK_EQ(kv_refmap_get(&m, &keys[0]), KV_REFMAP_COUNT_MAX);
+	CHECK_EQ(m.refs, (uint64_t)KV_REFMAP_COUNT_MAX + 1);
+	CHECK(kv_refmap_add(&m, &keys[0]) == -EOVERFLOW);
+	CHECK_EQ(kv_refmap_get(&m, &keys[0]), KV_REFMAP_COUNT_MAX);
+	CHECK_EQ(m.refs, (uint64_t)KV_REFMAP_COUNT_MAX + 1);
+	CHECK_EQ(m.used, 2);
+	/* Other keys are not affected, and the count comes back down as an
+	 * int without wrapping negative. */
+	CHECK(kv_refmap_add(&m, &keys[1]) == 0);
+	CHECK_EQ(kv_refmap_get(&m, &keys[1]), 2);
+	CHECK_EQ(kv_refmap_sub(&m, &keys[0]), (long long)KV_REFMAP_COUNT_MAX - 1);
+	CHECK(kv_refmap_add(&m, &keys[0]) == 0);
+	kv_refmap_fini(&m);
+}
+
 static void test_list(void)
 {
 	struct kv_list head, a, b, c;
@@ -50,8 +81,14 @@ int main(void)
 	int i;
 
 	test_list();
+	test_saturation();
 	kv_refmap_init(&m);
-	CHECK(kv_refmap_sub(&m, &keys[0]) == -ENOENT);
+	CHECK(kv_refmap_get(&m, &keys[0]) == 0);
+	CHECK_ABORTS(kv_refmap_sub(&m, &keys[0]));  /* not held: the caller's bug */
+	CHECK(kv_refmap_add(&m, &keys[1]) == 0);
+	CHECK_ABORTS(kv_refmap_sub(&m, &keys[0]));
+	CHECK_EQ(kv_refmap_sub(&m, &keys[1]), 0);
+	CHECK_ABORTS(kv_refmap_sub(&m, &keys[1]));  /* given back twice */
 	for (i = 0; i < 400000; i++) {
 		uint32_t k;
 
@@ -61,16 +98,13 @@ int main(void)
 			CHECK(kv_refmap_add(&m, &keys[k]) == 0);
 			model[k]++;
 			total++;
+		} else if (model[k]) {
+			CHECK_EQ(kv_refmap_sub(&m, &keys[k]), model[k] - 1);
+			model[k]--;
+			total--;
 		} else {
-			int r = kv_refmap_sub(&m, &keys[k]);
-
-			if (model[k]) {
-				CHECK_EQ(r, model[k] - 1);
-				model[k]--;
-				total--;
-			} else {
-				CHECK_EQ(r, -ENOENT);
-			}
+			/* Subbing a key not held is an assertion (below). */
+			CHECK_EQ(kv_refmap_get(&m, &keys[k]), 0);
 		}
 		if (i % 9973 == 0)
 			for (k = 0; k < N; k++)

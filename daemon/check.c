@@ -1,0 +1,188 @@
+/* The invariant checker of the pool module: kv_pools_check() walks every
+ * block, list, run and page against what pool.h and pages.h say holds. */
+#include "pool_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+struct checker {
+	void (*report)(void *ctx, const char *msg);
+	void *ctx;
+	int problems;
+};
+
+static void __attribute__((format(printf, 2, 3))) bad(struct checker *c, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (c->problems++ < 100 && c->report)
+		c->report(c->ctx, msg);
+}
+
+static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block *b, int refs,
+			uint64_t *counts)
+{
+	struct kv_pool *p = b->run->pool;
+	unsigned long long h = (unsigned long long)kv_block_handle(b);
+	struct kv_block *in_ix = b->state == KV_BLOCK_SEALED || b->state == KV_BLOCK_CACHED
+					 ? kv_pool_find(p, b->ix.hash) : NULL;
+
+	if (b->state > KV_BLOCK_CACHED) {
+		bad(c, "block %#llx: bad state %u", h, b->state);
+		return;
+	}
+	counts[b->state]++;
+	switch (b->state) {
+	case KV_BLOCK_FREE:
+		if (b->ref || !kv_list_linked(&b->node))
+			bad(c, "block %#llx FREE: ref %u, on list %d", h, b->ref,
+			    kv_list_linked(&b->node));
+		break;
+	case KV_BLOCK_WRITABLE:
+		if (!b->ref || kv_list_linked(&b->node))
+			bad(c, "block %#llx WRITABLE: ref %u, on list %d", h, b->ref,
+			    kv_list_linked(&b->node));
+		break;
+	case KV_BLOCK_SEALED:
+		if (!b->ref || kv_list_linked(&b->node) || in_ix != b)
+			bad(c, "block %#llx SEALED: ref %u, on list %d, indexed %d", h, b->ref,
+			    kv_list_linked(&b->node), in_ix == b);
+		break;
+	case KV_BLOCK_CACHED:
+		if (b->ref || !kv_list_linked(&b->node) || in_ix != b)
+			bad(c, "block %#llx CACHED: ref %u, on list %d, indexed %d", h, b->ref,
+			    kv_list_linked(&b->node), in_ix == b);
+		break;
+	}
+	if (b->ref > KV_BLOCK_REF_MAX)
+		bad(c, "block %#llx: ref %u over the maximum %u", h, b->ref, KV_BLOCK_REF_MAX);
+	if (refs && b->check != b->ref)
+		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
+	if (kv_block_lookup(ps, kv_block_handle(b)) != b)
+		bad(c, "block %#llx: its handle does not resolve to it", h);
+}
+
+static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *head, int state,
+		       uint64_t want, int demoting)
+{
+	struct kv_list *pos;
+	uint64_t n = 0, prev_tick = UINT64_MAX;
+
+	kv_list_for_each(pos, head) {
+		struct kv_block *b = kv_container_of(pos, struct kv_block, node);
+
+		if (b->run->pool != p || b->state != state || b->demoting != demoting) {
+			bad(c, "pool %u: list of state %d holds a block of pool %u state %u", p->id,
+			    state, b->run->pool->id, b->state);
+			return;
+		}
+		if (state == KV_BLOCK_CACHED && b->tick > prev_tick)
+			bad(c, "pool %u: LRU out of order", p->id);
+		prev_tick = b->tick;
+		if (++n > want)
+			break;
+	}
+	if (n != want)
+		bad(c, "pool %u: list of state %d has %s%llu blocks, %llu counted", p->id, state,
+		    n > want ? "more than " : "", (unsigned long long)n, (unsigned long long)want);
+}
+
+int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
+		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
+{
+	struct checker c = { .report = report, .ctx = ctx };
+	uint64_t walked = 0, indexed = 0;
+	uint32_t i, d, pg;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *p = ps->pool[i];
+		uint64_t counts[4] = { 0 }, runs = 0;
+		struct kv_list *pos;
+
+		kv_list_for_each(pos, &p->runs) {
+			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
+			struct kv_pages *dev = pool_dev(p);
+			uint32_t used = 0, s;
+
+			runs++;
+			for (pg = 0; pg < run->npages; pg++)
+				if (dev->owner[run->first_page + pg] != run)
+					bad(&c, "pool %u: page %u of a run is not owned by it", p->id,
+					    run->first_page + pg);
+			for (s = 0; s < p->blocks_per_run; s++) {
+				check_block(ps, &c, &run->blocks[s], refs, counts);
+				used += run->blocks[s].state != KV_BLOCK_FREE;
+			}
+			if (used != run->nused)
+				bad(&c, "pool %u run at page %u: %u blocks used, %u counted", p->id,
+				    run->first_page, used, run->nused);
+			if (!used && p->spare != run)
+				bad(&c, "pool %u run at page %u: empty but not the spare", p->id,
+				    run->first_page);
+			walked += p->blocks_per_run;
+		}
+		if (runs != p->n.runs || counts[0] != p->n.free || counts[1] != p->n.writable ||
+		    counts[2] != p->n.sealed || counts[3] != p->n.cached)
+			bad(&c, "pool %u: counters (runs %llu free %llu writable %llu sealed %llu "
+				"cached %llu) differ from blocks (%llu %llu %llu %llu %llu)", p->id,
+			    (unsigned long long)p->n.runs, (unsigned long long)p->n.free,
+			    (unsigned long long)p->n.writable, (unsigned long long)p->n.sealed,
+			    (unsigned long long)p->n.cached, (unsigned long long)runs,
+			    (unsigned long long)counts[0], (unsigned long long)counts[1],
+			    (unsigned long long)counts[2], (unsigned long long)counts[3]);
+		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0], 0);
+		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3] - p->n.demoting, 0);
+		check_list(&c, p, &p->demoting, KV_BLOCK_CACHED, p->n.demoting, 1);
+		indexed += counts[2] + counts[3];
+	}
+	if (indexed + tier_entries != ps->index.count)
+		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
+		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);
+	for (d = 0; d < ps->ndev; d++) {
+		struct kv_pages *dev = &ps->dev[d];
+		uint32_t nfree = 0, s;
+
+		for (pg = 0; pg < dev->npages; pg++) {
+			int isfree = (int)(dev->free_bits[pg / 64] >> (pg % 64)) & 1;
+
+			nfree += isfree;
+			if (isfree == (dev->owner[pg] != NULL))
+				bad(&c, "device %u page %u: free bit %d but owner %p", d, pg, isfree,
+				    dev->owner[pg]);
+		}
+		if (nfree != dev->nfree)
+			bad(&c, "device %u: %u pages free, %u counted", d, nfree, dev->nfree);
+		for (s = 0; s < dev->nsegs; s++) {
+			uint32_t used = 0;
+
+			for (pg = s * dev->pages_per_seg; pg < (s + 1) * dev->pages_per_seg; pg++)
+				used += dev->owner[pg] != NULL;
+			if (used != dev->segs[s].used || (!used && dev->segs[s].ns))
+				bad(&c, "device %u segment %u: %u pages used, %u counted, owner %u", d,
+				    s, used, dev->segs[s].used, dev->segs[s].ns);
+		}
+	}
+	if (blocks)
+		*blocks = walked;
+	return c.problems;
+}
+
+void kv_pools_check_clear(struct kv_pools *ps)
+{
+	uint32_t i, s;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_list *pos;
+
+		kv_list_for_each(pos, &ps->pool[i]->runs) {
+			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
+
+			for (s = 0; s < ps->pool[i]->blocks_per_run; s++)
+				run->blocks[s].check = 0;
+		}
+	}
+}

@@ -1,0 +1,41 @@
+/* What the files of the pool module share: pool.c (the allocator and the
+ * block lifecycle), evict.c (the eviction policy across pools) and check.c
+ * (the invariant checker). Nothing else includes it: pool.h is the module's
+ * interface. Single-threaded, as pool.h. */
+#ifndef KV_POOL_INT_H
+#define KV_POOL_INT_H
+
+#include "pool.h"
+
+struct kv_pools {
+	struct kv_backend *be;
+	struct kv_pages dev[KV_MAX_DEVICES];
+	uint32_t ndev;
+	struct kv_pool *pool[KV_MAX_POOLS];
+	uint32_t npools;
+	char ns_name[KV_MAX_NS][KV_NAME_MAX];
+	uint32_t nns;
+	struct kv_index index;
+	uint64_t tick;
+};
+
+static inline struct kv_pages *pool_dev(const struct kv_pool *p)
+{
+	return &p->pools->dev[p->device];
+}
+
+/* ---- pool.c ---- */
+/* Gives an empty run's pages back to the device. */
+void pool_run_release(struct kv_run *run);
+/* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
+ * emptied run may stay as the pool's spare; otherwise it is released. */
+void pool_make_free(struct kv_block *b, int keep_spare);
+
+/* ---- evict.c ---- */
+/* Frees room for one more block of p by evicting (steps 3 and 4 of
+ * kv_pool_alloc()): the back of p's LRU, else another pool's spare run on
+ * p's device, else the device's oldest cached block. Returns 1 if it freed
+ * anything, 0 when nothing on the device can be taken. */
+int pool_make_room(struct kv_pool *p);
+
+#endif
