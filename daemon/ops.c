@@ -161,6 +161,19 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	return 0;
 }
 
+int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!kv_block_ref_room(q->blk[i], q->blk[i]->check)) {
+			kv_op_fail(q, KVCACHED__ERROR_CODE__ESTATE, (int)i,
+				   "block %#llx (index %zu) has the most references a block "
+				   "may have (%u)", (unsigned long long)handles[i], i,
+				   KV_BLOCK_REF_MAX);
+			return -EOVERFLOW;
+		}
+	return 0;
+}
+
 /* While draining, what would take new memory or new references is refused;
  * releasing and sealing what a client holds goes on. */
 static void refuse_draining(struct req *q, const char *what)

@@ -179,8 +179,10 @@ static int pin(struct kv_session *ss, struct kv_block *b)
 		ss->pins = np;
 		ss->pins_cap = cap;
 	}
-	kv_block_ref(b);
-	ss->pins[ss->npins++] = b;
+	/* A block with the most references it may have is not pinned: being
+	 * held, it is not demoted either. */
+	if (kv_block_ref(b) == 0)
+		ss->pins[ss->npins++] = b;
 	return 0;
 }
 
@@ -237,6 +239,15 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		q->out = KV_OP_PARK;
 		return;
 	}
+	/* A block that cannot take another reference ends the hit prefix (a
+	 * chain may list one block many times: b->check counts them). */
+	for (size_t i = 0; i < k; i++)
+		q->blk[i]->check = 0;
+	for (size_t i = 0; i < k; i++)
+		if (!kv_block_ref_room(q->blk[i], ++q->blk[i]->check)) {
+			k = i;
+			break;
+		}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
@@ -270,7 +281,8 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 {
 	size_t i;
 
-	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
+	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0 ||
+	    kv_op_ref_room(q, m->blocks, m->n_blocks) < 0)
 		return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;

@@ -40,6 +40,10 @@ struct kv_pool *kv_op_pool(struct req *q, uint32_t id);
  * (listed more often than held). */
 int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
 		  uint32_t per);
+/* After kv_op_resolve(): 0 when every block of q->blk[0..n) can take one
+ * more reference per time it is listed (b->check), else -EOVERFLOW with the
+ * error reply set. Nothing changes either way. */
+int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n);
 /* Replies with the handles of q->blk[0..n), sending the fd of every segment
  * they live in that this session has not seen yet. */
 void kv_op_reply_blocks(struct req *q, size_t n);
