@@ -1,5 +1,7 @@
 /* The cuda backend: segments are CUDA VMM allocations shared as file
- * descriptors.
+ * descriptors. One file of about 1,000 lines: segments, copies and the
+ * completion thread all work on struct cuda_dev under one lock and one
+ * context discipline (use_ctx), which a split would have to expose.
  *
  * Per device (an entry of the device list, a CUDA ordinal):
  * - the primary context, retained for the backend's life (the context the
