@@ -12,7 +12,7 @@
  * Cross-key rules (the pool a multiple of the segment, ...) and defaults that
  * depend on other keys live in kv_config_finish(). Reloadable keys are copied
  * into the live configuration by kv_config_reload(); what they change is
- * applied by the server (server.c, apply_config()).
+ * applied by lifecycle.c (apply_config()).
  *
  * Sources, later ones winning: the defaults, the file (--config PATH, default
  * KV_CONFIG_PATH; a missing default file is fine, a missing explicit one is an

@@ -16,8 +16,9 @@
  *   listener   the listening sockets
  *   server     assembles them (main.c calls it)
  *
- * The one call that goes upward, a drain closing the worker socket, goes
- * through the stop_accepting hook the server sets. */
+ * The calls that go upward, a drain closing the worker socket and naming it
+ * in the log, go through the hooks the server sets (stop_accepting,
+ * worker_name). */
 #ifndef KV_DAEMON_H
 #define KV_DAEMON_H
 

@@ -9,7 +9,7 @@
  * over the old one. The records only tell where to look: every slot read
  * from disk is checked against its own header and checksum anyway, so a
  * journal that is behind the disk costs misses, never wrong data.
- * docs/architecture.md has the format. */
+ * docs/tiers.md has the format. */
 #ifndef KV_JOURNAL_H
 #define KV_JOURNAL_H
 

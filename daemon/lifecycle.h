@@ -1,8 +1,8 @@
 /* The daemon's life as a service: signals, drain, reload, the watchdog and
  * status timers, and what a stop does before it returns.
  *
- *   SERVING --SIGTERM / SIGINT / Drain--> DRAINING --no client left, or
- *                                                    drain_timeout--> STOPPING
+ *   SERVING --SIGTERM / SIGINT / Drain--> DRAINING --no client left--> STOPPING
+ *   DRAINING --drain_timeout--> stopped (nothing written back: no time left)
  *   SERVING, DRAINING --second SIGTERM / SIGINT--> stopped
  *   STOPPING --G2 clean, or the drain deadline--> stopped
  *

@@ -6,8 +6,8 @@
  * allocated until its last completion (more == 0) has been delivered: to
  * stop a watch, kv_loop_cancel() it and free it from that last callback.
  *
- * Sockets are driven by readiness (poll) here; timers and disk I/O of later
- * tiers use the same ring. */
+ * Sockets are driven by readiness (poll) here, timers (kv_loop_timeout) by
+ * the same ring; G3's disk I/O has a ring of its own (disk.h). */
 #ifndef KV_LOOP_H
 #define KV_LOOP_H
 

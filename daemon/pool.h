@@ -5,7 +5,7 @@
  * blocks_per_run blocks, chosen when the pool is registered so that the tail
  * a run cannot use stays under 2% (a block never straddles a run).
  *
- * Block lifecycle (DESIGN.md section 3):
+ * Block lifecycle (docs/architecture.md, section 4):
  *
  *   FREE --alloc--> WRITABLE(ref>=1) --seal--> SEALED(ref>=1) --ref 0--> CACHED
  *     ^                 | ref 0                   ^  lookup / fork: ref++    |
@@ -27,7 +27,7 @@
  * In every state ref <= KV_BLOCK_REF_MAX. Taking a reference on a FREE
  * block, dropping one from a block that has none (FREE, CACHED) and sealing
  * a block that is not WRITABLE are the caller's bugs: they fail an assertion
- * (ops.c refuses such requests first). A reference past KV_BLOCK_REF_MAX is
+ * (ops_block.c refuses such requests first). A reference past KV_BLOCK_REF_MAX is
  * refused with an error, since clients can ask for it.
  *
  * Run lifecycle (the pages under a run: pages.h):

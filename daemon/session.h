@@ -43,8 +43,8 @@ struct kv_session {
 	uint64_t connected_ms, requests;
 };
 
-/* Opens ss (zeroed by the caller) for a peer with cred: READY for Hello, on
- * d's list. admin: it came through the admin socket. */
+/* Opens ss (zeroed by the caller) for a peer with cred: NEW (it must say Hello
+ * first), on d's list. admin: it came through the admin socket. */
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
 		     int admin);
 /* Releases everything ss holds and takes it off d's list (CLOSED).

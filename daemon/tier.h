@@ -1,6 +1,6 @@
 /* The lower tiers: G2 (a host DRAM arena only the daemon maps) and G3 (a
  * file or block device read and written with io_uring), and the movement of
- * cached blocks between them and G1 (DESIGN.md section 4).
+ * cached blocks between them and G1 (docs/tiers.md).
  *
  *   G1 CACHED --demote (watermark, copy_async D2H)--> G2 --write back--> G3
  *        ^                                            |                  |
@@ -15,7 +15,8 @@
  * g1_low percent, the oldest cached blocks are copied down in batches until
  * g1_high percent is free (counting copies in flight), so that an alloc
  * finds free blocks instead of waiting. Likewise G2 writes dirty copies back
- * to G3 below g2_low percent free. A lookup that takes a block being demoted
+ * to G3 when less than g2_low percent of it is
+ * free or clean. A lookup that takes a block being demoted
  * cancels the demotion (the copy's result is thrown away); a lookup that
  * hits G2 or G3 starts a promotion and parks the request until it is done
  * (the request is then run again from the start); concurrent lookups of one

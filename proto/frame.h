@@ -6,10 +6,12 @@
  *   offset 4  u16 flags   reserved, must be 0 in version 1
  *   offset 6  u16 magic   0x4B56, little endian
  *
- * File descriptors travel as SCM_RIGHTS ancillary data sent with the first
- * byte of a frame. A receiver queues every fd it receives in arrival order and
- * takes them off the queue as the frames that announce them are parsed (the
- * kernel may deliver them together with the tail of an earlier frame).
+ * File descriptors travel as SCM_RIGHTS ancillary data, in order, no later
+ * than the frame that announces them: a sender attaches them to the first
+ * bytes it has not sent yet (which may be the tail of an earlier frame), at
+ * most 253 per message. A receiver queues every fd it receives in arrival
+ * order and takes them off the queue as the frames that announce them are
+ * parsed.
  *
  * Used by both the daemon and libkvcache; knows nothing of either. */
 #ifndef KV_FRAME_H

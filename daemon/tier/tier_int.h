@@ -282,7 +282,8 @@ void tier_demote_kick(struct kv_tiers *t);
 /* writeback.c */
 /* Starts writing idle tb's dirty G2 copy to G3. Returns 0 or -ENOSPC. */
 int tier_writeback_start(struct kv_tiers *t, struct tblock *tb);
-/* The G2 watermarks: writes back when G2 is under g2_low percent clean. */
+/* The G2 watermarks: writes back when under g2_low percent of G2 is
+ * free or clean. */
 void tier_writeback_kick(struct kv_tiers *t);
 
 /* promote.c */
