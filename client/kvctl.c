@@ -31,6 +31,7 @@
 
 #include "frame.h"
 #include "kvc_internal.h"
+#include "units.h"
 
 enum format { FMT_HUMAN, FMT_JSON };
 
@@ -1589,30 +1590,10 @@ static int usage_error(const char *fmt, ...)
 	return 2;
 }
 
-/* "30s", "500ms", "2m", "1h", "1.5"; a bare number is seconds. */
-static int parse_duration(const char *s, uint64_t *ms)
+/* A duration (units.h) of at most a day. */
+static int parse_timeout(const char *s, uint64_t *ms)
 {
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0 || !isfinite(v) || s[0] == '-' || s[0] == '+')
-		return -EINVAL;
-	if (!strcmp(end, "ms"))
-		;
-	else if (!*end || !strcmp(end, "s"))
-		v *= 1000;
-	else if (!strcmp(end, "m") || !strcmp(end, "min"))
-		v *= 60000;
-	else if (!strcmp(end, "h"))
-		v *= 3600000;
-	else
-		return -EINVAL;
-	if (v > 86400000.0)
-		return -EINVAL;
-	*ms = (uint64_t)v;
-	return 0;
+	return kv_parse_duration(s, ms) < 0 || *ms > 86400000 ? -EINVAL : 0;
 }
 
 int main(int argc, char **argv)
@@ -1680,7 +1661,7 @@ int main(int argc, char **argv)
 			a.used |= O_ALL;
 			break;
 		case OPT_TIMEOUT:
-			if (parse_duration(optarg, &a.timeout_ms) < 0)
+			if (parse_timeout(optarg, &a.timeout_ms) < 0)
 				return usage_error("--timeout '%s': a duration like 500ms, 30s or 2m "
 						   "(at most 24h)", optarg);
 			a.used |= O_TIMEOUT;

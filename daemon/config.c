@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "frame.h"
 #include "log.h"
+#include "units.h"
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
@@ -123,101 +124,6 @@ const struct kv_cfg_key *kv_config_key(const char *name)
 }
 
 /* ---- values ------------------------------------------------------------- */
-
-/* "64GiB", "2M", "4096" (K, M, G, T with or without B / iB are binary).
- * Returns 0 or -EINVAL. */
-static int parse_size(const char *s, uint64_t *out)
-{
-	static const char units[] = "KMGT";
-	char *end;
-	unsigned long long v;
-	uint64_t mul = 1;
-	size_t i;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || s[0] < '0' || s[0] > '9')
-		return -EINVAL;
-	if (*end) {
-		for (i = 0; i < 4; i++) {
-			if (toupper((unsigned char)*end) == units[i] &&
-			    (!end[1] || !strcasecmp(end + 1, "iB") || !strcasecmp(end + 1, "B"))) {
-				mul = 1ull << (10 * (i + 1));
-				break;
-			}
-		}
-		if (i == 4)
-			return -EINVAL;
-	}
-	if (v > UINT64_MAX / mul)
-		return -EINVAL;
-	*out = v * mul;
-	return 0;
-}
-
-/* "90%", "12.5%", "0.25%": hundredths of a percent in (0, 10000]. */
-static int parse_pct(const char *s, uint64_t *out)
-{
-	uint64_t v = 0;
-	int frac = -1;
-
-	if (!*s || *s == '%')
-		return -EINVAL;
-	for (; *s && *s != '%'; s++) {
-		if (*s == '.' && frac < 0) {
-			frac = 0;
-			continue;
-		}
-		if (*s < '0' || *s > '9' || frac >= 2 || v > 1000000)
-			return -EINVAL;
-		v = v * 10 + (uint64_t)(*s - '0');
-		if (frac >= 0)
-			frac++;
-	}
-	if (strcmp(s, "%"))
-		return -EINVAL;
-	for (frac = frac < 0 ? 0 : frac; frac < 2; frac++)
-		v *= 10;
-	if (v == 0 || v > 10000)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-/* "500ms", "30s", "2m", "1min", "1h", "1.5s"; a bare number is seconds. */
-static int parse_duration(const char *s, uint64_t *ms)
-{
-	static const struct { const char *unit; uint64_t ms; } units[] = {
-		{ "ms", 1 }, { "s", 1000 }, { "sec", 1000 }, { "m", 60000 }, { "min", 60000 },
-		{ "h", 3600000 }, { "", 1000 },
-	};
-	uint64_t whole = 0, frac = 0, div = 1;
-	const char *p = s;
-	size_t i;
-
-	if (*p < '0' || *p > '9')
-		return -EINVAL;
-	for (; *p >= '0' && *p <= '9'; p++) {
-		if (whole > UINT64_MAX / 10000000)
-			return -EINVAL;
-		whole = whole * 10 + (uint64_t)(*p - '0');
-	}
-	if (*p == '.') {
-		for (p++; *p >= '0' && *p <= '9'; p++) {
-			if (div < 1000000) {
-				frac = frac * 10 + (uint64_t)(*p - '0');
-				div *= 10;
-			}
-		}
-	}
-	for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (!strcmp(p, units[i].unit)) {
-			*ms = whole * units[i].ms + frac * units[i].ms / div;
-			return 0;
-		}
-	}
-	return -EINVAL;
-}
 
 static int parse_bool(const char *s, int *out)
 {
@@ -359,10 +265,10 @@ int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *v
 	case KV_CFG_SIZE:
 	case KV_CFG_SIZE_PCT:
 		if (k->type == KV_CFG_SIZE_PCT && strchr(value, '%')) {
-			if (parse_pct(value, &v) < 0)
+			if (kv_parse_pct(value, &v) < 0)
 				return bad_value(k, value, err, errlen);
 			v |= PCT_BIT;
-		} else if (parse_size(value, &v) < 0 || v < k->min || (k->max && v > k->max)) {
+		} else if (kv_parse_size(value, &v) < 0 || v < k->min || (k->max && v > k->max)) {
 			return bad_value(k, value, err, errlen);
 		}
 		if (k->size == sizeof(uint32_t)) {
@@ -416,7 +322,7 @@ int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *v
 		*(int *)field = b;
 		return 0;
 	case KV_CFG_DURATION:
-		if (parse_duration(value, &v) < 0 || v < k->min || (k->max && v > k->max))
+		if (kv_parse_duration(value, &v) < 0 || v < k->min || (k->max && v > k->max))
 			return bad_value(k, value, err, errlen);
 		*(uint64_t *)field = v;
 		return 0;

@@ -48,6 +48,7 @@
 
 #include "gpu.h"
 #include "kvbench.h"
+#include "units.h"
 
 /* --- options -------------------------------------------------------------- */
 
@@ -67,34 +68,6 @@ struct durations D;
 static bool want(char s)
 {
 	return strchr(only, s) != NULL;
-}
-
-/* Parses 4096, 64KiB, 256MiB, 1GiB (K/M/G alone mean the same). */
-static int parse_size(const char *s, uint64_t *out)
-{
-	static const struct {
-		const char *suffix;
-		int shift;
-	} units[] = { { "", 0 }, { "K", 10 }, { "KiB", 10 }, { "M", 20 }, { "MiB", 20 },
-		      { "G", 30 }, { "GiB", 30 } };
-	char *end;
-	uint64_t v;
-	size_t i;
-
-	if (!*s || *s == '-')
-		return -1;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	for (i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (!strcmp(end, units[i].suffix)) {
-			if (v > (UINT64_MAX >> units[i].shift))
-				return -1;
-			*out = v << units[i].shift;
-			return 0;
-		}
-	return -1;
 }
 
 /* --- output --------------------------------------------------------------- */
@@ -265,7 +238,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'V':
-			if (parse_size(optarg, &tier_volume) < 0 || !tier_volume)
+			if (kv_parse_size(optarg, &tier_volume) < 0 || !tier_volume)
 				die("--volume: '%s' is not a size like 256MiB or 1GiB", optarg);
 			break;
 		case 'D': {
