@@ -22,6 +22,9 @@ fail() { echo "FAIL: $*" >&2; cat "$dir/log" >&2; exit 1; }
 # in another namespace holds blocks of a pool whose name needs escaping.
 "$KVDEMO_BIN" >/dev/null || fail "kvdemo"
 coproc W { "$KVT_WORKER_BIN" "$KVCACHED_SOCKET" tenant-b; }
+# bash unsets W_PID (and W) once it has reaped the coprocess, which may be
+# before the `wait` below: keep the pid.
+w_pid=$W_PID
 ask() { echo "$1" >&"${W[1]}"; read -r reply <&"${W[0]}"; echo "$reply"; }
 read -r hello <&"${W[0]}"
 [[ $hello == ready* ]] || fail "worker: $hello"
@@ -161,6 +164,6 @@ one_line 2 "$KVCTL_BIN" status extra
 "$KVCTL_BIN" status | grep -q "^state  *draining" || fail "status while draining"
 [[ $(ask "alloc 1") == "err -1012 "* ]] || fail "alloc while draining"
 echo quit >&"${W[1]}"
-wait "$W_PID" || true
+wait "$w_pid" || true
 wait $pid || fail "daemon exit status $?"
 echo "kvctl ok"
