@@ -111,10 +111,11 @@ for want in ("kvcached_pages_total", "kvcached_pages_free", "kvcached_pool_block
     assert want in types, want
 assert 'name="we\\"ird\\\\name"' in text, "label escaping"
 assert 'kvcached_namespace_bytes{namespace="tenant-b"} 196608' in text
+# metrics -o json: the same figures, from the Stats reply (not the text).
 mj = load("metrics")
-fams = {f["name"]: f for f in mj["metrics"]}
-assert fams["kvcached_pool_blocks"]["type"] == "gauge"
-assert any(s["labels"].get("name") == 'we"ird\\name' for s in fams["kvcached_pool_blocks"]["samples"])
+assert mj.keys() == st.keys(), (mj.keys(), st.keys())
+assert any(p["name"] == 'we"ird\\name' and p["blocks_writable"] == 3 for p in mj["pools"])
+assert {n["name"] for n in mj["namespaces"]} == set(ns)
 
 frames = [json.loads(l) for l in open(f"{d}/top.jsonl")]
 assert len(frames) == 3 and all("pools" in f and "clients" in f for f in frames), frames

@@ -1,0 +1,437 @@
+/* kvctl status, pools, clients and metrics: views of the Stats and
+ * ListClients replies, as tables or JSON. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvctl.h"
+
+void json_pool(struct json *j, const Kvcached__PoolInfo *p)
+{
+	json_open(j, '{');
+	json_u64(j, "pool_id", p->pool_id);
+	json_str(j, "namespace", p->namespace_);
+	json_str(j, "name", p->name);
+	json_u64(j, "device", p->device);
+	json_u64(j, "block_bytes", p->block_bytes);
+	json_u64(j, "block_tokens", p->block_tokens);
+	json_str(j, "dtype", p->dtype);
+	json_u64(j, "run_bytes", p->run_bytes);
+	json_u64(j, "blocks_per_run", p->blocks_per_run);
+	json_u64(j, "runs", p->runs);
+	json_u64(j, "blocks_free", p->blocks_free);
+	json_u64(j, "blocks_writable", p->blocks_writable);
+	json_u64(j, "blocks_sealed", p->blocks_sealed);
+	json_u64(j, "blocks_cached", p->blocks_cached);
+	json_u64(j, "allocs", p->allocs);
+	json_u64(j, "lookups", p->lookups);
+	json_u64(j, "hits", p->hits);
+	json_ratio(j, "hit_rate", p->hits, p->lookups);
+	json_u64(j, "evictions", p->evictions);
+	json_u64(j, "dedups", p->dedups);
+	json_close(j, '}');
+}
+
+static void json_namespaces(struct json *j, const Kvcached__StatsReply *s)
+{
+	size_t i;
+
+	json_key(j, "namespaces");
+	json_open(j, '[');
+	for (i = 0; i < s->n_namespaces; i++) {
+		const Kvcached__NamespaceInfo *n = s->namespaces[i];
+
+		json_open(j, '{');
+		json_str(j, "name", n->name);
+		json_u64(j, "pools", n->pools);
+		json_u64(j, "sessions", n->sessions);
+		json_u64(j, "blocks_writable", n->blocks_writable);
+		json_u64(j, "blocks_sealed", n->blocks_sealed);
+		json_u64(j, "blocks_cached", n->blocks_cached);
+		json_u64(j, "bytes", n->bytes);
+		json_close(j, '}');
+	}
+	json_close(j, ']');
+}
+
+/* The daemon-wide fields of a StatsReply, inside an open object. */
+void json_stats_fields(struct json *j, const Kvcached__StatsReply *s)
+{
+	uint64_t lookups = 0, hits = 0;
+	size_t i;
+
+	for (i = 0; i < s->n_pools; i++) {
+		lookups += s->pools[i]->lookups;
+		hits += s->pools[i]->hits;
+	}
+	json_str(j, "version", s->version);
+	json_str(j, "backend", s->backend);
+	json_str(j, "state", s->draining ? "draining" : "serving");
+	json_u64(j, "drain_deadline_ms", s->drain_deadline_ms);
+	json_u64(j, "uptime_ms", s->uptime_ms);
+	json_u64(j, "page_bytes", s->page_bytes);
+	json_u64(j, "segment_bytes", s->segment_bytes);
+	json_u64(j, "pages_total", s->pages_total);
+	json_u64(j, "pages_free", s->pages_free);
+	json_u64(j, "segments", s->segments);
+	json_u64(j, "sessions", s->sessions);
+	json_u64(j, "clients", s->clients);
+	json_u64(j, "requests", s->requests);
+	json_u64(j, "enospc", s->enospc);
+	json_u64(j, "lookups", lookups);
+	json_u64(j, "hits", hits);
+	json_ratio(j, "hit_rate", hits, lookups);
+	json_u64(j, "reloads", s->reloads);
+	json_u64(j, "reload_failures", s->reload_failures);
+}
+
+Kvcached__Response *get_stats(kvc_conn *c)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+
+	req.op_case = KVCACHED__REQUEST__OP_STATS;
+	req.stats = &st;
+	return call(c, &req, KVCACHED__RESPONSE__RESULT_STATS, "stats");
+}
+
+Kvcached__Response *get_clients(kvc_conn *c)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__ListClients lc = KVCACHED__LIST_CLIENTS__INIT;
+
+	req.op_case = KVCACHED__REQUEST__OP_LIST_CLIENTS;
+	req.list_clients = &lc;
+	return call(c, &req, KVCACHED__RESPONSE__RESULT_CLIENTS, "clients");
+}
+
+const char *const tier_names[3] = { "G1", "G2", "G3" };
+
+static void json_tier(struct json *j, const Kvcached__TierInfo *t)
+{
+	json_open(j, '{');
+	json_str(j, "tier", t->tier < 3 ? tier_names[t->tier] : "?");
+	json_u64(j, "capacity_bytes", t->capacity_bytes);
+	json_u64(j, "used_bytes", t->used_bytes);
+	json_u64(j, "blocks", t->blocks);
+	json_u64(j, "dirty", t->dirty);
+	json_u64(j, "hits", t->hits);
+	json_u64(j, "promotions", t->promotions);
+	json_u64(j, "demotions", t->demotions);
+	json_u64(j, "evictions", t->evictions);
+	json_u64(j, "io_errors", t->io_errors);
+	json_u64(j, "checksum_failures", t->checksum_failures);
+	json_u64(j, "inflight", t->inflight);
+	json_close(j, '}');
+}
+
+static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
+{
+	size_t i;
+
+	json_key(j, "tiers");
+	json_open(j, '[');
+	for (i = 0; i < s->n_tiers; i++)
+		json_tier(j, s->tiers[i]);
+	json_close(j, ']');
+}
+
+static void tiers_table(const Kvcached__StatsReply *s)
+{
+	static const char *const head[] = { "TIER", "CAPACITY", "USED", "BLOCKS", "DIRTY", "HITS",
+					    "PROMOTED", "DEMOTED", "EVICTED", "IOERR", "CSUMERR",
+					    "INFLIGHT" };
+	struct table t = { .ncol = 12, .head = head, .align = "lrrrrrrrrrrr" };
+	size_t i;
+	char *a;
+
+	for (i = 0; i < s->n_tiers; i++) {
+		const Kvcached__TierInfo *ti = s->tiers[i];
+
+		cell(&t, "%s", ti->tier < 3 ? tier_names[ti->tier] : "?");
+		cell(&t, "%s", a = fmt_bytes(ti->capacity_bytes));
+		free(a);
+		cell(&t, "%s", a = fmt_pct(ti->used_bytes, ti->capacity_bytes));
+		free(a);
+		cell(&t, "%" PRIu64, ti->blocks);
+		cell(&t, "%" PRIu64, ti->dirty);
+		cell(&t, "%" PRIu64, ti->hits);
+		cell(&t, "%" PRIu64, ti->promotions);
+		cell(&t, "%" PRIu64, ti->demotions);
+		cell(&t, "%" PRIu64, ti->evictions);
+		cell(&t, "%" PRIu64, ti->io_errors);
+		cell(&t, "%" PRIu64, ti->checksum_failures);
+		cell(&t, "%" PRIu64, ti->inflight);
+	}
+	putchar('\n');
+	table_print(&t);
+}
+
+static void namespaces_table(const Kvcached__StatsReply *s)
+{
+	static const char *const head[] = { "NAMESPACE", "POOLS", "SESSIONS", "WRITABLE", "SEALED",
+					    "CACHED", "BYTES" };
+	struct table t = { .ncol = 7, .head = head, .align = "lrrrrrr" };
+	size_t i;
+	char *a;
+
+	for (i = 0; i < s->n_namespaces; i++) {
+		const Kvcached__NamespaceInfo *n = s->namespaces[i];
+
+		cell(&t, "%s", n->name);
+		cell(&t, "%" PRIu32, n->pools);
+		cell(&t, "%" PRIu32, n->sessions);
+		cell(&t, "%" PRIu64, n->blocks_writable);
+		cell(&t, "%" PRIu64, n->blocks_sealed);
+		cell(&t, "%" PRIu64, n->blocks_cached);
+		cell(&t, "%s", a = fmt_bytes(n->bytes));
+		free(a);
+	}
+	table_print(&t);
+}
+
+/* The whole Stats reply as one JSON document (status, metrics). */
+static int stats_json(kvc_conn *c)
+{
+	Kvcached__Response *resp = get_stats(c);
+	const Kvcached__StatsReply *s;
+	struct json j = { 0 };
+	size_t i;
+
+	if (!resp)
+		return 1;
+	s = resp->stats;
+	json_open(&j, '{');
+	json_stats_fields(&j, s);
+	json_namespaces(&j, s);
+	json_key(&j, "pools");
+	json_open(&j, '[');
+	for (i = 0; i < s->n_pools; i++)
+		json_pool(&j, s->pools[i]);
+	json_close(&j, ']');
+	json_tiers(&j, s);
+	json_close(&j, '}');
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+int cmd_status(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Response *resp = get_stats(c);
+	const Kvcached__StatsReply *s;
+	uint64_t lookups = 0, hits = 0;
+	size_t i;
+
+	if (!resp)
+		return 1;
+	s = resp->stats;
+	for (i = 0; i < s->n_pools; i++) {
+		lookups += s->pools[i]->lookups;
+		hits += s->pools[i]->hits;
+	}
+	if (a->fmt == FMT_JSON) {
+		kvcached__response__free_unpacked(resp, NULL);
+		return stats_json(c);
+	} else {
+		static const char *const phead[] = { "POOL", "NAMESPACE", "NAME", "DEV", "BLOCK",
+						     "BLOCKS", "FREE", "CACHED", "HIT" };
+		struct table pt = { .ncol = 9, .head = phead, .align = "rllrrrrrr" };
+		char *x, *y;
+
+		kv_line("version", "%s", s->version);
+		kv_line("backend", "%s", s->backend);
+		if (s->draining) {
+			kv_line("state", "draining: exits within %s", x = fmt_deadline(s->drain_deadline_ms));
+			free(x);
+		} else {
+			kv_line("state", "serving");
+		}
+		kv_line("uptime", "%s", x = fmt_duration(s->uptime_ms));
+		free(x);
+		kv_line("pages", "%" PRIu64 " free of %" PRIu64 " (%s each)", s->pages_free,
+			s->pages_total, x = fmt_bytes(s->page_bytes));
+		free(x);
+		kv_line("segments", "%" PRIu32 " (%s each)", s->segments,
+			x = fmt_bytes(s->segment_bytes));
+		free(x);
+		kv_line("sessions", "%" PRIu32 " (%" PRIu32 " clients)", s->sessions, s->clients);
+		kv_line("requests", "%" PRIu64, s->requests);
+		kv_line("enospc", "%" PRIu64, s->enospc);
+		kv_line("hit rate", "%s (%" PRIu64 " of %" PRIu64 " hashes looked up)",
+			x = fmt_pct(hits, lookups), hits, lookups);
+		free(x);
+		kv_line("reloads", "%" PRIu64 " (%" PRIu64 " refused)", s->reloads,
+			s->reload_failures);
+		kv_line("pools", "%zu", s->n_pools);
+		if (s->n_tiers)
+			tiers_table(s);
+
+		for (i = 0; i < s->n_pools; i++) {
+			const Kvcached__PoolInfo *p = s->pools[i];
+
+			cell(&pt, "%" PRIu32, p->pool_id);
+			cell(&pt, "%s", p->namespace_);
+			cell(&pt, "%s", p->name);
+			cell(&pt, "%" PRIu32, p->device);
+			cell(&pt, "%s", x = fmt_bytes(p->block_bytes));
+			free(x);
+			cell(&pt, "%" PRIu64, p->runs * p->blocks_per_run);
+			cell(&pt, "%" PRIu64, p->blocks_free);
+			cell(&pt, "%" PRIu64, p->blocks_cached);
+			cell(&pt, "%s", y = fmt_pct(p->hits, p->lookups));
+			free(y);
+		}
+		if (s->n_pools) {
+			putchar('\n');
+			table_print(&pt);
+		}
+		if (s->n_namespaces) {
+			putchar('\n');
+			namespaces_table(s);
+		}
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+int cmd_pools(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Response *resp = get_stats(c);
+	const Kvcached__StatsReply *s;
+	size_t i;
+
+	if (!resp)
+		return 1;
+	s = resp->stats;
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_open(&j, '{');
+		json_key(&j, "pools");
+		json_open(&j, '[');
+		for (i = 0; i < s->n_pools; i++)
+			json_pool(&j, s->pools[i]);
+		json_close(&j, ']');
+		json_close(&j, '}');
+	} else if (s->n_pools == 0) {
+		puts("no pools");
+	} else {
+		static const char *const head[] = {
+			"ID", "NAMESPACE", "NAME", "DEV", "BLOCK", "PER_RUN", "RUNS", "FREE",
+			"WRITABLE", "SEALED", "CACHED", "ALLOCS", "HIT", "EVICTIONS", "DEDUPS",
+		};
+		struct table t = { .ncol = 15, .head = head, .align = "rllrrrrrrrrrrrr" };
+		char *x;
+
+		for (i = 0; i < s->n_pools; i++) {
+			const Kvcached__PoolInfo *p = s->pools[i];
+
+			cell(&t, "%" PRIu32, p->pool_id);
+			cell(&t, "%s", p->namespace_);
+			cell(&t, "%s", p->name);
+			cell(&t, "%" PRIu32, p->device);
+			cell(&t, "%s", x = fmt_bytes(p->block_bytes));
+			free(x);
+			cell(&t, "%" PRIu32, p->blocks_per_run);
+			cell(&t, "%" PRIu64, p->runs);
+			cell(&t, "%" PRIu64, p->blocks_free);
+			cell(&t, "%" PRIu64, p->blocks_writable);
+			cell(&t, "%" PRIu64, p->blocks_sealed);
+			cell(&t, "%" PRIu64, p->blocks_cached);
+			cell(&t, "%" PRIu64, p->allocs);
+			cell(&t, "%s", x = fmt_pct(p->hits, p->lookups));
+			free(x);
+			cell(&t, "%" PRIu64, p->evictions);
+			cell(&t, "%" PRIu64, p->dedups);
+		}
+		table_print(&t);
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+void json_client(struct json *j, const Kvcached__ClientInfo *ci)
+{
+	json_open(j, '{');
+	json_u64(j, "session_id", ci->session_id);
+	json_i64(j, "pid", ci->pid);
+	json_u64(j, "uid", ci->uid);
+	json_u64(j, "gid", ci->gid);
+	json_str(j, "namespace", ci->namespace_);
+	json_str(j, "name", ci->name);
+	json_str(j, "socket", ci->admin ? "admin" : "worker");
+	json_u64(j, "refs", ci->refs);
+	json_u64(j, "connected_ms", ci->connected_ms);
+	json_u64(j, "requests", ci->requests);
+	json_close(j, '}');
+}
+
+int cmd_clients(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Response *resp = get_clients(c);
+	const Kvcached__ClientsReply *cr;
+	size_t i;
+
+	if (!resp)
+		return 1;
+	cr = resp->clients;
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_open(&j, '{');
+		json_key(&j, "clients");
+		json_open(&j, '[');
+		for (i = 0; i < cr->n_clients; i++)
+			json_client(&j, cr->clients[i]);
+		json_close(&j, ']');
+		json_close(&j, '}');
+	} else if (cr->n_clients == 0) {
+		puts("no clients");
+	} else {
+		static const char *const head[] = { "SESSION", "PID", "UID", "NAMESPACE", "NAME",
+						    "SOCKET", "REFS", "CONNECTED", "REQUESTS" };
+		struct table t = { .ncol = 9, .head = head, .align = "rrrlllrlr" };
+		char *x;
+
+		for (i = 0; i < cr->n_clients; i++) {
+			const Kvcached__ClientInfo *ci = cr->clients[i];
+
+			cell(&t, "%" PRIu64, ci->session_id);
+			cell(&t, "%" PRId32, ci->pid);
+			cell(&t, "%" PRIu32, ci->uid);
+			cell(&t, "%s", ci->namespace_);
+			cell(&t, "%s", ci->name);
+			cell(&t, "%s", ci->admin ? "admin" : "worker");
+			cell(&t, "%" PRIu64, ci->refs);
+			cell(&t, "%s", x = fmt_time(ci->connected_ms));
+			free(x);
+			cell(&t, "%" PRIu64, ci->requests);
+		}
+		table_print(&t);
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+/* -o json: the figures of the Prometheus families, from the structured
+ * Stats reply (the daemon makes the text from the same numbers): the
+ * daemon's fields, and its namespaces, pools and tiers. */
+int cmd_metrics(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__Metrics m = KVCACHED__METRICS__INIT;
+	Kvcached__Response *resp;
+
+	if (a->fmt == FMT_JSON)
+		return stats_json(c);
+	req.op_case = KVCACHED__REQUEST__OP_METRICS;
+	req.metrics = &m;
+	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_METRICS, "metrics");
+	if (!resp)
+		return 1;
+	fputs(resp->metrics->text, stdout);
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
