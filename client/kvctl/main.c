@@ -39,8 +39,8 @@ static const char *check_result(const Kvcached__Response *r, const void *arg)
 	return r->result_case == *want ? NULL : "unexpected reply from the daemon";
 }
 
-Kvcached__Response *call(kvc_conn *c, Kvcached__Request *req,
-				Kvcached__Response__ResultCase want, const char *what)
+Kvcached__Response *call(kvc_conn *c, Kvcached__Request *req, Kvcached__Response__ResultCase want,
+			 const char *what)
 {
 	Kvcached__Response *resp = NULL;
 	int r = kvc_call_check(c, req, check_result, &want, &resp);
