@@ -619,6 +619,9 @@ static const char *const kvc_errors[] = {
 	[13] = "a tier copy or disk I/O failed; the data stays where it was",
 	/* 14..15: the tiers */
 	[16] = "invalid daemon configuration",
+	[17] = "this user may not open that namespace",
+	[18] = "the namespace's quota is full of blocks it holds",
+	[19] = "the daemon is short of a resource for now; retry",
 };
 
 KVC_PUBLIC const char *kvc_strerror(int err)

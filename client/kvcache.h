@@ -51,6 +51,9 @@ extern "C" {
 #define KVC_ESHUTDOWN (-1012)  /* daemon draining */
 #define KVC_EIO (-1013)        /* a tier copy or disk I/O failed; nothing was lost */
 #define KVC_ECONFIG (-1016)    /* reload: the daemon's configuration is invalid */
+#define KVC_EACCES (-1017)     /* Hello: this uid/gid may not open that namespace */
+#define KVC_EQUOTA (-1018)     /* the namespace's quota is full of blocks it holds */
+#define KVC_EAGAIN (-1019)     /* the daemon is short of a resource for now: retry */
 
 typedef struct kvc_conn kvc_conn;
 typedef uint64_t kvc_block;

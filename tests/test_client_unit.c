@@ -954,6 +954,10 @@ static void test_strerror(void)
 	/* 14..15 are the tiers'. */
 	CHECK(KVC_ECONFIG == -(KVC_ERR_BASE + 16));
 	CHECK(strcmp(kvc_strerror(KVC_ECONFIG), "unknown daemon error") != 0);
+	CHECK(KVC_EACCES == -(KVC_ERR_BASE + 17) && KVC_EQUOTA == -(KVC_ERR_BASE + 18) &&
+	      KVC_EAGAIN == -(KVC_ERR_BASE + 19));
+	CHECK(strcmp(kvc_strerror(KVC_EACCES), kvc_strerror(KVC_EQUOTA)) != 0);
+	CHECK(strcmp(kvc_strerror(KVC_EAGAIN), "unknown daemon error") != 0);
 	CHECK(!strcmp(kvc_strerror(-ENOENT), "No such file or directory"));
 	CHECK(!strcmp(kvc_strerror(-1099), "unknown daemon error"));
 	CHECK(kvc_strerror(-99999) != NULL && kvc_strerror(0) != NULL);
