@@ -69,7 +69,7 @@ enum kvc_hash_algo {
 };
 
 struct kvc_options {
-	const char *ns;           /* namespace (tenant); NULL or "" = "default" */
+	const char *ns;           /* namespace (tenant); NULL or "" = the caller's own "uid-<uid>" */
 	const char *client_name;  /* shown by `kvctl clients`; NULL = program name */
 };
 

@@ -453,10 +453,17 @@ static int on_key(void *user, const char *section, const char *name, const char 
 
 	if (x->err_line)
 		return 1;   /* keep the first error only */
+	if (!strncmp(section, "namespace ", 10)) {
+		if (kv_nsconf_set(x->c, section + 10, name, value, x->err, sizeof(x->err)) < 0) {
+			x->err_line = x->line;
+			return 0;
+		}
+		return 1;
+	}
 	if (section[0] && strcmp(section, "kvcached")) {
 		x->err_line = x->line;
-		snprintf(x->err, sizeof(x->err), "unknown section [%s]: keys go at the top or "
-			 "under [kvcached]", section);
+		snprintf(x->err, sizeof(x->err), "unknown section [%s]: keys go at the top, under "
+			 "[kvcached], or in a [namespace NAME] section", section);
 		return 0;
 	}
 	k = kv_config_key(name);
@@ -598,6 +605,8 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 			     "each low watermark must be at most its high one (%u%%..%u%%, "
 			     "%u%%..%u%%)", c->tiers.g1_low, c->tiers.g1_high, c->tiers.g2_low,
 			     c->tiers.g2_high);
+	if ((r = kv_nsconf_finish(c, err, errlen)) < 0)
+		return r;
 	if ((uint64_t)c->max_batch * 40 + 4096 > c->max_frame)
 		return error(err, errlen, "max_frame, max_batch: a max_frame of %" PRIu32 " is too "
 			     "small for a max_batch of %" PRIu32 " (needs %" PRIu64 ")", c->max_frame,
@@ -670,6 +679,7 @@ void kv_config_write(const struct kv_config *c, FILE *f)
 		fprintf(f, "\n# %s%s\n%s =%s%s\n", k->doc,
 			k->flags & KV_CFG_RELOAD ? " (reloadable)" : "", k->name, v[0] ? " " : "", v);
 	}
+	kv_nsconf_write(c, f);
 }
 
 static int field_equal(const struct kv_config *a, const struct kv_config *b,
@@ -685,6 +695,60 @@ static int field_equal(const struct kv_config *a, const struct kv_config *b,
 	default:
 		return !memcmp(x, y, k->size);
 	}
+}
+
+/* One line of what a namespace section says, for the reload report. */
+static void nsconf_line(const struct kv_ns_conf *n, char *buf, size_t len)
+{
+	char q[3][32], r[32];
+
+	if (!n) {
+		snprintf(buf, len, "(none)");
+		return;
+	}
+	for (int i = 0; i < 3; i++)
+		kv_nsconf_format_size(n->quota[i], q[i], sizeof(q[i]));
+	kv_nsconf_format_size(n->reserve, r, sizeof(r));
+	snprintf(buf, len, "%s%u users, %u groups, quota %s/%s/%s, reserve %s, priority %u, "
+		 "ttl %llums", n->anyone ? "anyone, " : "", n->nuids, n->ngids,
+		 q[0][0] ? q[0] : "-", q[1][0] ? q[1] : "-", q[2][0] ? q[2] : "-",
+		 r[0] ? r : "-", n->priority, (unsigned long long)n->ttl_ms);
+}
+
+/* The namespace sections: all reloadable, reported one per section. */
+static int nsconf_reload(struct kv_config *live, const struct kv_config *next,
+			 void (*report)(void *ctx, const struct kv_cfg_key *k, const char *old,
+					const char *now, int applied),
+			 void *ctx)
+{
+	char old[300], now[300], what[400];
+	uint32_t i;
+	int n = 0;
+
+	for (i = 0; i < live->nns + next->nns; i++) {
+		const struct kv_ns_conf *a, *b;
+
+		if (i < live->nns) {
+			a = &live->ns[i];
+			b = kv_nsconf_find(next, a->name);
+		} else {
+			b = &next->ns[i - live->nns];
+			if (kv_nsconf_find(live, b->name))
+				continue;
+			a = NULL;
+		}
+		if (a && b && !memcmp(a, b, sizeof(*a)))
+			continue;
+		n++;
+		nsconf_line(a, old, sizeof(old));
+		nsconf_line(b, now, sizeof(now));
+		snprintf(what, sizeof(what), "[namespace %s] %s", a ? a->name : b->name, old);
+		if (report)
+			report(ctx, NULL, what, now, 1);
+	}
+	memcpy(live->ns, next->ns, sizeof(live->ns));
+	live->nns = next->nns;
+	return n;
 }
 
 int kv_config_reload(struct kv_config *live, const struct kv_config *next,
@@ -710,5 +774,6 @@ int kv_config_reload(struct kv_config *live, const struct kv_config *next,
 		if (report)
 			report(ctx, k, old, now, reload);
 	}
+	n += nsconf_reload(live, next, report, ctx);
 	return n;
 }

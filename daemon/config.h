@@ -29,6 +29,24 @@
 
 #define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
 
+/* A [namespace NAME] section (nsconf.c): who may open the namespace, and its
+ * limits. Sizes may be percentages of the tier (PCT_BIT set, in hundredths
+ * of a percent) until tenant.c resolves them against the tiers' sizes. */
+#define KV_CFG_MAX_NS 64
+#define KV_CFG_NS_IDS 32
+#define KV_CFG_PCT_BIT (1ull << 63)
+
+struct kv_ns_conf {
+	char name[64];
+	int anyone;                   /* users = *: every local user */
+	uint32_t uids[KV_CFG_NS_IDS], nuids;
+	uint32_t gids[KV_CFG_NS_IDS], ngids;
+	uint64_t quota[3];            /* quota_g1, quota_g2, quota_g3; 0 = none */
+	uint64_t reserve;             /* reserve_g1 */
+	uint32_t priority;
+	uint64_t ttl_ms;
+};
+
 struct kv_config {
 	char socket_path[108];        /* worker socket */
 	unsigned socket_mode;
@@ -48,6 +66,8 @@ struct kv_config {
 	uint64_t drain_timeout_ms;
 	uint64_t status_interval_ms;
 	struct kv_tiers_config tiers; /* host_tier_size, disk_*, demote_*, writeback_* */
+	struct kv_ns_conf ns[KV_CFG_MAX_NS];  /* the [namespace NAME] sections */
+	uint32_t nns;
 };
 
 enum kv_cfg_type {
@@ -135,10 +155,27 @@ void kv_config_format(const struct kv_config *c, const struct kv_cfg_key *k, cha
 /* Writes every key of c as a configuration file, each with its doc. */
 void kv_config_write(const struct kv_config *c, FILE *f);
 
+/* ---- [namespace NAME] sections (nsconf.c) ---- */
+/* Sets key of the section of namespace name (created on its first key).
+ * Keys: users, groups, quota_g1, quota_g2, quota_g3, reserve_g1, priority,
+ * ttl. Returns 0 or -EINVAL with the message in err. */
+int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const char *value,
+		  char *err, size_t errlen);
+/* The section of namespace name, or NULL. */
+const struct kv_ns_conf *kv_nsconf_find(const struct kv_config *c, const char *name);
+/* Rules between a section's keys. Returns 0 or -EINVAL (err set). */
+int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen);
+/* Writes the sections as the file would say them. */
+void kv_nsconf_write(const struct kv_config *c, FILE *f);
+/* Writes a size field of a section ("8GiB", "25%", "" for none). */
+void kv_nsconf_format_size(uint64_t v, char *buf, size_t len);
+
 /* Copies the reloadable keys that differ from next into live. For each key
  * that differs, calls report(ctx, key, old value, new value, applied):
  * applied is 0 for a key that needs a restart (live keeps its value).
- * Returns how many keys differed. */
+ * The namespace sections are all reloadable: each section added, removed or
+ * changed is reported with k NULL and its name as old/now ("namespace X").
+ * Returns how many keys and sections differed. */
 int kv_config_reload(struct kv_config *live, const struct kv_config *next,
 		     void (*report)(void *ctx, const struct kv_cfg_key *k, const char *old,
 				    const char *now, int applied),

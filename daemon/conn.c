@@ -360,9 +360,15 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 		return;
 	}
 	kv_session_open(cs->d, &c->ss, &cred, admin);
+	kv_session_peer_groups(&c->ss, fd);
 	c->ss.waiter.wake = conn_wake;
 	kv_debug("session %llu: pid %d uid %u gid %u on the %s socket", (unsigned long long)c->ss.id,
 		 (int)cred.pid, cred.uid, cred.gid, admin ? "admin" : "worker");
+}
+
+void kv_conn_close_session(struct kv_session *ss, const char *why)
+{
+	conn_close(kv_container_of(ss, struct kv_conn, ss), why);
 }
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)

@@ -39,4 +39,7 @@ void kv_conns_fini(struct kv_conns *cs);
  * closed and the reason logged. */
 void kv_conn_accept(struct kv_conns *cs, int fd, int admin);
 
+/* Closes the connection that carries ss (an open session), logging why. */
+void kv_conn_close_session(struct kv_session *ss, const char *why);
+
 #endif

@@ -32,6 +32,8 @@
 #include "pool.h"
 #include "tier.h"
 
+struct kv_session;
+
 struct kv_daemon {
 	struct kv_config cfg;
 	/* Where cfg came from, for reloads (NULL: reloads re-apply nothing).
@@ -59,6 +61,9 @@ struct kv_daemon {
 	struct kv_loop_watch sigw, drainw, wdogw, statw;
 	/* Set by the server: stops new connections on the worker socket. */
 	void (*stop_accepting)(struct kv_daemon *d);
+	/* Set by the server: closes ss's connection, logging why (a reload
+	 * that revoked its peer's access). */
+	void (*close_session)(struct kv_session *ss, const char *why);
 	/* For the log: where the worker socket listens. */
 	const char *(*worker_name)(struct kv_daemon *d, char *buf, size_t len);
 };

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "tenant.h"
 #include "service.h"
 #include "session.h"
 
@@ -142,10 +143,11 @@ static void apply_config(struct kv_daemon *d)
 	if (d->cfg.status_interval_ms && !d->statw.armed && kv_service_notifying() &&
 	    d->loop.ring.ring_fd > 0)
 		kv_loop_timeout(&d->loop, &d->statw, d->cfg.status_interval_ms * 1000000ull);
+	/* Namespaces: limits, and who may stay. */
+	kv_tenants_reload(d);
 	/* tiers: the watermarks (demote_*, writeback_*) are applied here once
 	 * kv_tiers takes new ones (it keeps its own copy of d->cfg.tiers): flag
-	 * their rows KV_CFG_RELOAD in config.c and pass d->cfg.tiers on. Quotas
-	 * too, when they exist. */
+	 * their rows KV_CFG_RELOAD in config.c and pass d->cfg.tiers on. */
 }
 
 struct reload_ctx {
@@ -161,7 +163,11 @@ static void reload_key(void *ctx, const struct kv_cfg_key *k, const char *old, c
 	char line[600], *list = applied ? x->applied : x->kept;
 	size_t n = strlen(list);
 
-	snprintf(line, sizeof(line), "%s: %s -> %s", k->name, old, now);
+	/* k is NULL for a namespace section: old names it. */
+	if (k)
+		snprintf(line, sizeof(line), "%s: %s -> %s", k->name, old, now);
+	else
+		snprintf(line, sizeof(line), "%s -> %s", old, now);
 	snprintf(list + n, sizeof(x->applied) - n, "%s%s", n ? "; " : "", line);
 	if (x->report)
 		x->report(x->ctx, line, applied);

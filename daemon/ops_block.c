@@ -8,12 +8,14 @@
 #include "frame.h"
 #include "log.h"
 #include "ops_int.h"
+#include "tenant.h"
 
 void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 {
 	struct kv_daemon *d = q->d;
 	Kvcached__HelloReply *r;
-	int ns;
+	char name[KV_NAME_MAX + 16], why[300];
+	int rc, fresh;
 
 	if (q->ss->ns) {
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "Hello sent twice");
@@ -25,15 +27,30 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 			   h->max_version, KV_PROTO_VERSION);
 		return;
 	}
-	ns = kv_pools_ns(d->pools, h->namespace_ && h->namespace_[0] ? h->namespace_ : "default");
-	if (ns < 0) {
-		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%s': %s", h->namespace_,
-			   ns == -ENOSPC ? "too many namespaces" : "bad name");
+	if (h->namespace_ && h->namespace_[0])
+		snprintf(name, sizeof(name), "%s", h->namespace_);
+	else
+		kv_tenant_default_ns(q->ss, name, sizeof(name));
+	if (!kv_ns_name_ok(h->namespace_ && h->namespace_[0] ? h->namespace_ : name)) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%.80s': a name is "
+			   "1..%d of A-Z a-z 0-9 . _ : -", h->namespace_, KV_NAME_MAX - 1);
 		return;
 	}
+	if (!kv_tenant_may_open(d, q->ss, name, why, sizeof(why))) {
+		kv_warn("Hello refused: %s", why);
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EACCES, -1, "%s", why);
+		return;
+	}
+	fresh = !kv_ns_find(kv_pools_nstab(d->pools), name);
+	if ((rc = kv_session_enter_ns(q->ss, name)) < 0) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%s': %d namespaces are "
+			   "in use", name, KV_MAX_NS);
+		return;
+	}
+	if (fresh)
+		kv_tenant_apply(d, q->ss->ns);
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
-	q->ss->ns = (uint32_t)ns;
 	snprintf(q->ss->name, sizeof(q->ss->name), "%s", h->client_name ? h->client_name : "");
 	kvcached__hello_reply__init(r);
 	r->version = KV_PROTO_VERSION;

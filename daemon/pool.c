@@ -79,25 +79,19 @@ void kv_pools_destroy(struct kv_pools *ps)
 	free(ps);
 }
 
+struct kv_ns_table *kv_pools_nstab(struct kv_pools *ps)
+{
+	return &ps->nst;
+}
+
 int kv_pools_ns(struct kv_pools *ps, const char *name)
 {
-	size_t len = strlen(name);
-	uint32_t i;
-
-	if (!len || len >= KV_NAME_MAX)
-		return -EINVAL;
-	for (i = 0; i < ps->nns; i++)
-		if (!strcmp(ps->ns_name[i], name))
-			return (int)i + 1;
-	if (ps->nns == KV_MAX_NS)
-		return -ENOSPC;
-	memcpy(ps->ns_name[ps->nns], name, len + 1);
-	return (int)++ps->nns;
+	return kv_ns_open(&ps->nst, name);
 }
 
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns)
 {
-	return ns >= 1 && ns <= ps->nns ? ps->ns_name[ns - 1] : "?";
+	return kv_ns_name(&ps->nst, ns);
 }
 
 int kv_pool_run_size(uint64_t page_bytes, uint32_t pages_per_seg, uint64_t block_bytes,
@@ -219,6 +213,9 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	kv_list_init(&p->runs);
 	p->pools = ps;
 	ps->pool[ps->npools++] = p;
+	/* The pool keeps its namespace: the namespace's usage is its blocks'. */
+	kv_ns_hold(&ps->nst, ns);
+	kv_ns_get(&ps->nst, ns)->pools++;
 	*out = p;
 	return 0;
 }
@@ -391,6 +388,7 @@ static struct kv_block *take_free(struct kv_pool *p)
 		p->spare = NULL;
 	p->n.free--;
 	p->n.writable++;
+	kv_ns_charge(&p->pools->nst, p->ns, 0, (int64_t)p->block_bytes);
 	kv_block_assert_state(b);
 	return b;
 }
@@ -410,6 +408,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	b->gen = (b->gen + 1) & GEN_MASK;
 	kv_list_push_front(&p->free, &b->node);
 	p->n.free++;
+	kv_ns_charge(&p->pools->nst, p->ns, 0, -(int64_t)p->block_bytes);
 	kv_block_assert_state(b);
 	if (--run->nused == 0) {
 		if (keep_spare && !p->spare)

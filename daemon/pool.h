@@ -60,12 +60,11 @@
 #include "backend.h"
 #include "index.h"
 #include "list.h"
+#include "ns.h"
 #include "pages.h"
 
 #define KV_MAX_POOLS 4096      /* the pool field of a handle is 12 bits */
 #define KV_MAX_RUN_BLOCKS 4096 /* the slot field is 12 bits */
-#define KV_MAX_NS 256
-#define KV_NAME_MAX 64
 #define KV_MIN_BLOCK_BYTES 4096
 #define KV_BLOCK_ALIGN 256
 
@@ -140,8 +139,11 @@ int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools 
 /* Frees all pools and blocks (not the backend). NULL is fine. */
 void kv_pools_destroy(struct kv_pools *ps);
 
-/* The id (>= 1) of namespace name, created on first use. Returns -EINVAL for
- * a bad name, -ENOSPC when KV_MAX_NS namespaces exist. */
+/* The namespaces (ns.h). Each pool holds a reference on its namespace, and
+ * the allocator charges G1 usage to it (blocks not FREE). */
+struct kv_ns_table *kv_pools_nstab(struct kv_pools *ps);
+/* kv_ns_open() on the pools' table: a new reference the caller drops with
+ * kv_ns_put(). */
 int kv_pools_ns(struct kv_pools *ps, const char *name);
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
 

@@ -13,8 +13,7 @@ struct kv_pools {
 	uint32_t ndev;
 	struct kv_pool *pool[KV_MAX_POOLS];
 	uint32_t npools;
-	char ns_name[KV_MAX_NS][KV_NAME_MAX];
-	uint32_t nns;
+	struct kv_ns_table nst;
 	struct kv_index index;
 	uint64_t tick;
 };

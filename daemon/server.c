@@ -45,6 +45,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 		return r;
 	s->d.src = src;
 	s->d.stop_accepting = stop_accepting;
+	s->d.close_session = kv_conn_close_session;
 	s->d.worker_name = worker_name;
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,

@@ -24,6 +24,19 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	d->nsessions++;
 }
 
+void kv_session_peer_groups(struct kv_session *ss, int fd)
+{
+	gid_t g[KV_SESSION_GROUPS];
+	socklen_t len = sizeof(g);
+
+	ss->ngroups = -1;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0)
+		return;
+	ss->ngroups = (int)(len / sizeof(gid_t));
+	for (int i = 0; i < ss->ngroups; i++)
+		ss->groups[i] = g[i];
+}
+
 static void release_ref(void *key, uint32_t count, void *ctx)
 {
 	struct kv_block *b = key;
@@ -57,9 +70,35 @@ void kv_session_release(struct kv_session *ss)
 	for (dev = 0; dev < KV_MAX_DEVICES; dev++)
 		free(ss->seg_sent[dev]);
 	memset(ss->seg_sent, 0, sizeof(ss->seg_sent));
+	if (ss->ns)
+		kv_session_leave_ns(ss);
 	kv_list_del(&ss->link);
 	kv_assert(d->nsessions > 0);
 	d->nsessions--;
+}
+
+int kv_session_enter_ns(struct kv_session *ss, const char *name)
+{
+	struct kv_ns_table *t = kv_pools_nstab(ss->d->pools);
+	int id;
+
+	kv_assert(!ss->ns);
+	id = kv_ns_open(t, name);
+	if (id < 0)
+		return id;
+	ss->ns = (uint32_t)id;
+	kv_ns_get(t, ss->ns)->sessions++;
+	return 0;
+}
+
+void kv_session_leave_ns(struct kv_session *ss)
+{
+	struct kv_ns_table *t = kv_pools_nstab(ss->d->pools);
+
+	kv_assert(ss->ns);
+	kv_ns_get(t, ss->ns)->sessions--;
+	kv_ns_put(t, ss->ns);
+	ss->ns = 0;
 }
 
 int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)

@@ -22,11 +22,15 @@
 #include "daemon.h"
 #include "refmap.h"
 
+#define KV_SESSION_GROUPS 64
+
 struct kv_session {
 	struct kv_list link;       /* d->sessions while open */
 	struct kv_daemon *d;
 	uint64_t id;
 	struct ucred cred;
+	uint32_t groups[KV_SESSION_GROUPS];  /* the peer's supplementary groups */
+	int ngroups;               /* -1: could not be learnt (then none count) */
 	uint32_t ns;               /* 0 until Hello */
 	char name[64];
 	int admin;                 /* accepted on the admin socket */
@@ -47,9 +51,20 @@ struct kv_session {
  * first), on d's list. admin: it came through the admin socket. */
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
 		     int admin);
+/* Learns the supplementary groups of the peer on socket fd (SO_PEERGROUPS,
+ * the peer's groups when it connected; beyond KV_SESSION_GROUPS, or if the
+ * kernel cannot say, only the primary gid counts). */
+void kv_session_peer_groups(struct kv_session *ss, int fd);
 /* Releases everything ss holds and takes it off d's list (CLOSED).
  * Idempotent. */
 void kv_session_release(struct kv_session *ss);
+
+/* Puts ss (NEW) in namespace name, created if need be (Hello; the caller
+ * has checked that the peer may). Returns 0, -EINVAL for a bad name or
+ * -ENOSPC when KV_MAX_NS namespaces are live. */
+int kv_session_enter_ns(struct kv_session *ss, const char *name);
+/* Takes ss out of its namespace (release; nothing of it may be held). */
+void kv_session_leave_ns(struct kv_session *ss);
 
 /* Queues the fd of (dev, seg) to go with the next reply unless this session
  * has the segment's current memory already. Returns 1 if queued, 0 if sent

@@ -84,6 +84,8 @@ static void env_new(struct env *e, uint32_t nseg, uint32_t seg_pages)
 {
 	CHECK(kv_backend_host_create(65536ull * seg_pages, nseg, &e->be) == 0);
 	CHECK(kv_pools_create(e->be, 65536, &e->ps) == 0);
+	/* Namespaces 1 and 2 (a pool's namespace must be live: Hello opens it). */
+	CHECK(kv_pools_ns(e->ps, "t1") == 1 && kv_pools_ns(e->ps, "t2") == 2);
 }
 
 static void env_free(struct env *e)
@@ -121,7 +123,13 @@ static void test_lifecycle(void)
 
 	env_new(&e, 1, 16);  /* 1 MiB: 16 pages of 64 KiB */
 	ns = kv_pools_ns(e.ps, "default");
-	CHECK(ns == 1 && kv_pools_ns(e.ps, "default") == 1);
+	CHECK(ns == 3 && kv_pools_ns(e.ps, "default") == 3);
+	CHECK(kv_pools_ns(e.ps, "bad name") == -EINVAL && kv_pools_ns(e.ps, "") == -EINVAL);
+	/* Namespaces are freed with their last reference, and the id reused. */
+	kv_ns_put(kv_pools_nstab(e.ps), 3);
+	kv_ns_put(kv_pools_nstab(e.ps), 3);
+	CHECK(!kv_ns_find(kv_pools_nstab(e.ps), "default"));
+	CHECK(kv_pools_ns(e.ps, "other") == 3 && !strcmp(kv_pools_ns_name(e.ps, 3), "other"));
 	p = pool(&e, 1, "llama", 16384);  /* 4 blocks a page */
 	CHECK(p->run_pages == 1 && p->blocks_per_run == 4);
 
@@ -228,7 +236,6 @@ static void test_sharing(void)
 	int i;
 
 	env_new(&e, 4, 4);  /* 4 segments of 4 pages */
-	CHECK(kv_pools_ns(e.ps, "t1") == 1 && kv_pools_ns(e.ps, "t2") == 2);
 	a = pool(&e, 1, "a", 65536);   /* 1 block per page */
 	b = pool(&e, 1, "b", 32768);   /* 2 per page */
 	c = pool(&e, 2, "c", 65536);   /* another tenant */

@@ -1,0 +1,242 @@
+/* The [namespace NAME] sections of the configuration file:
+ *
+ *   [namespace tenant-a]
+ *   users = alice, 1001        # who may open it: user names or uids, or *
+ *   groups = kvusers           # group names or gids (primary or supplementary)
+ *   quota_g1 = 40%             # what it may hold per tier: a size or a % of the tier
+ *   quota_g2 = 16GiB
+ *   quota_g3 = 100GiB
+ *   reserve_g1 = 10%           # G1 that other namespaces cannot take from it
+ *   priority = 10              # eviction across namespaces: lower goes first
+ *   ttl = 1h                   # a cached prefix older than this is not served
+ *
+ * Every section is reloadable. Names of users and groups are looked up when
+ * the file is read (start, reload), never while serving. tenant.c applies the
+ * sections; docs/security.md says what they mean. */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "ns.h"
+#include "units.h"
+
+static int __attribute__((format(printf, 3, 4)))
+fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+const struct kv_ns_conf *kv_nsconf_find(const struct kv_config *c, const char *name)
+{
+	for (uint32_t i = 0; i < c->nns; i++)
+		if (!strcmp(c->ns[i].name, name))
+			return &c->ns[i];
+	return NULL;
+}
+
+/* A uid or gid: a number, or a name looked up in the passwd / group database. */
+static int parse_id(const char *s, int group, uint32_t *out)
+{
+	char *end, buf[4096];
+	unsigned long v;
+
+	if (s[0] >= '0' && s[0] <= '9') {
+		errno = 0;
+		v = strtoul(s, &end, 10);
+		if (errno || *end || v >= UINT32_MAX)
+			return -EINVAL;
+		*out = (uint32_t)v;
+		return 0;
+	}
+	if (group) {
+		struct group g, *gp = NULL;
+
+		if (getgrnam_r(s, &g, buf, sizeof(buf), &gp) || !gp)
+			return -ENOENT;
+		*out = gp->gr_gid;
+	} else {
+		struct passwd pw, *pp = NULL;
+
+		if (getpwnam_r(s, &pw, buf, sizeof(buf), &pp) || !pp)
+			return -ENOENT;
+		*out = pp->pw_uid;
+	}
+	return 0;
+}
+
+/* "alice, 1001 bob": a list separated by commas or spaces. */
+static int parse_ids(const char *value, int group, struct kv_ns_conf *n, char *err, size_t errlen)
+{
+	uint32_t *ids = group ? n->gids : n->uids, *count = group ? &n->ngids : &n->nuids;
+	char list[512], *tok, *save = NULL;
+
+	if (strlen(value) >= sizeof(list))
+		return fail(err, errlen, "%s: the list is longer than %zu bytes",
+			    group ? "groups" : "users", sizeof(list) - 1);
+	strcpy(list, value);
+	*count = 0;
+	if (!group)
+		n->anyone = 0;
+	for (tok = strtok_r(list, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		uint32_t id;
+		int r;
+
+		if (!group && !strcmp(tok, "*")) {
+			n->anyone = 1;
+			continue;
+		}
+		r = parse_id(tok, group, &id);
+		if (r < 0)
+			return fail(err, errlen, "%s: %s '%s'", group ? "groups" : "users",
+				    r == -ENOENT ? group ? "no such group" : "no such user"
+						 : "not a name or number", tok);
+		if (*count == KV_CFG_NS_IDS)
+			return fail(err, errlen, "%s: more than %d entries (use a group)",
+				    group ? "groups" : "users", KV_CFG_NS_IDS);
+		ids[(*count)++] = id;
+	}
+	return 0;
+}
+
+/* A size, or a percentage of the tier ("25%"), or 0 / "" for none. */
+static int parse_size_pct(const char *key, const char *value, uint64_t *out, char *err,
+			  size_t errlen)
+{
+	uint64_t v;
+
+	if (!value[0] || !strcmp(value, "0") || !strcmp(value, "none")) {
+		*out = 0;
+		return 0;
+	}
+	if (strchr(value, '%') ? kv_parse_pct(value, &v) == 0 && (v |= KV_CFG_PCT_BIT)
+			       : kv_parse_size(value, &v) == 0) {
+		*out = v;
+		return 0;
+	}
+	return fail(err, errlen, "%s: '%s' is not a size (64GiB) or a percentage (25%%)", key,
+		    value);
+}
+
+int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const char *value,
+		  char *err, size_t errlen)
+{
+	struct kv_ns_conf *n = (struct kv_ns_conf *)kv_nsconf_find(c, name);
+	char *end;
+
+	if (!kv_ns_name_ok(name))
+		return fail(err, errlen, "[namespace %s]: a name is 1..%d of A-Z a-z 0-9 . _ : -",
+			    name, KV_NAME_MAX - 1);
+	if (!n) {
+		if (c->nns == KV_CFG_MAX_NS)
+			return fail(err, errlen, "[namespace %s]: more than %d namespace sections",
+				    name, KV_CFG_MAX_NS);
+		n = &c->ns[c->nns++];
+		memset(n, 0, sizeof(*n));
+		strcpy(n->name, name);
+	}
+	if (!strcmp(key, "users"))
+		return parse_ids(value, 0, n, err, errlen);
+	if (!strcmp(key, "groups"))
+		return parse_ids(value, 1, n, err, errlen);
+	if (!strncmp(key, "quota_g", 7) && key[7] >= '1' && key[7] <= '3' && !key[8])
+		return parse_size_pct(key, value, &n->quota[key[7] - '1'], err, errlen);
+	if (!strcmp(key, "reserve_g1"))
+		return parse_size_pct(key, value, &n->reserve, err, errlen);
+	if (!strcmp(key, "priority")) {
+		unsigned long v;
+
+		errno = 0;
+		v = strtoul(value, &end, 10);
+		if (errno || end == value || *end || value[0] == '-' || v > 1000)
+			return fail(err, errlen, "priority: '%s' is not a number from 0 to 1000",
+				    value);
+		n->priority = (uint32_t)v;
+		return 0;
+	}
+	if (!strcmp(key, "ttl")) {
+		if (!value[0] || !strcmp(value, "0")) {
+			n->ttl_ms = 0;
+			return 0;
+		}
+		if (kv_parse_duration(value, &n->ttl_ms) < 0)
+			return fail(err, errlen, "ttl: '%s' is not a duration (30s, 10m, 1h)", value);
+		return 0;
+	}
+	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
+		    "quota_g2, quota_g3, reserve_g1, priority, ttl)", name, key);
+}
+
+int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < c->nns; i++) {
+		const struct kv_ns_conf *n = &c->ns[i];
+		uint64_t q = n->quota[0], r = n->reserve;
+
+		/* Both sizes, or both percentages of G1: comparable here. */
+		if (q && r && !((q ^ r) & KV_CFG_PCT_BIT) && r > q)
+			return fail(err, errlen, "[namespace %s]: reserve_g1 is larger than quota_g1",
+				    n->name);
+	}
+	return 0;
+}
+
+void kv_nsconf_format_size(uint64_t v, char *buf, size_t len)
+{
+	static const char *const units[] = { "", "KiB", "MiB", "GiB", "TiB" };
+	int u = 0;
+
+	if (!v) {
+		snprintf(buf, len, "%s", "");
+		return;
+	}
+	if (v & KV_CFG_PCT_BIT) {
+		v &= ~KV_CFG_PCT_BIT;
+		if (v % 100)
+			snprintf(buf, len, "%llu.%02llu%%", (unsigned long long)(v / 100),
+				 (unsigned long long)(v % 100));
+		else
+			snprintf(buf, len, "%llu%%", (unsigned long long)(v / 100));
+		return;
+	}
+	while (u < 4 && v % 1024 == 0) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, len, "%llu%s", (unsigned long long)v, units[u]);
+}
+
+void kv_nsconf_write(const struct kv_config *c, FILE *f)
+{
+	for (uint32_t i = 0; i < c->nns; i++) {
+		const struct kv_ns_conf *n = &c->ns[i];
+		char v[32];
+		uint32_t j;
+
+		fprintf(f, "\n[namespace %s]\nusers =%s", n->name, n->anyone ? " *" : "");
+		for (j = 0; j < n->nuids; j++)
+			fprintf(f, "%s%u", j || n->anyone ? ", " : " ", n->uids[j]);
+		fprintf(f, "\ngroups =");
+		for (j = 0; j < n->ngids; j++)
+			fprintf(f, "%s%u", j ? ", " : " ", n->gids[j]);
+		fputc('\n', f);
+		for (j = 0; j < 3; j++) {
+			kv_nsconf_format_size(n->quota[j], v, sizeof(v));
+			fprintf(f, "quota_g%u =%s%s\n", j + 1, v[0] ? " " : "", v);
+		}
+		kv_nsconf_format_size(n->reserve, v, sizeof(v));
+		fprintf(f, "reserve_g1 =%s%s\npriority = %u\nttl = %llums\n", v[0] ? " " : "", v,
+			n->priority, (unsigned long long)n->ttl_ms);
+	}
+}
