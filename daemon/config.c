@@ -50,7 +50,8 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "KV memory per device: a size, or a percentage of device memory (host backend: of RAM)",
 	  NULL },
 	{ "segment_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(segment_bytes), 0, 4 * KiB, 0, "",
-	  "unit of export to clients (default: 1GiB, or the pool size if smaller)", NULL },
+	  "unit of export to clients and of ownership by a namespace (default: "
+	  "the pool / 64, at most 1GiB, at least a page)", NULL },
 	{ "page_size", 0, KV_CFG_SIZE, KV_CFG_FIELD(page_bytes), 0, 4 * KiB, 0, "2MiB",
 	  "unit of assignment to pools, a multiple of 4KiB", NULL },
 	{ "max_frame", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_frame), 0, 4 * KiB, GiB, "4MiB",
@@ -577,9 +578,22 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 	if (c->page_bytes % (4 * KiB))
 		return error(err, errlen, "page_size: %" PRIu64 " is not a multiple of 4KiB",
 			     c->page_bytes);
-	/* A pool smaller than the default segment is one segment. */
-	if (!c->segment_bytes)
-		c->segment_bytes = c->pool_bytes < GiB ? c->pool_bytes : GiB;
+	/* The default segment cuts the pool into KV_DEFAULT_SEGMENTS (at most
+	 * 1GiB each, at least a page, whole pages): a segment belongs to one
+	 * namespace at a time, so this is how many tenants can hold memory on a
+	 * device at once. A pool given in bytes gets the largest such segment
+	 * that divides it. */
+	if (!c->segment_bytes && c->page_bytes) {
+		uint64_t s = c->pool_bytes / KV_DEFAULT_SEGMENTS;
+
+		s = s > GiB ? GiB : s;
+		s -= s % c->page_bytes;
+		if (s < c->page_bytes)
+			s = c->page_bytes;
+		while (!pct && s > c->page_bytes && c->pool_bytes % s)
+			s -= c->page_bytes;
+		c->segment_bytes = s;
+	}
 	/* A pool given as a percentage is rounded down to whole segments. */
 	if (pct && c->pool_bytes % c->segment_bytes)
 		c->pool_bytes -= c->pool_bytes % c->segment_bytes;

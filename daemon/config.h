@@ -29,6 +29,11 @@
 
 #define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
 
+/* Segments per device by default (segment_size): a segment is owned by one
+ * namespace at a time, so at most this many tenants hold memory on a device
+ * at once. */
+#define KV_DEFAULT_SEGMENTS 64
+
 /* A [namespace NAME] section (nsconf.c): who may open the namespace, and its
  * limits. Sizes may be percentages of the tier (PCT_BIT set, in hundredths
  * of a percent) until tenant.c resolves them against the tiers' sizes. */

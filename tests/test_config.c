@@ -168,7 +168,18 @@ int main(void)
 	unsetenv("KVCACHED_ADMIN_SOCKET");
 	CHECK(kv_config_finish(&c, err, sizeof(err)) == 0);
 	CHECK(!strcmp(c.admin_socket_path, "/tmp/x-admin.sock"));
+	/* The default segment: the pool / 64 (1GiB / 64 = 16MiB), whole pages,
+	 * dividing the pool; at most 1GiB; at least a page. */
+	CHECK(c.segment_bytes == 16u << 20);
+	kv_config_defaults(&c);
+	CHECK(set("pool_size", "96GiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
 	CHECK(c.segment_bytes == 1u << 30);
+	kv_config_defaults(&c);
+	CHECK(set("pool_size", "6MiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
+	CHECK(c.segment_bytes == 2u << 20);
+	kv_config_defaults(&c);
+	CHECK(set("pool_size", "1000MiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
+	CHECK(c.segment_bytes == 10u << 20 && c.pool_bytes % c.segment_bytes == 0);
 
 	/* A reload copies the reloadable keys and reports the others. */
 	kv_config_defaults(&a);
