@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 struct checker {
 	void (*report)(void *ctx, const char *msg);
@@ -95,9 +96,12 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
 {
 	struct checker c = { .report = report, .ctx = ctx };
-	uint64_t walked = 0, indexed = 0;
+	uint64_t walked = 0, indexed = 0, unused = 0;
+	uint64_t ns_used[KV_MAX_NS], ns_cached[KV_MAX_NS];  /* per namespace id - 1 */
 	uint32_t i, d, pg;
 
+	memset(ns_used, 0, sizeof(ns_used));
+	memset(ns_cached, 0, sizeof(ns_cached));
 	for (i = 0; i < ps->npools; i++) {
 		struct kv_pool *p = ps->pool[i];
 		uint64_t counts[4] = { 0 }, runs = 0;
@@ -106,7 +110,7 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 		kv_list_for_each(pos, &p->runs) {
 			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
 			struct kv_pages *dev = pool_dev(p);
-			uint32_t used = 0, s;
+			uint32_t used = 0, lru = 0, s;
 
 			runs++;
 			for (pg = 0; pg < run->npages; pg++)
@@ -114,12 +118,16 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 					bad(&c, "pool %u: page %u of a run is not owned by it", p->id,
 					    run->first_page + pg);
 			for (s = 0; s < p->blocks_per_run; s++) {
+				const struct kv_block *b = &run->blocks[s];
+
 				check_block(ps, &c, &run->blocks[s], refs, counts);
-				used += run->blocks[s].state != KV_BLOCK_FREE;
+				used += b->state != KV_BLOCK_FREE;
+				lru += b->state == KV_BLOCK_CACHED && !b->demoting;
 			}
-			if (used != run->nused)
-				bad(&c, "pool %u run at page %u: %u blocks used, %u counted", p->id,
-				    run->first_page, used, run->nused);
+			if (used != run->nused || lru != run->nlru)
+				bad(&c, "pool %u run at page %u: %u blocks used (%u on the LRU), %u "
+				    "(%u) counted", p->id, run->first_page, used, lru, run->nused,
+				    run->nlru);
 			if (!used && p->spare != run)
 				bad(&c, "pool %u run at page %u: empty but not the spare", p->id,
 				    run->first_page);
@@ -134,17 +142,40 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 			    (unsigned long long)p->n.cached, (unsigned long long)runs,
 			    (unsigned long long)counts[0], (unsigned long long)counts[1],
 			    (unsigned long long)counts[2], (unsigned long long)counts[3]);
+		if (kv_ns_get(&ps->nst, p->ns)) {
+			ns_used[p->ns - 1] += (counts[1] + counts[2] + counts[3]) * p->block_bytes;
+			ns_cached[p->ns - 1] += counts[3] * p->block_bytes;
+		} else {
+			bad(&c, "pool %u: namespace %u is not live", p->id, p->ns);
+		}
 		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0], 0);
 		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3] - p->n.demoting, 0);
 		check_list(&c, p, &p->demoting, KV_BLOCK_CACHED, p->n.demoting, 1);
 		indexed += counts[2] + counts[3];
 	}
+	/* Every namespace's G1 usage is its pools' blocks, exactly; the
+	 * reserves' bookkeeping follows from it. */
+	for (i = 0; i < KV_MAX_NS; i++) {
+		const struct kv_ns *n = &ps->nst.ns[i];
+
+		if (!n->refs)
+			continue;
+		if (n->used[0] != ns_used[i] || n->cached != ns_cached[i])
+			bad(&c, "namespace '%s': G1 %llu bytes used (%llu cached) counted, its "
+				"blocks hold %llu (%llu)", n->name, (unsigned long long)n->used[0],
+			    (unsigned long long)n->cached, (unsigned long long)ns_used[i],
+			    (unsigned long long)ns_cached[i]);
+		unused += n->lim.reserve > n->used[0] ? n->lim.reserve - n->used[0] : 0;
+	}
+	if (unused != ps->nst.reserve_unused)
+		bad(&c, "namespaces: %llu bytes of reserve unused, %llu counted",
+		    (unsigned long long)unused, (unsigned long long)ps->nst.reserve_unused);
 	if (indexed + tier_entries != ps->index.count)
 		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
 		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);
 	for (d = 0; d < ps->ndev; d++) {
 		struct kv_pages *dev = &ps->dev[d];
-		uint32_t nfree = 0, s;
+		uint32_t nfree = 0, free_segs = 0, s;
 
 		for (pg = 0; pg < dev->npages; pg++) {
 			int isfree = (int)(dev->free_bits[pg / 64] >> (pg % 64)) & 1;
@@ -164,7 +195,11 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 			if (used != dev->segs[s].used || (!used && dev->segs[s].ns))
 				bad(&c, "device %u segment %u: %u pages used, %u counted, owner %u", d,
 				    s, used, dev->segs[s].used, dev->segs[s].ns);
+			free_segs += !dev->segs[s].ns;
 		}
+		if (free_segs != dev->free_segs)
+			bad(&c, "device %u: %u segments free, %u counted", d, free_segs,
+			    dev->free_segs);
 	}
 	if (blocks)
 		*blocks = walked;

@@ -1,13 +1,36 @@
-/* The eviction policy across pools: which cached block goes, and which
- * other pool gives pages back, when an allocation finds no room (steps 3 and
- * 4 of kv_pool_alloc(), docs/architecture.md section 5), and eviction on
- * demand for the tiers and for kvctl. pool.c holds the mechanism it drives.
+/* The eviction policy across pools and namespaces: which cached block goes
+ * when an allocation finds no room (docs/architecture.md section 5), whether
+ * an allocation can succeed at all before anything is evicted for it, what
+ * a namespace's quota and reserve allow, and eviction on demand for the
+ * tiers and for kvctl. pool.c holds the mechanism it drives.
+ *
+ * The rules, in order:
+ *   - a namespace over its G1 quota evicts its own cached blocks, and nobody
+ *     else's (pool_quota_room);
+ *   - an allocation that could not succeed even after evicting everything
+ *     it may evict evicts nothing (pool_can_get): a segment holds one
+ *     namespace at a time, so another namespace's cached blocks help only
+ *     when evicting them empties their whole segment;
+ *   - another namespace's blocks are taken only above its G1 reserve, and
+ *     free segments are held back for the reserves other namespaces have not
+ *     used yet (pool_keep_free_segs);
+ *   - among what may go: the lowest eviction priority first; within one
+ *     priority the allocating pool's own LRU, then other pools' spare runs,
+ *     then the oldest block across pools.
  *
  * LRU order is comparable across pools: ticks come from one daemon-wide
  * counter bumped each time a block becomes CACHED. */
 #include "pool_int.h"
 
+#include <errno.h>
+#include <stdio.h>
+
 #include "kvassert.h"
+
+static struct kv_ns *pool_ns(const struct kv_pool *p)
+{
+	return &p->pools->nst.ns[p->ns - 1];
+}
 
 /* Evicts CACHED b (on its pool's LRU, so not demoting): out of the LRU and
  * the index, then FREE. keep_spare as pool_make_free(). */
@@ -17,73 +40,261 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 
 	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
+	b->run->nlru--;
 	kv_index_remove(&p->pools->index, &b->ix);
-	p->n.cached--;
+	pool_cached_add(p, -1);
 	p->n.evictions++;
 	pool_make_free(b, keep_spare);
 }
 
-/* The oldest CACHED block on the LRUs of device dev's pools other than
- * except (NULL: all of them), or NULL. Demoting blocks are on no LRU. */
-static struct kv_block *oldest_cached(struct kv_pools *ps, uint32_t dev,
-				      const struct kv_pool *except)
+/* Whether an allocation of namespace ns may evict q's cached blocks: its own
+ * always, another namespace's only while it holds more than its reserve. */
+static int may_take(const struct kv_pool *q, uint32_t ns)
 {
-	struct kv_block *oldest = NULL;
-	uint32_t i;
+	const struct kv_ns *m = pool_ns(q);
 
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-		struct kv_list *n;
-		struct kv_block *b;
-
-		if (q == except || q->device != dev || !(n = kv_list_back(&q->lru)))
-			continue;
-		b = kv_container_of(n, struct kv_block, node);
-		if (!oldest || b->tick < oldest->tick)
-			oldest = b;
-	}
-	return oldest;
+	return q->ns == ns || m->used[0] >= m->lim.reserve + q->block_bytes;
 }
 
-/* Frees pages for p from other pools of the device: a spare run, else the
- * globally oldest cached block (runs it empties are released, not kept as
- * spares: the pages are what p needs). Returns 1 if it freed anything. */
-static int pool_reclaim_other(struct kv_pool *p)
+/* Whether every run in segment s of dev holds only blocks ns may evict now
+ * (so that evicting them frees the segment). */
+static int seg_evictable(const struct kv_pages *dev, uint32_t s, uint32_t ns)
+{
+	uint32_t i = s * dev->pages_per_seg, end = i + dev->pages_per_seg;
+
+	while (i < end) {
+		const struct kv_run *r = dev->owner[i];
+
+		if (!r) {
+			i++;
+			continue;
+		}
+		if (r->nused && (r->nused != r->nlru || !may_take(r->pool, ns)))
+			return 0;
+		i += r->npages;
+	}
+	return 1;
+}
+
+/* Whether evicting the blocks of run gives pages pool p can use: the run
+ * holds nothing but evictable blocks, and its segment is p's namespace's or
+ * becomes free. */
+static int run_helps(const struct kv_run *run, const struct kv_pool *p)
+{
+	const struct kv_pages *dev = pool_dev(p);
+	uint32_t s = kv_pages_seg_of(dev, run->first_page);
+
+	if (run->nused != run->nlru)
+		return 0;
+	return dev->segs[s].ns == p->ns || seg_evictable(dev, s, p->ns);
+}
+
+uint32_t pool_keep_free_segs(const struct kv_pool *p)
+{
+	uint64_t r = kv_ns_reserved_for_others(&p->pools->nst, pool_ns(p));
+	uint64_t sb = pool_dev(p)->segment_bytes;
+
+	return (uint32_t)((r + sb - 1) / sb);
+}
+
+/* The block to evict for p next, or NULL: see the rules at the top. */
+static struct kv_block *victim(struct kv_pool *p, int *spare)
 {
 	struct kv_pools *ps = p->pools;
-	struct kv_block *oldest;
-	uint32_t i;
+	struct kv_list *n = kv_list_back(&p->lru);
+	struct kv_block *best = n ? kv_container_of(n, struct kv_block, node) : NULL;
+	uint32_t best_prio = pool_ns(p)->lim.priority, i;
+	int own = best != NULL;
 
+	*spare = 0;
 	for (i = 0; i < ps->npools; i++) {
 		struct kv_pool *q = ps->pool[i];
+		uint32_t prio = pool_ns(q)->lim.priority;
+		struct kv_block *b;
 
-		if (q != p && q->device == p->device && q->spare) {
-			pool_run_release(q->spare);
-			return 1;
+		if (q == p || q->device != p->device || !(n = kv_list_back(&q->lru)))
+			continue;
+		b = kv_container_of(n, struct kv_block, node);
+		if (!may_take(q, p->ns) || !run_helps(b->run, p))
+			continue;
+		if (!best || prio < best_prio || (prio == best_prio && !own && b->tick < best->tick)) {
+			best = b;
+			best_prio = prio;
+			own = 0;
 		}
 	}
-	oldest = oldest_cached(ps, p->device, p);
-	if (!oldest)
-		return 0;
-	pool_evict(oldest, 0);
-	return 1;
+	/* Another pool's empty spare run costs nothing to give back: before
+	 * any block of the same priority as p's own. */
+	if (!own || !best) {
+		for (i = 0; i < ps->npools; i++) {
+			struct kv_pool *q = ps->pool[i];
+
+			if (q != p && q->device == p->device && q->spare) {
+				pool_run_release(q->spare);
+				*spare = 1;
+				return NULL;
+			}
+		}
+	}
+	return best;
 }
 
 int pool_make_room(struct kv_pool *p)
 {
-	struct kv_list *old = kv_list_back(&p->lru);
+	int spare;
+	struct kv_block *b = victim(p, &spare);
 
-	if (old) {
-		/* A run this empties may stay as p's spare: p refills it next. */
-		pool_evict(kv_container_of(old, struct kv_block, node), 1);
+	if (spare)
 		return 1;
-	}
-	return pool_reclaim_other(p);
+	if (!b)
+		return 0;
+	/* A run of p's that this empties may stay as p's spare: p refills it
+	 * next; another pool's is released: the pages are what p needs. */
+	pool_evict(b, b->run->pool == p);
+	return 1;
 }
 
+int pool_can_get(struct kv_pool *p, uint32_t n)
+{
+	struct kv_pool *q;
+	struct kv_pages *dev = pool_dev(p);
+	uint64_t blocks = p->n.free + (p->n.cached - p->n.demoting);
+	uint32_t s, free_segs = 0, keep = pool_keep_free_segs(p);
+
+	if (blocks >= n)
+		return 1;
+	/* Runs p could get: per segment it may use, its free pages plus those
+	 * of other pools' runs that eviction would empty, in whole runs. */
+	for (s = 0; s < dev->nsegs && blocks < n; s++) {
+		uint32_t i = s * dev->pages_per_seg, end = i + dev->pages_per_seg, pages = 0;
+
+		if (dev->segs[s].ns == 0) {
+			free_segs++;
+			continue;
+		}
+		if (dev->segs[s].ns != p->ns && !seg_evictable(dev, s, p->ns))
+			continue;
+		while (i < end) {
+			const struct kv_run *r = dev->owner[i];
+
+			if (!r) {
+				pages++;
+				i++;
+				continue;
+			}
+			q = r->pool;
+			if (q != p && (!r->nused || (r->nused == r->nlru && may_take(q, p->ns))))
+				pages += r->npages;
+			i += r->npages;
+		}
+		blocks += (uint64_t)(pages / p->run_pages) * p->blocks_per_run;
+	}
+	if (free_segs > keep)
+		blocks += (uint64_t)(free_segs - keep) * (dev->pages_per_seg / p->run_pages) *
+			  p->blocks_per_run;
+	return blocks >= n;
+}
+
+void pool_enospc_why(struct kv_pool *p, uint32_t n, uint32_t got, char *why, size_t len)
+{
+	struct kv_pages *dev = pool_dev(p);
+	uint32_t s, own = 0, own_free = 0, free_segs = 0, other = 0, keep = pool_keep_free_segs(p);
+
+	for (s = 0; s < dev->nsegs; s++) {
+		if (!dev->segs[s].ns) {
+			free_segs++;
+		} else if (dev->segs[s].ns == p->ns) {
+			own++;
+			own_free += dev->pages_per_seg - dev->segs[s].used;
+		} else {
+			other++;
+		}
+	}
+	snprintf(why, len,
+		 "pool '%s' cannot hold %u more blocks (got %u): it has %llu writable + %llu "
+		 "sealed blocks and no cached block left to evict; device %u: of %u segments of "
+		 "%llu KiB, %u are namespace '%s''s (%u of their pages free, %u per run), %u "
+		 "free (%u held back for other namespaces' reserves), %u other namespaces' with "
+		 "blocks in use (a segment holds one namespace at a time)",
+		 p->name, n, got, (unsigned long long)p->n.writable - got,
+		 (unsigned long long)p->n.sealed, p->device, dev->nsegs,
+		 (unsigned long long)(dev->segment_bytes >> 10), own,
+		 kv_ns_name(&p->pools->nst, p->ns), own_free, p->run_pages, free_segs,
+		 keep < free_segs ? keep : free_segs, other);
+}
+
+int pool_quota_room(struct kv_pool *p, uint32_t n, int may_evict, char *why, size_t len)
+{
+	struct kv_ns *m = pool_ns(p);
+	uint64_t q = m->lim.quota[0], need = (uint64_t)n * p->block_bytes;
+	struct kv_ns_table *t = &p->pools->nst;
+
+	if (!q || m->used[0] + need <= q)
+		return 0;
+	/* Only what it has cached can go, and only for an allocation that then
+	 * fits. */
+	if (may_evict && m->used[0] - m->cached + need <= q) {
+		while (m->used[0] + need > q) {
+			struct kv_block *oldest = NULL;
+			struct kv_list *l = kv_list_back(&p->lru);
+			uint32_t i;
+
+			if (l) {
+				oldest = kv_container_of(l, struct kv_block, node);
+			} else {
+				for (i = 0; i < p->pools->npools; i++) {
+					struct kv_pool *o = p->pools->pool[i];
+					struct kv_block *b;
+
+					if (o->ns != p->ns || !(l = kv_list_back(&o->lru)))
+						continue;
+					b = kv_container_of(l, struct kv_block, node);
+					if (!oldest || b->tick < oldest->tick)
+						oldest = b;
+				}
+			}
+			if (!oldest)
+				break;  /* the rest is being demoted */
+			pool_evict(oldest, oldest->run->pool == p);
+		}
+		if (m->used[0] + need <= q)
+			return 0;
+	}
+	m->quota_refusals++;
+	if (why)
+		snprintf(why, len,
+			 "namespace '%s' is at its G1 quota: it holds %llu of %llu bytes (%llu in "
+			 "use, %llu cached); %u more blocks of %llu bytes do not fit",
+			 kv_ns_name(t, p->ns), (unsigned long long)m->used[0],
+			 (unsigned long long)q, (unsigned long long)(m->used[0] - m->cached),
+			 (unsigned long long)m->cached, n, (unsigned long long)p->block_bytes);
+	return -EDQUOT;
+}
+
+/* The block demotion takes next on device dev: the lowest priority first,
+ * then the oldest; never from a namespace at or below its G1 reserve. */
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev)
 {
-	return oldest_cached(ps, dev, NULL);
+	struct kv_block *oldest = NULL;
+	uint32_t i, best_prio = 0;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *q = ps->pool[i];
+		struct kv_ns *m = pool_ns(q);
+		struct kv_list *n;
+		struct kv_block *b;
+
+		if (q->device != dev || !(n = kv_list_back(&q->lru)) ||
+		    m->used[0] < m->lim.reserve + q->block_bytes)
+			continue;
+		b = kv_container_of(n, struct kv_block, node);
+		if (!oldest || m->lim.priority < best_prio ||
+		    (m->lim.priority == best_prio && b->tick < oldest->tick)) {
+			oldest = b;
+			best_prio = m->lim.priority;
+		}
+	}
+	return oldest;
 }
 
 uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
@@ -102,4 +313,12 @@ uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
 		}
 	}
 	return n;
+}
+
+int kv_pools_drop_cached(struct kv_block *b)
+{
+	if (b->state != KV_BLOCK_CACHED || b->demoting)
+		return 0;
+	pool_evict(b, 1);
+	return 1;
 }

@@ -43,6 +43,7 @@ struct kv_ns {
 	uint32_t refs;                /* sessions in it + pools of it */
 	uint32_t sessions, pools;
 	uint64_t used[KV_NS_TIERS];
+	uint64_t cached;              /* of used[G1]: CACHED blocks (evictable) */
 	struct kv_ns_limits lim;
 	uint64_t lookups, hits;       /* blocks asked for and found (any tier) */
 	uint64_t quota_refusals;      /* EQUOTA replies */

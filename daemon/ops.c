@@ -53,6 +53,9 @@ Kvcached__ErrorCode kv_op_errno_code(int r)
 {
 	switch (r) {
 	case -ENOSPC: return KVCACHED__ERROR_CODE__ENOSPC;
+	case -EDQUOT: return KVCACHED__ERROR_CODE__EQUOTA;
+	case -EACCES: return KVCACHED__ERROR_CODE__EACCES;
+	case -EAGAIN: return KVCACHED__ERROR_CODE__EAGAIN;
 	case -ENOENT: return KVCACHED__ERROR_CODE__ENOENT;
 	case -E2BIG: return KVCACHED__ERROR_CODE__E2BIG;
 	case -EIO: return KVCACHED__ERROR_CODE__EIO;

@@ -107,6 +107,7 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
 	char why[512];
 	uint32_t i;
+	int r;
 
 	if (!p)
 		return;
@@ -119,9 +120,9 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		q->out = KV_OP_NOMEM;
 		return;
 	}
-	if (kv_pool_alloc(p, m->count, q->blk, why, sizeof(why)) < 0) {
-		q->d->enospc++;
-		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+	if ((r = kv_pool_alloc(p, m->count, q->blk, why, sizeof(why))) < 0) {
+		q->d->enospc += r == -ENOSPC;
+		kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 		return;
 	}
 	for (i = 0; i < m->count; i++)
@@ -344,10 +345,10 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 		copy[i] = NULL;
 		if (b->state == KV_BLOCK_WRITABLE && b->ref == 1)
 			continue;
-		if (kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why)) < 0) {
+		if ((r = kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why))) < 0) {
 			unref_copies(copy, i);
-			q->d->enospc++;
-			kv_op_fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "%s", why);
+			q->d->enospc += r == -ENOSPC;
+			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 			return;
 		}
 	}

@@ -34,7 +34,7 @@ int kv_pages_init(struct kv_pages *p, uint32_t dev, uint32_t nsegs, uint64_t seg
 	p->dev = dev;
 	p->page_bytes = page_bytes;
 	p->segment_bytes = segment_bytes;
-	p->nsegs = nsegs;
+	p->nsegs = p->free_segs = nsegs;
 	p->pages_per_seg = (uint32_t)(segment_bytes / page_bytes);
 	p->npages = p->nfree = (uint32_t)pages;
 	p->free_bits = calloc((pages + 63) / 64, sizeof(uint64_t));
@@ -74,7 +74,8 @@ static int64_t seg_find(const struct kv_pages *p, uint32_t s, uint32_t n)
 	return -1;
 }
 
-int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner)
+int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner,
+		       uint32_t keep_free)
 {
 	int64_t at = -1;
 	uint32_t s, i;
@@ -85,7 +86,7 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
 	for (s = 0; s < p->nsegs && at < 0; s++)
 		if (p->segs[s].ns == ns)
 			at = seg_find(p, s, n);
-	for (s = 0; s < p->nsegs && at < 0; s++) {
+	for (s = 0; s < p->nsegs && at < 0 && p->free_segs > keep_free; s++) {
 		if (p->segs[s].ns == 0) {
 			at = seg_find(p, s, n);
 			if (at >= 0) {
@@ -93,6 +94,7 @@ int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner,
 				 * the segment fresh memory (kv_pages_fresh). */
 				*new_owner = p->segs[s].last_ns != 0 && p->segs[s].last_ns != ns;
 				p->segs[s].ns = ns;
+				p->free_segs--;
 				if (!*new_owner)
 					p->segs[s].last_ns = ns;
 			}
@@ -129,6 +131,8 @@ int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, 
 		bit_set(p->free_bits, first + i, 0);
 		p->owner[first + i] = owner;
 	}
+	if (!p->segs[s].ns)
+		p->free_segs--;
 	p->segs[s].ns = p->segs[s].last_ns = ns;
 	p->segs[s].used += n;
 	p->nfree -= n;
@@ -155,8 +159,10 @@ void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 	}
 	p->segs[s].used -= n;
 	p->nfree += n;
-	if (p->segs[s].used == 0)
+	if (p->segs[s].used == 0) {
 		p->segs[s].ns = 0;
+		p->free_segs++;
+	}
 }
 
 void kv_pages_fresh(struct kv_pages *p, uint32_t seg)

@@ -37,6 +37,7 @@ struct kv_pages {
 	uint32_t dev;
 	uint64_t page_bytes, segment_bytes;
 	uint32_t nsegs, pages_per_seg, npages, nfree;
+	uint32_t free_segs;           /* segments no namespace owns */
 	uint64_t *free_bits;          /* bit set = page free */
 	void **owner;                 /* per page: the run that holds it, or NULL */
 	uint32_t *gen;                /* per page: generation floor for a new run here */
@@ -50,9 +51,11 @@ void kv_pages_fini(struct kv_pages *p);
 
 /* Claims n contiguous free pages inside one segment owned by ns, or else in a
  * free segment, which then becomes ns's (*new_owner set to 1 when that segment
- * had another owner before, so the caller must give it fresh memory).
- * Returns the first page, or -ENOSPC. */
-int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner);
+ * had another owner before, so the caller must give it fresh memory) unless
+ * that would leave fewer than keep_free free segments (held back for other
+ * namespaces' reserves). Returns the first page, or -ENOSPC. */
+int64_t kv_pages_alloc(struct kv_pages *p, uint32_t n, uint32_t ns, void *owner, int *new_owner,
+		       uint32_t keep_free);
 
 /* Records that segment seg got fresh memory for its current owner: the
  * earlier owner's clients can no longer reach what is in it. Until this is

@@ -278,7 +278,7 @@ static int pool_run_new(struct kv_pool *p)
 
 	/* Pages first: on a full device this is the common failure, and it
 	 * costs nothing (nfree is checked before any scan). */
-	first = kv_pages_alloc(dev, p->run_pages, p->ns, NULL, &fresh);
+	first = kv_pages_alloc(dev, p->run_pages, p->ns, NULL, &fresh, pool_keep_free_segs(p));
 	if (first < 0)
 		return (int)first;
 	run = malloc(sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run);
@@ -301,7 +301,7 @@ static int pool_run_new(struct kv_pool *p)
 	run->pool = p;
 	run->first_page = (uint32_t)first;
 	run->npages = p->run_pages;
-	run->nused = 0;
+	run->nused = run->nlru = 0;
 	gen = dev->gen[first] + 1;
 	for (i = 0; i < p->blocks_per_run; i++) {
 		struct kv_block *b = &run->blocks[i];
@@ -422,7 +422,12 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 		      size_t whylen, int may_evict)
 {
 	uint32_t got = 0;
+	int checked = 0, r;
 
+	/* Limits first: nothing is evicted or taken for an allocation they
+	 * refuse. */
+	if ((r = pool_quota_room(p, n, may_evict, why, whylen)) < 0)
+		return r;
 	while (got < n) {
 		struct kv_block *b = take_free(p);
 
@@ -432,30 +437,22 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 		}
 		if (pool_run_new(p) == 0)
 			continue;
-		if (!may_evict || !pool_make_room(p))
+		if (!may_evict)
+			break;
+		/* Before the first eviction: would evicting all it may be
+		 * enough? Then evict one at a time, the rules' order. */
+		if (!checked && !pool_can_get(p, n - got))
+			break;
+		checked = 1;
+		if (!pool_make_room(p))
 			break;
 	}
 	if (got == n) {
 		p->n.allocs += n;
 		return 0;
 	}
-	if (!why) {
-		while (got > 0) {
-			struct kv_block *b = out[--got];
-
-			b->ref = 0;
-			p->n.writable--;
-			pool_make_free(b, 1);
-		}
-		return -ENOSPC;
-	}
-	snprintf(why, whylen,
-		 "pool '%s' cannot hold %u more blocks: got %u after evicting every cached block; "
-		 "the pool holds %llu writable + %llu sealed blocks in %llu runs of %u blocks; "
-		 "device %u has %u of %u pages free (%u pages per run)",
-		 p->name, n, got, (unsigned long long)p->n.writable - got,
-		 (unsigned long long)p->n.sealed, (unsigned long long)p->n.runs, p->blocks_per_run,
-		 p->device, pool_dev(p)->nfree, pool_dev(p)->npages, p->run_pages);
+	if (why)
+		pool_enospc_why(p, n, got, why, whylen);
 	while (got > 0) {
 		struct kv_block *b = out[--got];
 
@@ -505,10 +502,12 @@ int kv_block_ref(struct kv_block *b)
 			/* Cancels the demotion: the copy's completion sees it. */
 			b->demoting = 0;
 			p->n.demoting--;
+		} else {
+			b->run->nlru--;
 		}
 		kv_list_del(&b->node);
 		b->state = KV_BLOCK_SEALED;
-		p->n.cached--;
+		pool_cached_add(p, -1);
 		p->n.sealed++;
 	}
 	b->ref++;
@@ -528,8 +527,9 @@ void kv_block_unref(struct kv_block *b)
 		b->state = KV_BLOCK_CACHED;
 		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
+		b->run->nlru++;
 		p->n.sealed--;
-		p->n.cached++;
+		pool_cached_add(p, 1);
 		kv_block_assert_state(b);
 	} else {
 		p->n.writable--;
@@ -592,6 +592,7 @@ void kv_block_demote_begin(struct kv_block *b)
 
 	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
+	b->run->nlru--;
 	kv_list_push_front(&p->demoting, &b->node);
 	b->demoting = 1;
 	p->n.demoting++;
@@ -613,11 +614,12 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 		 * the oldest block across pools relies on. */
 		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
+		b->run->nlru++;
 		kv_block_assert_state(b);
 		return 0;
 	}
 	kv_index_remove(&p->pools->index, &b->ix);
-	p->n.cached--;
+	pool_cached_add(p, -1);
 	pool_make_free(b, 1);
 	return 1;
 }

@@ -175,13 +175,16 @@ struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h);
 static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
 
 /* Allocates n WRITABLE blocks (ref 1) into out, all or nothing: from the free
- * list, then fresh pages, then by evicting this pool's LRU, then by taking
- * pages back from other pools of the device (their spare runs, then their
- * oldest cached blocks). Returns 0 or -ENOSPC with the numbers in why. */
+ * list, then fresh pages, then by evicting (evict.c: this pool's LRU, other
+ * pools' spare runs, the oldest cached block of any namespace it may take
+ * from, lowest eviction priority first). A namespace over its G1 quota
+ * evicts its own cached blocks first. Returns 0, -EDQUOT (the quota) or
+ * -ENOSPC, with the numbers in why; nothing is evicted for an allocation
+ * that cannot succeed. */
 int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen);
 
 /* kv_pool_alloc() from free blocks and free pages only: evicts nothing.
- * Returns 0 or -ENOSPC. */
+ * Returns 0, -EDQUOT or -ENOSPC. */
 int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
 
 /* Seals b (WRITABLE, of pool p) under hash. Returns the block that now carries the
@@ -202,8 +205,13 @@ struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash
 struct kv_index *kv_pools_index(struct kv_pools *ps);
 
 /* ---- for the tiers ---- */
-/* The oldest CACHED block (not demoting) of device dev, or NULL. */
+/* The CACHED block (not demoting) of device dev that demotion takes next:
+ * of the lowest eviction priority, then the oldest; none of a namespace at or
+ * below its G1 reserve. NULL if none. */
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev);
+/* Evicts b if it is CACHED and not being demoted (a prefix past its TTL).
+ * Returns 1 if it did. */
+int kv_pools_drop_cached(struct kv_block *b);
 /* Free bytes of device dev: free pages plus free blocks of its pools. */
 uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total);
 /* Moves CACHED b (not demoting) from the LRU to the demoting list. */
@@ -261,6 +269,7 @@ struct kv_run {
 	struct kv_list link;      /* pool->runs */
 	uint32_t first_page, npages;
 	uint32_t nused;           /* blocks not FREE */
+	uint32_t nlru;            /* of those, CACHED on the LRU (evictable now) */
 	struct kv_block blocks[];
 };
 

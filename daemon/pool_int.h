@@ -23,6 +23,14 @@ static inline struct kv_pages *pool_dev(const struct kv_pool *p)
 	return &p->pools->dev[p->device];
 }
 
+/* b (of p) becomes CACHED (d = 1) or stops being CACHED (d = -1): the pool's
+ * and the namespace's counts follow. */
+static inline void pool_cached_add(struct kv_pool *p, int d)
+{
+	p->n.cached += (uint64_t)(int64_t)d;
+	p->pools->nst.ns[p->ns - 1].cached += (uint64_t)((int64_t)d * (int64_t)p->block_bytes);
+}
+
 /* ---- pool.c ---- */
 /* Gives an empty run's pages back to the device. */
 void pool_run_release(struct kv_run *run);
@@ -30,11 +38,22 @@ void pool_run_release(struct kv_run *run);
  * emptied run may stay as the pool's spare; otherwise it is released. */
 void pool_make_free(struct kv_block *b, int keep_spare);
 
-/* ---- evict.c ---- */
-/* Frees room for one more block of p by evicting (steps 3 and 4 of
- * kv_pool_alloc()): the back of p's LRU, else another pool's spare run on
- * p's device, else the device's oldest cached block. Returns 1 if it freed
- * anything, 0 when nothing on the device can be taken. */
+/* ---- evict.c (the rules are at its top) ---- */
+/* Frees room for one more block of p: evicts the block the rules pick, or
+ * gives back another pool's spare run. Returns 1 if it freed anything, 0 when
+ * nothing p may take would help. */
 int pool_make_room(struct kv_pool *p);
+/* Whether p could get n more blocks by evicting what it may (an optimistic
+ * count: whole runs per segment, contiguity aside). */
+int pool_can_get(struct kv_pool *p, uint32_t n);
+/* Free segments of p's device that p must leave for the G1 reserves other
+ * namespaces have not used yet. */
+uint32_t pool_keep_free_segs(const struct kv_pool *p);
+/* The ENOSPC message for p after getting got of n blocks. */
+void pool_enospc_why(struct kv_pool *p, uint32_t n, uint32_t got, char *why, size_t len);
+/* Makes room under p's namespace's G1 quota for n more blocks of p, evicting
+ * its own cached blocks (if may_evict). Returns 0, or -EDQUOT with the numbers
+ * in why (may be NULL). */
+int pool_quota_room(struct kv_pool *p, uint32_t n, int may_evict, char *why, size_t len);
 
 #endif

@@ -443,7 +443,7 @@ static void test_asserts(void)
 	/* Pages: 2 segments of 4. Freeing a page twice, one never taken, or a
 	 * range across two segments. */
 	CHECK(kv_pages_init(&pg, 0, 2, 4 * 65536, 65536) == 0);
-	CHECK(kv_pages_alloc(&pg, 2, 1, &pg, &fresh) == 0);
+	CHECK(kv_pages_alloc(&pg, 2, 1, &pg, &fresh, 0) == 0);
 	kv_pages_free(&pg, 0, 2);
 	CHECK_ABORTS(kv_pages_free(&pg, 0, 2));
 	CHECK_ABORTS(kv_pages_free(&pg, 5, 1));

@@ -46,15 +46,18 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	/* Room in G1 without dropping anything if possible: when there is
 	 * none, demote (so that a cached block moves down instead of being
 	 * lost) and let the caller wait for it. */
-	if (kv_pool_alloc_free(tb->pool, 1, &b) < 0) {
+	if ((r = kv_pool_alloc_free(tb->pool, 1, &b)) < 0) {
 		uint32_t dev = tb->pool->device;
 
-		if (!t->down_bytes[dev]) {
+		/* Over its quota a namespace makes room from its own cache:
+		 * demoting others' blocks would not help it. */
+		if (r != -EDQUOT && !t->down_bytes[dev]) {
 			tier_demote(t, dev, NULL, 4 * tb->pool->block_bytes);
 			/* G2 may be full of dirty copies: write-back frees it. */
 			kv_tiers_kick(t);
 		}
-		if (t->down_bytes[dev] || t->lv[L2].st.inflight || t->lv[L3].st.inflight)
+		if (r != -EDQUOT &&
+		    (t->down_bytes[dev] || t->lv[L2].st.inflight || t->lv[L3].st.inflight))
 			return -EAGAIN;
 		if (kv_pool_alloc(tb->pool, 1, &b, why, sizeof(why)) < 0)
 			return -ENOSPC;

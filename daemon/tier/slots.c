@@ -135,7 +135,7 @@ static int tpool_add_run(struct kv_tiers *t, int l, struct tpool *tp)
 	r = srun_new(tp->nslots, 0);
 	if (!r)
 		return -ENOMEM;
-	first = kv_pages_alloc(&L->pages, tp->run_pages, 1, r, &fresh);
+	first = kv_pages_alloc(&L->pages, tp->run_pages, 1, r, &fresh, 0);
 	if (first < 0) {
 		srun_free(r);
 		return (int)first;
