@@ -17,6 +17,7 @@
 struct kv_index_entry {
 	struct kv_index_entry *next;
 	struct kv_index_entry **pprev;  /* what points at this entry: O(1) removal */
+	uint64_t born_ms;               /* when the prefix was first sealed (CLOCK_MONOTONIC) */
 	uint32_t pool;
 	uint8_t kind;                   /* what embeds it: KV_ENTRY_BLOCK (G1) or KV_ENTRY_TIER */
 	uint8_t hash[KV_HASH_BYTES];

@@ -209,6 +209,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
 	uint32_t old_pins = q->ss->npins;
+	struct kv_ns *ns;
 	int parked = 0;
 
 	if (!p)
@@ -228,6 +229,16 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 
 		if (!e)
 			break;
+		if (kv_pool_expired(p, e)) {
+			/* Past the namespace's TTL: a miss from here on, and
+			 * what is cached of it goes (what a session holds stays
+			 * until released, unseen). */
+			if (e->kind == KV_ENTRY_TIER)
+				kv_tiers_forget(q->d->tiers, p, m->hashes.data + k * HASH);
+			else
+				kv_pools_drop_cached(kv_container_of(e, struct kv_block, ix));
+			break;
+		}
 		if (e->kind == KV_ENTRY_TIER) {
 			int r = kv_tiers_promote(q->d->tiers, e, parked ? NULL : &q->ss->waiter);
 
@@ -277,6 +288,9 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	unpin(q->ss, old_pins);
 	p->n.lookups += n;
 	p->n.hits += k;
+	ns = kv_ns_get(kv_pools_nstab(q->d->pools), p->ns);
+	ns->lookups += n;
+	ns->hits += k;
 	kv_op_reply_blocks(q, k);
 }
 

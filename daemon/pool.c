@@ -478,6 +478,21 @@ struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash
 	return kv_index_find(&p->pools->index, p->id, hash);
 }
 
+uint64_t kv_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e)
+{
+	uint64_t ttl = p->pools->nst.ns[p->ns - 1].lim.ttl_ms;
+
+	return ttl && kv_mono_ms() - e->born_ms >= ttl;
+}
+
 struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 {
 	struct kv_index_entry *e = kv_index_find(&p->pools->index, p->id, hash);
@@ -545,6 +560,13 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	kv_assert(b->state == KV_BLOCK_WRITABLE && b->run->pool == p);
 	kv_assert(!ie || ie->kind == KV_ENTRY_BLOCK);
 	e = ie ? kv_container_of(ie, struct kv_block, ix) : NULL;
+	/* A prefix past its namespace's TTL is not served: a cached one gives
+	 * way to b; one still held keeps the hash, and b stays the caller's. */
+	if (e && kv_pool_expired(p, ie)) {
+		if (!kv_pools_drop_cached(e))
+			return b;
+		e = NULL;
+	}
 	if (e) {
 		/* A block at KV_BLOCK_REF_MAX cannot take the caller's
 		 * reference; b cannot go into the index beside it: b stays as
@@ -556,6 +578,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 		return e;
 	}
 	memcpy(b->ix.hash, hash, KV_HASH_BYTES);
+	b->ix.born_ms = kv_mono_ms();
 	b->ix.pool = p->id;
 	b->ix.kind = KV_ENTRY_BLOCK;
 	kv_index_insert(&p->pools->index, &b->ix);

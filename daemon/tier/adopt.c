@@ -252,7 +252,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 
 			if (!r->dvalid[s])
 				continue;
-			if (kv_pool_find_entry(p, r->dhash[s]) || !(tb = tb_new(t, p, r->dhash[s]))) {
+			if (kv_pool_find_entry(p, r->dhash[s]) || !(tb = tb_new(t, p, r->dhash[s], kv_mono_ms()))) {
 				r->dvalid[s] = 0;
 				r->nused--;
 				t->lv[L3].st.used -= r->slot_bytes;

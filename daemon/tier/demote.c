@@ -65,7 +65,7 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 				b = kv_pools_oldest_cached(t->ps, dev);
 			if (!b)
 				break;
-			tb = tb_new(t, kv_block_pool(b), b->ix.hash);
+			tb = tb_new(t, kv_block_pool(b), b->ix.hash, b->ix.born_ms);
 			if (!tb)
 				break;
 			if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {

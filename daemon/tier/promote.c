@@ -112,8 +112,12 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 			tb->indexed = 0;
 			t->entries--;
 		}
-		b = kv_pool_seal(tb->pool, b, tb->ix.hash);
-		kv_block_unref(b);
+		struct kv_block *nb = kv_pool_seal(tb->pool, b, tb->ix.hash);
+
+		/* The prefix keeps its age (the TTL counts from its first seal). */
+		if (nb == b && b->state == KV_BLOCK_SEALED)
+			b->ix.born_ms = tb->ix.born_ms;
+		kv_block_unref(nb);
 		tb->dead = 1;
 		t->g1.promotions++;
 	}

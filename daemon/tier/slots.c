@@ -293,7 +293,8 @@ void tb_busy_clear(struct kv_tiers *t, struct tblock *tb, int flag)
 		tb_set_idle(t, tb);
 }
 
-struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
+struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash,
+		     uint64_t born_ms)
 {
 	struct tblock *tb = calloc(1, sizeof(*tb));
 
@@ -303,6 +304,7 @@ struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash
 	tb->pool = p;
 	tb->ix.pool = p->id;
 	tb->ix.kind = KV_ENTRY_TIER;
+	tb->ix.born_ms = born_ms;
 	memcpy(tb->ix.hash, hash, KV_HASH_BYTES);
 	kv_list_init(&tb->lru[L2]);
 	kv_list_init(&tb->lru[L3]);
