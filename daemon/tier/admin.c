@@ -157,7 +157,7 @@ void kv_tiers_count_refs(struct kv_tiers *t)
 
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx)
 {
-	uint64_t used[2] = { 0 }, indexed = 0;
+	uint64_t used[2] = { 0 }, indexed = 0, ns_used[2][KV_MAX_NS] = { { 0 } };
 	int problems = 0, l;
 	char msg[200];
 
@@ -209,6 +209,20 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 				problems++;
 			}
 			used[l] += (uint64_t)n * r->slot_bytes;
+			if (r->tp)
+				ns_used[l][r->tp->pool->ns - 1] += (uint64_t)n * r->slot_bytes;
+		}
+		for (uint32_t i = 0; L->on && i < KV_MAX_NS; i++) {
+			const struct kv_ns *m = &kv_pools_nstab(t->ps)->ns[i];
+
+			if (m->refs && m->used[l + 1] != ns_used[l][i]) {
+				snprintf(msg, sizeof(msg), "tier G%d: namespace '%s' holds %llu bytes, "
+					 "%llu counted", l + 2, m->name,
+					 (unsigned long long)ns_used[l][i],
+					 (unsigned long long)m->used[l + 1]);
+				report(ctx, msg);
+				problems++;
+			}
 		}
 		if (L->on && used[l] != L->st.used) {
 			snprintf(msg, sizeof(msg), "tier G%d: %llu bytes in used slots, %llu counted",

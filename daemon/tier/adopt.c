@@ -262,6 +262,7 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 			tb->slot[L3] = (uint16_t)s;
 			tb->g3_ok = 1;
 			r->occ[s] = tb;
+			slot_charge(t, L3, r, 1);
 			tb_index(t, tb);
 			tb_set_idle(t, tb);
 			t->lv[L3].st.blocks++;

@@ -168,11 +168,21 @@ void srun_release(struct kv_tiers *t, int l, struct srun *r)
 	srun_free(r);
 }
 
+/* Charges (d = 1) or gives back (d = -1) one slot of run r (of a pool) to
+ * the pool's namespace's usage of tier l. */
+void slot_charge(struct kv_tiers *t, int l, const struct srun *r, int d)
+{
+	kv_assert(r->tp);
+	kv_ns_charge(kv_pools_nstab(t->ps), r->tp->pool->ns, l + 1,
+		     (int64_t)d * (int64_t)r->slot_bytes);
+}
+
 static uint32_t slot_take(struct kv_tiers *t, int l, struct srun *r, struct tblock *occ)
 {
 	uint32_t s = r->free_head;
 
 	kv_assert(r->nused < r->nslots && s < r->nslots && !r->occ[s] && occ);
+	slot_charge(t, l, r, 1);
 	r->free_head = r->next[s];
 	r->occ[s] = occ;
 	if (++r->nused == r->nslots)
@@ -185,6 +195,7 @@ void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s)
 {
 	kv_assert(s < r->nslots && r->occ[s] && r->nused > 0 && !r->dvalid);
 	kv_assert(t->lv[l].st.used >= r->slot_bytes);
+	slot_charge(t, l, r, -1);
 	r->occ[s] = NULL;
 	r->next[s] = r->free_head;
 	r->free_head = s;
@@ -448,16 +459,66 @@ static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 	return 1;
 }
 
+/* The oldest idle copy in tier l of namespace ns (G2: clean ones first), or
+ * NULL. */
+static struct tblock *ns_oldest_idle(struct kv_tiers *t, int l, uint32_t ns)
+{
+	struct tblock *victim = NULL;
+	int clean;
+
+	for (clean = l == L2; clean >= 0 && !victim; clean--) {
+		for (uint32_t i = 0; i < kv_pools_count(t->ps); i++) {
+			struct tpool *tp = t->lv[l].tp[i];
+			struct kv_list *n;
+			struct tblock *b;
+
+			if (!tp || tp->pool->ns != ns ||
+			    !(n = kv_list_back(clean ? &tp->clean : &tp->lru)))
+				continue;
+			b = kv_container_of(n, struct tblock, lru[l]);
+			if (!victim || b->tick < victim->tick)
+				victim = b;
+		}
+	}
+	return victim;
+}
+
+/* Room under the quota of tp's namespace in tier l for one more slot: its
+ * own idle copies go, oldest first. Returns 0 or -EDQUOT. */
+static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
+{
+	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tp->pool->ns);
+	uint64_t q = m->lim.quota[l + 1];
+
+	while (q && m->used[l + 1] + tp->slot_bytes > q) {
+		struct tblock *v = ns_oldest_idle(t, l, tp->pool->ns);
+
+		if (!v) {
+			m->quota_refusals++;
+			return -EDQUOT;
+		}
+		if (l == L2)
+			tb_drop_g2(t, v);
+		else
+			tb_drop_g3(t, v);
+	}
+	return 0;
+}
+
 /* A free slot of tier l for pool p: a partial run, a new run, or by evicting
- * idle copies. Returns 0 with *run and *slot, or -ENOSPC. */
+ * idle copies; within the quota of p's namespace in tier l, by dropping its
+ * own copies. Returns 0 with *run and *slot, -EDQUOT or -ENOSPC. */
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot)
 {
 	struct tpool *tp = tpool_get_or_create(t, l, p);
 	unsigned tries;
+	int rc;
 
 	if (!tp)
 		return -ENOSPC;
+	if ((rc = slot_quota_room(t, l, tp)) < 0)
+		return rc;
 	for (tries = 0; tries < 4 * tp->nslots + 64; tries++) {
 		if (!kv_list_empty(&tp->partial)) {
 			struct srun *r = kv_container_of(kv_list_front(&tp->partial), struct srun,

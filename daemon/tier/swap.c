@@ -97,15 +97,27 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 	kv_list_init(&sw->waiters);
 	kv_list_init(&sw->all);
 	for (i = 0; i < n; i++) {
-		if (slot_alloc(t, L2, p, SWAP_SLOT, &sw->run[i], &sw->slot[i]) < 0) {
+		r = slot_alloc(t, L2, p, SWAP_SLOT, &sw->run[i], &sw->slot[i]);
+		if (r == -EDQUOT) {
+			const struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
+
+			snprintf(why, whylen,
+				 "namespace '%s' is at its G2 quota: it holds %llu of %llu bytes; "
+				 "a swap of %u blocks of %llu bytes does not fit (got %u)",
+				 m->name, (unsigned long long)m->used[1],
+				 (unsigned long long)m->lim.quota[1], n,
+				 (unsigned long long)p->block_bytes, i);
+		} else if (r < 0) {
 			snprintf(why, whylen,
 				 "the host tier cannot hold %u blocks of %llu bytes (got %u; %llu of "
 				 "%llu bytes in use)", n, (unsigned long long)p->block_bytes, i,
 				 (unsigned long long)t->lv[L2].st.used,
 				 (unsigned long long)t->lv[L2].st.capacity);
+		}
+		if (r < 0) {
 			sw->n = i;
 			tier_swap_free(t, sw);
-			return -ENOSPC;
+			return r;
 		}
 		sw->n = i + 1;
 		t->lv[L2].st.blocks++;

@@ -238,6 +238,9 @@ void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
 void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
 
 /* slots.c: tier blocks */
+/* Charges (d = 1) or gives back (d = -1) one slot of run r (of a pool) to
+ * the pool's namespace's usage of tier l (ns.h). */
+void slot_charge(struct kv_tiers *t, int l, const struct srun *r, int d);
 struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash,
 		     uint64_t born_ms);
 /* Puts tb in the index under its hash (no entry may be there). */
