@@ -60,7 +60,7 @@ struct kvc_conn {
 	int *fdq;                      /* [fdq_head, fdq_head + fdq_len): unclaimed fds */
 	size_t fdq_cap, fdq_head, fdq_len;
 
-	char err[256];                 /* kvc_last_error() */
+	char err[512];                 /* kvc_last_error(): the daemon sends at most 511 bytes */
 	struct pool_slot pools[KVC_MAX_POOLS];
 };
 

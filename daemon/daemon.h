@@ -52,6 +52,11 @@ struct kv_daemon {
 	uint64_t start_ms;
 	uint64_t requests, enospc;
 	uint64_t reloads, reload_failures;
+	/* tenant.c: the namespaces the configuration declares, each held open
+	 * (one reference) so that its reserve and limits hold while no client
+	 * uses it. */
+	uint32_t declared_ns[KV_CFG_MAX_NS];
+	uint32_t ndeclared;
 	/* lifecycle.c */
 	int draining;
 	uint64_t drain_deadline_ms;   /* wall clock */

@@ -211,11 +211,10 @@ void pool_enospc_why(struct kv_pool *p, uint32_t n, uint32_t got, char *why, siz
 		}
 	}
 	snprintf(why, len,
-		 "pool '%s' cannot hold %u more blocks (got %u): it has %llu writable + %llu "
-		 "sealed blocks and no cached block left to evict; device %u: of %u segments of "
-		 "%llu KiB, %u are namespace '%s''s (%u of their pages free, %u per run), %u "
-		 "free (%u held back for other namespaces' reserves), %u other namespaces' with "
-		 "blocks in use (a segment holds one namespace at a time)",
+		 "pool '%s' cannot get %u more blocks (got %u; it holds %llu writable + %llu sealed, "
+		 "none cached): device %u has %u segments of %llu KiB: %u namespace '%s''s (%u "
+		 "pages free, %u per run), %u free (%u held for others' reserves), %u other "
+		 "namespaces' with blocks in use; a segment holds one namespace at a time",
 		 p->name, n, got, (unsigned long long)p->n.writable - got,
 		 (unsigned long long)p->n.sealed, p->device, dev->nsegs,
 		 (unsigned long long)(dev->segment_bytes >> 10), own,

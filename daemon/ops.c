@@ -31,14 +31,14 @@ char *q_strdup(struct req *q, const char *s)
 void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *fmt, ...)
 {
 	Kvcached__Error *e = q_alloc(q, sizeof(*e));
-	char *msg = q_alloc(q, 256);
+	char *msg = q_alloc(q, KV_OP_MSG_MAX);
 	va_list ap;
 
 	if (!e || !msg)
 		return;
 	kvcached__error__init(e);
 	va_start(ap, fmt);
-	vsnprintf(msg, 256, fmt, ap);
+	vsnprintf(msg, KV_OP_MSG_MAX, fmt, ap);
 	va_end(ap);
 	e->code = code;
 	e->message = msg;

@@ -391,7 +391,7 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 	Kvcached__SwapOutReply *r = q_alloc(q, sizeof(*r));
 	struct kv_pool *p;
 	uint64_t handle;
-	char why[256];
+	char why[512];
 	size_t i;
 	int rc;
 

@@ -25,6 +25,9 @@ void *q_alloc(struct req *q, size_t n);
 /* A copy of s in the request arena, or NULL (KV_OP_NOMEM). */
 char *q_strdup(struct req *q, const char *s);
 
+/* The longest error message a reply carries (longer ones are cut). */
+#define KV_OP_MSG_MAX 512
+
 /* Sets the error reply (EPROTO also closes the session). */
 void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

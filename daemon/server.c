@@ -55,12 +55,12 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	    (r = kv_listener_start(&s->worker)) < 0 || (r = kv_listener_start(&s->admin)) < 0)
 		return r;
 	kv_info("listening on %s (workers) and %s (admin): backend %s, %llu MiB in %llu segments "
-		"of %llu MiB, pages of %llu KiB",
+		"of %llu KiB, pages of %llu KiB",
 		kv_listener_name(&s->worker, wname, sizeof(wname)),
 		kv_listener_name(&s->admin, aname, sizeof(aname)), s->d.be->name,
 		(unsigned long long)(cfg->pool_bytes >> 20),
 		(unsigned long long)(cfg->pool_bytes / cfg->segment_bytes),
-		(unsigned long long)(cfg->segment_bytes >> 20),
+		(unsigned long long)(cfg->segment_bytes >> 10),
 		(unsigned long long)(cfg->page_bytes >> 10));
 	if (s->worker.activated || s->admin.activated)
 		kv_info("socket activation: %s socket%s from systemd, not bound here",

@@ -84,6 +84,23 @@ uint32_t kv_tenants_reload(struct kv_daemon *d)
 	uint32_t id, closed = 0;
 	char why[300];
 
+	uint32_t held[KV_CFG_MAX_NS], nheld = 0, i;
+
+	/* The declared namespaces stay open: new ones first, then the old
+	 * references go (a namespace still declared keeps its usage). */
+	for (i = 0; i < d->cfg.nns; i++) {
+		int r = kv_ns_open(t, d->cfg.ns[i].name);
+
+		if (r > 0)
+			held[nheld++] = (uint32_t)r;
+		else
+			kv_warn("namespace '%s': %d namespaces are open already; its limits apply "
+				"when it opens", d->cfg.ns[i].name, KV_MAX_NS);
+	}
+	for (i = 0; i < d->ndeclared; i++)
+		kv_ns_put(t, d->declared_ns[i]);
+	memcpy(d->declared_ns, held, nheld * sizeof(*held));
+	d->ndeclared = nheld;
 	for (id = 1; id <= KV_MAX_NS; id++)
 		if (kv_ns_get(t, id))
 			kv_tenant_apply(d, id);

@@ -33,7 +33,8 @@ int kv_tenant_may_open(const struct kv_daemon *d, const struct kv_session *ss, c
  * namespace). */
 void kv_tenant_apply(struct kv_daemon *d, uint32_t id);
 
-/* After a reload: applies the limits to every live namespace and closes
+/* At start and after a reload: holds every declared namespace open
+ * (d->declared_ns), applies the limits to every live namespace and closes
  * (d->close_session) each session whose peer may no longer open its
  * namespace. Returns how many were closed. */
 uint32_t kv_tenants_reload(struct kv_daemon *d);
