@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kvassert.h"
+#include "log.h"
 
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
 		     int admin)
@@ -26,15 +27,35 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 
 void kv_session_peer_groups(struct kv_session *ss, int fd)
 {
-	gid_t g[KV_SESSION_GROUPS];
-	socklen_t len = sizeof(g);
+	uint32_t first[KV_SESSION_GROUPS], *g = NULL;
+	socklen_t len = sizeof(first);
+	int r;
 
+	_Static_assert(sizeof(gid_t) == sizeof(uint32_t), "SO_PEERGROUPS gives gid_t");
 	ss->ngroups = -1;
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0)
-		return;
+	r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, first, &len);
+	/* More than a first guess (users of a directory service are often in
+	 * hundreds): ERANGE, and len says how many. They were fixed when the
+	 * peer connected, so the second call gets them all. */
+	if (r < 0 && errno == ERANGE && len > sizeof(first)) {
+		if (!(g = malloc(len)))
+			goto fail;
+		r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len);
+	} else if (r == 0 && len) {
+		if (!(g = malloc(len)))
+			goto fail;
+		memcpy(g, first, len);
+	}
+	if (r < 0)
+		goto fail;
+	ss->groups = g;
 	ss->ngroups = (int)(len / sizeof(gid_t));
-	for (int i = 0; i < ss->ngroups; i++)
-		ss->groups[i] = g[i];
+	return;
+fail:
+	/* A group that grants a namespace is not seen: its Hello is refused. */
+	kv_warn("session %llu: the peer's supplementary groups: %s; only its primary gid counts",
+		(unsigned long long)ss->id, strerror(errno));
+	free(g);
 }
 
 static void release_ref(void *key, uint32_t count, void *ctx)
@@ -67,6 +88,9 @@ void kv_session_release(struct kv_session *ss)
 	free(ss->fds);
 	ss->fds = NULL;
 	ss->fds_cap = 0;
+	free(ss->groups);
+	ss->groups = NULL;
+	ss->ngroups = -1;
 	for (dev = 0; dev < KV_MAX_DEVICES; dev++)
 		free(ss->seg_sent[dev]);
 	memset(ss->seg_sent, 0, sizeof(ss->seg_sent));

@@ -22,6 +22,7 @@
 #include "daemon.h"
 #include "refmap.h"
 
+/* Supplementary groups asked for first; a peer in more costs a second call. */
 #define KV_SESSION_GROUPS 64
 
 struct kv_session {
@@ -29,7 +30,7 @@ struct kv_session {
 	struct kv_daemon *d;
 	uint64_t id;
 	struct ucred cred;
-	uint32_t groups[KV_SESSION_GROUPS];  /* the peer's supplementary groups */
+	uint32_t *groups;          /* the peer's supplementary groups (owned) */
 	int ngroups;               /* -1: could not be learnt (then none count) */
 	uint32_t ns;               /* 0 until Hello */
 	char name[64];
@@ -51,9 +52,9 @@ struct kv_session {
  * first), on d's list. admin: it came through the admin socket. */
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
 		     int admin);
-/* Learns the supplementary groups of the peer on socket fd (SO_PEERGROUPS,
- * the peer's groups when it connected; beyond KV_SESSION_GROUPS, or if the
- * kernel cannot say, only the primary gid counts). */
+/* Learns the supplementary groups of the peer on socket fd (SO_PEERGROUPS:
+ * the peer's groups when it connected, however many). If the kernel cannot
+ * say, or there is no memory for them, only the primary gid counts (logged). */
 void kv_session_peer_groups(struct kv_session *ss, int fd);
 /* Releases everything ss holds and takes it off d's list (CLOSED).
  * Idempotent. */

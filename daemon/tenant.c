@@ -28,10 +28,12 @@ int kv_tenant_may_open(const struct kv_daemon *d, const struct kv_session *ss, c
 
 	if (kv_session_is_admin(ss))
 		return 1;
+	/* A uid's private namespace stays its own when a section declares it
+	 * (to set its limits, or to let others in too). */
 	kv_tenant_default_ns(ss, own, sizeof(own));
+	if (!strcmp(name, own))
+		return 1;
 	if (!n) {
-		if (!strcmp(name, own))
-			return 1;
 		snprintf(why, whylen, "uid %u may not open namespace '%s': it is not declared in "
 			 "the configuration ([namespace %s]); uid %u's own namespace is '%s'",
 			 (unsigned)ss->cred.uid, name, name, (unsigned)ss->cred.uid, own);

@@ -6,10 +6,12 @@
  * uid and gid and its SO_PEERGROUPS supplementary groups):
  *   - an admin (kv_session_is_admin(): the admin socket, or root and the
  *     daemon's own uid on the worker socket): any namespace;
+ *   - "uid-<uid>", the peer's private namespace (what a Hello with no
+ *     namespace opens): always its owner, declared or not; a section for
+ *     it sets its limits and may let others in as well;
  *   - N declared by a [namespace N] section: a uid in its users, anyone if
  *     users = *, or a member of one of its groups;
- *   - N undeclared: only "uid-<uid>", the peer's private namespace, which is
- *     also what a Hello with no namespace opens.
+ *   - any other N: nobody.
  * So with nothing declared every local user has a namespace of its own, and
  * two users never share KV unless an operator says so. */
 #ifndef KV_TENANT_H
