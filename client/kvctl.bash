@@ -14,7 +14,7 @@ _kvctl()
 		prev=${COMP_WORDS[COMP_CWORD - 1]}
 	fi
 
-	local commands="status pools clients evict flush drain reload check metrics top help"
+	local commands="status pools namespaces clients evict flush drain reload check metrics top help"
 	local global="-s --socket -o --output -h --help -V --version"
 
 	case $prev in

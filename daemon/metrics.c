@@ -136,6 +136,70 @@ static void tier_families(FILE *f, const struct kv_daemon *d)
 #undef T
 }
 
+/* The namespace table's usage and limits (every open namespace). */
+static void ns_limits(FILE *f, const struct kv_daemon *d)
+{
+	static const char *const tiers[] = { "G1", "G2", "G3" };
+	const struct kv_ns_table *t = kv_pools_nstab(d->pools);
+	uint32_t i;
+	int k;
+
+	family(f, "kvcached_namespace_used_bytes", "gauge",
+	       "What a namespace holds per tier (G1 blocks, G2 and G3 slots).");
+	for (i = 0; i < KV_MAX_NS; i++)
+		for (k = 0; t->ns[i].refs && k < KV_NS_TIERS; k++) {
+			fputs("kvcached_namespace_used_bytes{", f);
+			label(f, "namespace", t->ns[i].name, 1);
+			label(f, "tier", tiers[k], 0);
+			fprintf(f, "} %" PRIu64 "\n", t->ns[i].used[k]);
+		}
+	family(f, "kvcached_namespace_quota_bytes", "gauge",
+	       "A namespace's quota per tier (only where one is set).");
+	for (i = 0; i < KV_MAX_NS; i++)
+		for (k = 0; t->ns[i].refs && k < KV_NS_TIERS; k++) {
+			if (!t->ns[i].lim.quota[k])
+				continue;
+			fputs("kvcached_namespace_quota_bytes{", f);
+			label(f, "namespace", t->ns[i].name, 1);
+			label(f, "tier", tiers[k], 0);
+			fprintf(f, "} %" PRIu64 "\n", t->ns[i].lim.quota[k]);
+		}
+	family(f, "kvcached_namespace_reserve_bytes", "gauge",
+	       "G1 bytes other namespaces cannot evict a namespace below.");
+	for (i = 0; i < KV_MAX_NS; i++) {
+		if (!t->ns[i].refs)
+			continue;
+		fputs("kvcached_namespace_reserve_bytes{", f);
+		label(f, "namespace", t->ns[i].name, 1);
+		fprintf(f, "} %" PRIu64 "\n", t->ns[i].lim.reserve);
+	}
+	family(f, "kvcached_namespace_lookups_total", "counter", "Hashes a namespace looked up.");
+	for (i = 0; i < KV_MAX_NS; i++) {
+		if (!t->ns[i].refs)
+			continue;
+		fputs("kvcached_namespace_lookups_total{", f);
+		label(f, "namespace", t->ns[i].name, 1);
+		fprintf(f, "} %" PRIu64 "\n", t->ns[i].lookups);
+	}
+	family(f, "kvcached_namespace_hits_total", "counter", "Of those, found (any tier).");
+	for (i = 0; i < KV_MAX_NS; i++) {
+		if (!t->ns[i].refs)
+			continue;
+		fputs("kvcached_namespace_hits_total{", f);
+		label(f, "namespace", t->ns[i].name, 1);
+		fprintf(f, "} %" PRIu64 "\n", t->ns[i].hits);
+	}
+	family(f, "kvcached_namespace_quota_refusals_total", "counter",
+	       "Requests a namespace's quota refused (KV_EQUOTA).");
+	for (i = 0; i < KV_MAX_NS; i++) {
+		if (!t->ns[i].refs)
+			continue;
+		fputs("kvcached_namespace_quota_refusals_total{", f);
+		label(f, "namespace", t->ns[i].name, 1);
+		fprintf(f, "} %" PRIu64 "\n", t->ns[i].quota_refusals);
+	}
+}
+
 int kv_metrics_write(const struct kv_daemon *d, FILE *f)
 {
 	static const char *const states[] = { "free", "writable", "sealed", "cached" };
@@ -250,6 +314,7 @@ int kv_metrics_write(const struct kv_daemon *d, FILE *f)
 		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
 		fprintf(f, "} %" PRIu64 "\n", u[ns].bytes);
 	}
+	ns_limits(f, d);
 	free(u);
 	if (fflush(f) != 0 || ferror(f))
 		return -EIO;

@@ -23,7 +23,8 @@ static int admin_only(struct req *q, const char *what)
 	return 0;
 }
 
-/* The namespaces with pools or sessions: all for an admin, else the caller's. */
+/* The open namespaces (with pools or sessions, or declared in the
+ * configuration): all for an admin, else the caller's. */
 static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
 {
 	struct kv_daemon *d = q->d;
@@ -37,7 +38,9 @@ static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
 	for (ns = 1; r->namespaces && ns <= KV_MAX_NS; ns++) {
 		Kvcached__NamespaceInfo *ni;
 
-		if ((!u[ns].pools && !u[ns].sessions) || (!admin && ns != q->ss->ns))
+		const struct kv_ns *m = kv_ns_get(kv_pools_nstab(d->pools), ns);
+
+		if (!m || (!admin && ns != q->ss->ns))
 			continue;
 		ni = kv_arena_alloc(&d->arena, sizeof(*ni));
 		if (!ni) {
@@ -52,6 +55,17 @@ static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
 		ni->blocks_sealed = u[ns].sealed;
 		ni->blocks_cached = u[ns].cached;
 		ni->bytes = u[ns].bytes;
+		ni->used_g2 = m->used[1];
+		ni->used_g3 = m->used[2];
+		ni->quota_g1 = m->lim.quota[0];
+		ni->quota_g2 = m->lim.quota[1];
+		ni->quota_g3 = m->lim.quota[2];
+		ni->reserve_g1 = m->lim.reserve;
+		ni->priority = m->lim.priority;
+		ni->ttl_ms = m->lim.ttl_ms;
+		ni->lookups = m->lookups;
+		ni->hits = m->hits;
+		ni->quota_refusals = m->quota_refusals;
 		r->namespaces[r->n_namespaces++] = ni;
 	}
 	free(u);

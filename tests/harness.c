@@ -324,6 +324,28 @@ void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sea
 	CHECK(*free != UINT64_MAX);
 }
 
+void kvt_ns_usage(const char *name, uint64_t used[3], uint64_t quota[3])
+{
+	Kvcached__Response *rs = stats();
+	int found = 0;
+
+	for (size_t i = 0; i < rs->stats->n_namespaces; i++) {
+		Kvcached__NamespaceInfo *n = rs->stats->namespaces[i];
+
+		if (strcmp(n->name, name))
+			continue;
+		used[0] = n->bytes;
+		used[1] = n->used_g2;
+		used[2] = n->used_g3;
+		quota[0] = n->quota_g1;
+		quota[1] = n->quota_g2;
+		quota[2] = n->quota_g3;
+		found = 1;
+	}
+	kvcached__response__free_unpacked(rs, NULL);
+	CHECK(found);
+}
+
 uint32_t kvt_sessions(void)
 {
 	Kvcached__Response *rs = stats();

@@ -44,6 +44,8 @@ void kvt_tier(int tier, struct kvt_tier *t);
 /* Waits until no tier copy or disk I/O is in flight (fails the test after
  * a minute). */
 void kvt_tiers_settle(void);
+/* What namespace name holds per tier (G1, G2, G3 bytes) and its quotas. */
+void kvt_ns_usage(const char *name, uint64_t used[3], uint64_t quota[3]);
 uint32_t kvt_sessions(void);
 /* Waits until the daemon counts n sessions (fails the test after a minute). */
 void kvt_wait_sessions(uint32_t n);

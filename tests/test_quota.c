@@ -28,10 +28,10 @@
 static char dir[64], conf[128];
 
 /* Starts d with the [namespace] sections in text and a 64 KiB page, plus up
- * to 8 extra arguments (NULL-terminated). */
+ * to 12 extra arguments (NULL-terminated). */
 static void start(struct kvt_daemon *d, const char *text, ...)
 {
-	const char *a[9] = { NULL };
+	const char *a[13] = { NULL };
 	FILE *f = fopen(conf, "w");
 	char arg[160];
 	va_list ap;
@@ -41,11 +41,12 @@ static void start(struct kvt_daemon *d, const char *text, ...)
 	fputs(text, f);
 	CHECK(fclose(f) == 0);
 	va_start(ap, text);
-	while (n < 8 && (a[n] = va_arg(ap, const char *)))
+	while (n < 12 && (a[n] = va_arg(ap, const char *)))
 		n++;
 	va_end(ap);
 	snprintf(arg, sizeof(arg), "--config=%s", conf);
-	kvt_start(d, arg, "--log-level", getenv("KVT_DEBUG") ? "debug" : "info", "--page-size", "64KiB", a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+	kvt_start(d, arg, "--log-level", getenv("KVT_DEBUG") ? "debug" : "info", "--page-size",
+		  "64KiB", a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
 		  NULL);
 }
 
@@ -300,32 +301,44 @@ static void test_quota_tiers(void)
 {
 	struct kvt_daemon d;
 	kvc_conn *c;
-	kvc_block x[16];
+	kvc_block x[24];
 	kvc_hash h[4];
-	uint64_t sw;
+	uint64_t sw, sw2, used[3], quota[3];
 	int pool, i;
 	char disk[128];
 
-	/* G2 quota 4 blocks of 16 KiB (+ a slot header each, so 4 fit in
-	 * 80 KiB), G3 quota 8. */
+	/* G2 quota 16 blocks of 16 KiB (a slot is the block and a 4 KiB
+	 * header: 20 KiB), enough to start write-back (when less than 75% of
+	 * the host tier is clean or free); G3 quota 8 slots. */
 	snprintf(disk, sizeof(disk), "%s/disk", dir);
-	start(&d, "[namespace g]\nquota_g2 = 80KiB\nquota_g3 = 160KiB\n", "--pool-size", "1MiB",
-	      "--host-tier-size", "1MiB", "--disk-path", disk, "--disk-size", "1MiB", NULL);
+	start(&d, "[namespace g]\nquota_g2 = 320KiB\nquota_g3 = 160KiB\n", "--pool-size", "1MiB",
+	      "--host-tier-size", "1MiB", "--disk-path", disk, "--disk-size", "1MiB",
+	      "--writeback-low", "75", "--writeback-high", "90", NULL);
 	c = kvt_connect("g");
 	pool = kvt_pool(c, "p", 16384);
-	CHECK_EQ(kvc_alloc(c, pool, 8, x), 8);
-	CHECK_EQ(kvc_swap_out(c, x, 4, &sw), 0);
-	CHECK_EQ(kvc_swap_out(c, x + 4, 4, &sw), KVC_EQUOTA);
+	CHECK_EQ(kvc_alloc(c, pool, 24, x), 24);
+	CHECK_EQ(kvc_swap_out(c, x, 16, &sw), 0);
+	CHECK_EQ(kvc_swap_out(c, x + 16, 8, &sw2), KVC_EQUOTA);
 	fprintf(stderr, "swap EQUOTA says: %s\n", kvc_last_error(c));
 	CHECK(strstr(kvc_last_error(c), "G2 quota") != NULL);
-	CHECK_EQ(kvc_release(c, x + 4, 4), 0);
+	CHECK_EQ(kvc_swap_in(c, sw, x, 16), 16);
+	CHECK_EQ(kvc_release(c, x, 24), 0);
 	/* Demotion and write-back of 40 chains: within both quotas at every
 	 * check, and consistent. */
 	for (i = 0; i < 40; i++) {
 		hashes(h, 4, 700 + (uint64_t)i * 4);
 		put_chain(c, pool, h, 4, (uint64_t)i);
+		kvt_ns_usage("g", used, quota);
+		CHECK(used[1] <= quota[1] && used[2] <= quota[2]);
 	}
 	kvt_tiers_settle();
+	kvt_ns_usage("g", used, quota);
+	fprintf(stderr, "namespace g holds G1 %llu, G2 %llu of %llu, G3 %llu of %llu bytes\n",
+		(unsigned long long)used[0], (unsigned long long)used[1],
+		(unsigned long long)quota[1], (unsigned long long)used[2],
+		(unsigned long long)quota[2]);
+	CHECK(used[1] <= quota[1] && used[2] <= quota[2]);
+	CHECK(used[2] > 0);   /* write-back ran, within the G3 quota */
 	CHECK_EQ(kvt_check(), 0);
 	kvc_close(c);
 	kvt_stop(&d);

@@ -99,6 +99,7 @@ void json_pool(struct json *j, const Kvcached__PoolInfo *p);
 void json_client(struct json *j, const Kvcached__ClientInfo *ci);
 int cmd_status(kvc_conn *c, const struct args *a);
 int cmd_pools(kvc_conn *c, const struct args *a);
+int cmd_namespaces(kvc_conn *c, const struct args *a);
 int cmd_clients(kvc_conn *c, const struct args *a);
 int cmd_metrics(kvc_conn *c, const struct args *a);
 

@@ -74,6 +74,13 @@ static const struct command commands[] = {
 	  "Shows one row per pool: id, namespace, name, device, block size, blocks per\n"
 	  "run and runs held, blocks free / writable / sealed / cached, allocations,\n"
 	  "lookup hit rate, evictions and seal deduplications.\n" },
+	{ "namespaces", cmd_namespaces, 0, "", "per-namespace usage against limits",
+	  "Shows one row per open namespace (with sessions or pools, or declared by a\n"
+	  "[namespace NAME] section): sessions, pools, what it holds in G1 (blocks), G2\n"
+	  "and G3 (slots) against its quota where one is set (\"used / quota\"), its G1\n"
+	  "reserve, eviction priority and TTL, the hit rate of its lookups, and how many\n"
+	  "requests its quotas refused (KV_EQUOTA). Without admin rights, only the\n"
+	  "caller's own namespace.\n" },
 	{ "clients", cmd_clients, 0, "", "connected sessions",
 	  "Shows one row per connected session: session id, pid, uid, namespace, the\n"
 	  "name the client gave, the socket it came through (worker or admin), block\n"

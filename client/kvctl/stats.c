@@ -51,6 +51,25 @@ static void json_namespaces(struct json *j, const Kvcached__StatsReply *s)
 		json_u64(j, "blocks_sealed", n->blocks_sealed);
 		json_u64(j, "blocks_cached", n->blocks_cached);
 		json_u64(j, "bytes", n->bytes);
+		json_key(j, "used");
+		json_open(j, '{');
+		json_u64(j, "g1", n->bytes);
+		json_u64(j, "g2", n->used_g2);
+		json_u64(j, "g3", n->used_g3);
+		json_close(j, '}');
+		json_key(j, "quota");
+		json_open(j, '{');
+		json_u64(j, "g1", n->quota_g1);
+		json_u64(j, "g2", n->quota_g2);
+		json_u64(j, "g3", n->quota_g3);
+		json_close(j, '}');
+		json_u64(j, "reserve_g1", n->reserve_g1);
+		json_u64(j, "priority", n->priority);
+		json_u64(j, "ttl_ms", n->ttl_ms);
+		json_u64(j, "lookups", n->lookups);
+		json_u64(j, "hits", n->hits);
+		json_ratio(j, "hit_rate", n->hits, n->lookups);
+		json_u64(j, "quota_refusals", n->quota_refusals);
 		json_close(j, '}');
 	}
 	json_close(j, ']');
@@ -348,6 +367,72 @@ int cmd_pools(kvc_conn *c, const struct args *a)
 		}
 		table_print(&t);
 	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+/* "used / quota", or "used" alone when there is no quota. */
+static char *usage(uint64_t used, uint64_t quota)
+{
+	char *u = fmt_bytes(used), *q, *out = NULL;
+
+	if (!quota)
+		return u;
+	q = fmt_bytes(quota);
+	if (asprintf(&out, "%s / %s", u, q) < 0)
+		out = NULL;
+	free(u);
+	free(q);
+	return out;
+}
+
+int cmd_namespaces(kvc_conn *c, const struct args *a)
+{
+	static const char *const head[] = { "NAMESPACE", "SESSIONS", "POOLS", "G1", "G2", "G3",
+					    "RESERVE", "PRIO", "TTL", "HIT", "EQUOTA" };
+	Kvcached__Response *resp = get_stats(c);
+	const Kvcached__StatsReply *s;
+	struct table t = { .ncol = 11, .head = head, .align = "lrrrrrrrrrr" };
+	size_t i;
+	char *x;
+
+	if (!resp)
+		return 1;
+	s = resp->stats;
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_open(&j, '{');
+		json_namespaces(&j, s);
+		json_close(&j, '}');
+		kvcached__response__free_unpacked(resp, NULL);
+		return 0;
+	}
+	for (i = 0; i < s->n_namespaces; i++) {
+		const Kvcached__NamespaceInfo *n = s->namespaces[i];
+
+		cell(&t, "%s", n->name);
+		cell(&t, "%" PRIu32, n->sessions);
+		cell(&t, "%" PRIu32, n->pools);
+		cell(&t, "%s", x = usage(n->bytes, n->quota_g1));
+		free(x);
+		cell(&t, "%s", x = usage(n->used_g2, n->quota_g2));
+		free(x);
+		cell(&t, "%s", x = usage(n->used_g3, n->quota_g3));
+		free(x);
+		cell(&t, "%s", x = n->reserve_g1 ? fmt_bytes(n->reserve_g1) : strdup("-"));
+		free(x);
+		cell(&t, "%" PRIu32, n->priority);
+		cell(&t, "%s", x = n->ttl_ms ? fmt_duration(n->ttl_ms) : strdup("-"));
+		free(x);
+		cell(&t, "%s", x = fmt_pct(n->hits, n->lookups));
+		free(x);
+		cell(&t, "%" PRIu64, n->quota_refusals);
+	}
+	if (s->n_namespaces)
+		table_print(&t);
+	else
+		puts("no namespaces");
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
 }
