@@ -1,6 +1,7 @@
 /* The block operations: Hello, RegisterPool, Alloc, Seal, Lookup, Release,
  * Fork, Cow, SwapOut, SwapIn. See ops.h. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,12 +75,31 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 		.layout = m->layout.data, .layout_len = m->layout.len,
 	};
 	struct kv_daemon *d = q->d;
+	struct kv_ns *ns = kv_ns_get(kv_pools_nstab(d->pools), q->ss->ns);
 	Kvcached__RegisterPoolReply *r;
 	struct kv_pool *p;
 	char err[256];
-	uint32_t before = kv_pools_count(d->pools);
-	int rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
+	uint32_t before;
+	int rc;
 
+	/* The daemon keeps the layout as long as the pool: bounded, as every
+	 * byte a client can make it hold. */
+	if (m->layout.len > d->cfg.max_layout_bytes) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "pool '%.80s': a layout of %zu bytes is larger than max_layout_bytes "
+			   "(%" PRIu64 ")", m->name, m->layout.len, d->cfg.max_layout_bytes);
+		return;
+	}
+	if (!kv_pools_by_name(d->pools, q->ss->ns, m->name) &&
+	    ns->pools >= d->cfg.max_pools_per_namespace) {
+		ns->quota_refusals++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, -1,
+			   "pool '%.80s': namespace '%s' has %u pools, max_pools_per_namespace is %u",
+			   m->name, ns->name, ns->pools, d->cfg.max_pools_per_namespace);
+		return;
+	}
+	before = kv_pools_count(d->pools);
+	rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
 	if (rc < 0) {
 		kv_op_fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
 			   : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC

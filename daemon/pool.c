@@ -220,6 +220,16 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	return 0;
 }
 
+struct kv_pool *kv_pools_by_name(struct kv_pools *ps, uint32_t ns, const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++)
+		if (ps->pool[i]->ns == ns && !strcmp(ps->pool[i]->name, name))
+			return ps->pool[i];
+	return NULL;
+}
+
 uint32_t kv_pools_count(const struct kv_pools *ps)
 {
 	return ps->npools;

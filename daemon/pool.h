@@ -154,6 +154,9 @@ const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
 int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc *d,
 		     struct kv_pool **out, char *err, size_t errlen);
 
+/* The pool named name in namespace ns, or NULL. */
+struct kv_pool *kv_pools_by_name(struct kv_pools *ps, uint32_t ns, const char *name);
+
 /* How many pools exist (ids are 0 .. count - 1). */
 uint32_t kv_pools_count(const struct kv_pools *ps);
 /* The pool of id, or NULL. */
