@@ -89,6 +89,17 @@ int kv_pools_ns(struct kv_pools *ps, const char *name)
 	return kv_ns_open(&ps->nst, name);
 }
 
+void kv_pools_ns_put(struct kv_pools *ps, uint32_t ns)
+{
+	uint32_t d;
+
+	kv_ns_put(&ps->nst, ns);
+	if (kv_ns_get(&ps->nst, ns))
+		return;
+	for (d = 0; d < ps->ndev; d++)
+		kv_pages_forget_ns(&ps->dev[d], ns);
+}
+
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns)
 {
 	return kv_ns_name(&ps->nst, ns);

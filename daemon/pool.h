@@ -147,6 +147,11 @@ struct kv_ns_table *kv_pools_nstab(struct kv_pools *ps);
 int kv_pools_ns(struct kv_pools *ps, const char *name);
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
 
+/* kv_ns_put() on the pools' table; when that frees the namespace, the
+ * segments it last owned are marked so that whichever namespace takes
+ * their id next gets fresh memory (pages.h), not this one's leftovers. */
+void kv_pools_ns_put(struct kv_pools *ps, uint32_t ns);
+
 /* Registers pool d->name in namespace ns, or returns the existing one when the
  * layout (device, block size and tokens, dtype, layout bytes) matches.
  * Returns 0 and *out, -EEXIST for a different layout, -EINVAL for a bad

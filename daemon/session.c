@@ -97,7 +97,7 @@ void kv_session_leave_ns(struct kv_session *ss)
 
 	kv_assert(ss->ns);
 	kv_ns_get(t, ss->ns)->sessions--;
-	kv_ns_put(t, ss->ns);
+	kv_pools_ns_put(ss->d->pools, ss->ns);
 	ss->ns = 0;
 }
 
