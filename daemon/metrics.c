@@ -15,12 +15,12 @@ void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u)
 	uint32_t id;
 
 	memset(u, 0, (KV_MAX_NS + 1) * sizeof(*u));
-	for (id = 0; id < KV_MAX_POOLS; id++) {
+	for (id = 0; id < kv_pools_end(d->pools); id++) {
 		const struct kv_pool *p = kv_pool_get(d->pools, id);
 		struct kv_ns_usage *n;
 
 		if (!p)
-			break;
+			continue;
 		if (p->ns > KV_MAX_NS)
 			continue;
 		n = &u[p->ns];
@@ -72,9 +72,16 @@ static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool
 	label(f, "device", dev, 0);
 }
 
-static const struct kv_pool *pool_at(const struct kv_daemon *d, uint32_t id)
+/* The first live pool of id *id or above (*id moves to it), or NULL. */
+static const struct kv_pool *pool_at(const struct kv_daemon *d, uint32_t *id)
 {
-	return id < KV_MAX_POOLS ? kv_pool_get(d->pools, id) : NULL;
+	for (; *id < kv_pools_end(d->pools); ++*id) {
+		const struct kv_pool *p = kv_pool_get(d->pools, *id);
+
+		if (p)
+			return p;
+	}
+	return NULL;
 }
 
 /* One counter or gauge per pool, read by off from its counts. */
@@ -85,7 +92,7 @@ static void pool_family(FILE *f, const struct kv_daemon *d, const char *name, co
 	uint32_t id;
 
 	family(f, name, type, help);
-	for (id = 0; (p = pool_at(d, id)); id++) {
+	for (id = 0; (p = pool_at(d, &id)); id++) {
 		fprintf(f, "%s{", name);
 		pool_labels(f, d, p);
 		fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&p->n + off));
@@ -179,7 +186,7 @@ int kv_metrics_write(const struct kv_daemon *d, FILE *f)
 	fprintf(f, "kvcached_reload_failures_total %" PRIu64 "\n", d->reload_failures);
 
 	family(f, "kvcached_pool_blocks", "gauge", "Blocks of a pool by state.");
-	for (id = 0; (p = pool_at(d, id)); id++) {
+	for (id = 0; (p = pool_at(d, &id)); id++) {
 		const uint64_t n[] = { p->n.free, p->n.writable, p->n.sealed, p->n.cached };
 
 		for (k = 0; k < 4; k++) {
@@ -190,7 +197,7 @@ int kv_metrics_write(const struct kv_daemon *d, FILE *f)
 		}
 	}
 	family(f, "kvcached_pool_block_bytes", "gauge", "Bytes per block of a pool.");
-	for (id = 0; (p = pool_at(d, id)); id++) {
+	for (id = 0; (p = pool_at(d, &id)); id++) {
 		fputs("kvcached_pool_block_bytes{", f);
 		pool_labels(f, d, p);
 		fprintf(f, "} %" PRIu64 "\n", p->block_bytes);

@@ -242,10 +242,14 @@ enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
 	struct req q = { .d = d, .ss = ss, .rs = rs, .blk = d->scratch, .out = KV_OP_REPLY };
 
 	rs->id = rq->id;
+	/* Pools that went idle since (in the tiers' work after the last batch,
+	 * say) go first: a request sees no pool that nothing keeps. */
+	kv_daemon_collect(d);
 	if (!ss->ns && rq->op_case != KVCACHED__REQUEST__OP_HELLO)
 		kv_op_fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
 	else if (!refused_draining(&q, rq))
 		dispatch(&q, rq);
+	kv_daemon_collect(d);
 	/* A parked request changed nothing and is run again from the start. */
 	kv_assert(q.out != KV_OP_PARK || !rs->error);
 	return q.out;

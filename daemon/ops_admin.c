@@ -66,12 +66,12 @@ static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64
 	r->pools = kv_arena_alloc(&d->arena, KV_MAX_POOLS * sizeof(*r->pools));
 	if (!r->pools)
 		return -ENOMEM;
-	for (id = 0; id < KV_MAX_POOLS; id++) {
+	for (id = 0; id < kv_pools_end(d->pools); id++) {
 		struct kv_pool *p = kv_pool_get(d->pools, id);
 		Kvcached__PoolInfo *pi;
 
 		if (!p)
-			break;
+			continue;
 		if (!admin && p->ns != q->ss->ns)
 			continue;
 		pi = kv_arena_alloc(&d->arena, sizeof(*pi));
@@ -235,7 +235,7 @@ void kv_op_check(struct req *q)
 	struct kv_daemon *d = q->d;
 	struct check_ctx c = { .q = q, .cap = 100 };
 	struct kv_list *pos;
-	int problems;
+	int problems, lost = 0;
 
 	if (!admin_only(q, "the invariant check") || !(c.r = q_alloc(q, sizeof(*c.r))))
 		return;
@@ -249,9 +249,19 @@ void kv_op_check(struct req *q)
 		kv_refmap_each(&ss->refs, count_ref, NULL);
 		for (uint32_t i = 0; i < ss->npins; i++)
 			ss->pins[i]->check++;
+		for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {
+			struct kv_pool *p;
+
+			if (!(ss->pools[id / 64] >> (id % 64) & 1))
+				continue;
+			if ((p = kv_pool_get(d->pools, id)))
+				p->check_holds++;
+			else if (++lost == 1)
+				add_problem(&c, "a session registered a pool that does not exist");
+		}
 	}
 	kv_tiers_count_refs(d->tiers);
-	problems = kv_pools_check(d->pools, 1, add_problem, &c, &c.r->blocks_checked,
+	problems = lost + kv_pools_check(d->pools, 1, add_problem, &c, &c.r->blocks_checked,
 				  kv_tiers_entries(d->tiers));
 	problems += kv_tiers_check(d->tiers, add_problem, &c);
 	c.r->ok = problems == 0;

@@ -79,7 +79,6 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 	Kvcached__RegisterPoolReply *r;
 	struct kv_pool *p;
 	char err[256];
-	uint32_t before;
 	int rc;
 
 	/* The daemon keeps the layout as long as the pool: bounded, as every
@@ -98,7 +97,6 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 			   m->name, ns->name, ns->pools, d->cfg.max_pools_per_namespace);
 		return;
 	}
-	before = kv_pools_count(d->pools);
 	rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
 	if (rc < 0) {
 		kv_op_fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
@@ -107,7 +105,9 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 					   : KVCACHED__ERROR_CODE__EINVAL, -1, "%s", err);
 		return;
 	}
-	if (kv_pools_count(d->pools) != before)
+	/* The pool lives at least as long as this session. */
+	kv_session_keep_pool(q->ss, p);
+	if (rc == 1)
 		kv_tiers_pool_added(d->tiers, p);
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;

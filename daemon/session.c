@@ -49,7 +49,7 @@ static void release_ref(void *key, uint32_t count, void *ctx)
 void kv_session_release(struct kv_session *ss)
 {
 	struct kv_daemon *d = ss->d;
-	uint32_t dev;
+	uint32_t dev, w;
 
 	if (!kv_list_linked(&ss->link))
 		return;
@@ -63,6 +63,13 @@ void kv_session_release(struct kv_session *ss)
 	free(ss->pins);
 	ss->pins = NULL;
 	kv_tiers_owner_gone(d->tiers, &ss->swaps);
+	for (w = 0; w < KV_MAX_POOLS / 64; w++)
+		while (ss->pools[w]) {
+			uint32_t id = w * 64 + (uint32_t)__builtin_ctzll(ss->pools[w]);
+
+			ss->pools[w] &= ss->pools[w] - 1;
+			kv_pool_put(kv_pool_get(d->pools, id));
+		}
 	kv_session_fds_sent(ss, ss->nfds);
 	free(ss->fds);
 	ss->fds = NULL;
@@ -75,6 +82,19 @@ void kv_session_release(struct kv_session *ss)
 	kv_list_del(&ss->link);
 	kv_assert(d->nsessions > 0);
 	d->nsessions--;
+	/* The pools and namespace nothing else used go now. */
+	kv_daemon_collect(d);
+}
+
+void kv_session_keep_pool(struct kv_session *ss, struct kv_pool *p)
+{
+	uint64_t bit = 1ull << (p->id % 64);
+
+	if (ss->pools[p->id / 64] & bit) {
+		kv_pool_put(p);
+		return;
+	}
+	ss->pools[p->id / 64] |= bit;
 }
 
 int kv_session_enter_ns(struct kv_session *ss, const char *name)

@@ -26,6 +26,10 @@
  * from G1 (when the copy is done); swap_in copies them into new G1 blocks.
  * Swapped data belongs to the session and is freed when it goes.
  *
+ * Each tier block and each swap holds its pool (kv_pool_hold), so a pool is
+ * never freed while the tiers keep anything of it; per pool id the tiers
+ * keep a layout id and a tpool per level, dropped by kv_tiers_pool_gone().
+ *
  * Warm restart: journal.h records which G3 runs and slots hold what; a
  * restarted daemon replays it and offers each run to the pool that registers
  * with the same layout id (namespace, name, block size and tokens, dtype,
@@ -93,6 +97,11 @@ void kv_tiers_kick(struct kv_tiers *t);
 /* A pool was registered: computes its layout id and gives it the G3 runs a
  * previous daemon left for that layout. */
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
+
+/* Pool p is being freed (pool.h): no tier block or swap of it is left (each
+ * holds its pool); drops what the tiers keep per pool id, so that the id
+ * starts clean when another pool gets it. */
+void kv_tiers_pool_gone(struct kv_tiers *t, struct kv_pool *p);
 
 /* A G1 block is about to be sealed under hash in pool p: drops the lower
  * tiers' copy, if any (the G1 block wins), so that kv_pool_seal() finds at

@@ -2,9 +2,14 @@
  * layout (max_layout_bytes), the pools of a namespace
  * (max_pools_per_namespace), and the daemon's memory with hundreds of pools
  * registered at the largest layout allowed. Each refusal is a clear error
- * with the numbers; nothing changes and the connection keeps working. */
+ * with the numbers; nothing changes and the connection keeps working.
+ * Pools are freed once nothing uses them (no session that registered them,
+ * no block in use, nothing in a lower tier): a request naming a freed pool
+ * fails cleanly, its id is not handed out again at once, new pools work,
+ * and the invariant check stays clean throughout. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -142,9 +147,234 @@ static void test_rss_bound(void)
 	free(lay);
 }
 
+static Kvcached__Response *admin_call(Kvcached__Request *rq)
+{
+	kvc_conn *c = kvt_connect(NULL);
+	Kvcached__Response *rs = NULL;
+
+	CHECK_EQ(kvc_call(c, rq, &rs), 0);
+	kvc_close(c);
+	return rs;
+}
+
+/* Whether the daemon lists pool id under name. */
+static int pool_listed(int id, const char *name)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs;
+	int found = 0;
+	size_t i;
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	rs = admin_call(&rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS);
+	for (i = 0; i < rs->stats->n_pools; i++)
+		if ((int)rs->stats->pools[i]->pool_id == id && !strcmp(rs->stats->pools[i]->name, name))
+			found = 1;
+	kvcached__response__free_unpacked(rs, NULL);
+	return found;
+}
+
+/* kvctl evict: tier (0 G1, 1 G2) of every pool. */
+static void evict_all(int tier)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *rs;
+
+	ev.tier = (Kvcached__Tier)tier;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	rs = admin_call(&rq);
+	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
+	kvcached__response__free_unpacked(rs, NULL);
+}
+
+static void test_pools_freed(void)
+{
+	struct kvt_daemon d;
+	kvc_conn *a, *o, *c2;
+	kvc_block b[3], x, stale;
+	kvc_hash h = kvt_hash(1);
+	int pa, q, p2, lonely;
+
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", NULL);
+	a = kvt_connect("fr");
+	pa = kvt_pool(a, "p", BB);
+	CHECK_EQ(kvc_alloc(a, pa, 2, b), 2);
+	CHECK_EQ(kvc_seal(a, pa, b, &h, 1, b), 1);
+	stale = b[1];
+	CHECK_EQ(kvc_release(a, b, 2), 0);   /* one cached, one free */
+	kvc_close(a);
+	kvt_wait_sessions(0);
+	/* No session registered it any more, but a cached block keeps it. */
+	CHECK(pool_listed(pa, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	/* A session of the namespace may use it without registering... */
+	o = kvt_connect("fr");
+	CHECK_EQ(kvc_lookup(o, pa, &h, 1, &x), 1);
+	CHECK_EQ(kvc_release(o, &x, 1), 0);
+	/* ...until its last block goes: then it is freed. */
+	evict_all(0);
+	CHECK(!pool_listed(pa, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(kvc_alloc(o, pa, 1, &x), KVC_ENOENT);
+	fprintf(stderr, "freed pool says: %s\n", kvc_last_error(o));
+	CHECK_EQ(kvc_lookup(o, pa, &h, 1, &x), KVC_ENOENT);
+	CHECK_EQ(kvc_release(o, &stale, 1), KVC_ESTALE);
+	/* New pools get new ids, the freed one is not handed out again yet;
+	 * the same name makes a new pool. */
+	q = kvt_pool(o, "q", BB);
+	p2 = kvt_pool(o, "p", BB);
+	CHECK(q != pa && p2 != pa && q != p2);
+	still_works(o, q);
+	still_works(o, p2);
+	CHECK_EQ(kvc_lookup(o, p2, &h, 1, &x), 0);  /* nothing of the old pool */
+	CHECK_EQ(kvc_alloc(o, pa, 1, &x), KVC_ENOENT);
+	CHECK_EQ(kvt_check(), 0);
+
+	/* A session that goes takes the pools only it used, with the blocks it
+	 * held, along. */
+	c2 = kvt_connect("fr2");
+	lonely = kvt_pool(c2, "lonely", BB);
+	CHECK_EQ(kvc_alloc(c2, lonely, 3, b), 3);
+	CHECK(pool_listed(lonely, "lonely"));
+	kvc_close(c2);
+	kvt_wait_sessions(1);
+	CHECK(!pool_listed(lonely, "lonely"));
+	CHECK(pool_listed(q, "q") && pool_listed(p2, "p"));  /* o still has them */
+	still_works(o, q);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(o);
+	kvt_wait_sessions(0);
+	CHECK(!pool_listed(q, "q") && !pool_listed(p2, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+}
+
+/* A pool whose blocks live on only in the host tier is kept until the tier
+ * drops them: what is found there is still served. */
+static void test_pools_kept_by_tiers(void)
+{
+	struct kvt_daemon d;
+	kvc_conn *a;
+	kvc_block b[8];
+	kvc_hash h[8];
+	struct kvt_tier g2;
+	int p, i;
+
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", "--host-tier-size", "8MiB",
+		  NULL);
+	for (i = 0; i < 8; i++)
+		h[i] = kvt_hash(100 + (uint64_t)i);
+	a = kvt_connect("tk");
+	p = kvt_pool(a, "p", BB);
+	CHECK_EQ(kvc_alloc(a, p, 8, b), 8);
+	CHECK_EQ(kvc_seal(a, p, b, h, 8, b), 8);
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	kvc_close(a);
+	kvt_wait_sessions(0);
+	evict_all(0);   /* G1: demoted into G2 */
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	CHECK_EQ(g2.blocks, 8);
+	CHECK(pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	/* The same pool again, and its blocks, promoted. */
+	a = kvt_connect("tk");
+	CHECK_EQ(kvt_pool(a, "p", BB), p);
+	CHECK_EQ(kvc_lookup(a, p, h, 8, b), 8);
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	kvc_close(a);
+	kvt_wait_sessions(0);
+	evict_all(0);
+	kvt_tiers_settle();
+	CHECK(pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	evict_all(1);   /* G2 dropped (no disk tier): nothing is left of the pool */
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	CHECK_EQ(g2.blocks, 0);
+	CHECK(!pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	/* And a new one works, through the tier too. */
+	a = kvt_connect("tk");
+	p = kvt_pool(a, "p", BB);
+	CHECK_EQ(kvc_lookup(a, p, h, 8, b), 0);
+	CHECK_EQ(kvc_alloc(a, p, 8, b), 8);
+	CHECK_EQ(kvc_seal(a, p, b, h, 8, b), 8);
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	evict_all(0);
+	kvt_tiers_settle();
+	CHECK_EQ(kvc_lookup(a, p, h, 8, b), 8);
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(a);
+	kvt_stop(&d);
+}
+
+/* A warm restart finds the blocks of a pool by its layout, whatever its id:
+ * here the pool had id 1 before (id 0 was another pool's, freed), and gets
+ * id 0 after. */
+static void test_adopt_after_free(void)
+{
+	struct kvt_daemon d;
+	char dir[] = "/tmp/kvt-limits.XXXXXX", disk[64], idx[80];
+	kvc_conn *a;
+	kvc_block b[8];
+	kvc_hash h[8];
+	int p, x, i;
+
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(disk, sizeof(disk), "%s/g3", dir);
+	snprintf(idx, sizeof(idx), "%s.idx", disk);
+	for (i = 0; i < 8; i++)
+		h[i] = kvt_hash(200 + (uint64_t)i);
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", "--host-tier-size", "8MiB",
+		  "--disk-path", disk, "--disk-size", "16MiB", NULL);
+	a = kvt_connect("ad");
+	x = kvt_pool(a, "x", BB);
+	p = kvt_pool(a, "p", BB);
+	CHECK(x == 0 && p == 1);
+	CHECK_EQ(kvc_alloc(a, p, 8, b), 8);
+	for (i = 0; i < 8; i++)
+		kvt_mem_fill(a, kvc_block_ptr(a, b[i]), BB, 300 + (uint64_t)i);
+	CHECK_EQ(kvc_seal(a, p, b, h, 8, b), 8);
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	kvc_close(a);
+	kvt_wait_sessions(0);
+	evict_all(0);   /* into G2: the pool stays, x goes */
+	kvt_tiers_settle();
+	CHECK(!pool_listed(x, "x") && pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);   /* writes G2 back to G3 and the journal */
+
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", "--host-tier-size", "8MiB",
+		  "--disk-path", disk, "--disk-size", "16MiB", NULL);
+	a = kvt_connect("ad");
+	p = kvt_pool(a, "p", BB);
+	CHECK_EQ(p, 0);
+	CHECK_EQ(kvc_lookup(a, p, h, 8, b), 8);
+	for (i = 0; i < 8; i++)
+		CHECK(kvt_mem_verify(a, kvc_block_ptr(a, b[i]), BB, 300 + (uint64_t)i));
+	CHECK_EQ(kvc_release(a, b, 8), 0);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(a);
+	kvt_stop(&d);
+	unlink(disk);
+	unlink(idx);
+	CHECK(rmdir(dir) == 0);
+}
+
 int main(void)
 {
 	test_layout_and_count();
 	test_rss_bound();
+	test_pools_freed();
+	test_pools_kept_by_tiers();
+	test_adopt_after_free();
 	return 0;
 }

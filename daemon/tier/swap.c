@@ -20,6 +20,7 @@ void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw)
 		}
 	if (kv_list_linked(&sw->all))
 		kv_list_del(&sw->all);
+	kv_pool_put(sw->pool);
 	free(sw->run);
 	free(sw->slot);
 	free(sw->h);
@@ -94,6 +95,7 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 		return -ENOMEM;
 	}
 	sw->pool = p;
+	kv_pool_hold(p);
 	kv_list_init(&sw->waiters);
 	kv_list_init(&sw->all);
 	for (i = 0; i < n; i++) {

@@ -238,7 +238,10 @@ void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
 void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
 
 /* slots.c: tier blocks */
+/* A tblock of pool p (which it holds) under hash, in no state yet. */
 struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
+/* Frees tb's memory and puts its hold on its pool (its slots are gone). */
+void tb_dealloc(struct tblock *tb);
 /* Puts tb in the index under its hash (no entry may be there). */
 void tb_index(struct kv_tiers *t, struct tblock *tb);
 /* Takes tb out of the index (if it is in) and marks it dead; frees it now
