@@ -394,8 +394,8 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 {
 	Kvcached__SwapOutReply *r = q_alloc(q, sizeof(*r));
+	uint64_t held = q->ss->swaps.bytes, want, handle;
 	struct kv_pool *p;
-	uint64_t handle;
 	char why[256];
 	size_t i;
 	int rc;
@@ -409,6 +409,16 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 				   "swap out: block %zu is of another pool than block 0", i);
 			return;
 		}
+	}
+	/* One connection may not take the whole host tier from the others. */
+	want = (uint64_t)m->n_blocks * p->block_bytes;
+	if (held > q->d->cfg.max_swap_per_session || want > q->d->cfg.max_swap_per_session - held) {
+		kv_ns_get(kv_pools_nstab(q->d->pools), q->ss->ns)->quota_refusals++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, -1,
+			   "swap out of %zu blocks (%" PRIu64 " bytes): this connection holds %" PRIu64
+			   " bytes swapped out already, max_swap_per_session is %" PRIu64,
+			   m->n_blocks, want, held, q->d->cfg.max_swap_per_session);
+		return;
 	}
 	rc = kv_tiers_swap_out(q->d->tiers, &q->ss->swaps, p, q->blk, (uint32_t)m->n_blocks,
 			       &handle, why, sizeof(why));

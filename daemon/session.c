@@ -19,7 +19,7 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	ss->connected_ms = kv_now_ms();
 	kv_refmap_init(&ss->refs);
 	kv_list_init(&ss->waiter.link);
-	kv_list_init(&ss->swaps);
+	kv_swap_owner_init(&ss->swaps);
 	kv_list_push_back(&d->sessions, &ss->link);
 	d->nsessions++;
 }

@@ -41,7 +41,7 @@ struct kv_session {
 	 * in G1 until the lookup runs again and takes its own (ops_block.c). */
 	struct kv_block **pins;
 	uint32_t npins, pins_cap;
-	struct kv_list swaps;      /* swapped-out sequences (tier.h) */
+	struct kv_swap_owner swaps;  /* swapped-out sequences (tier.h) */
 	/* The ids of the pools it registered, each holding its pool (pool.h):
 	 * a pool lives at least as long as a session that registered it. */
 	uint64_t pools[KV_MAX_POOLS / 64];

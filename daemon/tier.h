@@ -120,10 +120,25 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
  *            cannot start at all). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
-/* Swap. owner is the session's swap list. swap_out takes over the caller's
+/* The swaps of one session: a list, and the block bytes they hold (what
+ * max_swap_per_session bounds; ops_block.c checks it before a swap out). */
+struct kv_swap_owner {
+	struct kv_list list;
+	uint64_t bytes;
+};
+
+static inline void kv_swap_owner_init(struct kv_swap_owner *o)
+{
+	kv_list_init(&o->list);
+	o->bytes = 0;
+}
+
+/* Swap. owner is the session's. swap_out takes over the caller's
  * references on blocks[0..n) (all of pool p) and returns a handle; the
- * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them. */
-int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool *p,
+ * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them.
+ * owner->bytes counts n * block_bytes from then until the swap leaves the
+ * owner (swapped in, or the owner gone). */
+int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv_pool *p,
 		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
 		      size_t whylen);
 /* Returns 0 with *n blocks (each carrying one reference, now the caller's) in
@@ -132,11 +147,11 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
  * an unknown handle, -E2BIG when it holds more than max blocks, -ENOSPC when
  * G1 cannot take them, -EIO when a copy failed (the swap stays, it can be
  * tried again). */
-int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
+int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t handle,
 		     struct kv_waiter *w, struct kv_block **out, uint32_t max, uint32_t *n,
 		     char *why, size_t whylen);
 /* Frees every swap of owner (the session is going). */
-void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_list *owner);
+void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_swap_owner *owner);
 
 /* Operators: evicts the idle blocks of tier (KV_TIER_G1: demote every cached
  * block; G2: drop clean copies and write dirty ones back; G3: drop) of pool

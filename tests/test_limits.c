@@ -369,6 +369,59 @@ static void test_adopt_after_free(void)
 	CHECK(rmdir(dir) == 0);
 }
 
+/* max_swap_per_session: one connection's swapped-out block bytes are
+ * bounded (EQUOTA with the numbers, nothing changed); a swap in gives room
+ * back; another connection has its own allowance; swaps hold their pool. */
+static void test_swap_cap(void)
+{
+	struct kvt_daemon d;
+	kvc_conn *a, *o, *o2;
+	kvc_block b[16], ain[16], back[16], x[2];
+	uint64_t s1, s2, s3, s4;
+	int p;
+
+	kvt_start(&d, "--pool-size", "8MiB", "--segment-size", "2MiB", "--host-tier-size", "8MiB",
+		  "--max-swap-per-session", "64KiB", NULL);
+	a = kvt_connect("sw");
+	o = kvt_connect("sw");
+	p = kvt_pool(a, "p", BB);   /* 8 KiB blocks: 8 fit the cap */
+	CHECK_EQ(kvt_pool(o, "p", BB), p);
+	CHECK_EQ(kvc_alloc(a, p, 11, b), 11);
+	CHECK_EQ(kvc_swap_out(a, b, 6, &s1), 0);   /* 48 KiB */
+	CHECK_EQ(kvc_swap_out(a, b + 6, 3, &s2), KVC_EQUOTA);   /* 72 KiB */
+	fprintf(stderr, "swap says: %s\n", kvc_last_error(a));
+	CHECK(strstr(kvc_last_error(a), "24576") && strstr(kvc_last_error(a), "49152") &&
+	      strstr(kvc_last_error(a), "max_swap_per_session") && strstr(kvc_last_error(a), "65536"));
+	/* Nothing changed: the blocks are still ours. */
+	CHECK_EQ(kvc_release(a, b + 8, 1), 0);
+	CHECK_EQ(kvc_swap_out(a, b + 6, 2, &s2), 0);   /* exactly 64 KiB */
+	/* Another connection swaps on its own account. */
+	CHECK_EQ(kvc_alloc(o, p, 8, back), 8);
+	CHECK_EQ(kvc_swap_out(o, back, 8, &s3), 0);
+	/* Swapping in gives the room back. */
+	CHECK_EQ(kvc_swap_in(a, s1, ain, 16), 6);
+	CHECK_EQ(kvc_swap_out(a, b + 9, 2, &s1), 0);
+	CHECK_EQ(kvt_check(), 0);
+	/* A swap keeps its pool: o2 never registers it, a and o close (a's
+	 * swaps go with it), and the pool stays while o2's swap holds it. */
+	o2 = kvt_connect("sw");
+	CHECK_EQ(kvc_alloc(o2, p, 2, x), 2);
+	CHECK_EQ(kvc_swap_out(o2, x, 2, &s4), 0);
+	CHECK_EQ(kvc_swap_in(o, s3, back, 16), 8);
+	CHECK_EQ(kvc_release(o, back, 8), 0);
+	kvc_close(a);
+	kvc_close(o);
+	kvt_wait_sessions(1);
+	CHECK(pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(kvc_swap_in(o2, s4, x, 2), 2);
+	CHECK_EQ(kvc_release(o2, x, 2), 0);
+	CHECK(!pool_listed(p, "p"));
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(o2);
+	kvt_stop(&d);
+}
+
 int main(void)
 {
 	test_layout_and_count();
@@ -376,5 +429,6 @@ int main(void)
 	test_pools_freed();
 	test_pools_kept_by_tiers();
 	test_adopt_after_free();
+	test_swap_cap();
 	return 0;
 }
