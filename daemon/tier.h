@@ -167,7 +167,8 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
  * invariants: problems are reported like the pool checker's. */
 uint64_t kv_tiers_entries(const struct kv_tiers *t);
 /* Adds the references the tiers hold (swaps, promotions) to each block's
- * check field, as sessions' references are (kv_pools_check). */
+ * check field, and their holds (tier blocks, swaps) to each pool's
+ * check_holds, as sessions' are (kv_pools_check). */
 void kv_tiers_count_refs(struct kv_tiers *t);
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx);
 
