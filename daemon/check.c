@@ -92,20 +92,58 @@ static void check_list(struct checker *c, struct kv_pool *p, struct kv_list *hea
 		    n > want ? "more than " : "", (unsigned long long)n, (unsigned long long)want);
 }
 
+/* The id map: live pools where their ids say, the sentinel everywhere
+ * else, npools just past the highest live id. */
+static void check_ids(struct kv_pools *ps, struct checker *c)
+{
+	const struct kv_pool *h = &ps->hole;
+	uint32_t i;
+
+	if (h->device != UINT32_MAX || !kv_list_empty(&h->free) || !kv_list_empty(&h->lru) ||
+	    !kv_list_empty(&h->demoting) || !kv_list_empty(&h->runs) || h->spare || h->holds)
+		bad(c, "the free-id sentinel pool is not empty");
+	if (ps->npools > KV_MAX_POOLS || (ps->npools && ps->pool[ps->npools - 1] == h))
+		bad(c, "pool ids end at %u, not just past the highest live one", ps->npools);
+	for (i = 0; i < KV_MAX_POOLS; i++) {
+		if (ps->pool[i] == h)
+			continue;
+		if (i >= ps->npools || ps->pool[i]->id != i)
+			bad(c, "pool id %u: holds pool %u (ids end at %u)", i, ps->pool[i]->id,
+			    ps->npools);
+	}
+}
+
 int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
 		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
 {
 	struct checker c = { .report = report, .ctx = ctx };
 	uint64_t walked = 0, indexed = 0, unused = 0;
 	uint64_t ns_used[KV_MAX_NS], ns_cached[KV_MAX_NS];  /* per namespace id - 1 */
-	uint32_t i, d, pg;
+	uint32_t i, d, pg, live = 0, ns_pools[KV_MAX_NS + 1] = { 0 };
+	struct kv_list *ipos;
 
 	memset(ns_used, 0, sizeof(ns_used));
 	memset(ns_cached, 0, sizeof(ns_cached));
+	check_ids(ps, &c);
 	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *p = ps->pool[i];
+		struct kv_pool *p = pool_at(ps, i);
 		uint64_t counts[4] = { 0 }, runs = 0;
 		struct kv_list *pos;
+
+		if (!p)
+			continue;
+		live++;
+		if (p->ns >= 1 && p->ns <= KV_MAX_NS)
+			ns_pools[p->ns]++;
+		if (!kv_ns_get(&ps->nst, p->ns))
+			bad(&c, "pool %u: its namespace %u is not live", p->id, p->ns);
+		if (refs && p->holds != p->check_holds)
+			bad(&c, "pool %u: %u holds, %u known (sessions that registered it, tier "
+				"copies and swaps)", p->id, p->holds, p->check_holds);
+		/* Idle means queued: the next collection frees it. */
+		if (!p->holds && !p->n.writable && !p->n.sealed && !p->n.cached &&
+		    !kv_list_linked(&p->idle))
+			bad(&c, "pool %u: nothing uses it, yet it is not queued to be freed", p->id);
 
 		kv_list_for_each(pos, &p->runs) {
 			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
@@ -145,8 +183,6 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 		if (kv_ns_get(&ps->nst, p->ns)) {
 			ns_used[p->ns - 1] += (counts[1] + counts[2] + counts[3]) * p->block_bytes;
 			ns_cached[p->ns - 1] += counts[3] * p->block_bytes;
-		} else {
-			bad(&c, "pool %u: namespace %u is not live", p->id, p->ns);
 		}
 		check_list(&c, p, &p->free, KV_BLOCK_FREE, counts[0], 0);
 		check_list(&c, p, &p->lru, KV_BLOCK_CACHED, counts[3] - p->n.demoting, 0);
@@ -170,6 +206,20 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 	if (unused != ps->nst.reserve_unused)
 		bad(&c, "namespaces: %llu bytes of reserve unused, %llu counted",
 		    (unsigned long long)unused, (unsigned long long)ps->nst.reserve_unused);
+	if (live != ps->nlive)
+		bad(&c, "%u pools live, %u counted", live, ps->nlive);
+	for (d = 1; d <= KV_MAX_NS; d++) {
+		const struct kv_ns *n = kv_ns_get(&ps->nst, d);
+
+		if (n ? n->pools != ns_pools[d] : ns_pools[d] != 0)
+			bad(&c, "namespace %u: %u pools, %u counted", d, ns_pools[d], n ? n->pools : 0);
+	}
+	kv_list_for_each(ipos, &ps->idle) {
+		const struct kv_pool *p = kv_container_of(ipos, struct kv_pool, idle);
+
+		if (p == &ps->hole || p->id >= ps->npools || ps->pool[p->id] != p)
+			bad(&c, "the idle list holds a pool that is not live");
+	}
 	if (indexed + tier_entries != ps->index.count)
 		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
 		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);
@@ -213,6 +263,7 @@ void kv_pools_check_clear(struct kv_pools *ps)
 	for (i = 0; i < ps->npools; i++) {
 		struct kv_list *pos;
 
+		ps->pool[i]->check_holds = 0;
 		kv_list_for_each(pos, &ps->pool[i]->runs) {
 			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
 

@@ -69,6 +69,16 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  NULL },
 	{ "status_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(status_interval_ms), KV_CFG_RELOAD,
 	  0, 3600000, "5s", "how often the systemd STATUS= line is refreshed (0: never)", NULL },
+	/* Bounds on what clients may make the daemon hold (docs/operations.md,
+	 * "Limits on pools, layouts, swap and replies"). */
+	{ "max_layout_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_layout_bytes), KV_CFG_RELOAD, 0, GiB,
+	  "64KiB", "largest layout description a RegisterPool may carry (kept while the pool lives)",
+	  NULL },
+	{ "max_pools_per_namespace", 0, KV_CFG_UINT, KV_CFG_FIELD(max_pools_per_namespace),
+	  KV_CFG_RELOAD, 1, 4096, "64", "most pools one namespace may have at once", NULL },
+	{ "max_swap_per_session", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_swap_per_session), KV_CFG_RELOAD,
+	  0, 0, "4GiB", "most block bytes one connection may hold swapped out to the host tier",
+	  NULL },
 	/* The lower tiers (tier.h, docs/tiers.md). The watermarks are not
 	 * reloadable yet: kv_tiers keeps its own copy (see apply_config()). */
 	{ "host_tier_size", 0, KV_CFG_SIZE_PCT, KV_CFG_FIELD(tiers.host_bytes), KV_CFG_PCT_RAM, 0, 0,

@@ -70,6 +70,12 @@ struct kv_config {
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;
 	uint64_t status_interval_ms;
+	/* What one client may make the daemon hold (docs/operations.md, "Limits
+	 * on pools, layouts, swap and replies"); all reloadable: read where
+	 * they are enforced (ops_block.c). */
+	uint64_t max_layout_bytes;    /* a pool's layout blob */
+	uint32_t max_pools_per_namespace;
+	uint64_t max_swap_per_session;  /* block bytes one session holds swapped out */
 	struct kv_tiers_config tiers; /* host_tier_size, disk_*, demote_*, writeback_* */
 	struct kv_ns_conf ns[KV_CFG_MAX_NS];  /* the [namespace NAME] sections */
 	uint32_t nns;

@@ -17,12 +17,28 @@ uint64_t kv_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+static void pool_gone(void *ctx, struct kv_pool *p)
+{
+	struct kv_daemon *d = ctx;
+
+	kv_debug("pool %u '%s' of namespace '%s' freed: no session registered it, no block of it "
+		 "is in use or in a lower tier", p->id, p->name, kv_pools_ns_name(d->pools, p->ns));
+	kv_tiers_pool_gone(d->tiers, p);
+}
+
+void kv_daemon_collect(struct kv_daemon *d)
+{
+	kv_pools_collect(d->pools, pool_gone, d);
+}
+
 static void on_copies(struct kv_loop_watch *w, int res, int more)
 {
 	struct kv_daemon *d = kv_container_of(w, struct kv_daemon, copyw);
 
-	if (res >= 0)
+	if (res >= 0) {
 		kv_tiers_copies_done(d->tiers);
+		kv_daemon_collect(d);
+	}
 	if (!more && !d->loop.stop)
 		kv_loop_poll(&d->loop, &d->copyw, d->be->completion_fd, POLLIN, 1);
 }
@@ -31,8 +47,10 @@ static void on_disk(struct kv_loop_watch *w, int res, int more)
 {
 	struct kv_daemon *d = kv_container_of(w, struct kv_daemon, diskw);
 
-	if (res >= 0)
+	if (res >= 0) {
 		kv_tiers_disk_done(d->tiers);
+		kv_daemon_collect(d);
+	}
 	if (d->flushing && kv_daemon_stop_flush(d))
 		kv_loop_stop(&d->loop);
 	if (!more && !d->loop.stop)

@@ -87,6 +87,12 @@ void kv_daemon_fini(struct kv_daemon *d);
  * is set, and the disk completion that finishes them stops the loop). */
 int kv_daemon_stop_flush(struct kv_daemon *d);
 
+/* Frees the pools nothing uses any more (pool.h, kv_pools_collect) and
+ * what the tiers keep for each. Called where no caller up the stack holds
+ * a pool: before and after each request, after a session is released,
+ * after tier completions. */
+void kv_daemon_collect(struct kv_daemon *d);
+
 /* Milliseconds of the wall clock (what operators compare with dates). */
 uint64_t kv_now_ms(void);
 

@@ -108,12 +108,13 @@ static struct kv_block *victim(struct kv_pool *p, int *spare)
 
 	*spare = 0;
 	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-		uint32_t prio = pool_ns(q)->lim.priority;
+		struct kv_pool *q = pool_at(ps, i);
 		struct kv_block *b;
+		uint32_t prio;
 
-		if (q == p || q->device != p->device || !(n = kv_list_back(&q->lru)))
+		if (!q || q == p || q->device != p->device || !(n = kv_list_back(&q->lru)))
 			continue;
+		prio = pool_ns(q)->lim.priority;
 		b = kv_container_of(n, struct kv_block, node);
 		if (!may_take(q, p->ns) || !run_helps(b->run, p))
 			continue;
@@ -127,9 +128,9 @@ static struct kv_block *victim(struct kv_pool *p, int *spare)
 	 * any block of the same priority as p's own. */
 	if (!own || !best) {
 		for (i = 0; i < ps->npools; i++) {
-			struct kv_pool *q = ps->pool[i];
+			struct kv_pool *q = pool_at(ps, i);
 
-			if (q != p && q->device == p->device && q->spare) {
+			if (q && q != p && q->device == p->device && q->spare) {
 				pool_run_release(q->spare);
 				*spare = 1;
 				return NULL;
@@ -242,10 +243,10 @@ int pool_quota_room(struct kv_pool *p, uint32_t n, int may_evict, char *why, siz
 				oldest = kv_container_of(l, struct kv_block, node);
 			} else {
 				for (i = 0; i < p->pools->npools; i++) {
-					struct kv_pool *o = p->pools->pool[i];
+					struct kv_pool *o = pool_at(p->pools, i);
 					struct kv_block *b;
 
-					if (o->ns != p->ns || !(l = kv_list_back(&o->lru)))
+					if (!o || o->ns != p->ns || !(l = kv_list_back(&o->lru)))
 						continue;
 					b = kv_container_of(l, struct kv_block, node);
 					if (!oldest || b->tick < oldest->tick)
@@ -278,13 +279,15 @@ struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev)
 	uint32_t i, best_prio = 0;
 
 	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = ps->pool[i];
-		struct kv_ns *m = pool_ns(q);
+		struct kv_pool *q = pool_at(ps, i);
 		struct kv_list *n;
 		struct kv_block *b;
+		struct kv_ns *m;
 
-		if (q->device != dev || !(n = kv_list_back(&q->lru)) ||
-		    m->used[0] < m->lim.reserve + q->block_bytes)
+		if (!q || q->device != dev || !(n = kv_list_back(&q->lru)))
+			continue;
+		m = pool_ns(q);
+		if (m->used[0] < m->lim.reserve + q->block_bytes)
 			continue;
 		b = kv_container_of(n, struct kv_block, node);
 		if (!oldest || m->lim.priority < best_prio ||
@@ -304,7 +307,7 @@ uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)
 	for (i = 0; i < ps->npools; i++) {
 		struct kv_list *old;
 
-		if (pool_id >= 0 && (uint32_t)pool_id != i)
+		if ((pool_id >= 0 && (uint32_t)pool_id != i) || !pool_at(ps, i))
 			continue;
 		while ((old = kv_list_back(&ps->pool[i]->lru))) {
 			pool_evict(kv_container_of(old, struct kv_block, node), 0);

@@ -15,12 +15,12 @@ void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u)
 	uint32_t id;
 
 	memset(u, 0, (KV_MAX_NS + 1) * sizeof(*u));
-	for (id = 0; id < KV_MAX_POOLS; id++) {
+	for (id = 0; id < kv_pools_end(d->pools); id++) {
 		const struct kv_pool *p = kv_pool_get(d->pools, id);
 		struct kv_ns_usage *n;
 
 		if (!p)
-			break;
+			continue;
 		if (p->ns > KV_MAX_NS)
 			continue;
 		n = &u[p->ns];
@@ -55,11 +55,6 @@ static void label(FILE *f, const char *name, const char *v, int first)
 	fputc('"', f);
 }
 
-static void family(FILE *f, const char *name, const char *type, const char *help)
-{
-	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool *p)
 {
 	char id[16], dev[16];
@@ -72,251 +67,336 @@ static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool
 	label(f, "device", dev, 0);
 }
 
-static const struct kv_pool *pool_at(const struct kv_daemon *d, uint32_t id)
-{
-	return id < KV_MAX_POOLS ? kv_pool_get(d->pools, id) : NULL;
-}
+/* ---- the families --------------------------------------------------------
+ *
+ * The exposition is a list of families, each a header (# HELP, # TYPE) and
+ * its items: one for a daemon-wide figure, one per pool (by id), per tier or
+ * per namespace (by id), each item one or a few sample lines. A page stops
+ * between two items (kv_metrics_page), and its position says where the next
+ * one starts: family << 32 | item, item 0 being the header, item k + 1 the
+ * pool, tier or namespace k (namespaces: their id, from 1). */
 
-/* One counter or gauge per pool, read by off from its counts. */
-static void pool_family(FILE *f, const struct kv_daemon *d, const char *name, const char *type,
-			const char *help, size_t off)
-{
-	const struct kv_pool *p;
-	uint32_t id;
+enum fam_kind { F_ONE, F_POOL, F_TIER, F_NS };
 
-	family(f, name, type, help);
-	for (id = 0; (p = pool_at(d, id)); id++) {
-		fprintf(f, "%s{", name);
-		pool_labels(f, d, p);
-		fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&p->n + off));
-	}
-}
-
-/* One gauge or counter per tier (G1 always; G2, G3 when configured), read
- * by off from its stats. */
-static void tier_family(FILE *f, const struct kv_tier_stats *st, int nt, const char *name,
-			const char *type, const char *help, size_t off)
-{
-	static const char *const tiers[] = { "G1", "G2", "G3" };
-	int t;
-
-	family(f, name, type, help);
-	for (t = 0; t < nt; t++) {
-		fprintf(f, "%s{", name);
-		label(f, "tier", tiers[t], 1);
-		fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&st[t] + off));
-	}
-}
-
-static void tier_families(FILE *f, const struct kv_daemon *d)
-{
+/* What a page is written from, gathered once per page. */
+struct expo {
+	const struct kv_daemon *d;
+	struct kv_ns_usage *u;           /* per namespace id */
 	struct kv_tier_stats st[KV_NTIERS];
-	int nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;
+	int nt;                          /* tiers shown */
+	uint64_t pages_total, pages_free, page_bytes;
+};
 
-	kv_tiers_stats(d->tiers, st);
-	if (nt == KV_NTIERS && !st[KV_TIER_G3].capacity)
-		nt--;
-#define T(name, type, help, field) \
-	tier_family(f, st, nt, name, type, help, offsetof(struct kv_tier_stats, field))
-	T("kvcached_tier_capacity_bytes", "gauge", "Bytes a tier can hold.", capacity);
-	T("kvcached_tier_used_bytes", "gauge", "Bytes a tier holds.", used);
-	T("kvcached_tier_blocks", "gauge", "Blocks a tier holds.", blocks);
-	T("kvcached_tier_dirty_blocks", "gauge", "Host-tier copies not on disk yet.", dirty);
-	T("kvcached_tier_inflight", "gauge", "Copies or I/Os under way.", inflight);
-	T("kvcached_tier_hits_total", "counter", "Lookups answered from a tier.", hits);
-	T("kvcached_tier_promotions_total", "counter", "Blocks brought back up into G1.",
-	  promotions);
-	T("kvcached_tier_demotions_total", "counter", "Blocks that arrived in a tier from above.",
-	  demotions);
-	T("kvcached_tier_evictions_total", "counter", "Blocks dropped from a tier.", evictions);
-	T("kvcached_tier_io_errors_total", "counter", "Failed tier copies and disk I/Os.",
-	  io_errors);
-	T("kvcached_tier_checksum_failures_total", "counter",
-	  "Disk slots that failed their check (served as misses).", checksum_failures);
-#undef T
-}
+struct fam {
+	const char *name, *type, *help;
+	enum fam_kind kind;
+	/* Writes item k's samples (k: the pool id, tier or namespace id). */
+	void (*item)(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k);
+	size_t off;                      /* in kv_pool_counts or kv_tier_stats */
+};
 
-/* The namespace table's usage and limits (every open namespace). */
-static void ns_limits(FILE *f, const struct kv_daemon *d)
+static const char *const states[] = { "free", "writable", "sealed", "cached" };
+static const char *const tier_label[] = { "G1", "G2", "G3" };
+
+static void one_info(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
 {
-	static const char *const tiers[] = { "G1", "G2", "G3" };
-	const struct kv_ns_table *t = kv_pools_nstab(d->pools);
-	uint32_t i;
-	int k;
-
-	family(f, "kvcached_namespace_used_bytes", "gauge",
-	       "What a namespace holds per tier (G1 blocks, G2 and G3 slots).");
-	for (i = 0; i < KV_MAX_NS; i++)
-		for (k = 0; t->ns[i].refs && k < KV_NS_TIERS; k++) {
-			fputs("kvcached_namespace_used_bytes{", f);
-			label(f, "namespace", t->ns[i].name, 1);
-			label(f, "tier", tiers[k], 0);
-			fprintf(f, "} %" PRIu64 "\n", t->ns[i].used[k]);
-		}
-	family(f, "kvcached_namespace_quota_bytes", "gauge",
-	       "A namespace's quota per tier (only where one is set).");
-	for (i = 0; i < KV_MAX_NS; i++)
-		for (k = 0; t->ns[i].refs && k < KV_NS_TIERS; k++) {
-			if (!t->ns[i].lim.quota[k])
-				continue;
-			fputs("kvcached_namespace_quota_bytes{", f);
-			label(f, "namespace", t->ns[i].name, 1);
-			label(f, "tier", tiers[k], 0);
-			fprintf(f, "} %" PRIu64 "\n", t->ns[i].lim.quota[k]);
-		}
-	family(f, "kvcached_namespace_reserve_bytes", "gauge",
-	       "G1 bytes other namespaces cannot evict a namespace below.");
-	for (i = 0; i < KV_MAX_NS; i++) {
-		if (!t->ns[i].refs)
-			continue;
-		fputs("kvcached_namespace_reserve_bytes{", f);
-		label(f, "namespace", t->ns[i].name, 1);
-		fprintf(f, "} %" PRIu64 "\n", t->ns[i].lim.reserve);
-	}
-	family(f, "kvcached_namespace_lookups_total", "counter", "Hashes a namespace looked up.");
-	for (i = 0; i < KV_MAX_NS; i++) {
-		if (!t->ns[i].refs)
-			continue;
-		fputs("kvcached_namespace_lookups_total{", f);
-		label(f, "namespace", t->ns[i].name, 1);
-		fprintf(f, "} %" PRIu64 "\n", t->ns[i].lookups);
-	}
-	family(f, "kvcached_namespace_hits_total", "counter", "Of those, found (any tier).");
-	for (i = 0; i < KV_MAX_NS; i++) {
-		if (!t->ns[i].refs)
-			continue;
-		fputs("kvcached_namespace_hits_total{", f);
-		label(f, "namespace", t->ns[i].name, 1);
-		fprintf(f, "} %" PRIu64 "\n", t->ns[i].hits);
-	}
-	family(f, "kvcached_namespace_quota_refusals_total", "counter",
-	       "Requests a namespace's quota refused (KV_EQUOTA).");
-	for (i = 0; i < KV_MAX_NS; i++) {
-		if (!t->ns[i].refs)
-			continue;
-		fputs("kvcached_namespace_quota_refusals_total{", f);
-		label(f, "namespace", t->ns[i].name, 1);
-		fprintf(f, "} %" PRIu64 "\n", t->ns[i].quota_refusals);
-	}
-}
-
-int kv_metrics_write(const struct kv_daemon *d, FILE *f)
-{
-	static const char *const states[] = { "free", "writable", "sealed", "cached" };
-	struct kv_ns_usage *u = calloc(KV_MAX_NS + 1, sizeof(*u));
-	uint64_t total, nfree, page_bytes;
-	const struct kv_pool *p;
-	uint32_t id, ns;
-	int k;
-
-	if (!u)
-		return -ENOMEM;
-	kv_metrics_ns_usage(d, u);
-	kv_pools_pages(d->pools, &total, &nfree, &page_bytes);
-
-	family(f, "kvcached_info", "gauge", "The daemon's version and backend (always 1).");
+	(void)fm;
+	(void)k;
 	fputs("kvcached_info{", f);
 	label(f, "version", KV_VERSION, 1);
-	label(f, "backend", d->be->name, 0);
+	label(f, "backend", x->d->be->name, 0);
 	fputs("} 1\n", f);
-	family(f, "kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.");
-	fprintf(f, "kvcached_uptime_seconds %.3f\n", (double)(kv_now_ms() - d->start_ms) / 1000.0);
-	family(f, "kvcached_page_bytes", "gauge", "Bytes per page.");
-	fprintf(f, "kvcached_page_bytes %" PRIu64 "\n", page_bytes);
-	family(f, "kvcached_pages_total", "gauge", "Pages of KV memory, all devices.");
-	fprintf(f, "kvcached_pages_total %" PRIu64 "\n", total);
-	family(f, "kvcached_pages_free", "gauge", "Pages not assigned to any pool.");
-	fprintf(f, "kvcached_pages_free %" PRIu64 "\n", nfree);
-	family(f, "kvcached_sessions", "gauge", "Open connections, both sockets.");
-	fprintf(f, "kvcached_sessions %" PRIu32 "\n", d->nsessions);
-	family(f, "kvcached_draining", "gauge", "1 while the daemon drains before exiting.");
-	fprintf(f, "kvcached_draining %d\n", d->draining);
-	family(f, "kvcached_requests_total", "counter", "Requests handled.");
-	fprintf(f, "kvcached_requests_total %" PRIu64 "\n", d->requests);
-	family(f, "kvcached_enospc_total", "counter",
-	       "Allocations refused for want of memory after eviction.");
-	fprintf(f, "kvcached_enospc_total %" PRIu64 "\n", d->enospc);
-	family(f, "kvcached_reloads_total", "counter", "Configuration reloads tried.");
-	fprintf(f, "kvcached_reloads_total %" PRIu64 "\n", d->reloads);
-	family(f, "kvcached_reload_failures_total", "counter",
-	       "Configuration reloads refused (invalid configuration).");
-	fprintf(f, "kvcached_reload_failures_total %" PRIu64 "\n", d->reload_failures);
+}
 
-	family(f, "kvcached_pool_blocks", "gauge", "Blocks of a pool by state.");
-	for (id = 0; (p = pool_at(d, id)); id++) {
-		const uint64_t n[] = { p->n.free, p->n.writable, p->n.sealed, p->n.cached };
+static void one_uptime(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	fprintf(f, "%s %.3f\n", fm->name, (double)(kv_now_ms() - x->d->start_ms) / 1000.0);
+}
 
-		for (k = 0; k < 4; k++) {
-			fputs("kvcached_pool_blocks{", f);
-			pool_labels(f, d, p);
-			label(f, "state", states[k], 0);
-			fprintf(f, "} %" PRIu64 "\n", n[k]);
-		}
-	}
-	family(f, "kvcached_pool_block_bytes", "gauge", "Bytes per block of a pool.");
-	for (id = 0; (p = pool_at(d, id)); id++) {
-		fputs("kvcached_pool_block_bytes{", f);
-		pool_labels(f, d, p);
-		fprintf(f, "} %" PRIu64 "\n", p->block_bytes);
-	}
-	pool_family(f, d, "kvcached_pool_runs", "gauge", "Runs of pages a pool holds.",
-		    offsetof(struct kv_pool_counts, runs));
-	pool_family(f, d, "kvcached_pool_allocs_total", "counter",
-		    "Blocks allocated (copy-on-write copies included).",
-		    offsetof(struct kv_pool_counts, allocs));
-	pool_family(f, d, "kvcached_pool_lookups_total", "counter", "Hashes looked up.",
-		    offsetof(struct kv_pool_counts, lookups));
-	pool_family(f, d, "kvcached_pool_hits_total", "counter", "Hashes found by lookups.",
-		    offsetof(struct kv_pool_counts, hits));
-	pool_family(f, d, "kvcached_pool_evictions_total", "counter", "Cached blocks evicted.",
-		    offsetof(struct kv_pool_counts, evictions));
-	pool_family(f, d, "kvcached_pool_dedups_total", "counter",
-		    "Seals that found the hash published already.",
-		    offsetof(struct kv_pool_counts, dedups));
+/* The daemon-wide figures, by index (struct fam.off of their rows). */
+enum { V_PAGE_BYTES, V_PAGES_TOTAL, V_PAGES_FREE, V_SESSIONS, V_DRAINING, V_REQUESTS, V_ENOSPC,
+       V_RELOADS, V_RELOAD_FAILURES };
 
-	tier_families(f, d);
+static void one_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_daemon *d = x->d;
+	const uint64_t v[] = {
+		[V_PAGE_BYTES] = x->page_bytes, [V_PAGES_TOTAL] = x->pages_total,
+		[V_PAGES_FREE] = x->pages_free, [V_SESSIONS] = d->nsessions,
+		[V_DRAINING] = (uint64_t)d->draining, [V_REQUESTS] = d->requests,
+		[V_ENOSPC] = d->enospc, [V_RELOADS] = d->reloads,
+		[V_RELOAD_FAILURES] = d->reload_failures,
+	};
 
-	family(f, "kvcached_namespace_pools", "gauge", "Pools of a namespace.");
-	for (ns = 1; ns <= KV_MAX_NS; ns++) {
-		if (!u[ns].pools && !u[ns].sessions)
-			continue;
-		fputs("kvcached_namespace_pools{", f);
-		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
-		fprintf(f, "} %" PRIu32 "\n", u[ns].pools);
-	}
-	family(f, "kvcached_namespace_sessions", "gauge", "Open connections of a namespace.");
-	for (ns = 1; ns <= KV_MAX_NS; ns++) {
-		if (!u[ns].pools && !u[ns].sessions)
-			continue;
-		fputs("kvcached_namespace_sessions{", f);
-		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
-		fprintf(f, "} %" PRIu32 "\n", u[ns].sessions);
-	}
-	family(f, "kvcached_namespace_blocks", "gauge", "Blocks of a namespace's pools by state.");
-	for (ns = 1; ns <= KV_MAX_NS; ns++) {
-		const uint64_t n[] = { u[ns].writable, u[ns].sealed, u[ns].cached };
+	(void)k;
+	fprintf(f, "%s %" PRIu64 "\n", fm->name, v[fm->off]);
+}
 
-		if (!u[ns].pools && !u[ns].sessions)
-			continue;
-		for (k = 0; k < 3; k++) {
-			fputs("kvcached_namespace_blocks{", f);
-			label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
-			label(f, "state", states[k + 1], 0);
-			fprintf(f, "} %" PRIu64 "\n", n[k]);
-		}
+static void pool_states(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_pool *p = kv_pool_get(x->d->pools, k);
+	const uint64_t n[] = { p->n.free, p->n.writable, p->n.sealed, p->n.cached };
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		fprintf(f, "%s{", fm->name);
+		pool_labels(f, x->d, p);
+		label(f, "state", states[i], 0);
+		fprintf(f, "} %" PRIu64 "\n", n[i]);
 	}
-	family(f, "kvcached_namespace_bytes", "gauge",
-	       "Bytes of a namespace's writable, sealed and cached blocks.");
-	for (ns = 1; ns <= KV_MAX_NS; ns++) {
-		if (!u[ns].pools && !u[ns].sessions)
-			continue;
-		fputs("kvcached_namespace_bytes{", f);
-		label(f, "namespace", kv_pools_ns_name(d->pools, ns), 1);
-		fprintf(f, "} %" PRIu64 "\n", u[ns].bytes);
+}
+
+static void pool_block_bytes(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_pool *p = kv_pool_get(x->d->pools, k);
+
+	fprintf(f, "%s{", fm->name);
+	pool_labels(f, x->d, p);
+	fprintf(f, "} %" PRIu64 "\n", p->block_bytes);
+}
+
+/* A counter or gauge of the pool, read by off from its counts. */
+static void pool_count(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_pool *p = kv_pool_get(x->d->pools, k);
+
+	fprintf(f, "%s{", fm->name);
+	pool_labels(f, x->d, p);
+	fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&p->n + fm->off));
+}
+
+static void tier_stat(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	fprintf(f, "%s{", fm->name);
+	label(f, "tier", tier_label[k], 1);
+	fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)&x->st[k] + fm->off));
+}
+
+static void ns_pools(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	fprintf(f, "%s{", fm->name);
+	label(f, "namespace", kv_pools_ns_name(x->d->pools, k), 1);
+	fprintf(f, "} %" PRIu32 "\n", x->u[k].pools);
+}
+
+static void ns_sessions(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	fprintf(f, "%s{", fm->name);
+	label(f, "namespace", kv_pools_ns_name(x->d->pools, k), 1);
+	fprintf(f, "} %" PRIu32 "\n", x->u[k].sessions);
+}
+
+static void ns_blocks(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const uint64_t n[] = { x->u[k].writable, x->u[k].sealed, x->u[k].cached };
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		fprintf(f, "%s{", fm->name);
+		label(f, "namespace", kv_pools_ns_name(x->d->pools, k), 1);
+		label(f, "state", states[i + 1], 0);
+		fprintf(f, "} %" PRIu64 "\n", n[i]);
 	}
-	ns_limits(f, d);
-	free(u);
-	if (fflush(f) != 0 || ferror(f))
-		return -EIO;
+}
+
+static void ns_bytes(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	fprintf(f, "%s{", fm->name);
+	label(f, "namespace", kv_pools_ns_name(x->d->pools, k), 1);
+	fprintf(f, "} %" PRIu64 "\n", x->u[k].bytes);
+}
+
+/* The namespace table's usage and limits (ns.h): per tier, or one value. */
+static const struct kv_ns *ns_of(const struct expo *x, uint32_t k)
+{
+	return kv_ns_get(kv_pools_nstab(x->d->pools), k);
+}
+
+static void ns_tiers(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_ns *n = ns_of(x, k);
+	const uint64_t *v = (const uint64_t *)((const char *)n + fm->off);
+
+	for (int i = 0; i < KV_NS_TIERS; i++) {
+		if (fm->off == offsetof(struct kv_ns, lim.quota) && !v[i])
+			continue;   /* no quota there */
+		fprintf(f, "%s{", fm->name);
+		label(f, "namespace", n->name, 1);
+		label(f, "tier", tier_label[i], 0);
+		fprintf(f, "} %" PRIu64 "\n", v[i]);
+	}
+}
+
+static void ns_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	const struct kv_ns *n = ns_of(x, k);
+
+	fprintf(f, "%s{", fm->name);
+	label(f, "namespace", n->name, 1);
+	fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)n + fm->off));
+}
+
+#define ONE(n, t, h, v) { n, t, h, F_ONE, one_u64, v }
+#define POOL(n, t, h, field) { n, t, h, F_POOL, pool_count, offsetof(struct kv_pool_counts, field) }
+#define TIER(n, t, h, field) { n, t, h, F_TIER, tier_stat, offsetof(struct kv_tier_stats, field) }
+
+/* Adding a metric: one row here (and an item function if none fits). */
+static const struct fam fams[] = {
+	{ "kvcached_info", "gauge", "The daemon's version and backend (always 1).", F_ONE,
+	  one_info, 0 },
+	{ "kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.", F_ONE,
+	  one_uptime, 0 },
+	ONE("kvcached_page_bytes", "gauge", "Bytes per page.", V_PAGE_BYTES),
+	ONE("kvcached_pages_total", "gauge", "Pages of KV memory, all devices.", V_PAGES_TOTAL),
+	ONE("kvcached_pages_free", "gauge", "Pages not assigned to any pool.", V_PAGES_FREE),
+	ONE("kvcached_sessions", "gauge", "Open connections, both sockets.", V_SESSIONS),
+	ONE("kvcached_draining", "gauge", "1 while the daemon drains before exiting.",
+	    V_DRAINING),
+	ONE("kvcached_requests_total", "counter", "Requests handled.", V_REQUESTS),
+	ONE("kvcached_enospc_total", "counter",
+	    "Allocations refused for want of memory after eviction.", V_ENOSPC),
+	ONE("kvcached_reloads_total", "counter", "Configuration reloads tried.", V_RELOADS),
+	ONE("kvcached_reload_failures_total", "counter",
+	    "Configuration reloads refused (invalid configuration).", V_RELOAD_FAILURES),
+	{ "kvcached_pool_blocks", "gauge", "Blocks of a pool by state.", F_POOL, pool_states, 0 },
+	{ "kvcached_pool_block_bytes", "gauge", "Bytes per block of a pool.", F_POOL,
+	  pool_block_bytes, 0 },
+	POOL("kvcached_pool_runs", "gauge", "Runs of pages a pool holds.", runs),
+	POOL("kvcached_pool_allocs_total", "counter",
+	     "Blocks allocated (copy-on-write copies included).", allocs),
+	POOL("kvcached_pool_lookups_total", "counter", "Hashes looked up.", lookups),
+	POOL("kvcached_pool_hits_total", "counter", "Hashes found by lookups.", hits),
+	POOL("kvcached_pool_evictions_total", "counter", "Cached blocks evicted.", evictions),
+	POOL("kvcached_pool_dedups_total", "counter", "Seals that found the hash published already.",
+	     dedups),
+	TIER("kvcached_tier_capacity_bytes", "gauge", "Bytes a tier can hold.", capacity),
+	TIER("kvcached_tier_used_bytes", "gauge", "Bytes a tier holds.", used),
+	TIER("kvcached_tier_blocks", "gauge", "Blocks a tier holds.", blocks),
+	TIER("kvcached_tier_dirty_blocks", "gauge", "Host-tier copies not on disk yet.", dirty),
+	TIER("kvcached_tier_inflight", "gauge", "Copies or I/Os under way.", inflight),
+	TIER("kvcached_tier_hits_total", "counter", "Lookups answered from a tier.", hits),
+	TIER("kvcached_tier_promotions_total", "counter", "Blocks brought back up into G1.",
+	     promotions),
+	TIER("kvcached_tier_demotions_total", "counter", "Blocks that arrived in a tier from above.",
+	     demotions),
+	TIER("kvcached_tier_evictions_total", "counter", "Blocks dropped from a tier.", evictions),
+	TIER("kvcached_tier_io_errors_total", "counter", "Failed tier copies and disk I/Os.",
+	     io_errors),
+	TIER("kvcached_tier_checksum_failures_total", "counter",
+	     "Disk slots that failed their check (served as misses).", checksum_failures),
+	{ "kvcached_namespace_pools", "gauge", "Pools of a namespace.", F_NS, ns_pools, 0 },
+	{ "kvcached_namespace_sessions", "gauge", "Open connections of a namespace.", F_NS,
+	  ns_sessions, 0 },
+	{ "kvcached_namespace_blocks", "gauge", "Blocks of a namespace's pools by state.", F_NS,
+	  ns_blocks, 0 },
+	{ "kvcached_namespace_bytes", "gauge",
+	  "Bytes of a namespace's writable, sealed and cached blocks.", F_NS, ns_bytes, 0 },
+	{ "kvcached_namespace_used_bytes", "gauge",
+	  "What a namespace holds per tier (G1 blocks, G2 and G3 slots).", F_NS, ns_tiers,
+	  offsetof(struct kv_ns, used) },
+	{ "kvcached_namespace_quota_bytes", "gauge",
+	  "A namespace's quota per tier (only where one is set).", F_NS, ns_tiers,
+	  offsetof(struct kv_ns, lim.quota) },
+	{ "kvcached_namespace_reserve_bytes", "gauge",
+	  "G1 bytes other namespaces cannot evict a namespace below.", F_NS, ns_u64,
+	  offsetof(struct kv_ns, lim.reserve) },
+	{ "kvcached_namespace_lookups_total", "counter", "Hashes a namespace looked up.", F_NS,
+	  ns_u64, offsetof(struct kv_ns, lookups) },
+	{ "kvcached_namespace_hits_total", "counter", "Of those, found (any tier).", F_NS, ns_u64,
+	  offsetof(struct kv_ns, hits) },
+	{ "kvcached_namespace_quota_refusals_total", "counter",
+	  "Requests a namespace's quota refused (KV_EQUOTA).", F_NS, ns_u64,
+	  offsetof(struct kv_ns, quota_refusals) },
+};
+
+#define NFAMS (sizeof(fams) / sizeof(fams[0]))
+
+/* The first item of fm at or after k that exists (k: as the item
+ * functions take it), in *k; 0 when none is left. */
+static int next_item(const struct expo *x, const struct fam *fm, uint32_t *k)
+{
+	switch (fm->kind) {
+	case F_ONE:
+		return *k == 0;
+	case F_POOL:
+		for (; *k < kv_pools_end(x->d->pools); ++*k)
+			if (kv_pool_get(x->d->pools, *k))
+				return 1;
+		return 0;
+	case F_TIER:
+		return *k < (uint32_t)x->nt;
+	case F_NS:
+		for (*k = *k ? *k : 1; *k <= KV_MAX_NS; ++*k)
+			if (ns_of(x, *k))   /* open: pools, sessions, or declared */
+				return 1;
+		return 0;
+	}
 	return 0;
+}
+
+ssize_t kv_metrics_page(const struct kv_daemon *d, uint64_t *pos, size_t limit, char **text)
+{
+	struct expo x = { .d = d };
+	uint64_t at = *pos;
+	uint32_t fi = (uint32_t)(at >> 32), item = (uint32_t)at;
+	size_t len = 0, page_end = 0, items = 0;
+	char *buf = NULL;
+	FILE *f;
+
+	*text = NULL;
+	if (at == KV_METRICS_DONE || fi >= NFAMS)
+		fi = NFAMS;
+	if (!(x.u = calloc(KV_MAX_NS + 1, sizeof(*x.u))))
+		return -ENOMEM;
+	kv_metrics_ns_usage(d, x.u);
+	kv_pools_pages(d->pools, &x.pages_total, &x.pages_free, &x.page_bytes);
+	kv_tiers_stats(d->tiers, x.st);
+	x.nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;
+	if (x.nt == KV_NTIERS && !x.st[KV_TIER_G3].capacity)
+		x.nt--;
+	if (!(f = open_memstream(&buf, &len))) {
+		free(x.u);
+		return -ENOMEM;
+	}
+	/* Item by item; past limit, the page ends before the item that went
+	 * over (there is always at least one, so that paging goes on). */
+	*pos = KV_METRICS_DONE;
+	for (; fi < NFAMS; fi++, item = 0) {
+		const struct fam *fm = &fams[fi];
+		uint32_t k;
+
+		if (item == 0) {
+			fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fm->name, fm->help, fm->name,
+				fm->type);
+			if (limit && items && (size_t)ftell(f) > limit) {
+				*pos = (uint64_t)fi << 32;
+				break;
+			}
+			page_end = (size_t)ftell(f);
+			items++;
+			item = 1;
+		}
+		for (k = item - 1; next_item(&x, fm, &k); k++) {
+			fm->item(f, &x, fm, k);
+			if (limit && items && (size_t)ftell(f) > limit) {
+				*pos = (uint64_t)fi << 32 | (k + 1);
+				break;
+			}
+			page_end = (size_t)ftell(f);
+			items++;
+		}
+		if (*pos != KV_METRICS_DONE)
+			break;
+	}
+	free(x.u);
+	if (fclose(f) != 0 || !buf) {
+		free(buf);
+		return -ENOMEM;
+	}
+	if (*pos == KV_METRICS_DONE)
+		page_end = len;
+	buf[page_end] = '\0';
+	*text = buf;
+	return (ssize_t)page_end;
 }

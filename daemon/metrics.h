@@ -4,12 +4,13 @@
  *
  * Metric names start with kvcached_; counters end in _total. Labels carry
  * pool ids, namespace and pool names (escaped: \\, \", \n). Adding a metric:
- * one family() call and its samples in kv_metrics_write(). */
+ * one row in fams[] (metrics.c). */
 #ifndef KV_METRICS_H
 #define KV_METRICS_H
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "pool.h"
 
@@ -25,8 +26,17 @@ struct kv_ns_usage {
  * entries; u[0] counts sessions before Hello). */
 void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u);
 
-/* Writes the whole exposition to f. Returns 0, or -ENOMEM / -EIO when f
- * fails. */
-int kv_metrics_write(const struct kv_daemon *d, FILE *f);
+/* Where kv_metrics_page() says the exposition is complete. */
+#define KV_METRICS_DONE UINT64_MAX
+
+/* A page of the exposition: what follows position *pos (0: the start), as
+ * many whole items (a family's header, a daemon-wide sample, one pool's,
+ * tier's or namespace's samples) as fit in limit bytes (0: no limit; a page
+ * holds at least one item). Pages concatenated in order are the whole
+ * exposition, byte for byte (each family once, its samples together), though
+ * each reflects the moment it was written. *pos becomes where the next page
+ * starts, or KV_METRICS_DONE. Returns the page's length with *text a
+ * NUL-terminated malloc()ed string the caller frees, or -ENOMEM. */
+ssize_t kv_metrics_page(const struct kv_daemon *d, uint64_t *pos, size_t limit, char **text);
 
 #endif

@@ -225,14 +225,14 @@ static void dispatch(struct req *q, const Kvcached__Request *rq)
 	case KVCACHED__REQUEST__OP_COW: kv_op_cow(q, rq->cow); break;
 	case KVCACHED__REQUEST__OP_SWAP_OUT: kv_op_swap_out(q, rq->swap_out); break;
 	case KVCACHED__REQUEST__OP_SWAP_IN: kv_op_swap_in(q, rq->swap_in); break;
-	case KVCACHED__REQUEST__OP_STATS: kv_op_stats(q); break;
+	case KVCACHED__REQUEST__OP_STATS: kv_op_stats(q, rq->stats); break;
 	case KVCACHED__REQUEST__OP_LIST_CLIENTS: kv_op_clients(q); break;
 	case KVCACHED__REQUEST__OP_CHECK: kv_op_check(q); break;
 	case KVCACHED__REQUEST__OP_EVICT: kv_op_evict(q, rq->evict); break;
 	case KVCACHED__REQUEST__OP_FLUSH: kv_op_flush(q); break;
 	case KVCACHED__REQUEST__OP_DRAIN: kv_op_drain(q, rq->drain); break;
 	case KVCACHED__REQUEST__OP_RELOAD: kv_op_reload(q); break;
-	case KVCACHED__REQUEST__OP_METRICS: kv_op_metrics(q); break;
+	case KVCACHED__REQUEST__OP_METRICS: kv_op_metrics(q, rq->metrics); break;
 	default:
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
 		break;
@@ -245,10 +245,14 @@ enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
 	struct req q = { .d = d, .ss = ss, .rs = rs, .blk = d->scratch, .out = KV_OP_REPLY };
 
 	rs->id = rq->id;
+	/* Pools that went idle since (in the tiers' work after the last batch,
+	 * say) go first: a request sees no pool that nothing keeps. */
+	kv_daemon_collect(d);
 	if (!ss->ns && rq->op_case != KVCACHED__REQUEST__OP_HELLO)
 		kv_op_fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
 	else if (!refused_draining(&q, rq))
 		dispatch(&q, rq);
+	kv_daemon_collect(d);
 	/* A parked request changed nothing and is run again from the start. */
 	kv_assert(q.out != KV_OP_PARK || !rs->error);
 	return q.out;

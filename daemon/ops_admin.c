@@ -23,19 +23,63 @@ static int admin_only(struct req *q, const char *what)
 	return 0;
 }
 
+/* ---- paging (docs/protocol.md, "Paging") ----------------------------------
+ *
+ * A reply goes in one frame of at most max_frame bytes: the Response around
+ * the reply (id, result tag and length) takes under REPLY_SLACK of them. A
+ * paged Stats takes namespaces, then pools, while they fit, and says where
+ * the next page starts; an unpaged one that does not fit is E2BIG, as is
+ * better than a frame the client would refuse. */
+#define REPLY_SLACK 64
+
+struct page {
+	int paged;
+	size_t used, budget;     /* bytes of the reply so far, and the most it may take */
+	size_t items;            /* namespaces and pools on it */
+};
+
+static size_t varint_bytes(size_t v)
+{
+	size_t n = 1;
+
+	while (v >= 128) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* Whether an element of len bytes, in a repeated field whose tag takes tag
+ * bytes, fits the page; counts it if so. The first always fits, so that
+ * every page makes progress (one element is far below the smallest
+ * max_frame). */
+static int page_take(struct page *pg, size_t len, size_t tag)
+{
+	size_t add = tag + varint_bytes(len) + len;
+
+	if (pg->paged && pg->items && pg->used + add > pg->budget)
+		return 0;
+	pg->used += add;
+	pg->items++;
+	return 1;
+}
+
 /* The open namespaces (with pools or sessions, or declared in the
- * configuration): all for an admin, else the caller's. */
-static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
+ * configuration), from id first on: all for an admin, else the caller's. Returns 1 when all are in, 0 when the page is
+ * full (r->next_namespace says where it stopped), or -ENOMEM. */
+static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin, uint32_t first,
+			    struct page *pg)
 {
 	struct kv_daemon *d = q->d;
 	struct kv_ns_usage *u = malloc((KV_MAX_NS + 1) * sizeof(*u));
 	uint32_t ns;
+	int rc = 1;
 
 	if (!u)
 		return -ENOMEM;
 	kv_metrics_ns_usage(d, u);
 	r->namespaces = kv_arena_alloc(&d->arena, KV_MAX_NS * sizeof(*r->namespaces));
-	for (ns = 1; r->namespaces && ns <= KV_MAX_NS; ns++) {
+	for (ns = first ? first : 1; r->namespaces && ns <= KV_MAX_NS; ns++) {
 		Kvcached__NamespaceInfo *ni;
 
 		const struct kv_ns *m = kv_ns_get(kv_pools_nstab(d->pools), ns);
@@ -66,13 +110,22 @@ static int stats_namespaces(struct req *q, Kvcached__StatsReply *r, int admin)
 		ni->lookups = m->lookups;
 		ni->hits = m->hits;
 		ni->quota_refusals = m->quota_refusals;
+		if (!page_take(pg, kvcached__namespace_info__get_packed_size(ni), 2)) {
+			r->next_namespace = ns;
+			rc = 0;
+			break;
+		}
 		r->namespaces[r->n_namespaces++] = ni;
 	}
 	free(u);
-	return r->namespaces ? 0 : -ENOMEM;
+	return r->namespaces ? rc : -ENOMEM;
 }
 
-static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64_t page_bytes)
+/* The pools from id first on (all for an admin, else the caller's
+ * namespace's). Returns 1 when all are in, 0 when the page is full
+ * (r->next_pool says where it stopped), or -ENOMEM. */
+static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64_t page_bytes,
+		       uint32_t first, struct page *pg)
 {
 	struct kv_daemon *d = q->d;
 	uint32_t id;
@@ -80,12 +133,12 @@ static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64
 	r->pools = kv_arena_alloc(&d->arena, KV_MAX_POOLS * sizeof(*r->pools));
 	if (!r->pools)
 		return -ENOMEM;
-	for (id = 0; id < KV_MAX_POOLS; id++) {
+	for (id = first; id < kv_pools_end(d->pools); id++) {
 		struct kv_pool *p = kv_pool_get(d->pools, id);
 		Kvcached__PoolInfo *pi;
 
 		if (!p)
-			break;
+			continue;
 		if (!admin && p->ns != q->ss->ns)
 			continue;
 		pi = kv_arena_alloc(&d->arena, sizeof(*pi));
@@ -111,9 +164,13 @@ static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64
 		pi->hits = p->n.hits;
 		pi->evictions = p->n.evictions;
 		pi->dedups = p->n.dedups;
+		if (!page_take(pg, kvcached__pool_info__get_packed_size(pi), 1)) {
+			r->next_pool = id;
+			return 0;
+		}
 		r->pools[r->n_pools++] = pi;
 	}
-	return 0;
+	return 1;
 }
 
 static int stats_tiers(struct req *q, Kvcached__StatsReply *r)
@@ -151,12 +208,14 @@ static int stats_tiers(struct req *q, Kvcached__StatsReply *r)
 	return 0;
 }
 
-void kv_op_stats(struct req *q)
+void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 {
 	struct kv_daemon *d = q->d;
 	Kvcached__StatsReply *r = q_alloc(q, sizeof(*r));
 	uint64_t total, nfree, page_bytes;
-	int admin = kv_session_is_admin(q->ss);
+	int admin = kv_session_is_admin(q->ss), rc;
+	struct page pg = { .paged = m->page, .budget = d->cfg.max_frame - REPLY_SLACK };
+	size_t bytes;
 
 	if (!r)
 		return;
@@ -178,10 +237,37 @@ void kv_op_stats(struct req *q)
 	r->reloads = d->reloads;
 	r->reload_failures = d->reload_failures;
 	r->clients = kv_sessions_clients(d);
-	if (stats_namespaces(q, r, admin) < 0 || stats_pools(q, r, admin, page_bytes) < 0 ||
-	    stats_tiers(q, r) < 0) {
+	if (stats_tiers(q, r) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
+	}
+	/* Every page carries the daemon-wide fields and the tiers; the paging
+	 * fields, at their largest, are counted from the start. */
+	pg.used = kvcached__stats_reply__get_packed_size(r) + 3 + 2 * (2 + 5);
+	rc = stats_namespaces(q, r, admin, m->page ? m->first_namespace : 0, &pg);
+	if (rc == 1) {
+		r->next_namespace = KV_MAX_NS + 1;
+		rc = stats_pools(q, r, admin, page_bytes, m->page ? m->first_pool : 0, &pg);
+		if (rc == 1)
+			r->next_pool = kv_pools_end(d->pools);
+	} else if (rc == 0) {
+		r->next_pool = m->first_pool;
+	}
+	if (rc < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	r->more = rc == 0;
+	if (!m->page) {
+		r->next_namespace = r->next_pool = 0;
+		bytes = kvcached__stats_reply__get_packed_size(r);
+		if (bytes + REPLY_SLACK > d->cfg.max_frame) {
+			kv_op_fail(q, KVCACHED__ERROR_CODE__E2BIG, -1,
+				   "the stats of %zu namespaces and %zu pools (%zu bytes) do not fit "
+				   "max_frame (%" PRIu32 "): ask for them in pages (Stats.page; kvctl "
+				   "does)", r->n_namespaces, r->n_pools, bytes, d->cfg.max_frame);
+			return;
+		}
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_STATS;
 	q->rs->stats = r;
@@ -249,7 +335,7 @@ void kv_op_check(struct req *q)
 	struct kv_daemon *d = q->d;
 	struct check_ctx c = { .q = q, .cap = 100 };
 	struct kv_list *pos;
-	int problems;
+	int problems, lost = 0;
 
 	if (!admin_only(q, "the invariant check") || !(c.r = q_alloc(q, sizeof(*c.r))))
 		return;
@@ -263,9 +349,19 @@ void kv_op_check(struct req *q)
 		kv_refmap_each(&ss->refs, count_ref, NULL);
 		for (uint32_t i = 0; i < ss->npins; i++)
 			ss->pins[i]->check++;
+		for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {
+			struct kv_pool *p;
+
+			if (!(ss->pools[id / 64] >> (id % 64) & 1))
+				continue;
+			if ((p = kv_pool_get(d->pools, id)))
+				p->check_holds++;
+			else if (++lost == 1)
+				add_problem(&c, "a session registered a pool that does not exist");
+		}
 	}
 	kv_tiers_count_refs(d->tiers);
-	problems = kv_pools_check(d->pools, 1, add_problem, &c, &c.r->blocks_checked,
+	problems = lost + kv_pools_check(d->pools, 1, add_problem, &c, &c.r->blocks_checked,
 				  kv_tiers_entries(d->tiers));
 	problems += kv_tiers_check(d->tiers, add_problem, &c);
 	c.r->ok = problems == 0;
@@ -364,34 +460,35 @@ void kv_op_reload(struct req *q)
 	q->rs->reload = x.r;
 }
 
-void kv_op_metrics(struct req *q)
+void kv_op_metrics(struct req *q, const Kvcached__Metrics *m)
 {
 	Kvcached__MetricsReply *r;
+	uint64_t pos = m->page ? m->first : 0;
+	/* The text's field: tag, length (at most 5 bytes); then more and next. */
+	size_t limit = m->page ? q->d->cfg.max_frame - REPLY_SLACK - 6 - 2 - 11 : 0;
 	char *text = NULL;
-	size_t len = 0;
-	FILE *f;
-	int rc;
+	ssize_t len;
 
 	if (!admin_only(q, "metrics") || !(r = q_alloc(q, sizeof(*r))))
 		return;
-	if (!(f = open_memstream(&text, &len))) {
+	kvcached__metrics_reply__init(r);
+	len = kv_metrics_page(q->d, &pos, limit, &text);
+	if (len < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
-	kvcached__metrics_reply__init(r);
-	rc = kv_metrics_write(q->d, f);
-	if (fclose(f) != 0 || rc < 0)
-		q->out = KV_OP_NOMEM;
-	else
-		r->text = q_strdup(q, text);
+	r->text = q_strdup(q, text);
 	free(text);
-	if (q->out == KV_OP_NOMEM)
+	if (!r->text)
 		return;
-	/* The reply must fit the client's frame limit. */
-	if (len + 4096 > q->d->cfg.max_frame) {
+	r->more = pos != KV_METRICS_DONE;
+	r->next = r->more ? pos : 0;
+	/* Unpaged, the reply must fit the client's frame limit. */
+	if (!m->page && (size_t)len + REPLY_SLACK + 6 > q->d->cfg.max_frame) {
 		kv_op_fail(q, KVCACHED__ERROR_CODE__E2BIG, -1,
-			   "the metrics (%zu bytes) do not fit max_frame (%" PRIu32 "); raise it",
-			   len, q->d->cfg.max_frame);
+			   "the metrics (%zd bytes) do not fit max_frame (%" PRIu32 "): ask for "
+			   "them in pages (Metrics.page; kvctl does), or raise max_frame", len,
+			   q->d->cfg.max_frame);
 		return;
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_METRICS;

@@ -1,6 +1,7 @@
 /* The block operations: Hello, RegisterPool, Alloc, Seal, Lookup, Release,
  * Fork, Cow, SwapOut, SwapIn. See ops.h. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,12 +75,29 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 		.layout = m->layout.data, .layout_len = m->layout.len,
 	};
 	struct kv_daemon *d = q->d;
+	struct kv_ns *ns = kv_ns_get(kv_pools_nstab(d->pools), q->ss->ns);
 	Kvcached__RegisterPoolReply *r;
 	struct kv_pool *p;
 	char err[256];
-	uint32_t before = kv_pools_count(d->pools);
-	int rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
+	int rc;
 
+	/* The daemon keeps the layout as long as the pool: bounded, as every
+	 * byte a client can make it hold. */
+	if (m->layout.len > d->cfg.max_layout_bytes) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "pool '%.80s': a layout of %zu bytes is larger than max_layout_bytes "
+			   "(%" PRIu64 ")", m->name, m->layout.len, d->cfg.max_layout_bytes);
+		return;
+	}
+	if (!kv_pools_by_name(d->pools, q->ss->ns, m->name) &&
+	    ns->pools >= d->cfg.max_pools_per_namespace) {
+		ns->quota_refusals++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, -1,
+			   "pool '%.80s': namespace '%s' has %u pools, max_pools_per_namespace is %u",
+			   m->name, ns->name, ns->pools, d->cfg.max_pools_per_namespace);
+		return;
+	}
+	rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
 	if (rc < 0) {
 		kv_op_fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
 			   : rc == -ENOSPC ? KVCACHED__ERROR_CODE__ENOSPC
@@ -87,7 +105,9 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 					   : KVCACHED__ERROR_CODE__EINVAL, -1, "%s", err);
 		return;
 	}
-	if (kv_pools_count(d->pools) != before)
+	/* The pool lives at least as long as this session. */
+	kv_session_keep_pool(q->ss, p);
+	if (rc == 1)
 		kv_tiers_pool_added(d->tiers, p);
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
@@ -389,8 +409,8 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 {
 	Kvcached__SwapOutReply *r = q_alloc(q, sizeof(*r));
+	uint64_t held = q->ss->swaps.bytes, want, handle;
 	struct kv_pool *p;
-	uint64_t handle;
 	char why[512];
 	size_t i;
 	int rc;
@@ -404,6 +424,16 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 				   "swap out: block %zu is of another pool than block 0", i);
 			return;
 		}
+	}
+	/* One connection may not take the whole host tier from the others. */
+	want = (uint64_t)m->n_blocks * p->block_bytes;
+	if (held > q->d->cfg.max_swap_per_session || want > q->d->cfg.max_swap_per_session - held) {
+		kv_ns_get(kv_pools_nstab(q->d->pools), q->ss->ns)->quota_refusals++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, -1,
+			   "swap out of %zu blocks (%" PRIu64 " bytes): this connection holds %" PRIu64
+			   " bytes swapped out already, max_swap_per_session is %" PRIu64,
+			   m->n_blocks, want, held, q->d->cfg.max_swap_per_session);
+		return;
 	}
 	rc = kv_tiers_swap_out(q->d->tiers, &q->ss->swaps, p, q->blk, (uint32_t)m->n_blocks,
 			       &handle, why, sizeof(why));

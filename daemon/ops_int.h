@@ -64,13 +64,13 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m);
 void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m);
 
 /* ops_admin.c */
-void kv_op_stats(struct req *q);
+void kv_op_stats(struct req *q, const Kvcached__Stats *m);
 void kv_op_clients(struct req *q);
 void kv_op_check(struct req *q);
 void kv_op_evict(struct req *q, const Kvcached__Evict *m);
 void kv_op_flush(struct req *q);
 void kv_op_drain(struct req *q, const Kvcached__Drain *m);
 void kv_op_reload(struct req *q);
-void kv_op_metrics(struct req *q);
+void kv_op_metrics(struct req *q, const Kvcached__Metrics *m);
 
 #endif

@@ -165,6 +165,17 @@ void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n)
 	}
 }
 
+void kv_pages_forget_ns(struct kv_pages *p, uint32_t ns)
+{
+	uint32_t s;
+
+	for (s = 0; s < p->nsegs; s++) {
+		kv_assert(p->segs[s].ns != ns);
+		if (p->segs[s].last_ns == ns)
+			p->segs[s].last_ns = KV_PAGES_NS_GONE;
+	}
+}
+
 void kv_pages_fresh(struct kv_pages *p, uint32_t seg)
 {
 	kv_assert(seg < p->nsegs);

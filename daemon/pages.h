@@ -27,9 +27,14 @@
 
 #include <stdint.h>
 
+/* last_ns of a segment whose last owner is gone: its id may be another
+ * namespace's by now, and no namespace id equals this. */
+#define KV_PAGES_NS_GONE UINT32_MAX
+
 struct kv_pages_seg {
 	uint32_t ns;        /* owning namespace id, 0 = none */
-	uint32_t last_ns;   /* the last owner: its clients may still map it */
+	uint32_t last_ns;   /* the last owner: its clients may still map it;
+			     * KV_PAGES_NS_GONE once that namespace is gone */
 	uint32_t used;      /* pages in use */
 };
 
@@ -66,6 +71,11 @@ void kv_pages_fresh(struct kv_pages *p, uint32_t seg);
  * back what a journal recorded). Returns 0, or -EBUSY when any is taken or
  * the range leaves its segment. */
 int kv_pages_claim(struct kv_pages *p, uint32_t first, uint32_t n, uint32_t ns, void *owner);
+
+/* Namespace ns is gone and its id may name another namespace next: every
+ * segment ns owned last counts as another owner's, so the next to take it
+ * gets fresh memory. No segment may be owned by ns now. */
+void kv_pages_forget_ns(struct kv_pages *p, uint32_t ns);
 
 /* Returns n pages from first on: in use, of one owner and one segment. */
 void kv_pages_free(struct kv_pages *p, uint32_t first, uint32_t n);

@@ -34,6 +34,18 @@ int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools 
 		return -ENOMEM;
 	ps->be = be;
 	ps->ndev = be->devices;
+	/* The sentinel behind every free id: on no device, with nothing on
+	 * its lists, it is skipped by whatever a loop looks for. */
+	ps->hole.device = UINT32_MAX;
+	ps->hole.pools = ps;
+	kv_list_init(&ps->hole.free);
+	kv_list_init(&ps->hole.lru);
+	kv_list_init(&ps->hole.demoting);
+	kv_list_init(&ps->hole.runs);
+	kv_list_init(&ps->hole.idle);
+	for (d = 0; d < KV_MAX_POOLS; d++)
+		ps->pool[d] = &ps->hole;
+	kv_list_init(&ps->idle);
 	for (d = 0; d < be->devices; d++) {
 		r = kv_pages_init(&ps->dev[d], d, be->segments[d], be->segment_bytes, page_bytes);
 		if (r < 0)
@@ -72,7 +84,7 @@ void kv_pools_destroy(struct kv_pools *ps)
 	if (!ps)
 		return;
 	for (i = 0; i < ps->npools; i++)
-		pool_free(ps->pool[i]);
+		pool_free(pool_at(ps, i));
 	for (i = 0; i < ps->ndev; i++)
 		kv_pages_fini(&ps->dev[i]);
 	kv_index_fini(&ps->index);
@@ -87,6 +99,17 @@ struct kv_ns_table *kv_pools_nstab(struct kv_pools *ps)
 int kv_pools_ns(struct kv_pools *ps, const char *name)
 {
 	return kv_ns_open(&ps->nst, name);
+}
+
+void kv_pools_ns_put(struct kv_pools *ps, uint32_t ns)
+{
+	uint32_t d;
+
+	kv_ns_put(&ps->nst, ns);
+	if (kv_ns_get(&ps->nst, ns))
+		return;
+	for (d = 0; d < ps->ndev; d++)
+		kv_pages_forget_ns(&ps->dev[d], ns);
 }
 
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns)
@@ -149,8 +172,8 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 		return -EINVAL;
 	}
 	for (i = 0; i < ps->npools; i++) {
-		p = ps->pool[i];
-		if (p->ns != ns || strcmp(p->name, d->name))
+		p = pool_at(ps, i);
+		if (!p || p->ns != ns || strcmp(p->name, d->name))
 			continue;
 		if (!desc_matches(p, d)) {
 			snprintf(err, errlen,
@@ -159,6 +182,7 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 				 (unsigned long long)p->block_bytes, p->block_tokens, p->dtype);
 			return -EEXIST;
 		}
+		kv_pool_hold(p);
 		*out = p;
 		return 0;
 	}
@@ -178,7 +202,7 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 		snprintf(err, errlen, "dtype longer than %zu bytes", sizeof(p->dtype) - 1);
 		return -EINVAL;
 	}
-	if (ps->npools == KV_MAX_POOLS) {
+	if (ps->nlive == KV_MAX_POOLS) {
 		snprintf(err, errlen, "%d pools exist already", KV_MAX_POOLS);
 		return -ENOSPC;
 	}
@@ -195,7 +219,14 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	p->id = ps->npools;
+	/* Round robin from the last id handed out: the id freed longest ago
+	 * comes back first (pool.h). */
+	for (i = 0; i < KV_MAX_POOLS; i++)
+		if (ps->pool[(ps->next_id + i) % KV_MAX_POOLS] == &ps->hole)
+			break;
+	kv_assert(i < KV_MAX_POOLS);  /* nlive < KV_MAX_POOLS */
+	p->id = (ps->next_id + i) % KV_MAX_POOLS;
+	ps->next_id = (p->id + 1) % KV_MAX_POOLS;
 	p->ns = ns;
 	p->device = d->device;
 	memcpy(p->name, d->name, strlen(d->name) + 1);
@@ -211,23 +242,112 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	kv_list_init(&p->lru);
 	kv_list_init(&p->demoting);
 	kv_list_init(&p->runs);
+	kv_list_init(&p->idle);
 	p->pools = ps;
-	ps->pool[ps->npools++] = p;
+	p->holds = 1;  /* the caller's */
+	ps->pool[p->id] = p;
+	ps->nlive++;
+	if (p->id >= ps->npools)
+		ps->npools = p->id + 1;
 	/* The pool keeps its namespace: the namespace's usage is its blocks'. */
 	kv_ns_hold(&ps->nst, ns);
 	kv_ns_get(&ps->nst, ns)->pools++;
 	*out = p;
-	return 0;
+	return 1;
+}
+
+/* Blocks not FREE (demoting ones are CACHED). */
+static uint64_t pool_in_use(const struct kv_pool *p)
+{
+	return p->n.writable + p->n.sealed + p->n.cached;
+}
+
+/* Queues p for kv_pools_collect() if nothing keeps it any more. */
+static void pool_check_idle(struct kv_pool *p)
+{
+	if (!p->holds && !pool_in_use(p) && !kv_list_linked(&p->idle))
+		kv_list_push_back(&p->pools->idle, &p->idle);
+}
+
+void kv_pool_hold(struct kv_pool *p)
+{
+	kv_assert(p != &p->pools->hole && p->holds < UINT32_MAX);
+	p->holds++;
+}
+
+void kv_pool_put(struct kv_pool *p)
+{
+	kv_assert(p != &p->pools->hole && p->holds > 0);
+	if (--p->holds == 0)
+		pool_check_idle(p);
+}
+
+/* Frees idle p: its spare run, its namespace reference, its id. */
+static void pool_destroy(struct kv_pools *ps, struct kv_pool *p)
+{
+	uint32_t ns = p->ns;
+
+	kv_assert(!p->holds && !pool_in_use(p) && !kv_list_linked(&p->idle));
+	if (p->spare)
+		pool_run_release(p->spare);
+	/* An empty run is always the spare: nothing else is left. */
+	kv_assert(kv_list_empty(&p->runs) && !p->n.runs && !p->n.free && !p->n.demoting);
+	kv_assert(ps->pool[p->id] == p && ps->nlive > 0);
+	ps->pool[p->id] = &ps->hole;
+	ps->nlive--;
+	while (ps->npools && ps->pool[ps->npools - 1] == &ps->hole)
+		ps->npools--;
+	kv_ns_get(&ps->nst, ns)->pools--;
+	pool_free(p);
+	kv_pools_ns_put(ps, ns);
+}
+
+uint32_t kv_pools_collect(struct kv_pools *ps, void (*gone)(void *ctx, struct kv_pool *p),
+			  void *ctx)
+{
+	uint32_t n = 0;
+
+	while (!kv_list_empty(&ps->idle)) {
+		struct kv_pool *p = kv_container_of(kv_list_front(&ps->idle), struct kv_pool, idle);
+
+		kv_list_del(&p->idle);
+		/* Held again, or given a block, since it went idle. */
+		if (p->holds || pool_in_use(p))
+			continue;
+		if (gone)
+			gone(ctx, p);
+		pool_destroy(ps, p);
+		n++;
+	}
+	return n;
+}
+
+struct kv_pool *kv_pools_by_name(struct kv_pools *ps, uint32_t ns, const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *p = pool_at(ps, i);
+
+		if (p && p->ns == ns && !strcmp(p->name, name))
+			return p;
+	}
+	return NULL;
 }
 
 uint32_t kv_pools_count(const struct kv_pools *ps)
+{
+	return ps->nlive;
+}
+
+uint32_t kv_pools_end(const struct kv_pools *ps)
 {
 	return ps->npools;
 }
 
 struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id)
 {
-	return id < ps->npools ? ps->pool[id] : NULL;
+	return id < ps->npools ? pool_at(ps, id) : NULL;
 }
 
 void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx), void *ctx)
@@ -235,7 +355,8 @@ void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx)
 	uint32_t i;
 
 	for (i = 0; i < ps->npools; i++)
-		fn(ps->pool[i], ctx);
+		if (pool_at(ps, i))
+			fn(ps->pool[i], ctx);
 }
 
 uint64_t kv_block_handle(const struct kv_block *b)
@@ -416,6 +537,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 		else
 			pool_run_release(run);
 	}
+	pool_check_idle(p);
 }
 
 static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why,
@@ -603,7 +725,7 @@ uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *to
 	uint32_t i;
 
 	for (i = 0; i < ps->npools; i++)
-		if (ps->pool[i]->device == dev)
+		if (pool_at(ps, i) && ps->pool[i]->device == dev)
 			n += ps->pool[i]->n.free * ps->pool[i]->block_bytes;
 	*total = (uint64_t)d->npages * d->page_bytes;
 	return n;

@@ -37,12 +37,38 @@
  *                      +------------- a block taken ------------+
  *   IN USE --last block FREE while p has a spare, or evicted for another
  *            pool or by kv_pools_evict_all()--> released (pages back)
- *   SPARE --another pool needs the pages / kv_pools_destroy--> released
+ *   SPARE --another pool needs the pages / the pool freed / kv_pools_destroy--> released
  *
  * nused counts the run's blocks that are not FREE, 0 <= nused <=
  * blocks_per_run. A pool keeps at most one spare, and an empty run is always
  * the spare (but for the instant between pool_run_new() and the allocation
  * that takes its first block).
+ *
+ * Pool lifecycle:
+ *
+ *   kv_pool_register --> LIVE --no hold left and no block in use--> IDLE
+ *                         ^                                          | kv_pools_collect
+ *                         +------- held again (kv_pool_hold) --------+------> freed
+ *
+ * A pool is kept by its holds (kv_pool_hold: a session that registered it,
+ * each lower-tier copy or swap of its blocks) and by its blocks in use (not
+ * FREE). With neither it is IDLE: queued on the pools' idle list, and freed
+ * by the next kv_pools_collect() if nothing took it back meanwhile: its
+ * spare run's pages go back, its namespace reference is dropped, its id is
+ * free. The free is deferred because a pool goes idle deep inside loops
+ * that still use it (eviction, the tiers); the daemon collects before and
+ * after every request, after a session closes and after tier completions.
+ *   LIVE  holds >= 1 or a block not FREE; on the idle list only if it was
+ *         idle a moment ago (collect checks again)
+ *   IDLE  holds 0, every block FREE (at most the spare run); on the idle list
+ *
+ * Pool ids (12 bits in a handle) are handed out round robin: a freed id is
+ * the last to be reused, so a stale pool id names nothing (ENOENT) for as
+ * long as possible. A stale block handle stays stale across reuse anyway: a
+ * run's generations start above everything handed out at its first page.
+ * ps->pool[] keeps ids in place; a free id below the highest in use points
+ * at an empty sentinel pool on no device (kv_pool_get() returns NULL for
+ * it), so a loop over pool[0 .. npools) meets no NULL and nothing to take.
  *
  * This module knows nothing of sessions or the protocol: callers (ops.c)
  * check that a peer holds the references it gives back. Single-threaded:
@@ -129,6 +155,9 @@ struct kv_pool {
 	struct kv_run *spare;      /* one empty run kept against alloc/free churn */
 	struct kv_pool_counts n;
 	struct kv_pools *pools;
+	uint32_t holds;            /* kv_pool_hold()s not put back */
+	uint32_t check_holds;      /* scratch: the holds the checker's caller knows of */
+	struct kv_list idle;       /* on the pools' idle list (see the lifecycle) */
 };
 
 struct kv_pools;
@@ -147,18 +176,40 @@ struct kv_ns_table *kv_pools_nstab(struct kv_pools *ps);
 int kv_pools_ns(struct kv_pools *ps, const char *name);
 const char *kv_pools_ns_name(const struct kv_pools *ps, uint32_t ns);
 
+/* kv_ns_put() on the pools' table; when that frees the namespace, the
+ * segments it last owned are marked so that whichever namespace takes
+ * their id next gets fresh memory (pages.h), not this one's leftovers. */
+void kv_pools_ns_put(struct kv_pools *ps, uint32_t ns);
+
 /* Registers pool d->name in namespace ns, or returns the existing one when the
  * layout (device, block size and tokens, dtype, layout bytes) matches.
- * Returns 0 and *out, -EEXIST for a different layout, -EINVAL for a bad
- * description, -ENOSPC when KV_MAX_POOLS exist; err gets a message. */
+ * Returns 1 (created) or 0 (it existed) with *out carrying one hold that
+ * the caller gives back with kv_pool_put(); -EEXIST for a different layout,
+ * -EINVAL for a bad description, -ENOSPC when KV_MAX_POOLS exist, -ENOMEM;
+ * err gets a message. */
 int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc *d,
 		     struct kv_pool **out, char *err, size_t errlen);
+/* Keeps p (see the lifecycle above). */
+void kv_pool_hold(struct kv_pool *p);
+/* Gives a hold back; p goes idle when it was the last and no block is in
+ * use. p stays valid until the next kv_pools_collect(). */
+void kv_pool_put(struct kv_pool *p);
+/* Frees every idle pool, first calling gone(ctx, p) (NULL: nothing) for
+ * each, so that what others keep per pool id can go too. Returns how many. */
+uint32_t kv_pools_collect(struct kv_pools *ps, void (*gone)(void *ctx, struct kv_pool *p),
+			  void *ctx);
 
-/* How many pools exist (ids are 0 .. count - 1). */
+/* The pool named name in namespace ns, or NULL. */
+struct kv_pool *kv_pools_by_name(struct kv_pools *ps, uint32_t ns, const char *name);
+
+/* How many pools exist. */
 uint32_t kv_pools_count(const struct kv_pools *ps);
-/* The pool of id, or NULL. */
+/* One past the highest pool id in use: ids of live pools are below it (some
+ * below it may be free: kv_pool_get() says). */
+uint32_t kv_pools_end(const struct kv_pools *ps);
+/* The live pool of id, or NULL. */
 struct kv_pool *kv_pool_get(struct kv_pools *ps, uint32_t id);
-/* Calls fn for each pool in id order. */
+/* Calls fn for each live pool in id order. */
 void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx), void *ctx);
 
 /* Picks the run size for block_bytes: the fewest pages whose unusable tail is
@@ -259,10 +310,11 @@ uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id);
  * allocator runs it at its transitions; callers may too. */
 void kv_block_assert_state(const struct kv_block *b);
 
-/* The invariant checker. Walks every block, list, run and page and calls
- * report(ctx, message) for each broken invariant; with refs set it also
- * compares each block's ref with its check field, which the caller has filled
- * with the references it knows of (kv_pools_check_clear() zeroes them).
+/* The invariant checker. Walks every pool, block, list, run and page and
+ * calls report(ctx, message) for each broken invariant; with refs set it also
+ * compares each block's ref with its check field, and each pool's holds with
+ * its check_holds, which the caller has filled with the references and holds
+ * it knows of (kv_pools_check_clear() zeroes them).
  * tier_entries is how many index entries the lower tiers hold.
  * Returns the number of problems found; *blocks gets the blocks walked. */
 int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),

@@ -11,12 +11,25 @@ struct kv_pools {
 	struct kv_backend *be;
 	struct kv_pages dev[KV_MAX_DEVICES];
 	uint32_t ndev;
+	/* By id. A free id below npools points at hole, an empty pool on no
+	 * device, so that loops over pool[0 .. npools) (evict.c) need no test;
+	 * pool_at() and kv_pool_get() say NULL for it. */
 	struct kv_pool *pool[KV_MAX_POOLS];
-	uint32_t npools;
+	uint32_t npools;           /* one past the highest id in use */
+	uint32_t nlive;            /* pools that exist */
+	uint32_t next_id;          /* where the round-robin search for a free id starts */
+	struct kv_pool hole;
+	struct kv_list idle;       /* pools that went idle (pool.h), to collect */
 	struct kv_ns_table nst;
 	struct kv_index index;
 	uint64_t tick;
 };
+
+/* The live pool of id i < npools, or NULL for a free id. */
+static inline struct kv_pool *pool_at(const struct kv_pools *ps, uint32_t i)
+{
+	return ps->pool[i] == &ps->hole ? NULL : ps->pool[i];
+}
 
 static inline struct kv_pages *pool_dev(const struct kv_pool *p)
 {

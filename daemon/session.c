@@ -20,7 +20,7 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	ss->connected_ms = kv_now_ms();
 	kv_refmap_init(&ss->refs);
 	kv_list_init(&ss->waiter.link);
-	kv_list_init(&ss->swaps);
+	kv_swap_owner_init(&ss->swaps);
 	kv_list_push_back(&d->sessions, &ss->link);
 	d->nsessions++;
 }
@@ -70,7 +70,7 @@ static void release_ref(void *key, uint32_t count, void *ctx)
 void kv_session_release(struct kv_session *ss)
 {
 	struct kv_daemon *d = ss->d;
-	uint32_t dev;
+	uint32_t dev, w;
 
 	if (!kv_list_linked(&ss->link))
 		return;
@@ -84,6 +84,13 @@ void kv_session_release(struct kv_session *ss)
 	free(ss->pins);
 	ss->pins = NULL;
 	kv_tiers_owner_gone(d->tiers, &ss->swaps);
+	for (w = 0; w < KV_MAX_POOLS / 64; w++)
+		while (ss->pools[w]) {
+			uint32_t id = w * 64 + (uint32_t)__builtin_ctzll(ss->pools[w]);
+
+			ss->pools[w] &= ss->pools[w] - 1;
+			kv_pool_put(kv_pool_get(d->pools, id));
+		}
 	kv_session_fds_sent(ss, ss->nfds);
 	free(ss->fds);
 	ss->fds = NULL;
@@ -99,6 +106,19 @@ void kv_session_release(struct kv_session *ss)
 	kv_list_del(&ss->link);
 	kv_assert(d->nsessions > 0);
 	d->nsessions--;
+	/* The pools and namespace nothing else used go now. */
+	kv_daemon_collect(d);
+}
+
+void kv_session_keep_pool(struct kv_session *ss, struct kv_pool *p)
+{
+	uint64_t bit = 1ull << (p->id % 64);
+
+	if (ss->pools[p->id / 64] & bit) {
+		kv_pool_put(p);
+		return;
+	}
+	ss->pools[p->id / 64] |= bit;
 }
 
 int kv_session_enter_ns(struct kv_session *ss, const char *name)
@@ -121,7 +141,7 @@ void kv_session_leave_ns(struct kv_session *ss)
 
 	kv_assert(ss->ns);
 	kv_ns_get(t, ss->ns)->sessions--;
-	kv_ns_put(t, ss->ns);
+	kv_pools_ns_put(ss->d->pools, ss->ns);
 	ss->ns = 0;
 }
 

@@ -3,12 +3,14 @@
  *   NEW --Hello ok--> READY --EOF / bad frame / error--> CLOSED
  *
  *   NEW     only Hello is accepted (ns 0); anything else is a protocol error
- *   READY   ns set; refs holds exactly the references the peer holds; pins
+ *   READY   ns set; pools the pools it registered, one hold on each; refs
+ *           holds exactly the references the peer holds; pins
  *           the references a parked lookup holds for itself; seg_sent the
  *           backend epoch of every segment the peer was sent (0: none)
  *   CLOSED  kv_session_release() has dropped every reference (sealed blocks
- *           stay cached), the pins and the swaps; the session is off the
- *           daemon's list
+ *           stay cached), the pins, the swaps and its holds on pools (those
+ *           nothing else uses are freed); the session is off the daemon's
+ *           list
  *
  * The transport (conn.h) embeds a session, sets waiter.wake and sends the
  * fds queued here ahead of the reply that announces them. Request handlers
@@ -40,7 +42,10 @@ struct kv_session {
 	 * in G1 until the lookup runs again and takes its own (ops_block.c). */
 	struct kv_block **pins;
 	uint32_t npins, pins_cap;
-	struct kv_list swaps;      /* swapped-out sequences (tier.h) */
+	struct kv_swap_owner swaps;  /* swapped-out sequences (tier.h) */
+	/* The ids of the pools it registered, each holding its pool (pool.h):
+	 * a pool lives at least as long as a session that registered it. */
+	uint64_t pools[KV_MAX_POOLS / 64];
 	int *fds;                  /* our dups of segment fds, not sent yet */
 	size_t nfds, fds_cap;
 	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
@@ -59,6 +64,10 @@ void kv_session_peer_groups(struct kv_session *ss, int fd);
 /* Releases everything ss holds and takes it off d's list (CLOSED).
  * Idempotent. */
 void kv_session_release(struct kv_session *ss);
+
+/* Records that ss registered p: it keeps the hold kv_pool_register() gave
+ * until it closes, one per pool (a second registration's is put back). */
+void kv_session_keep_pool(struct kv_session *ss, struct kv_pool *p);
 
 /* Puts ss (NEW) in namespace name, created if need be (Hello; the caller
  * has checked that the peer may). Returns 0, -EINVAL for a bad name or

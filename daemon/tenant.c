@@ -91,7 +91,7 @@ uint32_t kv_tenants_reload(struct kv_daemon *d)
 	/* The declared namespaces stay open: new ones first, then the old
 	 * references go (a namespace still declared keeps its usage). */
 	for (i = 0; i < d->cfg.nns; i++) {
-		int r = kv_ns_open(t, d->cfg.ns[i].name);
+		int r = kv_pools_ns(d->pools, d->cfg.ns[i].name);
 
 		if (r > 0)
 			held[nheld++] = (uint32_t)r;
@@ -100,7 +100,7 @@ uint32_t kv_tenants_reload(struct kv_daemon *d)
 				"when it opens", d->cfg.ns[i].name, KV_MAX_NS);
 	}
 	for (i = 0; i < d->ndeclared; i++)
-		kv_ns_put(t, d->declared_ns[i]);
+		kv_pools_ns_put(d->pools, d->declared_ns[i]);
 	memcpy(d->declared_ns, held, nheld * sizeof(*held));
 	d->ndeclared = nheld;
 	for (id = 1; id <= KV_MAX_NS; id++)

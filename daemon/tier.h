@@ -26,6 +26,10 @@
  * from G1 (when the copy is done); swap_in copies them into new G1 blocks.
  * Swapped data belongs to the session and is freed when it goes.
  *
+ * Each tier block and each swap holds its pool (kv_pool_hold), so a pool is
+ * never freed while the tiers keep anything of it; per pool id the tiers
+ * keep a layout id and a tpool per level, dropped by kv_tiers_pool_gone().
+ *
  * Warm restart: journal.h records which G3 runs and slots hold what; a
  * restarted daemon replays it and offers each run to the pool that registers
  * with the same layout id (namespace, name, block size and tokens, dtype,
@@ -94,6 +98,11 @@ void kv_tiers_kick(struct kv_tiers *t);
  * previous daemon left for that layout. */
 void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p);
 
+/* Pool p is being freed (pool.h): no tier block or swap of it is left (each
+ * holds its pool); drops what the tiers keep per pool id, so that the id
+ * starts clean when another pool gets it. */
+void kv_tiers_pool_gone(struct kv_tiers *t, struct kv_pool *p);
+
 /* A G1 block is about to be sealed under hash in pool p: drops the lower
  * tiers' copy, if any (the G1 block wins), so that kv_pool_seal() finds at
  * most a G1 block under hash. */
@@ -111,10 +120,25 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
  *            cannot start at all). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
-/* Swap. owner is the session's swap list. swap_out takes over the caller's
+/* The swaps of one session: a list, and the block bytes they hold (what
+ * max_swap_per_session bounds; ops_block.c checks it before a swap out). */
+struct kv_swap_owner {
+	struct kv_list list;
+	uint64_t bytes;
+};
+
+static inline void kv_swap_owner_init(struct kv_swap_owner *o)
+{
+	kv_list_init(&o->list);
+	o->bytes = 0;
+}
+
+/* Swap. owner is the session's. swap_out takes over the caller's
  * references on blocks[0..n) (all of pool p) and returns a handle; the
- * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them. */
-int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool *p,
+ * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them.
+ * owner->bytes counts n * block_bytes from then until the swap leaves the
+ * owner (swapped in, or the owner gone). */
+int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv_pool *p,
 		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
 		      size_t whylen);
 /* Returns 0 with *n blocks (each carrying one reference, now the caller's) in
@@ -123,11 +147,11 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
  * an unknown handle, -E2BIG when it holds more than max blocks, -ENOSPC when
  * G1 cannot take them, -EIO when a copy failed (the swap stays, it can be
  * tried again). */
-int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
+int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t handle,
 		     struct kv_waiter *w, struct kv_block **out, uint32_t max, uint32_t *n,
 		     char *why, size_t whylen);
 /* Frees every swap of owner (the session is going). */
-void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_list *owner);
+void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_swap_owner *owner);
 
 /* Operators: evicts the idle blocks of tier (KV_TIER_G1: demote every cached
  * block; G2: drop clean copies and write dirty ones back; G3: drop) of pool
@@ -143,7 +167,8 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
  * invariants: problems are reported like the pool checker's. */
 uint64_t kv_tiers_entries(const struct kv_tiers *t);
 /* Adds the references the tiers hold (swaps, promotions) to each block's
- * check field, as sessions' references are (kv_pools_check). */
+ * check field, and their holds (tier blocks, swaps) to each pool's
+ * check_holds, as sessions' are (kv_pools_check). */
 void kv_tiers_count_refs(struct kv_tiers *t);
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx);
 

@@ -100,7 +100,9 @@ static struct kv_pool *pool(struct env *e, uint32_t ns, const char *name, uint64
 	struct kv_pool *p = NULL;
 	char err[256];
 
-	CHECK(kv_pool_register(e->ps, ns, &d, &p, err, sizeof(err)) == 0);
+	/* 1: created, 0: joined; either way with a hold, kept here: the
+	 * test's pools live until the allocator goes. */
+	CHECK(kv_pool_register(e->ps, ns, &d, &p, err, sizeof(err)) >= 0);
 	return p;
 }
 
@@ -471,6 +473,134 @@ static void test_copy(void)
 	env_free(&e);
 }
 
+/* Pools are freed once nothing keeps them (pool.h): not while held or while
+ * a block is in use; their ids come back last; a stale handle stays stale;
+ * the namespace goes with its last pool and session, and the segments it
+ * last owned get fresh memory for whichever namespace takes its id next. */
+static int gone_calls;
+
+static void gone(void *ctx, struct kv_pool *p)
+{
+	CHECK(ctx == (void *)&gone_calls && p->holds == 0);
+	gone_calls++;
+}
+
+static void test_free(void)
+{
+	struct env e;
+	struct kv_ns_table *t;
+	struct kv_pool *p, *q, *r, *sp;
+	struct kv_block *b[8];
+	uint8_t h[KV_HASH_BYTES];
+	uint64_t stale;
+	uint32_t dev, seg, epoch, pid, ns3;
+	char why[512];
+	int i;
+
+	env_new(&e, 2, 4);  /* 2 segments of 4 pages of 64 KiB */
+	t = kv_pools_nstab(e.ps);
+	ns3 = (uint32_t)kv_pools_ns(e.ps, "t3");   /* a session's reference */
+	CHECK(ns3 == 3);
+	p = pool(&e, ns3, "p", 65536);
+	q = pool(&e, 1, "q", 65536);
+	CHECK(p->id == 0 && q->id == 1 && kv_pools_count(e.ps) == 2 && kv_ns_get(t, ns3)->pools == 1);
+	pid = p->id;
+
+	/* Held, or with a block in use: kept. */
+	CHECK(kv_pool_alloc(p, 2, b, why, sizeof(why)) == 0);
+	hash_of(h, 1);
+	kv_pool_seal(p, b[0], h);
+	stale = kv_block_handle(b[1]);
+	kv_pool_put(p);  /* the registration's hold */
+	CHECK(kv_pools_collect(e.ps, gone, &gone_calls) == 0);
+	kv_block_unref(b[1]);   /* writable: FREE */
+	kv_block_unref(b[0]);   /* sealed: CACHED, still in use */
+	CHECK(kv_pools_collect(e.ps, gone, &gone_calls) == 0 && kv_pool_get(e.ps, pid) == p);
+	must_be_consistent(e.ps);
+	kv_block_where(b[0], &dev, &seg);
+	epoch = e.be->epoch[dev][seg];
+
+	/* Held again while idle: kept (collect looks again). */
+	kv_pools_evict_all(e.ps, (int)pid);
+	kv_pool_hold(p);
+	CHECK(kv_pools_collect(e.ps, gone, &gone_calls) == 0 && kv_pool_get(e.ps, pid) == p);
+	kv_pool_put(p);
+	must_be_consistent(e.ps);   /* idle, queued: consistent */
+
+	/* The session leaves t3: the pool keeps the namespace. */
+	kv_pools_ns_put(e.ps, ns3);
+	CHECK(kv_ns_find(t, "t3") == ns3);
+	CHECK(kv_pools_collect(e.ps, gone, &gone_calls) == 1 && gone_calls == 1);
+	CHECK(kv_pool_get(e.ps, pid) == NULL && kv_pools_count(e.ps) == 1);
+	/* With its last pool gone, so is t3; all its pages are back. */
+	CHECK(kv_ns_find(t, "t3") == 0 && kv_ns_get(t, ns3) == NULL);
+	{
+		uint64_t total, nfree, pb;
+
+		kv_pools_pages(e.ps, &total, &nfree, &pb);
+		CHECK(nfree == total);
+	}
+	must_be_consistent(e.ps);
+	/* A handle of the freed pool names nothing. */
+	CHECK(kv_block_lookup(e.ps, stale) == NULL);
+
+	/* Ids come back last: the next pool gets 2, not the freed 0. */
+	r = pool(&e, 1, "r", 65536);
+	CHECK(r->id == 2 && kv_pools_end(e.ps) == 3);
+	CHECK(kv_block_lookup(e.ps, stale) == NULL);
+
+	/* A new namespace gets t3's id; the segment t3 used last is given
+	 * fresh memory before its pages go to it. */
+	CHECK(kv_pools_ns(e.ps, "t4") == (int)ns3);
+	sp = pool(&e, ns3, "s", 65536);
+	CHECK(kv_pool_alloc(sp, 8, b, why, sizeof(why)) == 0);  /* every page */
+	CHECK(e.be->epoch[dev][seg] != epoch);
+	for (i = 0; i < 8; i++)
+		kv_block_unref(b[i]);
+	/* Eviction and allocation across the free id 0 (the sentinel). */
+	CHECK(kv_pool_alloc(q, 8, b, why, sizeof(why)) == 0);
+	for (i = 0; i < 8; i++) {
+		hash_of(h, 100 + i);
+		kv_block_unref(kv_pool_seal(q, b[i], h));
+	}
+	CHECK(kv_pool_alloc(r, 4, b, why, sizeof(why)) == 0);  /* evicts q's oldest */
+	CHECK(q->n.evictions == 4);
+	for (i = 0; i < 4; i++)
+		kv_block_unref(b[i]);
+	CHECK(kv_pools_evict_all(e.ps, -1) == 4);
+	must_be_consistent(e.ps);
+
+	/* The top ids freed (2 and 3): the end comes down past the free ids. */
+	CHECK(sp->id == 3);
+	kv_pool_put(r);
+	kv_pool_put(sp);
+	CHECK(kv_pools_collect(e.ps, NULL, NULL) == 2 && kv_pools_end(e.ps) == 2);
+	/* Ids go round: 4 .. 4095 (round robin goes on from the last one
+	 * handed out), then the free ones from 0. */
+	{
+		struct kv_pool *last = NULL;
+		char name[16];
+
+		for (i = 0; i < KV_MAX_POOLS - 1; i++) {
+			snprintf(name, sizeof(name), "n%d", i);
+			last = pool(&e, 2, name, 65536);
+			/* 4 .. 4095, then 0, 2, 3 (q has 1). */
+			CHECK(last->id == (i < KV_MAX_POOLS - 4 ? (uint32_t)i + 4
+								: (uint32_t[]){ 0, 2, 3 }[i - (KV_MAX_POOLS - 4)]));
+		}
+		CHECK(kv_pools_count(e.ps) == KV_MAX_POOLS && last->id == 3);
+		CHECK(kv_pools_end(e.ps) == KV_MAX_POOLS);
+		{
+			struct kv_pool_desc d = { .name = "full", .block_bytes = 65536 };
+			struct kv_pool *x;
+
+			CHECK(kv_pool_register(e.ps, 2, &d, &x, why, sizeof(why)) == -ENOSPC);
+		}
+		must_be_consistent(e.ps);
+	}
+	env_free(&e);
+}
+
 int main(void)
 {
 	test_layouts();
@@ -480,5 +610,6 @@ int main(void)
 	test_demote();
 	test_ref_saturation();
 	test_asserts();
+	test_free();
 	return 0;
 }

@@ -66,7 +66,7 @@ struct table {
 	const char *const *head;
 	const char *align;      /* 'l' or 'r' per column */
 	char **cell;            /* row-major, owned */
-	size_t ncell;
+	size_t ncell, cap;      /* cells, and room for them (grown by doubling) */
 };
 void cell(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void table_print(struct table *t);

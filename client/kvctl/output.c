@@ -245,7 +245,11 @@ void cell(struct table *t, const char *fmt, ...)
 		oom();
 	clean = sanitize(s);
 	free(s);
-	t->cell = xrealloc(t->cell, (t->ncell + 1) * sizeof(*t->cell));
+	/* Doubling: thousands of pools make tens of thousands of cells. */
+	if (t->ncell == t->cap) {
+		t->cap = t->cap ? 2 * t->cap : 64;
+		t->cell = xrealloc(t->cell, t->cap * sizeof(*t->cell));
+	}
 	t->cell[t->ncell++] = clean;
 }
 
@@ -275,7 +279,7 @@ void table_print(struct table *t)
 		free(t->cell[r]);
 	free(t->cell);
 	t->cell = NULL;
-	t->ncell = 0;
+	t->ncell = t->cap = 0;
 }
 
 /* ---- values --------------------------------------------------------------- */

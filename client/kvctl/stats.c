@@ -106,14 +106,68 @@ void json_stats_fields(struct json *j, const Kvcached__StatsReply *s)
 	json_u64(j, "reload_failures", s->reload_failures);
 }
 
+/* Moves the n elements of *from (an array of a reply to be freed) to the
+ * end of *to (*nto of them): the reply they came from then frees only its
+ * empty array (protobuf-c frees arrays and elements with free()). */
+static void move_items(void ***to, size_t *nto, void ***from, size_t *nfrom)
+{
+	if (!*nfrom)
+		return;
+	*to = xrealloc(*to, (*nto + *nfrom) * sizeof(**to));
+	memcpy(*to + *nto, *from, *nfrom * sizeof(**to));
+	*nto += *nfrom;
+	*nfrom = 0;
+}
+
+/* The Stats reply, its pages (docs/protocol.md, "Paging") merged into the
+ * first: the same reply an unpaged Stats would give, had it fitted. A
+ * daemon that does not page answers with one page (more unset). */
 Kvcached__Response *get_stats(kvc_conn *c)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *first = NULL, *resp;
 
+	st.page = 1;
 	req.op_case = KVCACHED__REQUEST__OP_STATS;
 	req.stats = &st;
-	return call(c, &req, KVCACHED__RESPONSE__RESULT_STATS, "stats");
+	for (;;) {
+		Kvcached__StatsReply *s;
+		int more;
+
+		resp = call(c, &req, KVCACHED__RESPONSE__RESULT_STATS, "stats");
+		if (!resp)
+			break;
+		s = resp->stats;
+		more = s->more;
+		/* Each page starts past the last one; else the daemon is not
+		 * paging as it says it does, and this would never end. */
+		if (more && (s->next_namespace < st.first_namespace ||
+			     (s->next_namespace == st.first_namespace &&
+			      s->next_pool <= st.first_pool))) {
+			fprintf(stderr, "kvctl: stats: the daemon's pages do not advance\n");
+			kvcached__response__free_unpacked(resp, NULL);
+			resp = NULL;
+			break;
+		}
+		st.first_namespace = s->next_namespace;
+		st.first_pool = s->next_pool;
+		if (!first) {
+			first = resp;
+		} else {
+			Kvcached__StatsReply *f = first->stats;
+
+			move_items((void ***)&f->namespaces, &f->n_namespaces, (void ***)&s->namespaces,
+				   &s->n_namespaces);
+			move_items((void ***)&f->pools, &f->n_pools, (void ***)&s->pools, &s->n_pools);
+			kvcached__response__free_unpacked(resp, NULL);
+		}
+		if (!more)
+			return first;
+	}
+	if (first)
+		kvcached__response__free_unpacked(first, NULL);
+	return NULL;
 }
 
 Kvcached__Response *get_clients(kvc_conn *c)
@@ -509,14 +563,42 @@ int cmd_metrics(kvc_conn *c, const struct args *a)
 	Kvcached__Metrics m = KVCACHED__METRICS__INIT;
 	Kvcached__Response *resp;
 
+	char *text = NULL;
+	size_t len = 0;
+
 	if (a->fmt == FMT_JSON)
 		return stats_json(c);
+	/* Page after page (docs/protocol.md, "Paging"), printed once all have
+	 * come: their texts concatenated are the exposition. */
+	m.page = 1;
 	req.op_case = KVCACHED__REQUEST__OP_METRICS;
 	req.metrics = &m;
-	resp = call(c, &req, KVCACHED__RESPONSE__RESULT_METRICS, "metrics");
-	if (!resp)
-		return 1;
-	fputs(resp->metrics->text, stdout);
-	kvcached__response__free_unpacked(resp, NULL);
+	for (;;) {
+		size_t n;
+		int more;
+
+		resp = call(c, &req, KVCACHED__RESPONSE__RESULT_METRICS, "metrics");
+		if (!resp) {
+			free(text);
+			return 1;
+		}
+		n = strlen(resp->metrics->text);
+		text = xrealloc(text, len + n + 1);
+		memcpy(text + len, resp->metrics->text, n + 1);
+		len += n;
+		more = resp->metrics->more;
+		if (more && resp->metrics->next <= m.first) {
+			fprintf(stderr, "kvctl: metrics: the daemon's pages do not advance\n");
+			kvcached__response__free_unpacked(resp, NULL);
+			free(text);
+			return 1;
+		}
+		m.first = resp->metrics->next;
+		kvcached__response__free_unpacked(resp, NULL);
+		if (!more)
+			break;
+	}
+	fputs(text ? text : "", stdout);
+	free(text);
 	return 0;
 }

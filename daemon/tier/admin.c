@@ -6,7 +6,7 @@
 
 uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 {
-	uint32_t i, n = kv_pools_count(t->ps);
+	uint32_t i, n = kv_pools_end(t->ps);
 	uint64_t done = 0;
 
 	for (i = 0; i < n; i++) {
@@ -15,7 +15,7 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 		struct tpool *tp3 = t->lv[L3].on ? t->lv[L3].tp[i] : NULL;
 		struct kv_list *node;
 
-		if (pool_id >= 0 && (uint32_t)pool_id != i)
+		if (!p || (pool_id >= 0 && (uint32_t)pool_id != i))
 			continue;
 		if (tier == KV_TIER_G1) {
 			if (!t->lv[L2].on) {
@@ -70,7 +70,7 @@ uint64_t kv_tiers_flush(struct kv_tiers *t)
 
 	if (!t->lv[L3].on)
 		return 0;
-	for (i = 0; i < kv_pools_count(t->ps); i++) {
+	for (i = 0; i < kv_pools_end(t->ps); i++) {
 		struct tpool *tp = t->lv[L2].tp[i];
 		struct kv_list *node;
 
@@ -100,9 +100,11 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 	st[KV_TIER_G1] = t->g1;
 	st[KV_TIER_G1].capacity = total;
 	st[KV_TIER_G1].used = total - free;
-	for (d = 0; d < kv_pools_count(t->ps); d++) {
+	for (d = 0; d < kv_pools_end(t->ps); d++) {
 		const struct kv_pool *p = kv_pool_get(t->ps, d);
 
+		if (!p)
+			continue;
 		st[KV_TIER_G1].blocks += p->n.writable + p->n.sealed + p->n.cached;
 		st[KV_TIER_G1].hits += p->n.hits;
 		st[KV_TIER_G1].evictions += p->n.evictions;
@@ -121,6 +123,32 @@ uint64_t kv_tiers_entries(const struct kv_tiers *t)
 	return t->entries;
 }
 
+/* Adds each tier block's hold on its pool to the pool's check_holds: every
+ * tier block has a slot (one with none is freed), so each is found once, at
+ * its G2 slot or, without one, its G3 slot. */
+static void tier_count_holds(struct kv_tiers *t)
+{
+	int l;
+
+	for (l = L2; l <= L3; l++) {
+		struct level *L = &t->lv[l];
+		uint32_t pg, s;
+
+		for (pg = 0; L->on && pg < L->pages.npages; pg++) {
+			struct srun *r = L->pages.owner[pg];
+
+			if (!r || r->first_page != pg || r->dvalid)
+				continue;
+			for (s = 0; s < r->nslots; s++) {
+				struct tblock *tb = r->occ[s];
+
+				if (tb && tb != SWAP_SLOT && (l == L2 || !tb->run[L2]))
+					tb->pool->check_holds++;
+			}
+		}
+	}
+}
+
 void kv_tiers_count_refs(struct kv_tiers *t)
 {
 	struct kv_list *pos;
@@ -129,6 +157,7 @@ void kv_tiers_count_refs(struct kv_tiers *t)
 	kv_list_for_each(pos, &t->swaps) {
 		struct kv_swap *sw = kv_container_of(pos, struct kv_swap, all);
 
+		sw->pool->check_holds++;
 		if (sw->state == SW_OUT)
 			continue;
 		for (i = 0; i < sw->n; i++) {
@@ -153,6 +182,7 @@ void kv_tiers_count_refs(struct kv_tiers *t)
 				b->check++;
 		}
 	}
+	tier_count_holds(t);
 }
 
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx)
@@ -227,6 +257,26 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 		if (L->on && used[l] != L->st.used) {
 			snprintf(msg, sizeof(msg), "tier G%d: %llu bytes in used slots, %llu counted",
 				 l + 2, (unsigned long long)used[l], (unsigned long long)L->st.used);
+			report(ctx, msg);
+			problems++;
+		}
+	}
+	/* Per pool id: state only for a live pool, and for that pool. */
+	for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {
+		const struct kv_pool *p = kv_pool_get(t->ps, id);
+
+		for (l = 0; l < 2; l++) {
+			const struct tpool *tp = t->lv[l].tp[id];
+
+			if (tp && tp->pool != p) {
+				snprintf(msg, sizeof(msg), "tier G%d: the state of pool id %u is %s", l + 2,
+					 id, p ? "another pool's" : "left from a freed pool");
+				report(ctx, msg);
+				problems++;
+			}
+		}
+		if (!p && t->layout_id[id]) {
+			snprintf(msg, sizeof(msg), "tiers: pool id %u is free but has a layout id", id);
 			report(ctx, msg);
 			problems++;
 		}

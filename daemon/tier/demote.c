@@ -14,7 +14,7 @@ static void demote_discard(struct kv_tiers *t, struct tblock *tb)
 	tb->busy = 0;
 	slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 	tb->run[L2] = NULL;
-	free(tb);
+	tb_dealloc(tb);
 }
 
 /* The copy of op did not start: its blocks stay in G1, its tblocks go. */
@@ -69,7 +69,7 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 			if (!tb)
 				break;
 			if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
-				free(tb);
+				tb_dealloc(tb);
 				break;
 			}
 			tb->busy = BUSY_DOWN;

@@ -76,6 +76,25 @@ struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p)
 	return tp;
 }
 
+void kv_tiers_pool_gone(struct kv_tiers *t, struct kv_pool *p)
+{
+	int l;
+
+	for (l = L2; l <= L3; l++) {
+		struct tpool *tp = t->lv[l].tp[p->id];
+
+		if (!tp)
+			continue;
+		/* Nothing of p is left, so neither is a run: runs go with their
+		 * last slot. */
+		kv_assert(tp->pool == p && kv_list_empty(&tp->runs) && kv_list_empty(&tp->partial) &&
+			  kv_list_empty(&tp->lru) && kv_list_empty(&tp->clean));
+		free(tp);
+		t->lv[l].tp[p->id] = NULL;
+	}
+	t->layout_id[p->id] = 0;
+}
+
 struct srun *srun_new(uint32_t nslots, int dormant)
 {
 	struct srun *r = calloc(1, sizeof(*r));
@@ -256,6 +275,12 @@ void tb_free(struct kv_tiers *t, struct tblock *tb)
 		}
 		slot_put(t, L3, tb->run[L3], tb->slot[L3]);
 	}
+	tb_dealloc(tb);
+}
+
+void tb_dealloc(struct tblock *tb)
+{
+	kv_pool_put(tb->pool);
 	free(tb);
 }
 
@@ -313,6 +338,7 @@ struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash
 		return NULL;
 	tb->t = t;
 	tb->pool = p;
+	kv_pool_hold(p);
 	tb->ix.pool = p->id;
 	tb->ix.kind = KV_ENTRY_TIER;
 	tb->ix.born_ms = born_ms;
@@ -407,7 +433,7 @@ struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean)
 	struct tblock *victim = NULL;
 	uint32_t i;
 
-	for (i = 0; i < kv_pools_count(t->ps); i++) {
+	for (i = 0; i < kv_pools_end(t->ps); i++) {
 		struct tpool *tp = t->lv[l].tp[i];
 		struct kv_list *n;
 		struct tblock *b;

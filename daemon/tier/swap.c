@@ -20,10 +20,25 @@ void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw)
 		}
 	if (kv_list_linked(&sw->all))
 		kv_list_del(&sw->all);
+	kv_pool_put(sw->pool);
 	free(sw->run);
 	free(sw->slot);
 	free(sw->h);
 	free(sw);
+}
+
+/* What a swap counts against its owner's max_swap_per_session. */
+static uint64_t swap_bytes(const struct kv_swap *sw)
+{
+	return (uint64_t)sw->n * sw->pool->block_bytes;
+}
+
+/* Takes sw off its owner's list. */
+static void swap_leave_owner(struct kv_swap_owner *owner, struct kv_swap *sw)
+{
+	kv_assert(owner->bytes >= swap_bytes(sw));
+	owner->bytes -= swap_bytes(sw);
+	kv_list_del(&sw->link);
 }
 
 static void swap_unref_g1(struct kv_tiers *t, struct kv_swap *sw)
@@ -71,7 +86,7 @@ static int swap_copy_start(struct kv_tiers *t, struct kv_swap *sw, int kind,
 	return r;
 }
 
-int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool *p,
+int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv_pool *p,
 		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
 		      size_t whylen)
 {
@@ -94,6 +109,7 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 		return -ENOMEM;
 	}
 	sw->pool = p;
+	kv_pool_hold(p);
 	kv_list_init(&sw->waiters);
 	kv_list_init(&sw->all);
 	for (i = 0; i < n; i++) {
@@ -132,7 +148,8 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_list *owner, struct kv_pool 
 	}
 	sw->state = SW_OUT_COPY;
 	sw->id = ++t->next_swap;
-	kv_list_push_back(owner, &sw->link);
+	kv_list_push_back(&owner->list, &sw->link);
+	owner->bytes += swap_bytes(sw);
 	kv_list_push_back(&t->swaps, &sw->all);
 	*handle = sw->id;
 	return 0;
@@ -183,7 +200,7 @@ void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res)
 	tier_wake_all(&sw->waiters);
 }
 
-int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
+int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t handle,
 		     struct kv_waiter *w, struct kv_block **out, uint32_t max, uint32_t *n,
 		     char *why, size_t whylen)
 {
@@ -192,7 +209,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 	uint32_t i;
 	int r;
 
-	kv_list_for_each(pos, owner) {
+	kv_list_for_each(pos, &owner->list) {
 		struct kv_swap *s = kv_container_of(pos, struct kv_swap, link);
 
 		if (s->id == handle) {
@@ -240,17 +257,17 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_list *owner, uint64_t handle,
 		kv_assert(out[i]);  /* sw holds a reference on it */
 	}
 	*n = sw->n;
-	kv_list_del(&sw->link);
+	swap_leave_owner(owner, sw);
 	tier_swap_free(t, sw);
 	return 0;
 }
 
-void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_list *owner)
+void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_swap_owner *owner)
 {
-	while (!kv_list_empty(owner)) {
-		struct kv_swap *sw = kv_container_of(kv_list_front(owner), struct kv_swap, link);
+	while (!kv_list_empty(&owner->list)) {
+		struct kv_swap *sw = kv_container_of(kv_list_front(&owner->list), struct kv_swap, link);
 
-		kv_list_del(&sw->link);
+		swap_leave_owner(owner, sw);
 		if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY) {
 			sw->dead = 1;
 			continue;

@@ -207,7 +207,7 @@ static void level_fini(struct kv_tiers *t, int l)
 				continue;
 			tb->run[l] = NULL;
 			if (!tb->run[L2] && !tb->run[L3])
-				free(tb);
+				tb_dealloc(tb);
 		}
 		pg += r->npages - 1;  /* its other pages point at it too */
 		srun_free(r);

@@ -241,8 +241,12 @@ void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, ui
 /* Charges (d = 1) or gives back (d = -1) one slot of run r (of a pool) to
  * the pool's namespace's usage of tier l (ns.h). */
 void slot_charge(struct kv_tiers *t, int l, const struct srun *r, int d);
+/* A tblock of pool p (which it holds) under hash, born at born_ms (the
+ * prefix's first seal), in no state yet. */
 struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash,
 		     uint64_t born_ms);
+/* Frees tb's memory and puts its hold on its pool (its slots are gone). */
+void tb_dealloc(struct tblock *tb);
 /* Puts tb in the index under its hash (no entry may be there). */
 void tb_index(struct kv_tiers *t, struct tblock *tb);
 /* Takes tb out of the index (if it is in) and marks it dead; frees it now
