@@ -84,7 +84,7 @@ static void test_quota_g1(void)
 {
 	struct kvt_daemon d;
 	kvc_conn *a, *b;
-	kvc_block x[16];
+	kvc_block x[20];
 	kvc_hash h[4];
 	int pa, pb;
 
