@@ -1,0 +1,310 @@
+/* Hostile local clients (issue 10): every byte, length, count and fd a client
+ * sends is the client's to get wrong, and a bad client may only close its own
+ * connection. Each case runs a real daemon with its limits shrunk, a
+ * well-behaved bystander (libkvcache), and a hostile peer on a raw socket
+ * that speaks the protocol by hand (frames from proto/frame.h), then checks
+ * that the daemon is alive, its invariant check is clean and a fresh client
+ * works.
+ *
+ *   seal     ftruncate() on a segment fd the daemon sent fails (EPERM); a
+ *            copy-on-write from that segment afterwards is intact
+ *
+ * Waits are for conditions (a reply, EOF, a count) under a guard, never for
+ * a fixed time. */
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "harness.h"
+
+#define BLOCK 8192u
+
+/* ---- a raw peer ---------------------------------------------------------- */
+
+struct raw {
+	int fd;
+	uint64_t id;                /* of the last request sent */
+	int fds[1024];              /* fds received and not taken yet */
+	int nfds;
+};
+
+static int raw_connect_path(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	CHECK(fd >= 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	return fd;
+}
+
+static void raw_open(struct raw *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->fd = raw_connect_path(getenv("KVCACHED_SOCKET"));
+}
+
+static void raw_close(struct raw *r)
+{
+	while (r->nfds > 0)
+		close(r->fds[--r->nfds]);
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n) {
+		ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+
+		CHECK(k > 0);
+		b += k;
+		n -= (size_t)k;
+	}
+}
+
+/* Packs rq (id set here) into a frame in *buf (malloc'd). Returns its size. */
+static size_t pack(struct raw *r, Kvcached__Request *rq, uint8_t **buf)
+{
+	size_t len;
+
+	rq->id = ++r->id;
+	len = kvcached__request__get_packed_size(rq);
+	*buf = malloc(KV_FRAME_HDR + len);
+	CHECK(*buf != NULL);
+	kv_frame_hdr_encode(*buf, (uint32_t)len, 0);
+	kvcached__request__pack(rq, *buf + KV_FRAME_HDR);
+	return KV_FRAME_HDR + len;
+}
+
+static void raw_send(struct raw *r, Kvcached__Request *rq)
+{
+	uint8_t *buf;
+	size_t n = pack(r, rq, &buf);
+
+	send_all(r->fd, buf, n);
+	free(buf);
+}
+
+/* Reads exactly n bytes, keeping the fds that come with them. Returns 0, or
+ * -1 at EOF before the first byte (EOF later fails the test). */
+static int raw_read(struct raw *r, void *p, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		int trunc = 0;
+		ssize_t k = kv_recvmsg_fds(r->fd, (uint8_t *)p + got, n - got, r->fds, &r->nfds,
+					   (int)(sizeof(r->fds) / sizeof(r->fds[0])), 0, &trunc);
+
+		CHECK(!trunc);
+		if (k == 0 && got == 0)
+			return -1;
+		CHECK(k > 0);
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+/* The next response, or NULL at EOF. */
+static Kvcached__Response *raw_recv(struct raw *r)
+{
+	uint8_t hdr[KV_FRAME_HDR], *buf;
+	Kvcached__Response *rs;
+	uint32_t len;
+
+	if (raw_read(r, hdr, sizeof(hdr)) < 0)
+		return NULL;
+	CHECK(kv_frame_hdr_decode(hdr, 64u << 20, &len) == 0);
+	buf = malloc(len ? len : 1);
+	CHECK(buf != NULL);
+	CHECK(raw_read(r, buf, len) == 0);
+	rs = kvcached__response__unpack(NULL, len, buf);
+	free(buf);
+	CHECK(rs != NULL);
+	return rs;
+}
+
+/* Sends rq and returns its reply (its id checked). */
+static Kvcached__Response *raw_call(struct raw *r, Kvcached__Request *rq)
+{
+	Kvcached__Response *rs;
+
+	raw_send(r, rq);
+	rs = raw_recv(r);
+	CHECK(rs != NULL);
+	if (rs->id != r->id && rs->error)
+		fprintf(stderr, "reply %llu to request %llu: error %d: %s\n",
+			(unsigned long long)rs->id, (unsigned long long)r->id, rs->error->code,
+			rs->error->message);
+	CHECK_EQ(rs->id, r->id);
+	return rs;
+}
+
+/* Takes the first fd received (the caller owns it). */
+static int raw_take_fd(struct raw *r)
+{
+	int fd;
+
+	CHECK(r->nfds > 0);
+	fd = r->fds[0];
+	memmove(r->fds, r->fds + 1, (size_t)(r->nfds - 1) * sizeof(int));
+	r->nfds--;
+	return fd;
+}
+
+static void raw_hello(struct raw *r)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Hello h = KVCACHED__HELLO__INIT;
+	Kvcached__Response *rs;
+
+	h.min_version = h.max_version = KV_PROTO_VERSION;
+	h.client_name = "hostile";
+	rq.op_case = KVCACHED__REQUEST__OP_HELLO;
+	rq.hello = &h;
+	rs = raw_call(r, &rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_HELLO);
+	kvcached__response__free_unpacked(rs, NULL);
+}
+
+/* Joins the test pool kvt_pool(c, name, block) registered. Returns its id. */
+static uint32_t raw_pool(struct raw *r, const char *name, uint64_t block)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__RegisterPool m = KVCACHED__REGISTER_POOL__INIT;
+	Kvcached__Response *rs;
+	uint32_t id;
+
+	m.name = (char *)name;
+	m.block_bytes = block;
+	m.block_tokens = 16;
+	m.dtype = "fp16";
+	m.layout.data = (uint8_t *)"test";
+	m.layout.len = 4;
+	rq.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
+	rq.register_pool = &m;
+	rs = raw_call(r, &rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_REGISTER_POOL);
+	id = rs->register_pool->pool_id;
+	kvcached__response__free_unpacked(rs, NULL);
+	return id;
+}
+
+/* A Lookup request of hashes[0..n) (not sent). */
+struct lookup_rq {
+	Kvcached__Request rq;
+	Kvcached__Lookup m;
+};
+
+static void lookup_rq(struct lookup_rq *l, uint32_t pool, const kvc_hash *h, size_t n)
+{
+	kvcached__request__init(&l->rq);
+	kvcached__lookup__init(&l->m);
+	l->m.pool_id = pool;
+	l->m.hashes.data = (uint8_t *)h;
+	l->m.hashes.len = n * sizeof(*h);
+	l->rq.op_case = KVCACHED__REQUEST__OP_LOOKUP;
+	l->rq.lookup = &l->m;
+}
+
+/* ---- the daemon ------------------------------------------------------------ */
+
+static struct kvt_daemon dm;
+
+/* A fresh well-behaved client can connect, allocate, write, seal, look up
+ * and release. */
+static void fresh_client_works(void)
+{
+	kvc_conn *c = kvt_connect(NULL);
+	int pool = kvt_pool(c, "p", BLOCK);
+	kvc_block b, got;
+	kvc_hash h = kvt_hash(0xf7e5);
+
+	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
+	kvt_mem_fill(c, kvc_block_ptr(c, b), BLOCK, 99);
+	CHECK_EQ(kvc_seal(c, pool, &b, &h, 1, &b), 1);
+	CHECK_EQ(kvc_lookup(c, pool, &h, 1, &got), 1);
+	CHECK(got == b);
+	CHECK(kvt_mem_verify(c, kvc_block_ptr(c, got), BLOCK, 99));
+	CHECK_EQ(kvc_release(c, &got, 1), 0);
+	CHECK_EQ(kvc_release(c, &b, 1), 0);
+	kvc_close(c);
+}
+
+/* What every case ends with. */
+static void daemon_fine(void)
+{
+	CHECK(kvt_alive(&dm));
+	CHECK_EQ(kvt_check(), 0);
+	fresh_client_works();
+}
+
+/* ---- seal ------------------------------------------------------------------ */
+
+static void case_seal(void)
+{
+	struct raw r;
+	kvc_conn *c;
+	kvc_block b, f, copy;
+	kvc_hash h = kvt_hash(1);
+	Kvcached__Response *rs;
+	struct lookup_rq l;
+	uint32_t pool;
+	int pid, fd;
+
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", NULL);
+	c = kvt_connect(NULL);
+	pid = kvt_pool(c, "p", BLOCK);
+	CHECK_EQ(kvc_alloc(c, pid, 1, &b), 1);
+	kvt_mem_fill(c, kvc_block_ptr(c, b), BLOCK, 7);
+	CHECK_EQ(kvc_seal(c, pid, &b, &h, 1, &b), 1);
+
+	/* The hostile peer looks the block up: the reply brings the fd of its
+	 * segment, which it tries to shrink and to grow. */
+	raw_open(&r);
+	raw_hello(&r);
+	pool = raw_pool(&r, "p", BLOCK);
+	lookup_rq(&l, pool, &h, 1);
+	rs = raw_call(&r, &l.rq);
+	CHECK(!rs->error && rs->blocks->n_blocks == 1 && rs->n_segments == 1);
+	fd = raw_take_fd(&r);
+	/* (A cuda segment's fd is no file that could be truncated.) */
+	CHECK(ftruncate(fd, 0) < 0 && (errno == EPERM || kvt_cuda()));
+	CHECK(ftruncate(fd, (off_t)rs->segments[0]->bytes * 2) < 0 &&
+	      (errno == EPERM || kvt_cuda()));
+	CHECK(kvt_cuda() || (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EPERM));
+	fprintf(stderr, "seal: ftruncate on the segment fd: %s\n", strerror(errno));
+	kvcached__response__free_unpacked(rs, NULL);
+
+	/* The daemon copies out of that segment: a second reference, then a
+	 * copy-on-write of the sealed block. */
+	CHECK_EQ(kvc_fork(c, &b, 1, &f), 1);
+	CHECK_EQ(kvc_cow(c, &f, 1, &copy), 1);
+	CHECK(copy != b);
+	CHECK(kvt_mem_verify(c, kvc_block_ptr(c, copy), BLOCK, 7));
+	CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b), BLOCK, 7));
+	close(fd);
+	raw_close(&r);
+	CHECK_EQ(kvc_release(c, &copy, 1), 0);
+	CHECK_EQ(kvc_release(c, &b, 1), 0);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+}
+
+int main(void)
+{
+	case_seal();
+	return 0;
+}
