@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "frame.h"
 #include "log.h"
+#include "pool.h"
 #include "units.h"
 
 #define KiB (1ull << 10)
@@ -57,6 +58,11 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "largest protocol frame", NULL },
 	{ "max_batch", 0, KV_CFG_UINT, KV_CFG_FIELD(max_batch), 0, 1, 1u << 20, "65536",
 	  "most blocks or hashes in one request", NULL },
+	/* The limits on what one client may take (docs/operations.md, section 13). */
+	{ "max_block_refs", 0, KV_CFG_UINT, KV_CFG_FIELD(max_block_refs), KV_CFG_RELOAD,
+	  1, KV_BLOCK_REF_MAX, "1073741824",
+	  "most references one block may carry; a fork, lookup or seal that would take more is "
+	  "refused (EQUOTA)", NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",

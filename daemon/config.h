@@ -61,6 +61,7 @@ struct kv_config {
 	uint64_t page_bytes;
 	uint32_t max_frame;
 	uint32_t max_batch;
+	uint32_t max_block_refs;      /* references one block may carry (ops.c refuses more) */
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;

@@ -161,16 +161,18 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	return 0;
 }
 
-int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n)
+int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		if (!kv_block_ref_room(q->blk[i], q->blk[i]->check)) {
-			kv_op_fail(q, KVCACHED__ERROR_CODE__ESTATE, (int)i,
-				   "block %#llx (index %zu) has the most references a block "
-				   "may have (%u)", (unsigned long long)handles[i], i,
-				   KV_BLOCK_REF_MAX);
-			return -EOVERFLOW;
-		}
+	uint32_t max = q->d->cfg.max_block_refs;
+
+	if (max > KV_BLOCK_REF_MAX)
+		max = KV_BLOCK_REF_MAX;
+	if (b->ref <= max && n <= max - b->ref)
+		return 1;
+	kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, (int)index,
+		   "block %#llx (index %zu) already has %u reference%s; %u more would pass "
+		   "max_block_refs (%u): nothing was taken", (unsigned long long)kv_block_handle(b),
+		   index, b->ref, b->ref == 1 ? "" : "s", n, max);
 	return 0;
 }
 

@@ -129,6 +129,59 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 	kv_op_reply_blocks(q, m->count);
 }
 
+static const uint8_t *seal_hashes;   /* for by_hash(): the request being sealed */
+
+static int by_hash(const void *a, const void *b)
+{
+	uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+	int r = memcmp(seal_hashes + (size_t)i * HASH, seal_hashes + (size_t)j * HASH, HASH);
+
+	return r ? r : (i > j) - (i < j);
+}
+
+/* Seal dedups every block whose hash is published onto the published block,
+ * which takes a reference per block: refuses (EQUOTA) a request that would
+ * take one past max_block_refs, before anything changes. That includes a
+ * hash listed several times whose first block is the one published by this
+ * very request; only a batch longer than max_block_refs can do that, and only
+ * then are the hashes sorted to count them. Returns 0 or -EDQUOT (reply set). */
+static int seal_ref_room(struct req *q, struct kv_pool *p, const Kvcached__Seal *m)
+{
+	const uint8_t *h = m->hashes.data;
+	size_t n = m->n_blocks, i;
+	struct kv_block **dst = q_alloc(q, n * sizeof(*dst));
+	uint32_t *ix;
+
+	if (!dst)
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		if ((dst[i] = kv_pool_find(p, h + i * HASH)))
+			dst[i]->check = 0;
+	for (i = 0; i < n; i++)
+		if (dst[i] && !kv_op_ref_room(q, dst[i], i, ++dst[i]->check))
+			return -EDQUOT;
+	if (n <= q->d->cfg.max_block_refs)
+		return 0;
+	if (!(ix = q_alloc(q, n * sizeof(*ix))))
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		ix[i] = (uint32_t)i;
+	seal_hashes = h;
+	qsort(ix, n, sizeof(*ix), by_hash);
+	for (i = 0; i < n;) {
+		size_t j = i + 1;
+
+		while (j < n && !memcmp(h + (size_t)ix[j] * HASH, h + (size_t)ix[i] * HASH, HASH))
+			j++;
+		/* ix[i], the first listing, is sealed; the j - i - 1 after it
+		 * dedup onto it. */
+		if (!dst[ix[i]] && !kv_op_ref_room(q, q->blk[ix[i]], ix[i], (uint32_t)(j - i - 1)))
+			return -EDQUOT;
+		i = j;
+	}
+	return 0;
+}
+
 void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -152,6 +205,8 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 			return;
 		}
 	}
+	if (seal_ref_room(q, p, m) < 0)
+		return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
@@ -256,14 +311,15 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		q->out = KV_OP_PARK;
 		return;
 	}
-	/* A block that cannot take another reference ends the hit prefix (a
-	 * chain may list one block many times: b->check counts them). */
+	/* A hit that would take a block past max_block_refs refuses the whole
+	 * lookup, before any reference is taken (a chain may list one block
+	 * many times: b->check counts them). */
 	for (size_t i = 0; i < k; i++)
 		q->blk[i]->check = 0;
 	for (size_t i = 0; i < k; i++)
-		if (!kv_block_ref_room(q->blk[i], ++q->blk[i]->check)) {
-			k = i;
-			break;
+		if (!kv_op_ref_room(q, q->blk[i], i, ++q->blk[i]->check)) {
+			unpin(q->ss, old_pins);
+			return;
 		}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
@@ -298,9 +354,12 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 {
 	size_t i;
 
-	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0 ||
-	    kv_op_ref_room(q, m->blocks, m->n_blocks) < 0)
+	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
 		return;
+	/* b->check: how often the request lists b. */
+	for (i = 0; i < m->n_blocks; i++)
+		if (!kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check))
+			return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;

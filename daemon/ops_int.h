@@ -40,10 +40,13 @@ struct kv_pool *kv_op_pool(struct req *q, uint32_t id);
  * (listed more often than held). */
 int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
 		  uint32_t per);
-/* After kv_op_resolve(): 0 when every block of q->blk[0..n) can take one
- * more reference per time it is listed (b->check), else -EOVERFLOW with the
- * error reply set. Nothing changes either way. */
-int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n);
+/* 1 when b may take n more references: it would then carry at most
+ * max_block_refs (a client forking or looking up one block over and over
+ * would otherwise run its count up to the mechanism's KV_BLOCK_REF_MAX, and
+ * every other holder of the block with it). Else 0, with the EQUOTA reply
+ * set, naming b and index, its first listing in the request. Changes
+ * nothing: handlers check every block before they take any reference. */
+int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n);
 /* Replies with the handles of q->blk[0..n), sending the fd of every segment
  * they live in that this session has not seen yet. */
 void kv_op_reply_blocks(struct req *q, size_t n);

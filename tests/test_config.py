@@ -61,6 +61,7 @@ ALL = {
     "page_size": "1MiB",
     "max_frame": "8MiB",
     "max_batch": "1000",
+    "max_block_refs": "1000000",
     "log_level": "debug",
     "log_target": "stderr",
     "drain_timeout": "2m",

@@ -8,6 +8,8 @@
  *
  *   seal     ftruncate() on a segment fd the daemon sent fails (EPERM); a
  *            copy-on-write from that segment afterwards is intact
+ *   refs     a block's references stop at max_block_refs: a fork, lookup or
+ *            seal past it is refused whole (EQUOTA) and changes nothing
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
@@ -303,8 +305,112 @@ static void case_seal(void)
 	kvt_stop(&dm);
 }
 
+/* ---- refs ------------------------------------------------------------------ */
+
+/* kvc_fork of n copies of b; returns its result. */
+static int fork_n(kvc_conn *c, kvc_block b, size_t n)
+{
+	kvc_block *in = malloc(n * sizeof(*in)), *out = malloc(n * sizeof(*out));
+	int r;
+
+	CHECK(in && out);
+	for (size_t i = 0; i < n; i++)
+		in[i] = b;
+	r = kvc_fork(c, in, n, out);
+	free(in);
+	free(out);
+	return r;
+}
+
+static void release_n(kvc_conn *c, kvc_block b, size_t n)
+{
+	kvc_block *in = malloc(n * sizeof(*in));
+
+	CHECK(in);
+	for (size_t i = 0; i < n; i++)
+		in[i] = b;
+	CHECK_EQ(kvc_release(c, in, n), 0);
+	free(in);
+}
+
+/* References stop at max_block_refs: fork, lookup and seal (dedup) that
+ * would pass it are refused whole with EQUOTA, and take nothing. */
+static void case_refs(void)
+{
+	kvc_conn *c, *c2;
+	kvc_block b, w[3], got[4];
+	kvc_hash h = kvt_hash(2), hs[3] = { kvt_hash(3), kvt_hash(2), kvt_hash(4) };
+	uint64_t fr, wr, se, ca;
+	int pool, r;
+
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", "--max-block-refs", "100",
+		  NULL);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BLOCK);
+	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
+	CHECK_EQ(kvc_seal(c, pool, &b, &h, 1, &b), 1);
+	/* Doubling: 1, 2, 4, ... 64 references. */
+	for (size_t held = 1; held < 64; held *= 2)
+		CHECK_EQ(fork_n(c, b, held), (int)held);
+	/* 64 more would make 128. */
+	r = fork_n(c, b, 64);
+	CHECK_EQ(r, KVC_EQUOTA);
+	fprintf(stderr, "refs: fork: %s\n", kvc_last_error(c));
+	CHECK(strstr(kvc_last_error(c), "already has 64 references") != NULL);
+	CHECK_EQ(kvt_check(), 0);
+	/* Up to exactly 100, from two sessions. */
+	CHECK_EQ(fork_n(c, b, 32), 32);
+	c2 = kvt_connect(NULL);
+	CHECK_EQ(kvt_pool(c2, "p", BLOCK), pool);
+	CHECK_EQ(kvc_lookup(c2, pool, (kvc_hash[]){ h, h, h }, 3, got), 3);
+	CHECK_EQ(fork_n(c, b, 1), 1);
+	/* 100: every way to take one more is refused, the connection stays. */
+	CHECK_EQ(fork_n(c, b, 1), KVC_EQUOTA);
+	CHECK_EQ(kvc_lookup(c2, pool, &h, 1, got), KVC_EQUOTA);
+	fprintf(stderr, "refs: lookup: %s\n", kvc_last_error(c2));
+	CHECK_EQ(kvc_alloc(c2, pool, 3, w), 3);
+	CHECK_EQ(kvc_seal(c2, pool, w, hs, 3, w), KVC_EQUOTA);
+	fprintf(stderr, "refs: seal: %s\n", kvc_last_error(c2));
+	CHECK(strstr(kvc_last_error(c2), "(index 1)") != NULL);
+	/* The seal took nothing: its three blocks are still writable. */
+	kvt_pool_counts(pool, &fr, &wr, &se, &ca);
+	CHECK_EQ(wr, 3);
+	CHECK_EQ(se, 1);
+	CHECK_EQ(kvt_check(), 0);
+	/* Below the limit again, all three work. */
+	release_n(c, b, 4);
+	CHECK_EQ(kvc_seal(c2, pool, w, hs, 3, w), 3);
+	CHECK(w[1] == b);
+	CHECK_EQ(kvc_lookup(c2, pool, &h, 1, got + 3), 1);
+	CHECK_EQ(fork_n(c, b, 2), 2);   /* 96 + 1 + 1 + 2 */
+	CHECK_EQ(fork_n(c, b, 1), KVC_EQUOTA);
+	/* A batch that lists one new hash more often than a block may be
+	 * referenced: sealing the first would make the rest dedup onto it. */
+	{
+		kvc_block *many = malloc(101 * sizeof(*many));
+		kvc_hash *hh = malloc(101 * sizeof(*hh));
+
+		CHECK(many && hh);
+		CHECK_EQ(kvc_alloc(c, pool, 101, many), 101);
+		for (int i = 0; i < 101; i++)
+			hh[i] = kvt_hash(5);
+		CHECK_EQ(kvc_seal(c, pool, many, hh, 101, many), KVC_EQUOTA);
+		fprintf(stderr, "refs: seal of one hash 101 times: %s\n", kvc_last_error(c));
+		CHECK_EQ(kvc_seal(c, pool, many, hh, 100, many), 100);
+		CHECK_EQ(kvc_release(c, many, 101), 0);
+		free(many);
+		free(hh);
+	}
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c2);
+	kvc_close(c);
+	daemon_fine();
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	case_seal();
+	case_refs();
 	return 0;
 }
