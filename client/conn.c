@@ -340,6 +340,14 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 	r = recv_response(c, &resp);
 	if (r < 0)
 		goto out;
+	if (resp->id == 0 && resp->error && resp->error->code > 0 &&
+	    resp->error->code < KVC_ERR_BASE) {
+		/* About the connection, not the request (a connection over the
+		 * daemon's limits, a protocol error): the daemon closes it. */
+		set_err(c, "%s", resp->error->message ? resp->error->message : "");
+		r = -(KVC_ERR_BASE + (int)resp->error->code);
+		goto out;
+	}
 	if (resp->id != req->id) {
 		if (resp->error && resp->error->message && *resp->error->message)
 			set_err(c, "%s", resp->error->message);

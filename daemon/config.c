@@ -63,6 +63,12 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  1, KV_BLOCK_REF_MAX, "1073741824",
 	  "most references one block may carry; a fork, lookup or seal that would take more is "
 	  "refused (EQUOTA)", NULL },
+	{ "max_connections", 0, KV_CFG_UINT, KV_CFG_FIELD(max_connections), KV_CFG_RELOAD,
+	  1, 1u << 20, "1024",
+	  "most connections open on the worker socket (the admin socket has 64 of its own)", NULL },
+	{ "max_connections_per_uid", 0, KV_CFG_UINT, KV_CFG_FIELD(max_connections_per_uid),
+	  KV_CFG_RELOAD, 1, 1u << 20, "256",
+	  "most connections one uid may have open on the worker socket", NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",

@@ -62,6 +62,8 @@ struct kv_config {
 	uint32_t max_frame;
 	uint32_t max_batch;
 	uint32_t max_block_refs;      /* references one block may carry (ops.c refuses more) */
+	uint32_t max_connections;     /* on the worker socket (conn.c refuses more) */
+	uint32_t max_connections_per_uid;
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -331,21 +332,101 @@ static void conn_close(struct kv_conn *c, const char *why)
 	kv_daemon_drain_check(d);
 }
 
+/* Whether a peer with cred may not open another connection (on the admin
+ * socket when admin); the reason in why. Open connections count (a closing
+ * one has given its place back). O(connections): they are bounded. */
+static int conn_over_limit(struct kv_conns *cs, const struct ucred *cred, int admin, char *why,
+			   size_t len)
+{
+	const struct kv_config *cfg = &cs->d->cfg;
+	uint32_t workers = 0, admins = 0, mine = 0;
+	struct kv_list *pos;
+
+	kv_list_for_each(pos, &cs->d->sessions) {
+		const struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+
+		if (ss->admin) {
+			admins++;
+		} else {
+			workers++;
+			mine += ss->cred.uid == cred->uid;
+		}
+	}
+	if (admin) {
+		if (admins < KV_ADMIN_CONNS_MAX)
+			return 0;
+		snprintf(why, len, "too many connections: %u open on the admin socket (at most %u); "
+			 "retry later", admins, KV_ADMIN_CONNS_MAX);
+		return 1;
+	}
+	if (workers >= cfg->max_connections) {
+		snprintf(why, len, "too many connections: %u open on the worker socket "
+			 "(max_connections %u); retry later", workers, cfg->max_connections);
+		return 1;
+	}
+	if (mine >= cfg->max_connections_per_uid) {
+		snprintf(why, len, "too many connections: uid %u has %u open "
+			 "(max_connections_per_uid %u); retry later", (unsigned)cred->uid, mine,
+			 cfg->max_connections_per_uid);
+		return 1;
+	}
+	return 0;
+}
+
+/* Tells the peer why (an EAGAIN reply with id 0, best effort: its socket
+ * buffer is empty), closes fd and logs it, at most once a second. */
+static void conn_refuse(struct kv_conns *cs, int fd, const struct ucred *cred, int admin,
+			const char *why)
+{
+	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+	Kvcached__Error err = KVCACHED__ERROR__INIT;
+	uint8_t buf[KV_FRAME_HDR + 512];
+	char more[64] = "";
+	uint64_t held;
+	size_t len;
+
+	err.code = KVCACHED__ERROR_CODE__EAGAIN;
+	err.message = (char *)why;
+	err.index = -1;
+	rs.error = &err;
+	len = kvcached__response__get_packed_size(&rs);
+	if (len <= sizeof(buf) - KV_FRAME_HDR) {
+		kv_frame_hdr_encode(buf, (uint32_t)len, 0);
+		kvcached__response__pack(&rs, buf + KV_FRAME_HDR);
+		if (send(fd, buf, KV_FRAME_HDR + len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+			kv_debug("refused connection: %s", strerror(errno));
+	}
+	close(fd);
+	cs->refused++;
+	if (!kv_ratelimit(&cs->refused_log, &held))
+		return;
+	if (held)
+		snprintf(more, sizeof(more), " (and %llu more since the last such line)",
+			 (unsigned long long)held);
+	kv_warn("connection refused on the %s socket: pid %d uid %u: %s%s", admin ? "admin" : "worker",
+		(int)cred->pid, (unsigned)cred->uid, why, more);
+}
+
 void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 {
-	struct kv_conn *c = calloc(1, sizeof(*c));
+	struct kv_conn *c;
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
+	char why[200];
 
-	if (!c) {
-		kv_err("out of memory accepting a connection");
-		close(fd);
-		return;
-	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
 		kv_warn("SO_PEERCRED: %s; connection refused", strerror(errno));
 		close(fd);
-		free(c);
+		return;
+	}
+	if (conn_over_limit(cs, &cred, admin, why, sizeof(why))) {
+		conn_refuse(cs, fd, &cred, admin, why);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		kv_err("out of memory accepting a connection");
+		close(fd);
 		return;
 	}
 	c->cs = cs;
@@ -375,6 +456,7 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
 {
 	cs->d = d;
 	kv_list_init(&cs->closing);
+	cs->refused_log.interval_ms = 1000;
 }
 
 void kv_conns_fini(struct kv_conns *cs)

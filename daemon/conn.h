@@ -20,13 +20,21 @@
 #define KV_CONN_H
 
 #include "daemon.h"
+#include "log.h"
 #include "session.h"
+
+/* Connections on the admin socket, which max_connections and
+ * max_connections_per_uid do not count, so that kvctl gets in when workers
+ * have taken every place. */
+#define KV_ADMIN_CONNS_MAX 64
 
 /* The connections of a daemon: the closing ones wait here for their last
  * completions. Embedded in the server. */
 struct kv_conns {
 	struct kv_daemon *d;
 	struct kv_list closing;
+	uint64_t refused;          /* connections refused over a limit */
+	struct kv_ratelimit refused_log;
 };
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);
@@ -35,8 +43,12 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);
 void kv_conns_fini(struct kv_conns *cs);
 
 /* Takes over fd, an accepted socket: records the peer's credentials, opens
- * its session and polls it. admin: from the admin socket. On failure fd is
- * closed and the reason logged. */
+ * its session and polls it. admin: from the admin socket. A connection over
+ * max_connections or max_connections_per_uid (worker socket), or over
+ * KV_ADMIN_CONNS_MAX (admin socket), is refused: it is sent one EAGAIN
+ * Response with id 0 that says which limit, then closed, and a warning is
+ * logged at most once a second. On failure fd is closed and the reason
+ * logged. */
 void kv_conn_accept(struct kv_conns *cs, int fd, int admin);
 
 /* Closes the connection that carries ss (an open session), logging why. */

@@ -62,6 +62,8 @@ ALL = {
     "max_frame": "8MiB",
     "max_batch": "1000",
     "max_block_refs": "1000000",
+    "max_connections": "100",
+    "max_connections_per_uid": "50",
     "log_level": "debug",
     "log_target": "stderr",
     "drain_timeout": "2m",

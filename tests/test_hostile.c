@@ -10,6 +10,9 @@
  *            copy-on-write from that segment afterwards is intact
  *   refs     a block's references stop at max_block_refs: a fork, lookup or
  *            seal past it is refused whole (EQUOTA) and changes nothing
+ *   conns    connections past max_connections_per_uid and max_connections
+ *            are refused (an EAGAIN reply, then closed); the admin socket
+ *            still works, so do the clients already in
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
@@ -18,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -408,9 +412,172 @@ static void case_refs(void)
 	kvt_stop(&dm);
 }
 
+/* ---- conns ------------------------------------------------------------------ */
+
+/* The admin socket next to the worker socket. */
+static const char *admin_path(void)
+{
+	static char p[128];
+
+	snprintf(p, sizeof(p), "%s/kvcached-admin.sock", dm.dir);
+	return p;
+}
+
+/* The harness's helpers, through the admin socket (the worker socket may be
+ * full). */
+static int admin_check(void)
+{
+	char worker[128];
+	int n;
+
+	snprintf(worker, sizeof(worker), "%s", getenv("KVCACHED_SOCKET"));
+	setenv("KVCACHED_SOCKET", admin_path(), 1);
+	n = kvt_check();
+	setenv("KVCACHED_SOCKET", worker, 1);
+	return n;
+}
+
+static void admin_wait_sessions(uint32_t n)
+{
+	char worker[128];
+
+	snprintf(worker, sizeof(worker), "%s", getenv("KVCACHED_SOCKET"));
+	setenv("KVCACHED_SOCKET", admin_path(), 1);
+	kvt_wait_sessions(n);
+	setenv("KVCACHED_SOCKET", worker, 1);
+}
+
+/* A connection that gets through: it says Hello and gets the reply. */
+static int open_ok(void)
+{
+	struct raw r;
+
+	raw_open(&r);
+	raw_hello(&r);
+	return r.fd;
+}
+
+/* A connection over a limit: accepted, told EAGAIN (id 0) naming the limit,
+ * closed. */
+static void open_refused(const char *limit)
+{
+	struct raw r;
+	Kvcached__Response *rs;
+	uint8_t b;
+
+	raw_open(&r);
+	rs = raw_recv(&r);
+	CHECK(rs != NULL && rs->id == 0 && rs->error);
+	fprintf(stderr, "conns: refused: %s\n", rs->error->message);
+	CHECK_EQ(rs->error->code, KVCACHED__ERROR_CODE__EAGAIN);
+	CHECK(strstr(rs->error->message, limit) != NULL);
+	kvcached__response__free_unpacked(rs, NULL);
+	CHECK(recv(r.fd, &b, 1, 0) == 0);
+	raw_close(&r);
+}
+
+/* Runs in a child as another uid: opens n connections that get through and
+ * one that is refused by max_connections, tells the parent, and keeps them
+ * open until the parent closes the pipe. */
+static int other_uid(void *arg)
+{
+	int *p = arg, fds[16], n = p[2];
+	char ok = 1;
+
+	close(p[3]);   /* the parent's ends */
+	close(p[4]);
+	if (setgid(65534) < 0 || setuid(65534) < 0)
+		return 2;
+	for (int i = 0; i < n; i++)
+		fds[i] = open_ok();
+	open_refused("max_connections ");
+	CHECK(write(p[1], &ok, 1) == 1);
+	CHECK(read(p[0], &ok, 1) == 0);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	return 0;
+}
+
+/* A flood of connections: max_connections_per_uid, then max_connections,
+ * refuse the next one cleanly; the admin socket still takes kvctl; the
+ * clients already in carry on. */
+static void case_conns(void)
+{
+	kvc_conn *c, *x = NULL;
+	kvc_block held, b;
+	int fds[8], n = 0, pool;
+
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", "--max-connections", "8",
+		  "--max-connections-per-uid", "5", "--socket-mode", "0666", NULL);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BLOCK);
+	CHECK_EQ(kvc_alloc(c, pool, 1, &held), 1);
+	kvt_mem_set(c, kvc_block_ptr(c, held), 0x42, BLOCK);
+	/* Ours: the bystander and four more, then refused. */
+	while (n < 4)
+		fds[n++] = open_ok();
+	open_refused("max_connections_per_uid 5");
+	CHECK_EQ(kvc_connect(NULL, NULL, &x), KVC_EAGAIN);
+	CHECK(x == NULL);
+	/* Another uid is not held back by ours, only by the total. */
+	if (geteuid() == 0) {
+		int up[2], down[2], arg[5];
+		char ok;
+		pid_t pid;
+
+		CHECK(chmod(dm.dir, 0755) == 0);
+		CHECK(pipe(up) == 0 && pipe(down) == 0);
+		arg[0] = down[0];
+		arg[1] = up[1];
+		arg[2] = 3;   /* 5 + 3 = max_connections */
+		arg[3] = down[1];
+		arg[4] = up[0];
+		pid = kvt_spawn(other_uid, arg);
+		close(down[0]);
+		close(up[1]);
+		CHECK(read(up[0], &ok, 1) == 1);
+		CHECK_EQ(admin_check(), 0);
+		close(down[1]);
+		CHECK_EQ(kvt_wait(pid), 0);
+		close(up[0]);
+	} else {
+		fprintf(stderr, "conns: not root: another uid's connections not tried\n");
+	}
+	/* The admin socket is not counted. */
+	CHECK_EQ(admin_check(), 0);
+	/* The bystander is unaffected. */
+	CHECK(kvt_mem_all(c, kvc_block_ptr(c, held), 0x42, BLOCK));
+	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
+	CHECK_EQ(kvc_release(c, &b, 1), 0);
+	/* Places come back as connections close. */
+	while (n > 0)
+		close(fds[--n]);
+	admin_wait_sessions(1);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+
+	/* max_connections alone, for any uid. */
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", "--max-connections", "3",
+		  NULL);
+	while (n < 3)
+		fds[n++] = open_ok();
+	open_refused("max_connections 3");
+	CHECK_EQ(admin_check(), 0);
+	close(fds[--n]);
+	admin_wait_sessions(2);
+	fresh_client_works();
+	while (n > 0)
+		close(fds[--n]);
+	admin_wait_sessions(0);
+	daemon_fine();
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	case_seal();
 	case_refs();
+	case_conns();
 	return 0;
 }
