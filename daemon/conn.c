@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -15,7 +16,11 @@
 #include "log.h"
 #include "ops.h"
 
+/* The input buffer: READ_CHUNK when a frame starts, then grown by half of
+ * what has arrived (so a frame announced as 4 MiB but never sent costs only
+ * the bytes that were), and freed when it empties past READ_CHUNK. */
 #define READ_CHUNK 65536
+#define READ_MIN 4096             /* the least room a read is given */
 /* Output a peer has not read yet beyond which its input is held back. */
 #define OUT_BACKLOG (8u << 20)
 
@@ -30,6 +35,10 @@ struct kv_conn {
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
+	/* Monotonic ms when the incomplete frame first in `in` began to
+	 * arrive; 0 when there is none, or while input is held back (the
+	 * frame waits for us then, not for the peer). */
+	uint64_t partial_ms;
 	uint8_t *out;
 	size_t out_off, out_len, out_cap;
 };
@@ -40,6 +49,91 @@ static void conn_input(struct kv_conn *c);
 static struct kv_loop *conn_loop(struct kv_conn *c)
 {
 	return &c->cs->d->loop;
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Input is left unread: the peer must read its replies first, or the first
+ * frame waits for a tier. */
+static int conn_held(const struct kv_conn *c)
+{
+	return c->paused || c->parked;
+}
+
+/* ---- the sweep -----------------------------------------------------------
+ * One timer for all connections, armed for the earliest moment one of them
+ * needs looking at (a partial frame's frame_timeout), never while none
+ * does. */
+
+static void conns_tick(struct kv_loop_watch *w, int res, int more);
+
+/* Has the sweep run no later than due (monotonic ms). */
+static void conns_arm(struct kv_conns *cs, uint64_t due)
+{
+	struct kv_loop *loop = &cs->d->loop;
+	uint64_t now = mono_ms();
+
+	if (cs->tick.armed) {
+		/* A later one is armed: cancel it; its completion sweeps. */
+		if (due < cs->tick_due && !cs->tick_cancelled && kv_loop_cancel(loop, &cs->tick) == 0)
+			cs->tick_cancelled = 1;
+		return;
+	}
+	if (loop->stop)
+		return;
+	if (kv_loop_timeout(loop, &cs->tick, (due > now ? due - now : 1) * 1000000ull) == 0)
+		cs->tick_due = due;
+	else
+		kv_err("cannot arm the connections' timer");
+}
+
+/* When c next needs the sweep (0: never); closes it if its partial frame
+ * has waited frame_timeout. */
+static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
+{
+	uint64_t timeout = c->cs->d->cfg.frame_timeout_ms;
+	char why[160];
+
+	if (!c->partial_ms || !timeout)
+		return 0;
+	if (now < c->partial_ms + timeout)
+		return c->partial_ms + timeout;
+	if (c->in_len >= KV_FRAME_HDR)
+		snprintf(why, sizeof(why), "frame incomplete for longer than frame_timeout "
+			 "(%llu ms): %zu of %u bytes received", (unsigned long long)timeout,
+			 c->in_len, (unsigned)(KV_FRAME_HDR + (c->in[0] | c->in[1] << 8 |
+							      c->in[2] << 16 | (uint32_t)c->in[3] << 24)));
+	else
+		snprintf(why, sizeof(why), "frame incomplete for longer than frame_timeout "
+			 "(%llu ms): %zu header bytes received", (unsigned long long)timeout,
+			 c->in_len);
+	conn_close(c, why);
+	return 0;
+}
+
+static void conns_tick(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_conns *cs = kv_container_of(w, struct kv_conns, tick);
+	uint64_t now = mono_ms(), next = 0;
+	struct kv_list *pos, *tmp;
+
+	(void)res;
+	(void)more;
+	cs->tick_cancelled = 0;
+	kv_list_for_each_safe(pos, tmp, &cs->d->sessions) {
+		uint64_t due = conn_sweep(kv_container_of(pos, struct kv_conn, ss.link), now);
+
+		if (due && (!next || due < next))
+			next = due;
+	}
+	if (next)
+		conns_arm(cs, next);
 }
 
 static void conn_free_if_done(struct kv_conn *c)
@@ -167,7 +261,7 @@ static int conn_frames(struct kv_conn *c)
 	struct kv_daemon *d = c->cs->d;
 	size_t off = 0;
 
-	while (c->in_len - off >= KV_FRAME_HDR && !c->paused && !c->parked) {
+	while (c->in_len - off >= KV_FRAME_HDR && !conn_held(c)) {
 		Kvcached__Request *rq;
 		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
 		enum kv_op_outcome out;
@@ -217,33 +311,58 @@ static int conn_frames(struct kv_conn *c)
 	if (off) {
 		memmove(c->in, c->in + off, c->in_len - off);
 		c->in_len -= off;
+		c->partial_ms = 0;   /* what is left is a new frame */
+		if (!c->in_len && c->in_cap > READ_CHUNK) {
+			free(c->in);
+			c->in = NULL;
+			c->in_cap = 0;
+		}
 	}
 	kv_tiers_kick(d->tiers);
 	return 0;
 }
 
+/* Room for the next read: the buffer grows by half of what has arrived (at
+ * least READ_CHUNK), and no further than the first frame needs when its
+ * header is in, so that its memory follows the bytes received, never the
+ * length a header announces. Returns 0 or -ENOMEM. */
+static int in_reserve(struct kv_conn *c)
+{
+	size_t cap, need;
+	uint32_t len;
+	uint8_t *p;
+
+	if (c->in_cap - c->in_len >= READ_MIN)
+		return 0;
+	cap = c->in_len + (c->in_len / 2 > READ_CHUNK ? c->in_len / 2 : READ_CHUNK);
+	/* conn_frames() has checked the header already. */
+	if (c->in_len >= KV_FRAME_HDR &&
+	    kv_frame_hdr_decode(c->in, c->cs->d->cfg.max_frame, &len) == 0) {
+		need = KV_FRAME_HDR + (size_t)len;
+		if (need > c->in_len && need + READ_MIN < cap)
+			cap = need + READ_MIN;
+	}
+	p = realloc(c->in, cap);
+	if (!p)
+		return -ENOMEM;
+	c->in = p;
+	c->in_cap = cap;
+	return 0;
+}
+
 static void conn_input(struct kv_conn *c)
 {
-	size_t want = (size_t)c->cs->d->cfg.max_frame + KV_FRAME_HDR;
-
 	for (;;) {
 		int fds[8], nfds = 0, trunc = 0;
 		ssize_t n;
 
 		if (conn_frames(c) < 0)
 			return;
-		if (c->paused || c->parked)
+		if (conn_held(c))
 			break;
-		if (c->in_cap - c->in_len < READ_CHUNK && c->in_cap < want + READ_CHUNK) {
-			size_t cap = c->in_cap ? c->in_cap * 2 : READ_CHUNK * 2;
-			uint8_t *p = realloc(c->in, cap);
-
-			if (!p) {
-				conn_close(c, "out of memory");
-				return;
-			}
-			c->in = p;
-			c->in_cap = cap;
+		if (in_reserve(c) < 0) {
+			conn_close(c, "out of memory");
+			return;
 		}
 		n = kv_recvmsg_fds(c->fd, c->in + c->in_len, c->in_cap - c->in_len, fds, &nfds, 8,
 				   MSG_DONTWAIT, &trunc);
@@ -265,6 +384,14 @@ static void conn_input(struct kv_conn *c)
 		}
 		c->in_len += (size_t)n;
 	}
+	/* A frame has begun and not ended: it has frame_timeout to. */
+	if (conn_held(c) || !c->in_len) {
+		c->partial_ms = 0;
+	} else if (!c->partial_ms) {
+		c->partial_ms = mono_ms();
+		if (c->cs->d->cfg.frame_timeout_ms)
+			conns_arm(c->cs, c->partial_ms + c->cs->d->cfg.frame_timeout_ms);
+	}
 	if (conn_flush(c) < 0)
 		conn_close(c, "send failed");
 }
@@ -277,7 +404,7 @@ static void on_readable(struct kv_loop_watch *w, int res, int more)
 		if (res < 0) {
 			conn_close(c, strerror(-res));
 		} else {
-			if (!c->paused && !c->parked)
+			if (!conn_held(c))
 				conn_input(c);
 			/* A multishot poll can end (overflow); arm it again. */
 			if (!c->closing && !more &&
@@ -457,6 +584,7 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
 	cs->d = d;
 	kv_list_init(&cs->closing);
 	cs->refused_log.interval_ms = 1000;
+	cs->tick.cb = conns_tick;
 }
 
 void kv_conns_fini(struct kv_conns *cs)

@@ -3,13 +3,17 @@
  * (session.h), whose requests it hands to kv_ops_dispatch() one frame at a
  * time.
  *
- *   OPEN --EOF / bad frame / error / send failure--> CLOSING --last completion--> freed
+ *   OPEN --EOF / bad frame / frame_timeout / error / send failure--> CLOSING
+ *   CLOSING --last completion--> freed
  *
  *   OPEN     polled for input (multishot POLLIN); orthogonal to it:
  *            paused   OUT_BACKLOG bytes of output are unsent: input is left
  *                     unread until the peer reads (one-shot POLLOUT)
  *            parked   the first frame in the buffer waits for a tier
  *                     (session.waiter); it runs again from the start when woken
+ *            partial  a frame has begun to arrive and not ended, while input
+ *                     is not held back: after frame_timeout the connection
+ *                     closes (the sweep, one timer for all connections)
  *   CLOSING  the session released, the socket closed, on the closing list
  *            until the io_uring completions of its watches have arrived
  *
@@ -35,6 +39,9 @@ struct kv_conns {
 	struct kv_list closing;
 	uint64_t refused;          /* connections refused over a limit */
 	struct kv_ratelimit refused_log;
+	struct kv_loop_watch tick; /* the sweep (conn.c): partial frames' timeouts */
+	uint64_t tick_due;         /* monotonic ms it is armed for */
+	int tick_cancelled;        /* cancelled for an earlier one; its completion re-arms */
 };
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);

@@ -3,6 +3,7 @@
  * docs/operations.md. */
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,14 @@ int main(int argc, char **argv)
 
 	kv_log_level = cfg.log_level;
 	kv_log_set_target(cfg.log_target);
+#ifdef M_MMAP_THRESHOLD
+	/* Connection buffers (a frame of up to max_frame, replies a peer has
+	 * not read yet) come and go with clients: from 128 KiB up
+	 * they are mmap()ed and given back to the kernel when freed. Setting
+	 * the threshold stops glibc from raising it after such a free, which
+	 * would move the next ones onto the heap, where freed memory stays. */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
 	r = kv_server_init(&srv, &cfg, &src);
 	if (r == 0)
 		r = kv_server_run(&srv);

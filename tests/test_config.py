@@ -64,6 +64,7 @@ ALL = {
     "max_block_refs": "1000000",
     "max_connections": "100",
     "max_connections_per_uid": "50",
+    "frame_timeout": "10s",
     "log_level": "debug",
     "log_target": "stderr",
     "drain_timeout": "2m",

@@ -13,12 +13,17 @@
  *   conns    connections past max_connections_per_uid and max_connections
  *            are refused (an EAGAIN reply, then closed); the admin socket
  *            still works, so do the clients already in
+ *   partial  frames announced as 4 MiB and never finished cost the bytes
+ *            that arrived (RSS), and are closed after frame_timeout; an
+ *            idle connection is not
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -574,10 +579,156 @@ static void case_conns(void)
 	kvt_stop(&dm);
 }
 
+/* ---- partial ---------------------------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void nap(void)
+{
+	struct timespec ts = { 0, 2000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* The daemon's resident memory, KiB. */
+static long rss_kib(void)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)dm.pid);
+	f = fopen(path, "re");
+	CHECK(f != NULL);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	fclose(f);
+	CHECK(kib > 0);
+	return kib;
+}
+
+/* Waits (under a guard) until the daemon has read everything sent on fd. */
+static void wait_read(int fd)
+{
+	uint64_t deadline = now_ms() + 60000;
+	int q;
+
+	for (;;) {
+		CHECK(ioctl(fd, SIOCOUTQ, &q) == 0);
+		if (q == 0)
+			return;
+		CHECK(now_ms() < deadline);
+		nap();
+	}
+}
+
+/* Waits (under a guard) for the daemon to close fd; returns when it did. */
+static uint64_t wait_eof(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	uint8_t b[4096];
+	ssize_t n;
+
+	for (;;) {
+		CHECK(poll(&p, 1, 60000) == 1);
+		n = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+		if (n == 0)
+			return now_ms();
+		CHECK(n > 0 || errno == EAGAIN);
+	}
+}
+
+/* Sends the header of a frame of len bytes and `sent` bytes of it. */
+static void send_partial(int fd, uint32_t len, size_t sent)
+{
+	uint8_t *buf = calloc(1, KV_FRAME_HDR + sent);
+
+	CHECK(buf != NULL);
+	kv_frame_hdr_encode(buf, len, 0);
+	send_all(fd, buf, KV_FRAME_HDR + sent);
+	free(buf);
+}
+
+#define NPARTIAL 16
+
+/* Frames that never complete: each costs only the bytes that arrived, and
+ * after frame_timeout its connection is closed and the memory given back.
+ * A connection that is merely idle stays. */
+static void case_partial(void)
+{
+	struct raw idle, part[NPARTIAL + 1];
+	uint64_t t0, t;
+	long base, peak, after;
+	size_t sent = 0;
+
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", "--frame-timeout", "500ms",
+		  NULL);
+	fresh_client_works();
+	base = rss_kib();
+	raw_open(&idle);
+	raw_hello(&idle);
+	t0 = now_ms();
+	/* Announced 4 MiB each, 256 KiB sent; one of them after a Hello. */
+	for (int i = 0; i < NPARTIAL; i++) {
+		raw_open(&part[i]);
+		if (i == 0)
+			raw_hello(&part[i]);
+		send_partial(part[i].fd, 4u << 20, 256u << 10);
+		sent += KV_FRAME_HDR + (256u << 10);
+	}
+	/* And one whole frame but its last byte. */
+	raw_open(&part[NPARTIAL]);
+	send_partial(part[NPARTIAL].fd, 4u << 20, (4u << 20) - 1);
+	sent += KV_FRAME_HDR + (4u << 20) - 1;
+	for (int i = 0; i <= NPARTIAL; i++)
+		wait_read(part[i].fd);
+	peak = rss_kib();
+	fprintf(stderr, "partial: RSS %ld KiB, %ld KiB with %zu KiB of partial frames in\n", base,
+		peak, sent >> 10);
+	/* What arrived, half again for growth, and a read's room each. */
+	CHECK(peak - base < (long)(sent * 3 / 2 + (NPARTIAL + 1) * 64 * 1024) / 1024 + 4096);
+	for (int i = 0; i <= NPARTIAL; i++) {
+		t = wait_eof(part[i].fd);
+		CHECK(t - t0 >= 500);
+		raw_close(&part[i]);
+	}
+	fprintf(stderr, "partial: all closed after %llu ms\n", (unsigned long long)(t - t0));
+	admin_wait_sessions(1);
+	after = rss_kib();
+	fprintf(stderr, "partial: RSS %ld KiB once they are closed\n", after);
+	CHECK(after - base < 4096);
+	/* The idle connection is still there and works. */
+	{
+		struct pollfd p = { .fd = idle.fd, .events = POLLIN };
+
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Stats st = KVCACHED__STATS__INIT;
+		Kvcached__Response *rs;
+
+		CHECK(poll(&p, 1, 0) == 0);
+		rq.op_case = KVCACHED__REQUEST__OP_STATS;
+		rq.stats = &st;
+		rs = raw_call(&idle, &rq);
+		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	raw_close(&idle);
+	daemon_fine();
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	case_seal();
 	case_refs();
 	case_conns();
+	case_partial();
 	return 0;
 }
