@@ -65,6 +65,7 @@ struct kv_config {
 	uint32_t max_connections;     /* on the worker socket (conn.c refuses more) */
 	uint32_t max_connections_per_uid;
 	uint64_t frame_timeout_ms;    /* a frame incomplete for longer closes its connection */
+	uint32_t max_output_bytes;    /* unsent replies past which a connection's input waits */
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;

@@ -21,8 +21,11 @@
  * the bytes that were), and freed when it empties past READ_CHUNK. */
 #define READ_CHUNK 65536
 #define READ_MIN 4096             /* the least room a read is given */
-/* Output a peer has not read yet beyond which its input is held back. */
-#define OUT_BACKLOG (8u << 20)
+/* Output a peer has not read yet is bounded by max_output_per_connection:
+ * past it the connection is paused (its input left unread) until the peer
+ * reads, so what is queued exceeds the bound by one reply at most. The
+ * buffer is freed once sent when it grew past OUT_KEEP. */
+#define OUT_KEEP 65536
 
 struct kv_conn {
 	struct kv_session ss;
@@ -146,9 +149,17 @@ static void conn_free_if_done(struct kv_conn *c)
 
 /* ---- output ----------------------------------------------------------- */
 
+/* The bytes queued and not sent yet. */
+static size_t out_queued(const struct kv_conn *c)
+{
+	return c->out_len - c->out_off;
+}
+
+/* Room for n more bytes of output. The buffer doubles, but never past what
+ * the bound and one reply need. Returns 0 or -ENOMEM. */
 static int out_reserve(struct kv_conn *c, size_t n)
 {
-	size_t cap;
+	size_t cap, need, limit = (size_t)c->cs->d->cfg.max_output_bytes + n;
 	uint8_t *p;
 
 	if (c->out_off == c->out_len)
@@ -162,9 +173,12 @@ static int out_reserve(struct kv_conn *c, size_t n)
 		if (c->out_cap - c->out_len >= n)
 			return 0;
 	}
-	cap = c->out_cap ? c->out_cap : 4096;
-	while (cap - c->out_len < n)
-		cap *= 2;
+	need = c->out_len + n;
+	cap = c->out_cap ? c->out_cap * 2 : 4096;
+	if (cap > limit)
+		cap = limit;
+	if (cap < need)
+		cap = need;
 	p = realloc(c->out, cap);
 	if (!p)
 		return -ENOMEM;
@@ -200,6 +214,11 @@ static int conn_flush(struct kv_conn *c)
 		c->out_off += (size_t)n;
 	}
 	c->out_off = c->out_len = 0;
+	if (c->out_cap > OUT_KEEP) {
+		free(c->out);
+		c->out = NULL;
+		c->out_cap = 0;
+	}
 	return 0;
 }
 
@@ -214,7 +233,7 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 			conn_close(c, "peer hung up");
 		} else if ((r = conn_flush(c)) < 0) {
 			conn_close(c, strerror(-r));
-		} else if (c->paused && c->out_len - c->out_off < OUT_BACKLOG) {
+		} else if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
 			c->paused = 0;
 			if (!c->parked)
 				conn_input(c);
@@ -305,7 +324,7 @@ static int conn_frames(struct kv_conn *c)
 			conn_close(c, "out of memory");
 			return -1;
 		}
-		if (c->out_len - c->out_off >= OUT_BACKLOG)
+		if (out_queued(c) >= d->cfg.max_output_bytes)
 			c->paused = 1;
 	}
 	if (off) {

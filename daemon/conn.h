@@ -7,7 +7,8 @@
  *   CLOSING --last completion--> freed
  *
  *   OPEN     polled for input (multishot POLLIN); orthogonal to it:
- *            paused   OUT_BACKLOG bytes of output are unsent: input is left
+ *            paused   max_output_per_connection bytes of output are unsent
+ *                     (one reply more at most): input is left
  *                     unread until the peer reads (one-shot POLLOUT)
  *            parked   the first frame in the buffer waits for a tier
  *                     (session.waiter); it runs again from the start when woken

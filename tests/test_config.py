@@ -65,6 +65,7 @@ ALL = {
     "max_connections": "100",
     "max_connections_per_uid": "50",
     "frame_timeout": "10s",
+    "max_output_per_connection": "16MiB",
     "log_level": "debug",
     "log_target": "stderr",
     "drain_timeout": "2m",

@@ -16,6 +16,8 @@
  *   partial  frames announced as 4 MiB and never finished cost the bytes
  *            that arrived (RSS), and are closed after frame_timeout; an
  *            idle connection is not
+ *   output   a client that pipelines and never reads is held to
+ *            max_output_per_connection (RSS), others carry on
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
@@ -724,11 +726,102 @@ static void case_partial(void)
 	kvt_stop(&dm);
 }
 
+/* ---- output ----------------------------------------------------------------- */
+
+#define CHAIN 1000
+
+/* A client that pipelines requests and never reads: once the replies it has
+ * not read pass max_output_per_connection the daemon stops reading it, so
+ * they stay within the bound and one reply (RSS); another client works
+ * meanwhile; when it reads at last, every request has its reply, in order. */
+static void case_output(void)
+{
+	kvc_conn *c;
+	kvc_block b, got;
+	kvc_hash h = kvt_hash(6), *chain = malloc(CHAIN * sizeof(*chain));
+	struct lookup_rq l;
+	struct raw r;
+	uint8_t *frame;
+	size_t flen, sent = 0, nsent = 0, off;
+	long base, peak;
+	int pool;
+
+	CHECK(chain != NULL);
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB",
+		  "--max-output-per-connection", "1MiB", NULL);
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BLOCK);
+	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
+	CHECK_EQ(kvc_seal(c, pool, &b, &h, 1, &b), 1);
+	CHECK_EQ(kvc_release(c, &b, 1), 0);
+	base = rss_kib();
+	/* A lookup of one hash listed CHAIN times: CHAIN handles a reply. */
+	for (int i = 0; i < CHAIN; i++)
+		chain[i] = h;
+	raw_open(&r);
+	raw_hello(&r);
+	lookup_rq(&l, raw_pool(&r, "p", BLOCK), chain, CHAIN);
+	/* Pipelined until the socket stays full: the daemon has stopped
+	 * reading. (A pause of 200 ms means "stays": were the daemon only
+	 * slow, more requests would go, and the bound would still hold.) Up
+	 * to 64 MiB of requests, 16 times the replies the bound allows. */
+	while (sent < (64u << 20)) {
+		struct pollfd p = { .fd = r.fd, .events = POLLOUT };
+
+		flen = pack(&r, &l.rq, &frame);
+		for (off = 0; off < flen;) {
+			ssize_t k = send(r.fd, frame + off, flen - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+			if (k > 0) {
+				off += (size_t)k;
+				continue;
+			}
+			CHECK(errno == EAGAIN);
+			if (poll(&p, 1, off ? 60000 : 200) == 0)
+				break;
+		}
+		free(frame);
+		if (off < flen) {
+			CHECK(off == 0);
+			r.id--;   /* not sent */
+			break;
+		}
+		sent += flen;
+		nsent++;
+	}
+	peak = rss_kib();
+	fprintf(stderr, "output: %zu requests (%zu KiB) sent, %zu KiB of replies; RSS %ld -> %ld "
+		"KiB\n", nsent, sent >> 10, nsent * (CHAIN * 8 + 16) >> 10, base, peak);
+	CHECK(nsent * (CHAIN * 8) >= (1u << 20));   /* the bound was reached */
+	/* The bound, a reply over it, a frame in the input buffer, slack. */
+	CHECK(peak - base < 1024 + 16 + (long)(flen >> 10) + 2048);
+	/* Someone else is served meanwhile. */
+	fresh_client_works();
+	CHECK_EQ(kvc_lookup(c, pool, &h, 1, &got), 1);
+	CHECK_EQ(kvc_release(c, &got, 1), 0);
+	/* Every reply comes, in order. */
+	for (size_t i = 0; i < nsent; i++) {
+		Kvcached__Response *rs = raw_recv(&r);
+
+		CHECK(rs != NULL);
+		CHECK_EQ(rs->id, r.id - nsent + 1 + i);
+		CHECK(!rs->error && rs->blocks->n_blocks == CHAIN);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	raw_close(&r);
+	free(chain);
+	admin_wait_sessions(1);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	case_seal();
 	case_refs();
 	case_conns();
 	case_partial();
+	case_output();
 	return 0;
 }
