@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -232,6 +233,22 @@ int main(int argc, char **argv)
 	 * would move the next ones onto the heap, where freed memory stays. */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
+	{
+		/* Every client connection is an fd, every segment fd passed on
+		 * is a dup first, and the kernel bounds the fds in flight for
+		 * the daemon's user by this limit too: take what we may. */
+		struct rlimit rl;
+
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+			rlim_t cur = rl.rlim_cur;
+
+			rl.rlim_cur = rl.rlim_max;
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				kv_warn("RLIMIT_NOFILE: cannot raise %llu to %llu: %s",
+					(unsigned long long)cur, (unsigned long long)rl.rlim_max,
+					strerror(errno));
+		}
+	}
 	r = kv_server_init(&srv, &cfg, &src);
 	if (r == 0)
 		r = kv_server_run(&srv);
