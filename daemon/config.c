@@ -75,6 +75,14 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "max_output_per_connection", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_output_bytes),
 	  KV_CFG_RELOAD, 64 * KiB, GiB, "8MiB",
 	  "replies a client has not read past which the daemon stops reading its requests", NULL },
+	{ "max_fds_per_connection", 0, KV_CFG_UINT, KV_CFG_FIELD(max_fds_per_conn), KV_CFG_RELOAD,
+	  1, 1u << 20, "256",
+	  "segment fds sent to one client and not read yet past which its requests that need more "
+	  "wait until it reads", NULL },
+	{ "max_fds_in_flight", 0, KV_CFG_UINT, KV_CFG_FIELD(max_fds_in_flight), KV_CFG_RELOAD,
+	  0, UINT32_MAX, "0",
+	  "segment fds sent to all clients and not read yet past which a request that needs more "
+	  "is refused (EAGAIN); 0: as many as RLIMIT_NOFILE leaves", NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",

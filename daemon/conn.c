@@ -5,6 +5,8 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +37,10 @@ struct kv_conn {
 	int closing;
 	int paused;                /* input held back until output drains */
 	int parked;                /* the first frame in waits for a tier */
+	int fds_held;              /* the first frame in waits for the peer to
+				    * read the segment fds it was sent (KV_OP_HOLD) */
+	int send_blocked;          /* sendmsg failed for want of a resource;
+				    * the sweep tries again */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -66,13 +72,30 @@ static uint64_t mono_ms(void)
  * frame waits for a tier. */
 static int conn_held(const struct kv_conn *c)
 {
-	return c->paused || c->parked;
+	return c->paused || c->parked || c->fds_held;
 }
+
+/* Whether the peer has read everything sent on the socket: then no fd we
+ * sent is in flight (SIOCOUTQ counts what the peer has not consumed yet).
+ * Clears the session's fds_unread if so. */
+static void conn_fds_refresh(struct kv_conn *c)
+{
+	int q;
+
+	if (c->ss.fds_unread && ioctl(c->fd, SIOCOUTQ, &q) == 0 && q == 0)
+		kv_session_fds_read(&c->ss);
+}
+
+/* How often the sweep looks at a connection that waits for its peer to read
+ * its fds, or for a resource to send them. */
+#define FDS_POLL_MS 10
+#define SEND_RETRY_MS 100
 
 /* ---- the sweep -----------------------------------------------------------
  * One timer for all connections, armed for the earliest moment one of them
- * needs looking at (a partial frame's frame_timeout), never while none
- * does. */
+ * needs looking at (a partial frame's frame_timeout; a connection held for
+ * its fds, polled every FDS_POLL_MS: no event says a peer has read), never
+ * while none does. */
 
 static void conns_tick(struct kv_loop_watch *w, int res, int more);
 
@@ -96,13 +119,34 @@ static void conns_arm(struct kv_conns *cs, uint64_t due)
 		kv_err("cannot arm the connections' timer");
 }
 
+static int conn_flush(struct kv_conn *c);
+
 /* When c next needs the sweep (0: never); closes it if its partial frame
- * has waited frame_timeout. */
+ * has waited frame_timeout, resumes it once its peer has read its fds. */
 static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 {
 	uint64_t timeout = c->cs->d->cfg.frame_timeout_ms;
 	char why[160];
+	int r;
 
+	if (c->send_blocked) {
+		c->send_blocked = 0;
+		if ((r = conn_flush(c)) < 0) {
+			conn_close(c, strerror(-r));
+			return 0;
+		}
+		if (c->send_blocked)
+			return now + SEND_RETRY_MS;
+	}
+	if (c->fds_held) {
+		conn_fds_refresh(c);
+		if (c->ss.nfds || c->ss.fds_unread)
+			return now + FDS_POLL_MS;
+		c->fds_held = 0;
+		if (!conn_held(c))
+			conn_input(c);
+		return 0;   /* conn_input re-arms what it needs */
+	}
 	if (!c->partial_ms || !timeout)
 		return 0;
 	if (now < c->partial_ms + timeout)
@@ -208,6 +252,18 @@ static int conn_flush(struct kv_conn *c)
 				return -EBUSY;
 			return 0;
 		}
+		if (n == -ETOOMANYREFS || n == -ENOBUFS || n == -ENOMEM) {
+			/* Fds in flight for the daemon's user past RLIMIT_NOFILE
+			 * (another process of its uid passes fds too), or kernel
+			 * memory: short for now, not this peer's fault. The
+			 * bytes and fds stay queued; the sweep tries again. */
+			if (!c->send_blocked)
+				kv_warn("session %llu: sendmsg: %s; its replies wait",
+					(unsigned long long)ss->id, strerror((int)-n));
+			c->send_blocked = 1;
+			conns_arm(c->cs, mono_ms() + SEND_RETRY_MS);
+			return 0;
+		}
 		if (n < 0)
 			return (int)n;
 		kv_session_fds_sent(ss, (size_t)nfds);
@@ -300,13 +356,22 @@ static int conn_frames(struct kv_conn *c)
 			conn_proto_error(c, 0, "undecodable request");
 			return -1;
 		}
+		/* Fresh counts of what the peer has read, for the limits on
+		 * fds (one ioctl, only while some are out). */
+		conn_fds_refresh(c);
 		kv_log_context(c->ss.id, kv_session_ns_name(&c->ss));
 		out = kv_ops_dispatch(d, &c->ss, rq, &rs);
 		kv_log_context(0, NULL);
-		if (out == KV_OP_PARK) {
-			/* The frame stays first in the buffer; wake runs it again. */
+		if (out == KV_OP_PARK || out == KV_OP_HOLD) {
+			/* The frame stays first in the buffer; wake, or the
+			 * sweep once the peer has read its fds, runs it again. */
 			kv_arena_reset(&d->arena);
-			c->parked = 1;
+			if (out == KV_OP_PARK) {
+				c->parked = 1;
+			} else {
+				c->fds_held = 1;
+				conns_arm(c->cs, mono_ms() + FDS_POLL_MS);
+			}
 			break;
 		}
 		off += KV_FRAME_HDR + len;
@@ -462,7 +527,7 @@ static void conn_close(struct kv_conn *c, const char *why)
 		kv_debug("session %llu (pid %d) disconnected", (unsigned long long)c->ss.id,
 			 (int)c->ss.cred.pid);
 	kv_session_release(&c->ss);
-	c->parked = 0;
+	c->parked = c->fds_held = c->send_blocked = 0;
 	kv_list_push_back(&c->cs->closing, &c->link);
 	if (c->win.armed)
 		kv_loop_cancel(&d->loop, &c->win);
@@ -604,6 +669,14 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
 	kv_list_init(&cs->closing);
 	cs->refused_log.interval_ms = 1000;
 	cs->tick.cb = conns_tick;
+}
+
+void kv_conns_refresh_fds(struct kv_daemon *d)
+{
+	struct kv_list *pos;
+
+	kv_list_for_each(pos, &d->sessions)
+		conn_fds_refresh(kv_container_of(pos, struct kv_conn, ss.link));
 }
 
 void kv_conns_fini(struct kv_conns *cs)

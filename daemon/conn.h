@@ -12,6 +12,9 @@
  *                     unread until the peer reads (one-shot POLLOUT)
  *            parked   the first frame in the buffer waits for a tier
  *                     (session.waiter); it runs again from the start when woken
+ *            held     the first frame's reply needs segment fds, and the
+ *                     peer has not read those it was sent yet: it runs again
+ *                     once it has (polled by the sweep, SIOCOUTQ = 0)
  *            partial  a frame has begun to arrive and not ended, while input
  *                     is not held back: after frame_timeout the connection
  *                     closes (the sweep, one timer for all connections)
@@ -40,7 +43,7 @@ struct kv_conns {
 	struct kv_list closing;
 	uint64_t refused;          /* connections refused over a limit */
 	struct kv_ratelimit refused_log;
-	struct kv_loop_watch tick; /* the sweep (conn.c): partial frames' timeouts */
+	struct kv_loop_watch tick; /* the sweep (conn.c): partial frames, held fds */
 	uint64_t tick_due;         /* monotonic ms it is armed for */
 	int tick_cancelled;        /* cancelled for an earlier one; its completion re-arms */
 };
@@ -61,5 +64,9 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin);
 
 /* Closes the connection that carries ss (an open session), logging why. */
 void kv_conn_close_session(struct kv_session *ss, const char *why);
+
+/* Clears fds_unread of every session whose peer has read all it was sent
+ * (d->refresh_fds). */
+void kv_conns_refresh_fds(struct kv_daemon *d);
 
 #endif

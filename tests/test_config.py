@@ -66,6 +66,8 @@ ALL = {
     "max_connections_per_uid": "50",
     "frame_timeout": "10s",
     "max_output_per_connection": "16MiB",
+    "max_fds_per_connection": "64",
+    "max_fds_in_flight": "5000",
     "log_level": "debug",
     "log_target": "stderr",
     "drain_timeout": "2m",

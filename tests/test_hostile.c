@@ -18,15 +18,21 @@
  *            idle connection is not
  *   output   a client that pipelines and never reads is held to
  *            max_output_per_connection (RSS), others carry on
+ *   fds      a client that looks up segment after segment and never reads
+ *            is held at max_fds_per_connection, another is served; with
+ *            max_fds_in_flight full, or the daemon's fd table, a request
+ *            gets EAGAIN, not a closed session, and succeeds later
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -816,6 +822,204 @@ static void case_output(void)
 	kvt_stop(&dm);
 }
 
+/* ---- fds --------------------------------------------------------------------- */
+
+#define SEGS 64
+#define SEG_BYTES 65536u
+
+/* Fds the daemon has open. */
+static int daemon_fds(void)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)dm.pid);
+	dir = opendir(path);
+	CHECK(dir != NULL);
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* Frames waiting in fd's receive queue, read nothing. */
+static int frames_waiting(int fd)
+{
+	static uint8_t buf[1 << 20];
+	ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+	int frames = 0;
+	uint32_t len;
+
+	for (size_t off = 0; n > 0 && off + KV_FRAME_HDR <= (size_t)n; off += KV_FRAME_HDR + len) {
+		CHECK(kv_frame_hdr_decode(buf + off, sizeof(buf), &len) == 0);
+		if (off + KV_FRAME_HDR + len > (size_t)n)
+			break;
+		frames++;
+	}
+	return frames;
+}
+
+/* SEGS sealed blocks, one per segment, each held once by c under hash
+ * 100 + i. */
+static int seal_one_per_segment(kvc_conn *c, kvc_block *b, kvc_hash *h)
+{
+	int pool = kvt_pool(c, "seg", SEG_BYTES);
+
+	CHECK_EQ(kvc_alloc(c, pool, SEGS, b), SEGS);
+	for (int i = 0; i < SEGS; i++) {
+		h[i] = kvt_hash(100 + (uint64_t)i);
+		CHECK(i == 0 || (uint8_t *)kvc_block_ptr(c, b[i]) - (uint8_t *)kvc_block_ptr(c, b[i - 1])
+		      != 0);
+	}
+	CHECK_EQ(kvc_seal(c, pool, b, h, SEGS, b), SEGS);
+	return pool;
+}
+
+/* Segment fds in flight. A client that pipelines lookups each bringing a new
+ * segment and never reads is held at max_fds_per_connection (its later
+ * lookups wait, nothing fails), and resumes as it reads; another client's
+ * lookup of all the segments at once goes through meanwhile. With
+ * max_fds_in_flight (all clients) full, a request that needs more fds is
+ * answered EAGAIN, its session intact, and succeeds once fds are read. */
+static void case_fds(void)
+{
+	kvc_conn *c, *c2;
+	kvc_block b[SEGS], got[SEGS];
+	kvc_hash h[SEGS];
+	struct lookup_rq l[SEGS];
+	struct raw r;
+	uint32_t rpool;
+	int pool, fds0, fdsn, fds_got = 0;
+
+	if (kvt_cuda()) {
+		/* Its segments cannot be smaller than the GPU's 2 MiB granularity,
+		 * and the fd logic above the backend is the same. */
+		fprintf(stderr, "fds: not run on the cuda backend\n");
+		return;
+	}
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "64KiB", "--page-size", "64KiB",
+		  "--max-fds-per-connection", "8", NULL);
+	c = kvt_connect(NULL);
+	pool = seal_one_per_segment(c, b, h);
+	fds0 = daemon_fds();
+	raw_open(&r);
+	raw_hello(&r);
+	rpool = raw_pool(&r, "seg", SEG_BYTES);
+	{
+		/* All SEGS lookups in one write. */
+		uint8_t *all = NULL, *f;
+		size_t len = 0, n;
+
+		for (int i = 0; i < SEGS; i++) {
+			lookup_rq(&l[i], rpool, &h[i], 1);
+			n = pack(&r, &l[i].rq, &f);
+			all = realloc(all, len + n);
+			CHECK(all != NULL);
+			memcpy(all + len, f, n);
+			len += n;
+			free(f);
+		}
+		send_all(r.fd, all, len);
+		free(all);
+	}
+	wait_read(r.fd);
+	/* The daemon has read them all and answered what it may, in the same
+	 * turn of its loop: the other client, served after it, finds them. */
+	c2 = kvt_connect(NULL);
+	CHECK_EQ(kvt_pool(c2, "seg", SEG_BYTES), pool);
+	CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), SEGS);
+	CHECK(kvt_mem_all(c2, kvc_block_ptr(c2, got[SEGS - 1]), 0, SEG_BYTES));
+	CHECK_EQ(kvc_release(c2, got, SEGS), 0);
+	fdsn = daemon_fds();
+	fprintf(stderr, "fds: %d replies wait for the reader that does not read; daemon fds %d -> "
+		"%d\n", frames_waiting(r.fd), fds0, fdsn);
+	CHECK_EQ(frames_waiting(r.fd), 8);
+	/* Its connection and no dup more: the held lookups queued nothing. */
+	CHECK(fdsn <= fds0 + 2);
+	fresh_client_works();
+	/* It reads at last: every lookup is answered, each with its segment. */
+	for (int i = 0; i < SEGS; i++) {
+		Kvcached__Response *rs = raw_recv(&r);
+
+		CHECK(rs != NULL && !rs->error && rs->blocks->n_blocks == 1);
+		fds_got += (int)rs->n_segments;
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	CHECK_EQ(fds_got, SEGS);
+	CHECK_EQ(r.nfds, SEGS);
+	raw_close(&r);
+	kvc_close(c2);
+	CHECK_EQ(kvc_release(c, b, SEGS), 0);
+	admin_wait_sessions(1);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+
+	/* All clients together: max_fds_in_flight. */
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "64KiB", "--page-size", "64KiB",
+		  "--max-fds-in-flight", "100", NULL);
+	c = kvt_connect(NULL);
+	pool = seal_one_per_segment(c, b, h);
+	raw_open(&r);
+	raw_hello(&r);
+	rpool = raw_pool(&r, "seg", SEG_BYTES);
+	lookup_rq(&l[0], rpool, h, SEGS);
+	raw_send(&r, &l[0].rq);   /* 64 fds, never read (for now) */
+	wait_read(r.fd);
+	c2 = kvt_connect(NULL);
+	CHECK_EQ(kvt_pool(c2, "seg", SEG_BYTES), pool);
+	CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), KVC_EAGAIN);
+	fprintf(stderr, "fds: %s\n", kvc_last_error(c2));
+	/* The session carries on: what needs 30 fds fits. */
+	CHECK_EQ(kvc_lookup(c2, pool, h, 30, got), 30);
+	CHECK(kvt_mem_all(c2, kvc_block_ptr(c2, got[29]), 0, SEG_BYTES));
+	CHECK_EQ(kvc_release(c2, got, 30), 0);
+	CHECK_EQ(admin_check(), 0);
+	/* The hoarder reads: the rest fits now. */
+	{
+		Kvcached__Response *rs = raw_recv(&r);
+
+		CHECK(rs != NULL && !rs->error && rs->blocks->n_blocks == SEGS);
+		CHECK_EQ(rs->n_segments, SEGS);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), SEGS);
+	CHECK_EQ(kvc_release(c2, got, SEGS), 0);
+	raw_close(&r);
+	kvc_close(c2);
+	admin_wait_sessions(1);
+
+	/* The daemon's own fd table full: the dup of a segment fd fails
+	 * (EMFILE), and the request gets EAGAIN, nothing else. */
+	{
+		struct rlimit old, low;
+		kvc_hash miss = kvt_hash(99);
+
+		c2 = kvt_connect(NULL);
+		CHECK_EQ(kvt_pool(c2, "seg", SEG_BYTES), pool);
+		CHECK(prlimit(dm.pid, RLIMIT_NOFILE, NULL, &old) == 0);
+		low = old;
+		low.rlim_cur = (rlim_t)daemon_fds();
+		CHECK(prlimit(dm.pid, RLIMIT_NOFILE, &low, NULL) == 0);
+		CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), KVC_EAGAIN);
+		fprintf(stderr, "fds: %s\n", kvc_last_error(c2));
+		CHECK(strstr(kvc_last_error(c2), "Too many open files") != NULL);
+		CHECK_EQ(kvc_lookup(c2, pool, &miss, 1, got), 0);
+		CHECK(prlimit(dm.pid, RLIMIT_NOFILE, &old, NULL) == 0);
+		CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), SEGS);
+		CHECK(kvt_mem_all(c2, kvc_block_ptr(c2, got[0]), 0, SEG_BYTES));
+		CHECK_EQ(kvc_release(c2, got, SEGS), 0);
+		kvc_close(c2);
+	}
+	CHECK_EQ(kvc_release(c, b, SEGS), 0);
+	admin_wait_sessions(1);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	case_seal();
@@ -823,5 +1027,6 @@ int main(void)
 	case_conns();
 	case_partial();
 	case_output();
+	case_fds();
 	return 0;
 }
