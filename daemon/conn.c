@@ -41,6 +41,7 @@ struct kv_conn {
 				    * read the segment fds it was sent (KV_OP_HOLD) */
 	int send_blocked;          /* sendmsg failed for want of a resource;
 				    * the sweep tries again */
+	int resume;                /* the sweep is to run its input again */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -121,8 +122,15 @@ static void conns_arm(struct kv_conns *cs, uint64_t due)
 
 static int conn_flush(struct kv_conn *c);
 
+/* The bytes queued and not sent yet. */
+static size_t out_queued(const struct kv_conn *c)
+{
+	return c->out_len - c->out_off;
+}
+
 /* When c next needs the sweep (0: never); closes it if its partial frame
- * has waited frame_timeout, resumes it once its peer has read its fds. */
+ * has waited frame_timeout; marks it to resume (c->resume) once what held
+ * its input is gone. Runs no request: that could close other connections. */
 static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 {
 	uint64_t timeout = c->cs->d->cfg.frame_timeout_ms;
@@ -137,15 +145,18 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 		}
 		if (c->send_blocked)
 			return now + SEND_RETRY_MS;
+		if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
+			c->paused = 0;
+			c->resume = !conn_held(c);
+		}
 	}
 	if (c->fds_held) {
 		conn_fds_refresh(c);
 		if (c->ss.nfds || c->ss.fds_unread)
 			return now + FDS_POLL_MS;
 		c->fds_held = 0;
-		if (!conn_held(c))
-			conn_input(c);
-		return 0;   /* conn_input re-arms what it needs */
+		c->resume = !conn_held(c);
+		return 0;   /* conn_input arms what it needs */
 	}
 	if (!c->partial_ms || !timeout)
 		return 0;
@@ -181,6 +192,19 @@ static void conns_tick(struct kv_loop_watch *w, int res, int more)
 	}
 	if (next)
 		conns_arm(cs, next);
+	/* A request may close any session (a reload that revokes access):
+	 * look for the next one to resume from the start each time. */
+again:
+	kv_list_for_each(pos, &cs->d->sessions) {
+		struct kv_conn *c = kv_container_of(pos, struct kv_conn, ss.link);
+
+		if (c->resume) {
+			c->resume = 0;
+			if (!c->closing && !conn_held(c))
+				conn_input(c);
+			goto again;
+		}
+	}
 }
 
 static void conn_free_if_done(struct kv_conn *c)
@@ -192,12 +216,6 @@ static void conn_free_if_done(struct kv_conn *c)
 }
 
 /* ---- output ----------------------------------------------------------- */
-
-/* The bytes queued and not sent yet. */
-static size_t out_queued(const struct kv_conn *c)
-{
-	return c->out_len - c->out_off;
-}
 
 /* Room for n more bytes of output. The buffer doubles, but never past what
  * the bound and one reply need. Returns 0 or -ENOMEM. */

@@ -31,7 +31,6 @@
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -280,14 +279,14 @@ static void case_seal(void)
 	Kvcached__Response *rs;
 	struct lookup_rq l;
 	uint32_t pool;
-	int pid, fd;
+	int cpool, fd;
 
 	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", NULL);
 	c = kvt_connect(NULL);
-	pid = kvt_pool(c, "p", BLOCK);
-	CHECK_EQ(kvc_alloc(c, pid, 1, &b), 1);
+	cpool = kvt_pool(c, "p", BLOCK);
+	CHECK_EQ(kvc_alloc(c, cpool, 1, &b), 1);
 	kvt_mem_fill(c, kvc_block_ptr(c, b), BLOCK, 7);
-	CHECK_EQ(kvc_seal(c, pid, &b, &h, 1, &b), 1);
+	CHECK_EQ(kvc_seal(c, cpool, &b, &h, 1, &b), 1);
 
 	/* The hostile peer looks the block up: the reply brings the fd of its
 	 * segment, which it tries to shrink and to grow. */
@@ -604,6 +603,20 @@ static void nap(void)
 	nanosleep(&ts, NULL);
 }
 
+/* Whether the daemon's RSS says anything about its buffers: not under
+ * AddressSanitizer, whose allocator keeps freed memory in quarantine and
+ * adds shadow and redzones (the same build compiles this test). */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_MEANINGFUL 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RSS_MEANINGFUL 0
+#endif
+#endif
+#ifndef RSS_MEANINGFUL
+#define RSS_MEANINGFUL 1
+#endif
+
 /* The daemon's resident memory, KiB. */
 static long rss_kib(void)
 {
@@ -701,7 +714,8 @@ static void case_partial(void)
 	fprintf(stderr, "partial: RSS %ld KiB, %ld KiB with %zu KiB of partial frames in\n", base,
 		peak, sent >> 10);
 	/* What arrived, half again for growth, and a read's room each. */
-	CHECK(peak - base < (long)(sent * 3 / 2 + (NPARTIAL + 1) * 64 * 1024) / 1024 + 4096);
+	CHECK(!RSS_MEANINGFUL ||
+	      peak - base < (long)(sent * 3 / 2 + (NPARTIAL + 1) * 64 * 1024) / 1024 + 4096);
 	for (int i = 0; i <= NPARTIAL; i++) {
 		t = wait_eof(part[i].fd);
 		CHECK(t - t0 >= 500);
@@ -711,7 +725,7 @@ static void case_partial(void)
 	admin_wait_sessions(1);
 	after = rss_kib();
 	fprintf(stderr, "partial: RSS %ld KiB once they are closed\n", after);
-	CHECK(after - base < 4096);
+	CHECK(!RSS_MEANINGFUL || after - base < 4096);
 	/* The idle connection is still there and works. */
 	{
 		struct pollfd p = { .fd = idle.fd, .events = POLLIN };
@@ -800,7 +814,7 @@ static void case_output(void)
 		"KiB\n", nsent, sent >> 10, nsent * (CHAIN * 8 + 16) >> 10, base, peak);
 	CHECK(nsent * (CHAIN * 8) >= (1u << 20));   /* the bound was reached */
 	/* The bound, a reply over it, a frame in the input buffer, slack. */
-	CHECK(peak - base < 1024 + 16 + (long)(flen >> 10) + 2048);
+	CHECK(!RSS_MEANINGFUL || peak - base < 1024 + 16 + (long)(flen >> 10) + 2048);
 	/* Someone else is served meanwhile. */
 	fresh_client_works();
 	CHECK_EQ(kvc_lookup(c, pool, &h, 1, &got), 1);
@@ -861,18 +875,15 @@ static int frames_waiting(int fd)
 	return frames;
 }
 
-/* SEGS sealed blocks, one per segment, each held once by c under hash
- * 100 + i. */
+/* SEGS sealed blocks held once by c under hashes 100 + i: blocks of a
+ * segment each, so one per segment (the lookups below count the fds). */
 static int seal_one_per_segment(kvc_conn *c, kvc_block *b, kvc_hash *h)
 {
 	int pool = kvt_pool(c, "seg", SEG_BYTES);
 
 	CHECK_EQ(kvc_alloc(c, pool, SEGS, b), SEGS);
-	for (int i = 0; i < SEGS; i++) {
+	for (int i = 0; i < SEGS; i++)
 		h[i] = kvt_hash(100 + (uint64_t)i);
-		CHECK(i == 0 || (uint8_t *)kvc_block_ptr(c, b[i]) - (uint8_t *)kvc_block_ptr(c, b[i - 1])
-		      != 0);
-	}
 	CHECK_EQ(kvc_seal(c, pool, b, h, SEGS, b), SEGS);
 	return pool;
 }
@@ -1022,6 +1033,8 @@ static void case_fds(void)
 
 int main(void)
 {
+	if (!RSS_MEANINGFUL)
+		fprintf(stderr, "AddressSanitizer: the daemon's RSS is printed, not checked\n");
 	case_seal();
 	case_refs();
 	case_conns();
