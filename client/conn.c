@@ -335,11 +335,24 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 	r = send_request(c, req);
 	if (r == KVC_E2BIG)
 		brk = false;
-	if (r < 0)
+	if (r == -EPIPE || r == -ECONNRESET) {
+		/* The daemon may have said why before it closed (a connection
+		 * over its limits is told so at once): that is the answer. */
+		if (recv_response(c, &resp) < 0 || resp->id != 0 || !resp->error)
+			goto out;
+	} else if (r < 0) {
 		goto out;
-	r = recv_response(c, &resp);
-	if (r < 0)
+	} else if ((r = recv_response(c, &resp)) < 0) {
 		goto out;
+	}
+	if (resp->id == 0 && resp->error && resp->error->code > 0 &&
+	    resp->error->code < KVC_ERR_BASE) {
+		/* About the connection, not the request (a connection over the
+		 * daemon's limits, a protocol error): the daemon closes it. */
+		set_err(c, "%s", resp->error->message ? resp->error->message : "");
+		r = -(KVC_ERR_BASE + (int)resp->error->code);
+		goto out;
+	}
 	if (resp->id != req->id) {
 		if (resp->error && resp->error->message && *resp->error->message)
 			set_err(c, "%s", resp->error->message);

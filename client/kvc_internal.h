@@ -53,7 +53,10 @@ struct kvc_hello {
  * Returns 0 and sets *resp (the caller frees it with
  * kvcached__response__free_unpacked(*resp, NULL)), or:
  * - -(1000 + code) when the response carries an error (its message is kept
- *   for kvc_last_error(); the response is freed, *resp untouched);
+ *   for kvc_last_error(); the response is freed, *resp untouched); an error
+ *   Response with id 0 is about the connection (refused over the daemon's
+ *   connection limits: KVC_EAGAIN; a protocol error: KVC_EPROTO), and the
+ *   connection breaks;
  * - KVC_E2BIG when the packed request exceeds the daemon's max_frame (nothing
  *   sent);
  * - -EPIPE when the connection is broken;

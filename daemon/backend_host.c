@@ -1,8 +1,15 @@
 /* The host backend: segments are memfds. The daemon maps each one (for
- * copies); clients map the same memfd, so all see one set of bytes. */
+ * copies); clients map the same memfd, so all see one set of bytes.
+ *
+ * A segment's size is sealed (F_SEAL_SHRINK | F_SEAL_GROW, then F_SEAL_SEAL)
+ * before anyone else sees its fd: a client that could ftruncate the memfd it
+ * was sent would make the daemon's next copy from or to that segment (CoW,
+ * demotion, promotion) fault with SIGBUS. Its ftruncate now fails with EPERM.
+ * Writes stay allowed: workers write their blocks through the same memfd. */
 #include "backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,10 +51,11 @@ static int host_segment_create(struct kv_backend *be, uint32_t dev, uint32_t idx
 	if (dev != 0 || idx >= be->segments[0])
 		return -EINVAL;
 	snprintf(name, sizeof(name), "kvcached-seg%u", idx);
-	ns.fd = memfd_create(name, MFD_CLOEXEC);
+	ns.fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (ns.fd < 0)
 		return -errno;
-	if (ftruncate(ns.fd, (off_t)be->segment_bytes) < 0) {
+	if (ftruncate(ns.fd, (off_t)be->segment_bytes) < 0 ||
+	    fcntl(ns.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		r = -errno;
 		goto err;
 	}

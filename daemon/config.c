@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "frame.h"
 #include "log.h"
+#include "pool.h"
 #include "units.h"
 
 #define KiB (1ull << 10)
@@ -58,6 +59,31 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "largest protocol frame", NULL },
 	{ "max_batch", 0, KV_CFG_UINT, KV_CFG_FIELD(max_batch), 0, 1, 1u << 20, "65536",
 	  "most blocks or hashes in one request", NULL },
+	/* The limits on what one client may take (docs/operations.md, section 13). */
+	{ "max_block_refs", 0, KV_CFG_UINT, KV_CFG_FIELD(max_block_refs), KV_CFG_RELOAD,
+	  1, KV_BLOCK_REF_MAX, "1073741824",
+	  "most references one block may carry; a fork, lookup or seal that would take more is "
+	  "refused (EQUOTA)", NULL },
+	{ "max_connections", 0, KV_CFG_UINT, KV_CFG_FIELD(max_connections), KV_CFG_RELOAD,
+	  1, 1u << 20, "1024",
+	  "most connections open on the worker socket (the admin socket has 64 of its own)", NULL },
+	{ "max_connections_per_uid", 0, KV_CFG_UINT, KV_CFG_FIELD(max_connections_per_uid),
+	  KV_CFG_RELOAD, 1, 1u << 20, "256",
+	  "most connections one uid may have open on the worker socket", NULL },
+	{ "frame_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(frame_timeout_ms), KV_CFG_RELOAD,
+	  0, 3600000, "30s",
+	  "a connection whose frame stays incomplete for longer is closed (0: never)", NULL },
+	{ "max_output_per_connection", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_output_bytes),
+	  KV_CFG_RELOAD, 64 * KiB, GiB, "8MiB",
+	  "replies a client has not read past which the daemon stops reading its requests", NULL },
+	{ "max_fds_per_connection", 0, KV_CFG_UINT, KV_CFG_FIELD(max_fds_per_conn), KV_CFG_RELOAD,
+	  1, 1u << 20, "256",
+	  "segment fds sent to one client and not read yet past which its requests that need more "
+	  "wait until it reads", NULL },
+	{ "max_fds_in_flight", 0, KV_CFG_UINT, KV_CFG_FIELD(max_fds_in_flight), KV_CFG_RELOAD,
+	  0, UINT32_MAX, "0",
+	  "segment fds sent to all clients and not read yet past which a request that needs more "
+	  "is refused (EAGAIN); 0: as many as RLIMIT_NOFILE leaves", NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",

@@ -66,6 +66,13 @@ struct kv_config {
 	uint64_t page_bytes;
 	uint32_t max_frame;
 	uint32_t max_batch;
+	uint32_t max_block_refs;      /* references one block may carry (ops.c refuses more) */
+	uint32_t max_connections;     /* on the worker socket (conn.c refuses more) */
+	uint32_t max_connections_per_uid;
+	uint64_t frame_timeout_ms;    /* a frame incomplete for longer closes its connection */
+	uint32_t max_output_bytes;    /* unsent replies past which a connection's input waits */
+	uint32_t max_fds_per_conn;    /* segment fds out to one connection past which it waits */
+	uint32_t max_fds_in_flight;   /* all connections together (0: from RLIMIT_NOFILE) */
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;

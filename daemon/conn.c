@@ -5,6 +5,10 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -14,9 +18,16 @@
 #include "log.h"
 #include "ops.h"
 
+/* The input buffer: READ_CHUNK when a frame starts, then grown by half of
+ * what has arrived (so a frame announced as 4 MiB but never sent costs only
+ * the bytes that were), and freed when it empties past READ_CHUNK. */
 #define READ_CHUNK 65536
-/* Output a peer has not read yet beyond which its input is held back. */
-#define OUT_BACKLOG (8u << 20)
+#define READ_MIN 4096             /* the least room a read is given */
+/* Output a peer has not read yet is bounded by max_output_per_connection:
+ * past it the connection is paused (its input left unread) until the peer
+ * reads, so what is queued exceeds the bound by one reply at most. The
+ * buffer is freed once sent when it grew past OUT_KEEP. */
+#define OUT_KEEP 65536
 
 struct kv_conn {
 	struct kv_session ss;
@@ -26,9 +37,18 @@ struct kv_conn {
 	int closing;
 	int paused;                /* input held back until output drains */
 	int parked;                /* the first frame in waits for a tier */
+	int fds_held;              /* the first frame in waits for the peer to
+				    * read the segment fds it was sent (KV_OP_HOLD) */
+	int send_blocked;          /* sendmsg failed for want of a resource;
+				    * the sweep tries again */
+	int resume;                /* the sweep is to run its input again */
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
+	/* Monotonic ms when the incomplete frame first in `in` began to
+	 * arrive; 0 when there is none, or while input is held back (the
+	 * frame waits for us then, not for the peer). */
+	uint64_t partial_ms;
 	uint8_t *out;
 	size_t out_off, out_len, out_cap;
 };
@@ -41,6 +61,152 @@ static struct kv_loop *conn_loop(struct kv_conn *c)
 	return &c->cs->d->loop;
 }
 
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Input is left unread: the peer must read its replies first, or the first
+ * frame waits for a tier. */
+static int conn_held(const struct kv_conn *c)
+{
+	return c->paused || c->parked || c->fds_held;
+}
+
+/* Whether the peer has read everything sent on the socket: then no fd we
+ * sent is in flight (SIOCOUTQ counts what the peer has not consumed yet).
+ * Clears the session's fds_unread if so. */
+static void conn_fds_refresh(struct kv_conn *c)
+{
+	int q;
+
+	if (c->ss.fds_unread && ioctl(c->fd, SIOCOUTQ, &q) == 0 && q == 0)
+		kv_session_fds_read(&c->ss);
+}
+
+/* How often the sweep looks at a connection that waits for its peer to read
+ * its fds, or for a resource to send them. */
+#define FDS_POLL_MS 10
+#define SEND_RETRY_MS 100
+
+/* ---- the sweep -----------------------------------------------------------
+ * One timer for all connections, armed for the earliest moment one of them
+ * needs looking at (a partial frame's frame_timeout; a connection held for
+ * its fds, polled every FDS_POLL_MS: no event says a peer has read), never
+ * while none does. */
+
+static void conns_tick(struct kv_loop_watch *w, int res, int more);
+
+/* Has the sweep run no later than due (monotonic ms). */
+static void conns_arm(struct kv_conns *cs, uint64_t due)
+{
+	struct kv_loop *loop = &cs->d->loop;
+	uint64_t now = mono_ms();
+
+	if (cs->tick.armed) {
+		/* A later one is armed: cancel it; its completion sweeps. */
+		if (due < cs->tick_due && !cs->tick_cancelled && kv_loop_cancel(loop, &cs->tick) == 0)
+			cs->tick_cancelled = 1;
+		return;
+	}
+	if (loop->stop)
+		return;
+	if (kv_loop_timeout(loop, &cs->tick, (due > now ? due - now : 1) * 1000000ull) == 0)
+		cs->tick_due = due;
+	else
+		kv_err("cannot arm the connections' timer");
+}
+
+static int conn_flush(struct kv_conn *c);
+
+/* The bytes queued and not sent yet. */
+static size_t out_queued(const struct kv_conn *c)
+{
+	return c->out_len - c->out_off;
+}
+
+/* When c next needs the sweep (0: never); closes it if its partial frame
+ * has waited frame_timeout; marks it to resume (c->resume) once what held
+ * its input is gone. Runs no request: that could close other connections. */
+static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
+{
+	uint64_t timeout = c->cs->d->cfg.frame_timeout_ms;
+	char why[160];
+	int r;
+
+	if (c->send_blocked) {
+		c->send_blocked = 0;
+		if ((r = conn_flush(c)) < 0) {
+			conn_close(c, strerror(-r));
+			return 0;
+		}
+		if (c->send_blocked)
+			return now + SEND_RETRY_MS;
+		if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
+			c->paused = 0;
+			c->resume = !conn_held(c);
+		}
+	}
+	if (c->fds_held) {
+		conn_fds_refresh(c);
+		if (c->ss.nfds || c->ss.fds_unread)
+			return now + FDS_POLL_MS;
+		c->fds_held = 0;
+		c->resume = !conn_held(c);
+		return 0;   /* conn_input arms what it needs */
+	}
+	if (!c->partial_ms || !timeout)
+		return 0;
+	if (now < c->partial_ms + timeout)
+		return c->partial_ms + timeout;
+	if (c->in_len >= KV_FRAME_HDR)
+		snprintf(why, sizeof(why), "frame incomplete for longer than frame_timeout "
+			 "(%llu ms): %zu of %u bytes received", (unsigned long long)timeout,
+			 c->in_len, (unsigned)(KV_FRAME_HDR + (c->in[0] | c->in[1] << 8 |
+							      c->in[2] << 16 | (uint32_t)c->in[3] << 24)));
+	else
+		snprintf(why, sizeof(why), "frame incomplete for longer than frame_timeout "
+			 "(%llu ms): %zu header bytes received", (unsigned long long)timeout,
+			 c->in_len);
+	conn_close(c, why);
+	return 0;
+}
+
+static void conns_tick(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_conns *cs = kv_container_of(w, struct kv_conns, tick);
+	uint64_t now = mono_ms(), next = 0;
+	struct kv_list *pos, *tmp;
+
+	(void)res;
+	(void)more;
+	cs->tick_cancelled = 0;
+	kv_list_for_each_safe(pos, tmp, &cs->d->sessions) {
+		uint64_t due = conn_sweep(kv_container_of(pos, struct kv_conn, ss.link), now);
+
+		if (due && (!next || due < next))
+			next = due;
+	}
+	if (next)
+		conns_arm(cs, next);
+	/* A request may close any session (a reload that revokes access):
+	 * look for the next one to resume from the start each time. */
+again:
+	kv_list_for_each(pos, &cs->d->sessions) {
+		struct kv_conn *c = kv_container_of(pos, struct kv_conn, ss.link);
+
+		if (c->resume) {
+			c->resume = 0;
+			if (!c->closing && !conn_held(c))
+				conn_input(c);
+			goto again;
+		}
+	}
+}
+
 static void conn_free_if_done(struct kv_conn *c)
 {
 	if (c->closing && !c->win.armed && !c->wout.armed) {
@@ -51,9 +217,11 @@ static void conn_free_if_done(struct kv_conn *c)
 
 /* ---- output ----------------------------------------------------------- */
 
+/* Room for n more bytes of output. The buffer doubles, but never past what
+ * the bound and one reply need. Returns 0 or -ENOMEM. */
 static int out_reserve(struct kv_conn *c, size_t n)
 {
-	size_t cap;
+	size_t cap, need, limit = (size_t)c->cs->d->cfg.max_output_bytes + n;
 	uint8_t *p;
 
 	if (c->out_off == c->out_len)
@@ -67,9 +235,12 @@ static int out_reserve(struct kv_conn *c, size_t n)
 		if (c->out_cap - c->out_len >= n)
 			return 0;
 	}
-	cap = c->out_cap ? c->out_cap : 4096;
-	while (cap - c->out_len < n)
-		cap *= 2;
+	need = c->out_len + n;
+	cap = c->out_cap ? c->out_cap * 2 : 4096;
+	if (cap > limit)
+		cap = limit;
+	if (cap < need)
+		cap = need;
 	p = realloc(c->out, cap);
 	if (!p)
 		return -ENOMEM;
@@ -99,12 +270,29 @@ static int conn_flush(struct kv_conn *c)
 				return -EBUSY;
 			return 0;
 		}
+		if (n == -ETOOMANYREFS || n == -ENOBUFS || n == -ENOMEM) {
+			/* Fds in flight for the daemon's user past RLIMIT_NOFILE
+			 * (another process of its uid passes fds too), or kernel
+			 * memory: short for now, not this peer's fault. The
+			 * bytes and fds stay queued; the sweep tries again. */
+			if (!c->send_blocked)
+				kv_warn("session %llu: sendmsg: %s; its replies wait",
+					(unsigned long long)ss->id, strerror((int)-n));
+			c->send_blocked = 1;
+			conns_arm(c->cs, mono_ms() + SEND_RETRY_MS);
+			return 0;
+		}
 		if (n < 0)
 			return (int)n;
 		kv_session_fds_sent(ss, (size_t)nfds);
 		c->out_off += (size_t)n;
 	}
 	c->out_off = c->out_len = 0;
+	if (c->out_cap > OUT_KEEP) {
+		free(c->out);
+		c->out = NULL;
+		c->out_cap = 0;
+	}
 	return 0;
 }
 
@@ -119,7 +307,7 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 			conn_close(c, "peer hung up");
 		} else if ((r = conn_flush(c)) < 0) {
 			conn_close(c, strerror(-r));
-		} else if (c->paused && c->out_len - c->out_off < OUT_BACKLOG) {
+		} else if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
 			c->paused = 0;
 			if (!c->parked)
 				conn_input(c);
@@ -166,7 +354,7 @@ static int conn_frames(struct kv_conn *c)
 	struct kv_daemon *d = c->cs->d;
 	size_t off = 0;
 
-	while (c->in_len - off >= KV_FRAME_HDR && !c->paused && !c->parked) {
+	while (c->in_len - off >= KV_FRAME_HDR && !conn_held(c)) {
 		Kvcached__Request *rq;
 		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
 		enum kv_op_outcome out;
@@ -186,13 +374,22 @@ static int conn_frames(struct kv_conn *c)
 			conn_proto_error(c, 0, "undecodable request");
 			return -1;
 		}
+		/* Fresh counts of what the peer has read, for the limits on
+		 * fds (one ioctl, only while some are out). */
+		conn_fds_refresh(c);
 		kv_log_context(c->ss.id, kv_session_ns_name(&c->ss));
 		out = kv_ops_dispatch(d, &c->ss, rq, &rs);
 		kv_log_context(0, NULL);
-		if (out == KV_OP_PARK) {
-			/* The frame stays first in the buffer; wake runs it again. */
+		if (out == KV_OP_PARK || out == KV_OP_HOLD) {
+			/* The frame stays first in the buffer; wake, or the
+			 * sweep once the peer has read its fds, runs it again. */
 			kv_arena_reset(&d->arena);
-			c->parked = 1;
+			if (out == KV_OP_PARK) {
+				c->parked = 1;
+			} else {
+				c->fds_held = 1;
+				conns_arm(c->cs, mono_ms() + FDS_POLL_MS);
+			}
 			break;
 		}
 		off += KV_FRAME_HDR + len;
@@ -210,39 +407,64 @@ static int conn_frames(struct kv_conn *c)
 			conn_close(c, "out of memory");
 			return -1;
 		}
-		if (c->out_len - c->out_off >= OUT_BACKLOG)
+		if (out_queued(c) >= d->cfg.max_output_bytes)
 			c->paused = 1;
 	}
 	if (off) {
 		memmove(c->in, c->in + off, c->in_len - off);
 		c->in_len -= off;
+		c->partial_ms = 0;   /* what is left is a new frame */
+		if (!c->in_len && c->in_cap > READ_CHUNK) {
+			free(c->in);
+			c->in = NULL;
+			c->in_cap = 0;
+		}
 	}
 	kv_tiers_kick(d->tiers);
 	return 0;
 }
 
+/* Room for the next read: the buffer grows by half of what has arrived (at
+ * least READ_CHUNK), and no further than the first frame needs when its
+ * header is in, so that its memory follows the bytes received, never the
+ * length a header announces. Returns 0 or -ENOMEM. */
+static int in_reserve(struct kv_conn *c)
+{
+	size_t cap, need;
+	uint32_t len;
+	uint8_t *p;
+
+	if (c->in_cap - c->in_len >= READ_MIN)
+		return 0;
+	cap = c->in_len + (c->in_len / 2 > READ_CHUNK ? c->in_len / 2 : READ_CHUNK);
+	/* conn_frames() has checked the header already. */
+	if (c->in_len >= KV_FRAME_HDR &&
+	    kv_frame_hdr_decode(c->in, c->cs->d->cfg.max_frame, &len) == 0) {
+		need = KV_FRAME_HDR + (size_t)len;
+		if (need > c->in_len && need + READ_MIN < cap)
+			cap = need + READ_MIN;
+	}
+	p = realloc(c->in, cap);
+	if (!p)
+		return -ENOMEM;
+	c->in = p;
+	c->in_cap = cap;
+	return 0;
+}
+
 static void conn_input(struct kv_conn *c)
 {
-	size_t want = (size_t)c->cs->d->cfg.max_frame + KV_FRAME_HDR;
-
 	for (;;) {
 		int fds[8], nfds = 0, trunc = 0;
 		ssize_t n;
 
 		if (conn_frames(c) < 0)
 			return;
-		if (c->paused || c->parked)
+		if (conn_held(c))
 			break;
-		if (c->in_cap - c->in_len < READ_CHUNK && c->in_cap < want + READ_CHUNK) {
-			size_t cap = c->in_cap ? c->in_cap * 2 : READ_CHUNK * 2;
-			uint8_t *p = realloc(c->in, cap);
-
-			if (!p) {
-				conn_close(c, "out of memory");
-				return;
-			}
-			c->in = p;
-			c->in_cap = cap;
+		if (in_reserve(c) < 0) {
+			conn_close(c, "out of memory");
+			return;
 		}
 		n = kv_recvmsg_fds(c->fd, c->in + c->in_len, c->in_cap - c->in_len, fds, &nfds, 8,
 				   MSG_DONTWAIT, &trunc);
@@ -264,6 +486,14 @@ static void conn_input(struct kv_conn *c)
 		}
 		c->in_len += (size_t)n;
 	}
+	/* A frame has begun and not ended: it has frame_timeout to. */
+	if (conn_held(c) || !c->in_len) {
+		c->partial_ms = 0;
+	} else if (!c->partial_ms) {
+		c->partial_ms = mono_ms();
+		if (c->cs->d->cfg.frame_timeout_ms)
+			conns_arm(c->cs, c->partial_ms + c->cs->d->cfg.frame_timeout_ms);
+	}
 	if (conn_flush(c) < 0)
 		conn_close(c, "send failed");
 }
@@ -276,7 +506,7 @@ static void on_readable(struct kv_loop_watch *w, int res, int more)
 		if (res < 0) {
 			conn_close(c, strerror(-res));
 		} else {
-			if (!c->paused && !c->parked)
+			if (!conn_held(c))
 				conn_input(c);
 			/* A multishot poll can end (overflow); arm it again. */
 			if (!c->closing && !more &&
@@ -315,7 +545,7 @@ static void conn_close(struct kv_conn *c, const char *why)
 		kv_debug("session %llu (pid %d) disconnected", (unsigned long long)c->ss.id,
 			 (int)c->ss.cred.pid);
 	kv_session_release(&c->ss);
-	c->parked = 0;
+	c->parked = c->fds_held = c->send_blocked = 0;
 	kv_list_push_back(&c->cs->closing, &c->link);
 	if (c->win.armed)
 		kv_loop_cancel(&d->loop, &c->win);
@@ -331,21 +561,101 @@ static void conn_close(struct kv_conn *c, const char *why)
 	kv_daemon_drain_check(d);
 }
 
+/* Whether a peer with cred may not open another connection (on the admin
+ * socket when admin); the reason in why. Open connections count (a closing
+ * one has given its place back). O(connections): they are bounded. */
+static int conn_over_limit(struct kv_conns *cs, const struct ucred *cred, int admin, char *why,
+			   size_t len)
+{
+	const struct kv_config *cfg = &cs->d->cfg;
+	uint32_t workers = 0, admins = 0, mine = 0;
+	struct kv_list *pos;
+
+	kv_list_for_each(pos, &cs->d->sessions) {
+		const struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
+
+		if (ss->admin) {
+			admins++;
+		} else {
+			workers++;
+			mine += ss->cred.uid == cred->uid;
+		}
+	}
+	if (admin) {
+		if (admins < KV_ADMIN_CONNS_MAX)
+			return 0;
+		snprintf(why, len, "too many connections: %u open on the admin socket (at most %u); "
+			 "retry later", admins, KV_ADMIN_CONNS_MAX);
+		return 1;
+	}
+	if (workers >= cfg->max_connections) {
+		snprintf(why, len, "too many connections: %u open on the worker socket "
+			 "(max_connections %u); retry later", workers, cfg->max_connections);
+		return 1;
+	}
+	if (mine >= cfg->max_connections_per_uid) {
+		snprintf(why, len, "too many connections: uid %u has %u open "
+			 "(max_connections_per_uid %u); retry later", (unsigned)cred->uid, mine,
+			 cfg->max_connections_per_uid);
+		return 1;
+	}
+	return 0;
+}
+
+/* Tells the peer why (an EAGAIN reply with id 0, best effort: its socket
+ * buffer is empty), closes fd and logs it, at most once a second. */
+static void conn_refuse(struct kv_conns *cs, int fd, const struct ucred *cred, int admin,
+			const char *why)
+{
+	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+	Kvcached__Error err = KVCACHED__ERROR__INIT;
+	uint8_t buf[KV_FRAME_HDR + 512];
+	char more[64] = "";
+	uint64_t held;
+	size_t len;
+
+	err.code = KVCACHED__ERROR_CODE__EAGAIN;
+	err.message = (char *)why;
+	err.index = -1;
+	rs.error = &err;
+	len = kvcached__response__get_packed_size(&rs);
+	if (len <= sizeof(buf) - KV_FRAME_HDR) {
+		kv_frame_hdr_encode(buf, (uint32_t)len, 0);
+		kvcached__response__pack(&rs, buf + KV_FRAME_HDR);
+		if (send(fd, buf, KV_FRAME_HDR + len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+			kv_debug("refused connection: %s", strerror(errno));
+	}
+	close(fd);
+	cs->refused++;
+	if (!kv_ratelimit(&cs->refused_log, &held))
+		return;
+	if (held)
+		snprintf(more, sizeof(more), " (and %llu more since the last such line)",
+			 (unsigned long long)held);
+	kv_warn("connection refused on the %s socket: pid %d uid %u: %s%s", admin ? "admin" : "worker",
+		(int)cred->pid, (unsigned)cred->uid, why, more);
+}
+
 void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 {
-	struct kv_conn *c = calloc(1, sizeof(*c));
+	struct kv_conn *c;
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
+	char why[200];
 
-	if (!c) {
-		kv_err("out of memory accepting a connection");
-		close(fd);
-		return;
-	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
 		kv_warn("SO_PEERCRED: %s; connection refused", strerror(errno));
 		close(fd);
-		free(c);
+		return;
+	}
+	if (conn_over_limit(cs, &cred, admin, why, sizeof(why))) {
+		conn_refuse(cs, fd, &cred, admin, why);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		kv_err("out of memory accepting a connection");
+		close(fd);
 		return;
 	}
 	c->cs = cs;
@@ -375,6 +685,16 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
 {
 	cs->d = d;
 	kv_list_init(&cs->closing);
+	cs->refused_log.interval_ms = 1000;
+	cs->tick.cb = conns_tick;
+}
+
+void kv_conns_refresh_fds(struct kv_daemon *d)
+{
+	struct kv_list *pos;
+
+	kv_list_for_each(pos, &d->sessions)
+		conn_fds_refresh(kv_container_of(pos, struct kv_conn, ss.link));
 }
 
 void kv_conns_fini(struct kv_conns *cs)

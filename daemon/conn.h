@@ -3,13 +3,21 @@
  * (session.h), whose requests it hands to kv_ops_dispatch() one frame at a
  * time.
  *
- *   OPEN --EOF / bad frame / error / send failure--> CLOSING --last completion--> freed
+ *   OPEN --EOF / bad frame / frame_timeout / error / send failure--> CLOSING
+ *   CLOSING --last completion--> freed
  *
  *   OPEN     polled for input (multishot POLLIN); orthogonal to it:
- *            paused   OUT_BACKLOG bytes of output are unsent: input is left
+ *            paused   max_output_per_connection bytes of output are unsent
+ *                     (one reply more at most): input is left
  *                     unread until the peer reads (one-shot POLLOUT)
  *            parked   the first frame in the buffer waits for a tier
  *                     (session.waiter); it runs again from the start when woken
+ *            held     the first frame's reply needs segment fds, and the
+ *                     peer has not read those it was sent yet: it runs again
+ *                     once it has (polled by the sweep, SIOCOUTQ = 0)
+ *            partial  a frame has begun to arrive and not ended, while input
+ *                     is not held back: after frame_timeout the connection
+ *                     closes (the sweep, one timer for all connections)
  *   CLOSING  the session released, the socket closed, on the closing list
  *            until the io_uring completions of its watches have arrived
  *
@@ -20,13 +28,24 @@
 #define KV_CONN_H
 
 #include "daemon.h"
+#include "log.h"
 #include "session.h"
+
+/* Connections on the admin socket, which max_connections and
+ * max_connections_per_uid do not count, so that kvctl gets in when workers
+ * have taken every place. */
+#define KV_ADMIN_CONNS_MAX 64
 
 /* The connections of a daemon: the closing ones wait here for their last
  * completions. Embedded in the server. */
 struct kv_conns {
 	struct kv_daemon *d;
 	struct kv_list closing;
+	uint64_t refused;          /* connections refused over a limit */
+	struct kv_ratelimit refused_log;
+	struct kv_loop_watch tick; /* the sweep (conn.c): partial frames, held fds */
+	uint64_t tick_due;         /* monotonic ms it is armed for */
+	int tick_cancelled;        /* cancelled for an earlier one; its completion re-arms */
 };
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);
@@ -35,11 +54,19 @@ void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);
 void kv_conns_fini(struct kv_conns *cs);
 
 /* Takes over fd, an accepted socket: records the peer's credentials, opens
- * its session and polls it. admin: from the admin socket. On failure fd is
- * closed and the reason logged. */
+ * its session and polls it. admin: from the admin socket. A connection over
+ * max_connections or max_connections_per_uid (worker socket), or over
+ * KV_ADMIN_CONNS_MAX (admin socket), is refused: it is sent one EAGAIN
+ * Response with id 0 that says which limit, then closed, and a warning is
+ * logged at most once a second. On failure fd is closed and the reason
+ * logged. */
 void kv_conn_accept(struct kv_conns *cs, int fd, int admin);
 
 /* Closes the connection that carries ss (an open session), logging why. */
 void kv_conn_close_session(struct kv_session *ss, const char *why);
+
+/* Clears fds_unread of every session whose peer has read all it was sent
+ * (d->refresh_fds). */
+void kv_conns_refresh_fds(struct kv_daemon *d);
 
 #endif

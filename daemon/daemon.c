@@ -9,6 +9,20 @@
 
 #include "log.h"
 
+uint64_t kv_daemon_fds_max(const struct kv_daemon *d)
+{
+	uint64_t max = d->cfg.max_fds_in_flight ? d->cfg.max_fds_in_flight : UINT64_MAX;
+	uint64_t taken = d->fd_reserved + d->cfg.max_connections;
+
+	if (d->fd_limit) {
+		uint64_t left = d->fd_limit > taken ? d->fd_limit - taken : 0;
+
+		if (left < max)
+			max = left;
+	}
+	return max;
+}
+
 uint64_t kv_now_ms(void)
 {
 	struct timespec ts;

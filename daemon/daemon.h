@@ -57,6 +57,13 @@ struct kv_daemon {
 	 * uses it. */
 	uint32_t declared_ns[KV_CFG_MAX_NS];
 	uint32_t ndeclared;
+	/* Segment fds passed to clients: queued dups plus those sent and maybe
+	 * not read yet (session.h); kv_daemon_fds_max() bounds them. Set by
+	 * the server (0 where nobody did: tests): fd_limit, RLIMIT_NOFILE;
+	 * fd_reserved, the fds the daemon needs besides worker connections
+	 * and those: its own, the admin socket's connections, a margin. */
+	uint64_t fds_out;
+	uint64_t fd_limit, fd_reserved;
 	/* lifecycle.c */
 	int draining;
 	uint64_t drain_deadline_ms;   /* wall clock */
@@ -71,6 +78,10 @@ struct kv_daemon {
 	void (*close_session)(struct kv_session *ss, const char *why);
 	/* For the log: where the worker socket listens. */
 	const char *(*worker_name)(struct kv_daemon *d, char *buf, size_t len);
+	/* Set by the server: learns which sessions' peers have read what they
+	 * were sent (their fds_unread cleared), before a request is refused
+	 * for fds in flight. */
+	void (*refresh_fds)(struct kv_daemon *d);
 };
 
 /* Creates the backend, the pools, the tiers and the event loop from cfg, and
@@ -92,6 +103,12 @@ int kv_daemon_stop_flush(struct kv_daemon *d);
  * a pool: before and after each request, after a session is released,
  * after tier completions. */
 void kv_daemon_collect(struct kv_daemon *d);
+/* The most segment fds that may be out (d->fds_out) at once:
+ * max_fds_in_flight when set, and no more than RLIMIT_NOFILE leaves once
+ * fd_reserved and a place for every worker connection (max_connections) are
+ * counted (the same limit bounds the fds the kernel holds in flight for the
+ * daemon's user); UINT64_MAX when neither is known. */
+uint64_t kv_daemon_fds_max(const struct kv_daemon *d);
 
 /* Milliseconds of the wall clock (what operators compare with dates). */
 uint64_t kv_now_ms(void);

@@ -31,8 +31,14 @@ static void on_accept(struct kv_loop_watch *w, int res, int more)
 		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			if (errno == EMFILE || errno == ENFILE)
-				kv_warn("accept on the %s socket: %s", l->what, strerror(errno));
+			uint64_t held;
+
+			/* The connection waits in the backlog; a flood of them
+			 * must not flood the log. */
+			if ((errno == EMFILE || errno == ENFILE) && kv_ratelimit(&l->emfile_log, &held))
+				kv_warn("accept on the %s socket: %s (%llu more since the last such "
+					"line); raise LimitNOFILE or lower max_connections", l->what,
+					strerror(errno), (unsigned long long)held);
 			break;
 		}
 		kv_conn_accept(l->conns, fd, l->admin);
@@ -51,6 +57,7 @@ void kv_listener_init(struct kv_listener *l, struct kv_conns *conns, const char 
 	l->activated = fd >= 0;
 	l->admin = admin;
 	l->w.cb = on_accept;
+	l->emfile_log.interval_ms = 1000;
 }
 
 /* The gid of a group name or number; -1 for "". Returns 0 or -ENOENT. */

@@ -18,6 +18,7 @@ struct kv_listener {
 	char path[108];            /* the file we bound, "" if none */
 	uint64_t dev, ino;         /* of that file, to unlink only our own */
 	struct kv_loop_watch w;
+	struct kv_ratelimit emfile_log;
 };
 
 /* Sets l up, not listening yet; fd, when >= 0, is a socket from systemd. */

@@ -175,3 +175,20 @@ void kv_log(int level, const char *fmt, ...)
 	vlog(level, NULL, 0, NULL, fmt, ap);
 	va_end(ap);
 }
+
+int kv_ratelimit(struct kv_ratelimit *rl, uint64_t *held)
+{
+	struct timespec ts;
+	uint64_t now;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	if (now < rl->next_ms) {
+		rl->held++;
+		return 0;
+	}
+	*held = rl->held;
+	rl->held = 0;
+	rl->next_ms = now + rl->interval_ms;
+	return 1;
+}

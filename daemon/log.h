@@ -38,6 +38,19 @@ void kv_log_at(int level, const char *file, int line, const char *func, const ch
 /* The same without a code location. */
 void kv_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* At most one line per interval for an event a client can repeat at will
+ * (a refused connection): embed one per kind of line, zeroed, with
+ * interval_ms set. */
+struct kv_ratelimit {
+	uint64_t interval_ms;
+	uint64_t next_ms;          /* monotonic: when the next line may go */
+	uint64_t held;             /* events since the last line */
+};
+
+/* Whether to log this event now; if so, *held gets how many events were not
+ * logged since the last line (to say so in it). */
+int kv_ratelimit(struct kv_ratelimit *rl, uint64_t *held);
+
 #define KV_LOG_AT(level, ...) kv_log_at(level, __FILE__, __LINE__, __func__, __VA_ARGS__)
 #define kv_err(...) KV_LOG_AT(KV_LOG_ERR, __VA_ARGS__)
 #define kv_warn(...) KV_LOG_AT(KV_LOG_WARN, __VA_ARGS__)

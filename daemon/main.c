@@ -3,9 +3,11 @@
  * docs/operations.md. */
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -223,6 +225,30 @@ int main(int argc, char **argv)
 
 	kv_log_level = cfg.log_level;
 	kv_log_set_target(cfg.log_target);
+#ifdef M_MMAP_THRESHOLD
+	/* Connection buffers (a frame of up to max_frame, replies a peer has
+	 * not read yet) come and go with clients: from 128 KiB up
+	 * they are mmap()ed and given back to the kernel when freed. Setting
+	 * the threshold stops glibc from raising it after such a free, which
+	 * would move the next ones onto the heap, where freed memory stays. */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
+	{
+		/* Every client connection is an fd, every segment fd passed on
+		 * is a dup first, and the kernel bounds the fds in flight for
+		 * the daemon's user by this limit too: take what we may. */
+		struct rlimit rl;
+
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+			rlim_t cur = rl.rlim_cur;
+
+			rl.rlim_cur = rl.rlim_max;
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				kv_warn("RLIMIT_NOFILE: cannot raise %llu to %llu: %s",
+					(unsigned long long)cur, (unsigned long long)rl.rlim_max,
+					strerror(errno));
+		}
+	}
 	r = kv_server_init(&srv, &cfg, &src);
 	if (r == 0)
 		r = kv_server_run(&srv);

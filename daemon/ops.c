@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kvassert.h"
+#include "log.h"
 
 void *q_alloc(struct req *q, size_t n)
 {
@@ -76,46 +77,137 @@ struct kv_pool *kv_op_pool(struct req *q, uint32_t id)
 	return p;
 }
 
+/* Whether one more fd may be queued for q: 0, -EBUSY (hold) or -EAGAIN
+ * (reply set). */
+static int fds_room(struct req *q, uint64_t n)
+{
+	struct kv_daemon *d = q->d;
+	struct kv_session *ss = q->ss;
+	uint64_t max;
+
+	if (!q->nsegs)
+		q->fds_before = ss->nfds + ss->fds_unread;
+	/* A session with nothing out may take what one reply needs, however
+	 * many; one with fds out waits rather than pass the bound. */
+	if (q->fds_before && q->fds_before + q->nsegs + n > d->cfg.max_fds_per_conn) {
+		q->out = KV_OP_HOLD;
+		return -EBUSY;
+	}
+	max = kv_daemon_fds_max(d);
+	if (d->fds_out + n > max && d->refresh_fds && !q->refreshed) {
+		q->refreshed = 1;
+		d->refresh_fds(d);
+	}
+	if (d->fds_out + n > max) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
+			   "segment fds: %llu are out to clients that have not read them and this "
+			   "reply needs %llu or more, past the %llu the daemon passes at once "
+			   "(max_fds_in_flight, RLIMIT_NOFILE); nothing changed, retry",
+			   (unsigned long long)(d->fds_out - q->nsegs),
+			   (unsigned long long)(q->nsegs + n), (unsigned long long)max);
+		return -EAGAIN;
+	}
+	return 0;
+}
+
+/* Takes back every fd q queued, last first. */
+static void unwant_all(struct req *q)
+{
+	while (q->nsegs) {
+		struct req_seg *g = &q->segs[--q->nsegs];
+
+		kv_session_unwant_segment(q->ss, g->dev, g->seg, g->old);
+	}
+}
+
+int kv_op_fds_room(struct req *q, uint64_t n)
+{
+	return n ? fds_room(q, n) : 0;
+}
+
+int kv_op_want_segments(struct req *q, struct kv_block *const *blocks, size_t n)
+{
+	static struct kv_ratelimit dup_log = { .interval_ms = 1000 };
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t dev, seg, old;
+		uint64_t held;
+		int r;
+
+		if (!blocks[i])
+			continue;
+		kv_block_where(blocks[i], &dev, &seg);
+		if (kv_session_has_segment(q->ss, dev, seg))
+			continue;
+		if (q->nsegs == q->segs_cap) {
+			size_t cap = q->segs_cap ? 2 * q->segs_cap : (n < 64 ? 64 : n);
+			struct req_seg *p = kv_arena_alloc(&q->d->arena, cap * sizeof(*p));
+
+			if (!p) {
+				unwant_all(q);
+				q->out = KV_OP_NOMEM;
+				return -ENOMEM;
+			}
+			if (q->nsegs)
+				memcpy(p, q->segs, q->nsegs * sizeof(*p));
+			q->segs = p;
+			q->segs_cap = cap;
+		}
+		if ((r = fds_room(q, 1)) < 0) {
+			unwant_all(q);
+			return r;
+		}
+		if ((r = kv_session_want_segment(q->ss, dev, seg, &old)) < 0) {
+			/* The daemon's fd table (or memory) is short: as transient
+			 * as the fds in flight that fill it. */
+			unwant_all(q);
+			kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
+				   "segment fds: cannot pass one now (%s); nothing changed, retry",
+				   strerror(-r));
+			if (kv_ratelimit(&dup_log, &held))
+				kv_warn("session %llu: cannot duplicate a segment fd to pass it: %s; "
+					"the request is answered EAGAIN (%llu more since the last such "
+					"line)", (unsigned long long)q->ss->id, strerror(-r),
+					(unsigned long long)held);
+			return -EAGAIN;
+		}
+		q->segs[q->nsegs++] = (struct req_seg){ .dev = dev, .seg = seg, .old = old };
+	}
+	return 0;
+}
+
 void kv_op_reply_blocks(struct req *q, size_t n)
 {
 	struct kv_backend *be = q->d->be;
 	Kvcached__BlockList *bl = q_alloc(q, sizeof(*bl));
 	uint64_t *h = q_alloc(q, (n ? n : 1) * sizeof(uint64_t));
 	Kvcached__Segment **segs = NULL;
-	size_t i, nseg = 0;
+	size_t i;
 
 	if (!bl || !h)
+		return;
+	if (q->nsegs && !(segs = q_alloc(q, q->nsegs * sizeof(*segs))))
 		return;
 	kvcached__block_list__init(bl);
 	for (i = 0; i < n; i++) {
 		uint32_t dev, seg;
-		int r;
 
-		h[i] = kv_block_handle(q->blk[i]);
 		kv_block_where(q->blk[i], &dev, &seg);
-		r = kv_session_want_segment(q->ss, dev, seg);
-		if (r < 0) {
-			/* The references are taken; without the fd the peer
-			 * cannot use them, and it would not know: close. */
-			q->out = KV_OP_NOMEM;
+		kv_assert(kv_session_has_segment(q->ss, dev, seg));
+		h[i] = kv_block_handle(q->blk[i]);
+	}
+	for (i = 0; i < q->nsegs; i++) {
+		if (!(segs[i] = q_alloc(q, sizeof(**segs))))
 			return;
-		}
-		if (r == 0)
-			continue;
-		if (!segs && !(segs = q_alloc(q, n * sizeof(*segs))))
-			return;
-		if (!(segs[nseg] = q_alloc(q, sizeof(**segs))))
-			return;
-		kvcached__segment__init(segs[nseg]);
-		segs[nseg]->device = dev;
-		segs[nseg]->index = seg;
-		segs[nseg]->offset = (uint64_t)seg * be->segment_bytes;
-		segs[nseg]->bytes = be->segment_bytes;
-		nseg++;
+		kvcached__segment__init(segs[i]);
+		segs[i]->device = q->segs[i].dev;
+		segs[i]->index = q->segs[i].seg;
+		segs[i]->offset = (uint64_t)q->segs[i].seg * be->segment_bytes;
+		segs[i]->bytes = be->segment_bytes;
 	}
 	bl->n_blocks = n;
 	bl->blocks = h;
-	q->rs->n_segments = nseg;
+	q->rs->n_segments = q->nsegs;
 	q->rs->segments = segs;
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
 	q->rs->blocks = bl;
@@ -164,16 +256,18 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	return 0;
 }
 
-int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n)
+int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		if (!kv_block_ref_room(q->blk[i], q->blk[i]->check)) {
-			kv_op_fail(q, KVCACHED__ERROR_CODE__ESTATE, (int)i,
-				   "block %#llx (index %zu) has the most references a block "
-				   "may have (%u)", (unsigned long long)handles[i], i,
-				   KV_BLOCK_REF_MAX);
-			return -EOVERFLOW;
-		}
+	uint32_t max = q->d->cfg.max_block_refs;
+
+	if (max > KV_BLOCK_REF_MAX)
+		max = KV_BLOCK_REF_MAX;
+	if (b->ref <= max && n <= max - b->ref)
+		return 1;
+	kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, (int)index,
+		   "block %#llx (index %zu) already has %u reference%s; %u more would pass "
+		   "max_block_refs (%u): nothing was taken", (unsigned long long)kv_block_handle(b),
+		   index, b->ref, b->ref == 1 ? "" : "s", n, max);
 	return 0;
 }
 
@@ -252,8 +346,11 @@ enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
 		kv_op_fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
 	else if (!refused_draining(&q, rq))
 		dispatch(&q, rq);
+	/* A parked or held request changed nothing and is run again from the
+	 * start. Only a reply with blocks sends the fds queued for it. */
+	kv_assert((q.out != KV_OP_PARK && q.out != KV_OP_HOLD) || !rs->error);
+	if (q.nsegs && (q.out != KV_OP_REPLY || rs->error))
+		unwant_all(&q);
 	kv_daemon_collect(d);
-	/* A parked request changed nothing and is run again from the start. */
-	kv_assert(q.out != KV_OP_PARK || !rs->error);
 	return q.out;
 }

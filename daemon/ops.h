@@ -6,6 +6,10 @@
  *
  * Batched operations are validated whole before anything changes, so a bad
  * handle at index i fails the request with nothing done (Error.index = i).
+ * The segment fds a reply needs are queued before the request changes what
+ * cannot be taken back: when they cannot be passed now (the daemon's fds in
+ * flight, or its fd table, are full) the request is answered EAGAIN with
+ * nothing changed, and the session carries on.
  *
  * The dispatcher needs no socket and no event loop: a daemon context and a
  * session are all it takes, so tests and fuzzers can drive it directly. */
@@ -24,6 +28,11 @@ enum kv_op_outcome {
 			  * it); nothing changed and no reply: run the same
 			  * request again when woken */
 	KV_OP_NOMEM,     /* no reply could be built: close the session */
+	KV_OP_HOLD,      /* the reply would need more segment fds than this
+			  * session may have out (max_fds_per_connection) while
+			  * its peer has not read those it was sent: nothing
+			  * changed and no reply; run the same request again
+			  * once the peer has read them all */
 };
 
 /* Runs rq for ss and fills rs, allocated from d->arena (valid until the

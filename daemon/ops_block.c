@@ -145,14 +145,80 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 		return;
 	}
+	if (kv_op_want_segments(q, q->blk, m->count) < 0) {
+		/* Freed again (cached blocks evicted on the way stay evicted,
+		 * as after ENOSPC). */
+		for (i = 0; i < m->count; i++)
+			kv_block_unref(q->blk[i]);
+		p->n.allocs -= m->count;
+		return;
+	}
 	for (i = 0; i < m->count; i++)
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
 	kv_op_reply_blocks(q, m->count);
 }
 
+static const uint8_t *seal_hashes;   /* for by_hash(): the request being sealed */
+
+static int by_hash(const void *a, const void *b)
+{
+	uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+	int r = memcmp(seal_hashes + (size_t)i * HASH, seal_hashes + (size_t)j * HASH, HASH);
+
+	return r ? r : (i > j) - (i < j);
+}
+
+/* Seal dedups every block whose hash is published onto the published block,
+ * which takes a reference per block: refuses (EQUOTA) a request that would
+ * take one past max_block_refs, before anything changes. That includes a
+ * hash listed several times whose first block is the one published by this
+ * very request; only a batch longer than max_block_refs can do that, and only
+ * then are the hashes sorted to count them. Returns 0 or -EDQUOT (reply set);
+ * *dedup gets, per block, the published block it will dedup onto (NULL:
+ * none yet). */
+static int seal_ref_room(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
+			 struct kv_block ***dedup)
+{
+	const uint8_t *h = m->hashes.data;
+	size_t n = m->n_blocks, i;
+	struct kv_block **dst = q_alloc(q, n * sizeof(*dst));
+	uint32_t *ix;
+
+	if (!dst)
+		return -ENOMEM;
+	*dedup = dst;
+	for (i = 0; i < n; i++)
+		if ((dst[i] = kv_pool_find(p, h + i * HASH)))
+			dst[i]->check = 0;
+	for (i = 0; i < n; i++)
+		if (dst[i] && !kv_op_ref_room(q, dst[i], i, ++dst[i]->check))
+			return -EDQUOT;
+	if (n <= q->d->cfg.max_block_refs)
+		return 0;
+	if (!(ix = q_alloc(q, n * sizeof(*ix))))
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		ix[i] = (uint32_t)i;
+	seal_hashes = h;
+	qsort(ix, n, sizeof(*ix), by_hash);
+	for (i = 0; i < n;) {
+		size_t j = i + 1;
+
+		while (j < n && !memcmp(h + (size_t)ix[j] * HASH, h + (size_t)ix[i] * HASH, HASH))
+			j++;
+		/* ix[i], the first listing, is sealed; the j - i - 1 after it
+		 * dedup onto it. */
+		if (!dst[ix[i]] && !kv_op_ref_room(q, q->blk[ix[i]], ix[i], (uint32_t)(j - i - 1)))
+			return -EDQUOT;
+		i = j;
+	}
+	return 0;
+}
+
 void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
+	struct kv_block **dedup;
 	size_t i;
 
 	if (!p)
@@ -173,6 +239,10 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 			return;
 		}
 	}
+	/* The published blocks a dedup hands over may be in segments the
+	 * peer has not seen. */
+	if (seal_ref_room(q, p, m, &dedup) < 0 || kv_op_want_segments(q, dedup, m->n_blocks) < 0)
+		return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
@@ -288,15 +358,22 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		q->out = KV_OP_PARK;
 		return;
 	}
-	/* A block that cannot take another reference ends the hit prefix (a
-	 * chain may list one block many times: b->check counts them). */
+	/* A hit that would take a block past max_block_refs refuses the whole
+	 * lookup, before any reference is taken (a chain may list one block
+	 * many times: b->check counts them). */
 	for (size_t i = 0; i < k; i++)
 		q->blk[i]->check = 0;
 	for (size_t i = 0; i < k; i++)
-		if (!kv_block_ref_room(q->blk[i], ++q->blk[i]->check)) {
-			k = i;
-			break;
+		if (!kv_op_ref_room(q, q->blk[i], i, ++q->blk[i]->check)) {
+			unpin(q->ss, old_pins);
+			return;
 		}
+	if (kv_op_want_segments(q, q->blk, k) < 0) {
+		/* A held lookup keeps its pins for when it runs again. */
+		if (q->out != KV_OP_HOLD)
+			unpin(q->ss, old_pins);
+		return;
+	}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
@@ -333,13 +410,17 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 {
 	size_t i;
 
-	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0 ||
-	    kv_op_ref_room(q, m->blocks, m->n_blocks) < 0)
+	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
 		return;
+	/* b->check: how often the request lists b. */
+	for (i = 0; i < m->n_blocks; i++)
+		if (!kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check))
+			return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
+	/* The blocks are held: their segments are the session's already. */
 	for (i = 0; i < m->n_blocks; i++) {
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
@@ -385,6 +466,10 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 			return;
 		}
+	}
+	if (kv_op_want_segments(q, copy, n) < 0) {
+		unref_copies(copy, n);
+		return;
 	}
 	for (i = 0; i < n; i++) {
 		if (copy[i] && (r = kv_block_copy(copy[i], q->blk[i])) < 0) {
@@ -450,6 +535,19 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 	q->rs->swap_out = r;
 }
 
+/* How many segments (of every device) the peer has not been sent, up to
+ * max: the most fds a reply of blocks unknown yet could need. */
+static uint64_t unsent_segments(const struct kv_session *ss, uint64_t max)
+{
+	const struct kv_backend *be = ss->d->be;
+	uint64_t n = 0;
+
+	for (uint32_t dev = 0; dev < be->devices; dev++)
+		for (uint32_t seg = 0; seg < be->segments[dev] && n < max; seg++)
+			n += !kv_session_has_segment(ss, dev, seg);
+	return n;
+}
+
 void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 {
 	char why[512];
@@ -460,6 +558,10 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 		q->out = KV_OP_NOMEM;
 		return;
 	}
+	/* A swap-in cannot be undone once it returns its blocks: room for
+	 * the fds of every segment they could be in is made sure of first. */
+	if (kv_op_fds_room(q, unsent_segments(q->ss, q->d->cfg.max_batch)) < 0)
+		return;
 	rc = kv_tiers_swap_in(q->d->tiers, &q->ss->swaps, m->swap, &q->ss->waiter, q->blk,
 			      q->d->cfg.max_batch, &n, why, sizeof(why));
 	if (rc == -EINPROGRESS) {
@@ -474,5 +576,13 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	}
 	for (i = 0; i < n; i++)
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
+	if (kv_op_want_segments(q, q->blk, n) < 0) {
+		/* Only a dup that failed gets here (room was checked): the
+		 * blocks are the session's now and cannot be given back. */
+		kv_err("session %llu: swap in: the segment fds cannot be passed; closing the session "
+		       "(its blocks are released with it)", (unsigned long long)q->ss->id);
+		q->out = KV_OP_NOMEM;
+		return;
+	}
 	kv_op_reply_blocks(q, n);
 }

@@ -12,12 +12,22 @@
 
 #define HASH KV_HASH_BYTES
 
+/* A segment whose fd the request queued, and what the session had before. */
+struct req_seg {
+	uint32_t dev, seg, old;
+};
+
 struct req {
 	struct kv_daemon *d;
 	struct kv_session *ss;
 	Kvcached__Response *rs;
 	struct kv_block **blk;     /* d->scratch: max_batch entries */
 	enum kv_op_outcome out;
+	/* kv_op_want_segments(): the fds queued for the reply, in order. */
+	struct req_seg *segs;
+	size_t nsegs, segs_cap;
+	uint64_t fds_before;       /* the session's fds out before the first */
+	int refreshed;             /* d->refresh_fds has run for this request */
 };
 
 /* n bytes from the request arena, or NULL with q->out = KV_OP_NOMEM. */
@@ -43,12 +53,30 @@ struct kv_pool *kv_op_pool(struct req *q, uint32_t id);
  * (listed more often than held). */
 int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
 		  uint32_t per);
-/* After kv_op_resolve(): 0 when every block of q->blk[0..n) can take one
- * more reference per time it is listed (b->check), else -EOVERFLOW with the
- * error reply set. Nothing changes either way. */
-int kv_op_ref_room(struct req *q, const uint64_t *handles, size_t n);
-/* Replies with the handles of q->blk[0..n), sending the fd of every segment
- * they live in that this session has not seen yet. */
+/* 1 when b may take n more references: it would then carry at most
+ * max_block_refs (a client forking or looking up one block over and over
+ * would otherwise run its count up to the mechanism's KV_BLOCK_REF_MAX, and
+ * every other holder of the block with it). Else 0, with the EQUOTA reply
+ * set, naming b and index, its first listing in the request. Changes
+ * nothing: handlers check every block before they take any reference. */
+int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n);
+/* Queues the fd of every segment that blocks[0..n) (NULL entries skipped)
+ * live in and the session has not been sent, for the reply. Call it before
+ * the request changes what cannot be taken back; several times if need be.
+ * Returns 0, or, with everything this request queued taken back:
+ * -EBUSY  with q->out KV_OP_HOLD: the session has fds out, and these would
+ *         take it past max_fds_per_connection (no reply: the request runs
+ *         again once its peer has read them);
+ * -EAGAIN with the EAGAIN reply set: the daemon's fds in flight
+ *         (kv_daemon_fds_max) or its fd table are full for now.
+ * The handler must then undo what it did and return. */
+int kv_op_want_segments(struct req *q, struct kv_block *const *blocks, size_t n);
+/* kv_op_want_segments()'s checks for up to n fds, queuing nothing (before a
+ * change that cannot be undone, when the blocks are not known yet). */
+int kv_op_fds_room(struct req *q, uint64_t n);
+/* Replies with the handles of q->blk[0..n) and the segments
+ * kv_op_want_segments() queued; every block's segment must be the
+ * session's. */
 void kv_op_reply_blocks(struct req *q, size_t n);
 
 /* ops_block.c */

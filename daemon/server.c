@@ -1,8 +1,10 @@
 /* The daemon assembled with its sockets; see server.h. */
 #include "server.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "lifecycle.h"
 #include "log.h"
@@ -22,6 +24,47 @@ static const char *worker_name(struct kv_daemon *d, char *buf, size_t len)
 
 	snprintf(buf, len, "%s", kv_listener_name(&s->worker, tmp, sizeof(tmp)));
 	return buf;
+}
+
+/* Fds open now. */
+static uint64_t open_fds(void)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	uint64_t n = 0;
+
+	if (!dir)
+		return 64;   /* no /proc: a guess */
+	while (readdir(dir))
+		n++;
+	closedir(dir);
+	return n > 3 ? n - 3 : 0;   /* ".", "..", the directory's own fd */
+}
+
+/* What bounds the segment fds passed to clients (kv_daemon_fds_max): the
+ * fd limit, and the fds the daemon needs besides worker connections and
+ * those: its own now, the admin socket's connections, a margin for the
+ * files it opens as it runs (the G3 journal's rewrite, /proc). */
+static void fds_limits(struct kv_daemon *d)
+{
+	struct rlimit rl;
+	uint64_t max;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		d->fd_limit = rl.rlim_cur;
+	d->fd_reserved = open_fds() + KV_ADMIN_CONNS_MAX + 64;
+	max = kv_daemon_fds_max(d);
+	if (max < d->cfg.max_fds_per_conn)
+		kv_warn("RLIMIT_NOFILE %llu leaves room for %llu segment fds in flight, fewer than "
+			"max_fds_per_connection (%u), with %llu fds of the daemon's and %u "
+			"connections: requests that need them will get EAGAIN; raise LimitNOFILE or "
+			"lower max_connections", (unsigned long long)d->fd_limit,
+			(unsigned long long)max, d->cfg.max_fds_per_conn,
+			(unsigned long long)d->fd_reserved, d->cfg.max_connections);
+	else
+		kv_info("segment fds in flight: at most %llu (RLIMIT_NOFILE %llu, max_fds_in_flight "
+			"%u), %u per connection", (unsigned long long)max,
+			(unsigned long long)d->fd_limit, d->cfg.max_fds_in_flight,
+			d->cfg.max_fds_per_conn);
 }
 
 int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
@@ -47,6 +90,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	s->d.stop_accepting = stop_accepting;
 	s->d.close_session = kv_conn_close_session;
 	s->d.worker_name = worker_name;
+	s->d.refresh_fds = kv_conns_refresh_fds;
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,
 				  cfg->socket_group)) < 0 ||
@@ -54,6 +98,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 				  cfg->admin_socket_group)) < 0 ||
 	    (r = kv_listener_start(&s->worker)) < 0 || (r = kv_listener_start(&s->admin)) < 0)
 		return r;
+	fds_limits(&s->d);
 	kv_info("listening on %s (workers) and %s (admin): backend %s, %llu MiB in %llu segments "
 		"of %llu KiB, pages of %llu KiB",
 		kv_listener_name(&s->worker, wname, sizeof(wname)),

@@ -91,7 +91,13 @@ void kv_session_release(struct kv_session *ss)
 			ss->pools[w] &= ss->pools[w] - 1;
 			kv_pool_put(kv_pool_get(d->pools, id));
 		}
-	kv_session_fds_sent(ss, ss->nfds);
+	/* What was sent and not read is the peer's to drop with its socket. */
+	for (size_t i = 0; i < ss->nfds; i++)
+		close(ss->fds[i]);
+	kv_assert(d->fds_out >= ss->nfds + ss->fds_unread);
+	d->fds_out -= ss->nfds + ss->fds_unread;
+	ss->nfds = 0;
+	ss->fds_unread = 0;
 	free(ss->fds);
 	ss->fds = NULL;
 	ss->fds_cap = 0;
@@ -145,20 +151,26 @@ void kv_session_leave_ns(struct kv_session *ss)
 	ss->ns = 0;
 }
 
-int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
+int kv_session_has_segment(const struct kv_session *ss, uint32_t dev, uint32_t seg)
+{
+	const struct kv_backend *be = ss->d->be;
+
+	kv_assert(dev < be->devices && seg < be->segments[dev]);
+	return ss->seg_sent[dev] && ss->seg_sent[dev][seg] == be->epoch[dev][seg];
+}
+
+int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg, uint32_t *old)
 {
 	struct kv_backend *be = ss->d->be;
 	uint32_t **sent = &ss->seg_sent[dev];
 	int fd;
 
-	kv_assert(dev < be->devices && seg < be->segments[dev]);
+	kv_assert(!kv_session_has_segment(ss, dev, seg));
 	if (!*sent) {
 		*sent = calloc(be->segments[dev], sizeof(uint32_t));
 		if (!*sent)
 			return -ENOMEM;
 	}
-	if ((*sent)[seg] == be->epoch[dev][seg])
-		return 0;
 	if (ss->nfds == ss->fds_cap) {
 		size_t cap = ss->fds_cap ? ss->fds_cap * 2 : 16;
 		int *p = realloc(ss->fds, cap * sizeof(int));
@@ -177,8 +189,18 @@ int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg)
 	if (fd < 0)
 		return -errno;
 	ss->fds[ss->nfds++] = fd;
+	ss->d->fds_out++;
+	*old = (*sent)[seg];
 	(*sent)[seg] = be->epoch[dev][seg];
-	return 1;
+	return 0;
+}
+
+void kv_session_unwant_segment(struct kv_session *ss, uint32_t dev, uint32_t seg, uint32_t old)
+{
+	kv_assert(ss->nfds > 0 && kv_session_has_segment(ss, dev, seg));
+	close(ss->fds[--ss->nfds]);
+	ss->d->fds_out--;
+	ss->seg_sent[dev][seg] = old;
 }
 
 void kv_session_fds_sent(struct kv_session *ss, size_t n)
@@ -190,6 +212,14 @@ void kv_session_fds_sent(struct kv_session *ss, size_t n)
 		close(ss->fds[i]);
 	memmove(ss->fds, ss->fds + n, (ss->nfds - n) * sizeof(int));
 	ss->nfds -= n;
+	ss->fds_unread += (uint32_t)n;
+}
+
+void kv_session_fds_read(struct kv_session *ss)
+{
+	kv_assert(ss->d->fds_out >= ss->fds_unread);
+	ss->d->fds_out -= ss->fds_unread;
+	ss->fds_unread = 0;
 }
 
 int kv_session_is_admin(const struct kv_session *ss)

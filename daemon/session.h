@@ -6,7 +6,9 @@
  *   READY   ns set; pools the pools it registered, one hold on each; refs
  *           holds exactly the references the peer holds; pins
  *           the references a parked lookup holds for itself; seg_sent the
- *           backend epoch of every segment the peer was sent (0: none)
+ *           backend epoch of every segment the peer was sent (0: none);
+ *           fds the dups queued for the next replies, fds_unread those sent
+ *           that the peer may not have read yet (both count in d->fds_out)
  *   CLOSED  kv_session_release() has dropped every reference (sealed blocks
  *           stay cached), the pins, the swaps and its holds on pools (those
  *           nothing else uses are freed); the session is off the daemon's
@@ -48,6 +50,11 @@ struct kv_session {
 	uint64_t pools[KV_MAX_POOLS / 64];
 	int *fds;                  /* our dups of segment fds, not sent yet */
 	size_t nfds, fds_cap;
+	/* fds sent since the peer was last seen to have read everything the
+	 * transport sent it: an upper bound on this session's fds in flight,
+	 * which the kernel charges to the daemon's user until they are read
+	 * (conn.c counts and clears it). */
+	uint32_t fds_unread;
 	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
 	struct kv_refmap refs;
 	uint64_t connected_ms, requests;
@@ -76,12 +83,23 @@ int kv_session_enter_ns(struct kv_session *ss, const char *name);
 /* Takes ss out of its namespace (release; nothing of it may be held). */
 void kv_session_leave_ns(struct kv_session *ss);
 
-/* Queues the fd of (dev, seg) to go with the next reply unless this session
- * has the segment's current memory already. Returns 1 if queued, 0 if sent
- * before, or -errno. */
-int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg);
-/* Closes the first n queued fds (they were sent). */
+/* Whether the peer has (dev, seg)'s current memory: sent, or queued to go
+ * with a reply. */
+int kv_session_has_segment(const struct kv_session *ss, uint32_t dev, uint32_t seg);
+/* Queues a dup of (dev, seg)'s fd to go with the next reply; the peer must
+ * not have the segment's current memory (kv_session_has_segment() 0). *old
+ * gets what kv_session_unwant_segment() needs to take it back. Returns 0,
+ * or -errno (-EMFILE, -ENFILE: the daemon's fd table; -ENOMEM) with nothing
+ * queued. */
+int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg, uint32_t *old);
+/* Takes back the fd queued last, that of (dev, seg) whose previous state was
+ * old (a request that queued it failed or waits, and was not answered). */
+void kv_session_unwant_segment(struct kv_session *ss, uint32_t dev, uint32_t seg, uint32_t old);
+/* The first n queued fds were sent: closes our dups; they count in
+ * fds_unread until kv_session_fds_read(). */
 void kv_session_fds_sent(struct kv_session *ss, size_t n);
+/* The peer has read everything sent to it: nothing of ours is in flight. */
+void kv_session_fds_read(struct kv_session *ss);
 /* Whether the peer may use admin operations: the admin socket, or root or
  * the daemon's uid on the worker socket unless worker_socket_admin is off. */
 int kv_session_is_admin(const struct kv_session *ss);

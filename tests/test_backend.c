@@ -2,12 +2,15 @@
  * default (suite 'unit'), cuda with KVT_BACKEND=cuda (suite 'gpu'; exits 77
  * without a GPU). Batches of asynchronous copies H2D, D2D and D2H through
  * the G2 arena with completions on completion_fd, many in flight and reaped
- * in any order; the synchronous copy; a recreated segment (new epoch, zeroed
- * memory); bad offsets; the copy fault point. */
+ * in any order; the synchronous copy; a host segment's sealed size; a
+ * recreated segment (new epoch, zeroed memory); bad offsets; the copy fault
+ * point. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "check.h"
@@ -183,6 +186,17 @@ int main(void)
 
 			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, &h, 1, tag), -EINVAL);
 		}
+	}
+
+	/* A host segment's size is sealed: a client that was sent its fd can
+	 * neither shrink nor grow it (the daemon's copies would fault), nor
+	 * lift the seals. */
+	if (!cuda) {
+		fd = be->ops->segment_fd(be, 0, 0);
+		CHECK(ftruncate(fd, 0) < 0 && errno == EPERM);
+		CHECK(ftruncate(fd, 2 * SEG) < 0 && errno == EPERM);
+		CHECK(fcntl(fd, F_GET_SEALS) == (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+		CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EPERM);
 	}
 
 	/* A recreated segment: new epoch, fresh zeroed memory. */

@@ -123,6 +123,10 @@ int main(void)
 	bad("max_batch", "0");
 	bad("max_batch", "1048577");
 	bad("max_batch", "12abc");
+	CHECK(c.max_block_refs == 1u << 30);
+	CHECK(set("max_block_refs", "2147483647") == 0 && c.max_block_refs == 0x7fffffffu);
+	bad("max_block_refs", "2147483648");
+	bad("max_block_refs", "0");
 	memset(v, 'x', 200);
 	v[200] = 0;
 	bad("socket", v);
