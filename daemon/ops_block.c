@@ -38,13 +38,19 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 		return;
 	}
 	if (!kv_tenant_may_open(d, q->ss, name, why, sizeof(why))) {
-		kv_warn("Hello refused: %s", why);
+		static struct kv_ratelimit refused_log = { .interval_ms = 1000 };
+		uint64_t held;
+
+		/* A client may repeat this at will: one line a second at most. */
+		if (kv_ratelimit(&refused_log, &held))
+			kv_warn("Hello refused: %s (%llu more refusals since the last such line)",
+				why, (unsigned long long)held);
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EACCES, -1, "%s", why);
 		return;
 	}
 	fresh = !kv_ns_find(kv_pools_nstab(d->pools), name);
 	if ((rc = kv_session_enter_ns(q->ss, name)) < 0) {
-		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1, "namespace '%s': %d namespaces are "
+		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOSPC, -1, "namespace '%s': %d namespaces are "
 			   "in use", name, KV_MAX_NS);
 		return;
 	}
