@@ -7,13 +7,18 @@
 
 #include "kvassert.h"
 
-static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
+uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
 {
 	uint8_t key[4 + KV_HASH_BYTES];
 
 	memcpy(key, &pool, 4);
 	memcpy(key + 4, hash, KV_HASH_BYTES);
-	return (size_t)XXH3_64bits_withSeed(key, sizeof(key), ix->seed) & (nbuckets - 1);
+	return XXH3_64bits_withSeed(key, sizeof(key), ix->seed);
+}
+
+static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
+{
+	return (size_t)kv_index_key(ix, pool, hash) & (nbuckets - 1);
 }
 
 int kv_index_init(struct kv_index *ix, uint64_t seed)
@@ -34,7 +39,13 @@ void kv_index_fini(struct kv_index *ix)
 
 struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
 {
-	struct kv_index_entry *e = ix->buckets[ix_bucket(ix, ix->nbuckets, pool, hash)];
+	return kv_index_find_key(ix, kv_index_key(ix, pool, hash), pool, hash);
+}
+
+struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key, uint32_t pool,
+					 const uint8_t *hash)
+{
+	struct kv_index_entry *e = ix->buckets[key & (ix->nbuckets - 1)];
 
 	for (; e; e = e->next)
 		if (e->pool == pool && !memcmp(e->hash, hash, KV_HASH_BYTES))
@@ -72,12 +83,17 @@ static void ix_grow(struct kv_index *ix)
 
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 {
+	kv_index_insert_key(ix, e, kv_index_key(ix, e->pool, e->hash));
+}
+
+void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t key)
+{
 	size_t k;
 
 	kv_assert(!e->pprev);  /* not linked already */
 	if (ix->count >= ix->nbuckets)
 		ix_grow(ix);
-	k = ix_bucket(ix, ix->nbuckets, e->pool, e->hash);
+	k = key & (ix->nbuckets - 1);
 	e->next = ix->buckets[k];
 	if (e->next)
 		e->next->pprev = &e->next;

@@ -39,10 +39,19 @@ void kv_index_fini(struct kv_index *ix);
 
 struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash);
 
+/* The keyed hash of (pool, hash) that places it in the table: a caller that
+ * finds and then inserts one key (a seal) computes it once and passes it to
+ * the _key variants; it also serves as a well-spread, unguessable hash of
+ * the key for the caller's own tables. */
+uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash);
+struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key, uint32_t pool,
+					 const uint8_t *hash);
+
 /* Links e (its pool and hash set), which must not be linked: pprev NULL, as
  * in a zeroed entry or after kv_index_remove(). Grows the table when it is
  * full; a failed grow is harmless (chains get longer). */
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e);
+void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t key);
 
 /* Unlinks e, which must be in the index (an assertion), and clears its
  * pprev. O(1): no rehash, no chain walk. */

@@ -164,67 +164,100 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 	kv_op_reply_blocks(q, m->count);
 }
 
-static const uint8_t *seal_hashes;   /* for by_hash(): the request being sealed */
+/* What a seal learns of its batch before it changes anything. */
+struct seal_plan {
+	uint64_t *key;               /* kv_index_key() of each hash */
+	struct kv_index_entry **ie;  /* what the index holds under each hash */
+	struct kv_block **dedup;     /* the published block each block dedups onto, or NULL */
+	int repeats;                 /* some hash is listed more than once */
+};
 
-static int by_hash(const void *a, const void *b)
+/* Counts into rep[] (zeroed), at the first listing of each hash, its later
+ * listings. Returns whether there are any, or -ENOMEM (reply set). O(n): an
+ * open-addressed table of the batch's keys, which are keyed hashes, so that
+ * no client can make them collide. */
+static int seal_repeats(struct req *q, const uint8_t *h, const uint64_t *key, size_t n,
+			uint32_t *rep)
 {
-	uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-	int r = memcmp(seal_hashes + (size_t)i * HASH, seal_hashes + (size_t)j * HASH, HASH);
+	size_t cap = 2, mask, i;
+	uint32_t *t;
+	int any = 0;
 
-	return r ? r : (i > j) - (i < j);
+	while (cap < 2 * n)
+		cap *= 2;
+	if (!(t = q_alloc(q, cap * sizeof(*t))))
+		return -ENOMEM;
+	memset(t, 0, cap * sizeof(*t));
+	mask = cap - 1;
+	for (i = 0; i < n; i++) {
+		size_t k = (size_t)(key[i] >> 32) & mask;
+
+		for (; t[k]; k = (k + 1) & mask) {
+			uint32_t f = t[k] - 1;
+
+			if (key[f] == key[i] && !memcmp(h + (size_t)f * HASH, h + i * HASH, HASH))
+				break;
+		}
+		if (t[k]) {
+			rep[t[k] - 1]++;
+			any = 1;
+		} else {
+			t[k] = (uint32_t)i + 1;
+		}
+	}
+	return any;
 }
 
-/* Seal dedups every block whose hash is published onto the published block,
- * which takes a reference per block: refuses (EQUOTA) a request that would
- * take one past max_block_refs, before anything changes. That includes a
- * hash listed several times whose first block is the one published by this
- * very request; only a batch longer than max_block_refs can do that, and only
- * then are the hashes sorted to count them. Returns 0 or -EDQUOT (reply set);
- * *dedup gets, per block, the published block it will dedup onto (NULL:
- * none yet). */
-static int seal_ref_room(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
-			 struct kv_block ***dedup)
+/* Searches the index once per hash, into pl. Seal dedups every block whose
+ * hash is published onto the published block, which takes a reference per
+ * block: refuses (EQUOTA) a request that would take one past max_block_refs,
+ * before anything changes. That includes a hash listed several times whose
+ * first block is the one published by this very request. Returns 0, -EDQUOT
+ * or -ENOMEM (reply set). */
+static int seal_plan(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
+		     struct seal_plan *pl)
 {
+	const struct kv_index *index = kv_pools_index(q->d->pools);
 	const uint8_t *h = m->hashes.data;
 	size_t n = m->n_blocks, i;
-	struct kv_block **dst = q_alloc(q, n * sizeof(*dst));
-	uint32_t *ix;
+	uint32_t *rep;
+	int r;
 
-	if (!dst)
+	pl->key = q_alloc(q, n * sizeof(*pl->key));
+	pl->ie = q_alloc(q, n * sizeof(*pl->ie));
+	pl->dedup = q_alloc(q, n * sizeof(*pl->dedup));
+	rep = q_alloc(q, n * sizeof(*rep));
+	if (!pl->key || !pl->ie || !pl->dedup || !rep)
 		return -ENOMEM;
-	*dedup = dst;
-	for (i = 0; i < n; i++)
-		if ((dst[i] = kv_pool_find(p, h + i * HASH)))
-			dst[i]->check = 0;
-	for (i = 0; i < n; i++)
-		if (dst[i] && !kv_op_ref_room(q, dst[i], i, ++dst[i]->check))
-			return -EDQUOT;
-	if (n <= q->d->cfg.max_block_refs)
-		return 0;
-	if (!(ix = q_alloc(q, n * sizeof(*ix))))
-		return -ENOMEM;
-	for (i = 0; i < n; i++)
-		ix[i] = (uint32_t)i;
-	seal_hashes = h;
-	qsort(ix, n, sizeof(*ix), by_hash);
-	for (i = 0; i < n;) {
-		size_t j = i + 1;
+	for (i = 0; i < n; i++) {
+		struct kv_index_entry *e;
 
-		while (j < n && !memcmp(h + (size_t)ix[j] * HASH, h + (size_t)ix[i] * HASH, HASH))
-			j++;
-		/* ix[i], the first listing, is sealed; the j - i - 1 after it
-		 * dedup onto it. */
-		if (!dst[ix[i]] && !kv_op_ref_room(q, q->blk[ix[i]], ix[i], (uint32_t)(j - i - 1)))
-			return -EDQUOT;
-		i = j;
+		pl->key[i] = kv_index_key(index, p->id, h + i * HASH);
+		e = pl->ie[i] = kv_index_find_key(index, pl->key[i], p->id, h + i * HASH);
+		pl->dedup[i] = e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix)
+							      : NULL;
+		if (pl->dedup[i])
+			pl->dedup[i]->check = 0;
 	}
+	for (i = 0; i < n; i++)
+		if (pl->dedup[i] && !kv_op_ref_room(q, pl->dedup[i], i, ++pl->dedup[i]->check))
+			return -EDQUOT;
+	memset(rep, 0, n * sizeof(*rep));
+	if ((r = n > 1 ? seal_repeats(q, h, pl->key, n, rep) : 0) < 0)
+		return r;
+	pl->repeats = r;
+	/* A hash first sealed by this request: its later listings dedup onto
+	 * the caller's own block. */
+	for (i = 0; r && i < n; i++)
+		if (rep[i] && !pl->dedup[i] && !kv_op_ref_room(q, q->blk[i], i, rep[i]))
+			return -EDQUOT;
 	return 0;
 }
 
 void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
-	struct kv_block **dedup;
+	struct seal_plan pl;
 	size_t i;
 
 	if (!p)
@@ -247,18 +280,32 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	}
 	/* The published blocks a dedup hands over may be in segments the
 	 * peer has not seen. */
-	if (seal_ref_room(q, p, m, &dedup) < 0 || kv_op_want_segments(q, dedup, m->n_blocks) < 0)
+	if (seal_plan(q, p, m, &pl) < 0 || kv_op_want_segments(q, pl.dedup, m->n_blocks) < 0)
 		return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
 	for (i = 0; i < m->n_blocks; i++) {
+		const uint8_t *h = m->hashes.data + i * HASH;
+		struct kv_index_entry *e = pl.ie[i];
 		struct kv_block *b = q->blk[i], *nb;
 
-		/* A lower tier's copy of the hash gives way to the G1 block. */
-		kv_tiers_forget(q->d->tiers, p, m->hashes.data + i * HASH);
-		nb = kv_pool_seal(p, b, m->hashes.data + i * HASH);
+		if (pl.repeats) {
+			/* What the plan found may have changed under an
+			 * earlier listing of the same hash: search again. */
+			kv_tiers_forget(q->d->tiers, p, h);
+			nb = kv_pool_seal(p, b, h);
+		} else {
+			/* Each hash once: nothing before it in this loop
+			 * touched its entry. A lower tier's copy gives way to
+			 * the G1 block. */
+			if (e && e->kind == KV_ENTRY_TIER) {
+				kv_tiers_forget_entry(q->d->tiers, e);
+				e = NULL;
+			}
+			nb = kv_pool_seal_found(p, b, h, pl.key[i], e);
+		}
 		if (nb != b) {
 			kv_refmap_sub(&q->ss->refs, b);
 			kv_refmap_add(&q->ss->refs, nb);

@@ -676,7 +676,15 @@ void kv_block_unref(struct kv_block *b)
 
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash)
 {
-	struct kv_index_entry *ie = kv_pool_find_entry(p, hash);
+	const struct kv_index *ix = &p->pools->index;
+	uint64_t key = kv_index_key(ix, p->id, hash);
+
+	return kv_pool_seal_found(p, b, hash, key, kv_index_find_key(ix, key, p->id, hash));
+}
+
+struct kv_block *kv_pool_seal_found(struct kv_pool *p, struct kv_block *b, const uint8_t *hash,
+				    uint64_t key, struct kv_index_entry *ie)
+{
 	struct kv_block *e;
 
 	kv_assert(b->state == KV_BLOCK_WRITABLE && b->run->pool == p);
@@ -703,7 +711,7 @@ struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8
 	b->ix.born_ms = kv_mono_ms();
 	b->ix.pool = p->id;
 	b->ix.kind = KV_ENTRY_BLOCK;
-	kv_index_insert(&p->pools->index, &b->ix);
+	kv_index_insert_key(&p->pools->index, &b->ix, key);
 	b->state = KV_BLOCK_SEALED;
 	p->n.writable--;
 	p->n.sealed++;

@@ -248,6 +248,13 @@ int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
  * own copy). */
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash);
 
+/* kv_pool_seal() of a caller that has searched the index already: key is
+ * kv_index_key() of (p's id, hash) and ie what the index holds under it now
+ * (NULL or a KV_ENTRY_BLOCK). Saves the seal of a batch a second probe per
+ * block (ops_block.c). */
+struct kv_block *kv_pool_seal_found(struct kv_pool *p, struct kv_block *b, const uint8_t *hash,
+				    uint64_t key, struct kv_index_entry *ie);
+
 /* The SEALED or CACHED block under hash, or NULL (also when a lower tier
  * holds the hash). Takes no reference. */
 struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash);

@@ -108,6 +108,10 @@ void kv_tiers_pool_gone(struct kv_tiers *t, struct kv_pool *p);
  * most a G1 block under hash. */
 void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash);
 
+/* The same for a caller that found the entry already: e is of kind
+ * KV_ENTRY_TIER, in the index. */
+void kv_tiers_forget_entry(struct kv_tiers *t, struct kv_index_entry *e);
+
 /* e (kind KV_ENTRY_TIER) was hit by a lookup; w, unless NULL, is the request,
  * to be woken (run again) when there is news. Returns
  *   0        the promotion is under way (started now or earlier) and w is

@@ -306,7 +306,13 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
 		return;  /* no tier block anywhere: spare the seal a second lookup */
 	e = kv_pool_find_entry(p, hash);
 	if (e && e->kind == KV_ENTRY_TIER)
-		tb_kill(t, kv_container_of(e, struct tblock, ix));
+		kv_tiers_forget_entry(t, e);
+}
+
+void kv_tiers_forget_entry(struct kv_tiers *t, struct kv_index_entry *e)
+{
+	kv_assert(e->kind == KV_ENTRY_TIER);
+	tb_kill(t, kv_container_of(e, struct tblock, ix));
 }
 
 void tb_busy_set(struct tblock *tb, int flag)
