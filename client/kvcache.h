@@ -195,6 +195,40 @@ int kvc_hash_chain(enum kvc_hash_algo algo, const uint32_t *tokens, size_t ntoke
 		   uint32_t block_tokens, const struct kvc_hash_extra *extra, kvc_hash *out,
 		   size_t max);
 
+/* --- vLLM-compatible block hashes -----------------------------------------
+ * Opt-in: the hashes vLLM computes with prefix_caching_hash_algo =
+ * "sha256_cbor" (vllm/v1/core/kv_cache_utils.py hash_block_tokens,
+ * vllm/utils/hashing.py sha256_cbor), so that KV events (docs/events.md) name
+ * blocks as a vLLM engine's would and a router that indexes vLLM engines
+ * understands kvcached's workers too:
+ *   h_i = SHA-256(canonical CBOR of [h_{i-1}, [token_0, ...], extra_keys])
+ *   h_{-1} = NONE_HASH = SHA-256(canonical CBOR of the text PYTHONHASHSEED)
+ *   extra_keys = null, or [lora_name?, cache_salt? (first block only)]
+ * vLLM draws NONE_HASH at random per process unless PYTHONHASHSEED is set:
+ * hashes agree with a vLLM engine only when it runs with the same
+ * PYTHONHASHSEED. Not covered: multimodal and prompt-embeds keys. These
+ * hashes are SHA-256, as collision-resistant as KVC_HASH_SHA256; pass them to
+ * kvc_seal()/kvc_lookup() like any other. Strings are UTF-8. */
+struct kvc_vllm_keys {
+	const char *lora_name;    /* the LoRA adapter's name, NULL = none */
+	const char *cache_salt;   /* NULL or "" = none; hashed into the first block */
+};
+
+/* NONE_HASH for a PYTHONHASHSEED value. Returns 0, -EINVAL or -ENOMEM. */
+int kvc_hash_vllm_seed(const char *pythonhashseed, kvc_hash *out);
+
+/* One block: parent is the previous block's hash, or NONE_HASH for the
+ * first; first says whether this is the first block (the one that carries the
+ * cache salt). keys may be NULL. Returns 0, -EINVAL or -ENOMEM. */
+int kvc_hash_vllm_block(const kvc_hash *parent, const uint32_t *tokens, size_t ntokens,
+			const struct kvc_vllm_keys *keys, int first, kvc_hash *out);
+
+/* The full blocks of a token sequence as a chain, as kvc_hash_chain() does:
+ * writes at most max hashes and returns how many, or -EINVAL/-ENOMEM. */
+int kvc_hash_vllm_chain(const char *pythonhashseed, const uint32_t *tokens, size_t ntokens,
+			uint32_t block_tokens, const struct kvc_vllm_keys *keys, kvc_hash *out,
+			size_t max);
+
 #ifdef __cplusplus
 }
 #endif
