@@ -52,9 +52,16 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 		/* Over its quota a namespace makes room from its own cache:
 		 * demoting others' blocks would not help it. */
 		if (r != -EDQUOT && !t->down_bytes[dev]) {
+			/* A demotion that finds no G2 slot for its pool drops
+			 * the oldest idle G2 copy, which may be tb's: pinned
+			 * meanwhile. Nothing here kills tb (only a seal of its
+			 * hash does). */
+			tb_busy_set(tb, BUSY_PIN);
 			tier_demote(t, dev, NULL, 4 * tb->pool->block_bytes);
 			/* G2 may be full of dirty copies: write-back frees it. */
 			kv_tiers_kick(t);
+			kv_assert(!tb->dead);
+			tb_busy_clear(t, tb, BUSY_PIN);
 		}
 		if (r != -EDQUOT &&
 		    (t->down_bytes[dev] || t->lv[L2].st.inflight || t->lv[L3].st.inflight))

@@ -69,7 +69,9 @@ struct level {
 	struct kv_tier_stats st;
 };
 
-enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16 };
+/* BUSY_PIN: a promotion making room in G1 holds the block it promotes off
+ * the LRUs, so that the demotions it starts cannot drop it for a G2 slot. */
+enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32 };
 
 /* A block held by the lower tiers: a tblock, with a G2 copy, a G3 copy or
  * both. Its state is its copies (run[L2], run[L3] and g3_ok), its busy flags
