@@ -488,9 +488,12 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		cb->bsize[i] = c[i].len;
 	}
 	/* The fault point fails the copy it hits and the batch with it, after
-	 * the copies before it (as on the host backend). */
+	 * the copies before it (as on the host backend). A copy is not short:
+	 * "short" fails it with EIO too. */
 	for (m = 0; m < n && !(res = kv_fault(KV_FAULT_COPY)); m++)
 		;
+	if (res == KV_FAULT_SHORT)
+		res = -EIO;
 	pthread_mutex_lock(&cb->lock);
 	if (cb->done_cap < cb->ndone + cb->inflight + 1) {
 		size_t cap = 2 * (cb->ndone + cb->inflight + 1);

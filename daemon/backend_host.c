@@ -126,7 +126,7 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			   const struct kv_copy *c, uint32_t n, uint64_t tag)
 {
 	struct host_backend *h = (struct host_backend *)be;
-	uint64_t one = 1;
+	uint64_t one = 1, len;
 	int res = 0;
 	uint32_t i;
 
@@ -149,20 +149,25 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			break;
 		}
 		res = kv_fault(KV_FAULT_COPY);
-		if (res)
+		if (res < 0)
 			break;
+		/* "short": half the bytes move, then the copy fails (a copy
+		 * engine reports no partial transfers, only errors). */
+		len = res == KV_FAULT_SHORT ? c[i].len / 2 : c[i].len;
 		if (dir == KV_COPY_D2H)
-			memcpy(c[i].host, d, c[i].len);
+			memcpy(c[i].host, d, len);
 		else if (dir == KV_COPY_H2D)
-			memcpy(d, c[i].host, c[i].len);
+			memcpy(d, c[i].host, len);
 		else {
 			uint8_t *s = host_addr(h, c[i].src_off, c[i].len);
 
 			if (!s)
 				res = -EINVAL;
 			else
-				memcpy(d, s, c[i].len);
+				memcpy(d, s, len);
 		}
+		if (res == KV_FAULT_SHORT)
+			res = -EIO;
 	}
 	h->done[h->ndone++] = (struct kv_copy_done){ .tag = tag, .res = res };
 	if (h->ndone == 1 && write(be->completion_fd, &one, sizeof(one)) < 0)

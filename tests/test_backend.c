@@ -224,6 +224,13 @@ int main(void)
 	tag++;
 	CHECK_EQ(kv_fault_fired(KV_FAULT_COPY), 1);
 	one(KV_COPY_D2H, 0, 0, arena, BLK, tag++);
+	/* A short copy fails as well: copies have no partial success. */
+	CHECK_EQ(kv_fault_parse("copy=short", err, sizeof(err)), 0);
+	CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, c, 1, tag), 0);
+	CHECK_EQ(wait_tags(tag, 1, &res), 1);
+	CHECK_EQ(res, -EIO);
+	tag++;
+	one(KV_COPY_D2H, 0, 0, arena, BLK, tag++);
 
 	be->ops->host_free(be, arena, arena_bytes);
 	kv_backend_destroy(be);

@@ -659,6 +659,9 @@ int main(void)
 	RUN(test_faults("g3_read=EIO:count=1", 0, 1));
 	/* Demotion copies fail: the blocks stay in G1. */
 	RUN(test_faults("copy=EIO:count=1", 1, 0));
+	/* A short copy is a failed one: the blocks stay in G1 too (it used to
+	 * count as done, and a lookup then served stale bytes). */
+	RUN(test_faults("copy=short:count=1", 1, 0));
 	RUN(test_warm_restart());
 	RUN(test_stop_writes_back());
 	RUN(test_dormant_runs_evicted());
