@@ -58,7 +58,7 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 		kv_tenant_apply(d, q->ss->ns);
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
-	snprintf(q->ss->name, sizeof(q->ss->name), "%s", h->client_name ? h->client_name : "");
+	kv_session_set_name(q->ss, h->client_name ? h->client_name : "");
 	kvcached__hello_reply__init(r);
 	r->version = KV_PROTO_VERSION;
 	r->page_bytes = d->cfg.page_bytes;

@@ -72,6 +72,13 @@ void kv_session_peer_groups(struct kv_session *ss, int fd);
  * Idempotent. */
 void kv_session_release(struct kv_session *ss);
 
+/* Sets the client's name (Hello's client_name) as shown in logs, kvctl and
+ * metrics: at most sizeof(ss->name) - 1 bytes, cut between characters, with
+ * every control character and every byte that is not part of valid UTF-8
+ * replaced by '?' (a client picks the name; nothing it picks may forge a log
+ * line or break a JSON or Prometheus consumer). */
+void kv_session_set_name(struct kv_session *ss, const char *name);
+
 /* Records that ss registered p: it keeps the hold kv_pool_register() gave
  * until it closes, one per pool (a second registration's is put back). */
 void kv_session_keep_pool(struct kv_session *ss, struct kv_pool *p);

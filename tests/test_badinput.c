@@ -1,7 +1,9 @@
 /* Bad input on the socket: garbage, a truncated frame, an oversize length, an
  * undecodable payload, an unknown op, a request before Hello, fds attached.
  * Each gets an EPROTO reply where one can be sent and that connection is
- * closed; the daemon and a bystander holding blocks carry on. */
+ * closed; the daemon and a bystander holding blocks carry on. Client names
+ * that are too long, invalid UTF-8 or full of control characters are shown
+ * cut between characters and with '?' in place of what is not text. */
 #include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -100,6 +102,54 @@ static void bystander_ok(kvc_conn *c, int pool, kvc_block *held)
 	CHECK(kvt_mem_all(c, kvc_block_ptr(c, *held), 0x42, 1));
 	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
 	CHECK_EQ(kvc_release(c, &b, 1), 0);
+}
+
+/* The name the daemon shows for a client that called itself name. */
+static void shown_name(const char *name, char *out, size_t len)
+{
+	struct kvc_options o = { .client_name = name };
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__ListClients lc = KVCACHED__LIST_CLIENTS__INIT;
+	Kvcached__Response *rs = NULL;
+	kvc_conn *c;
+	uint64_t id;
+
+	CHECK_EQ(kvc_connect(NULL, &o, &c), 0);
+	id = kvc_conn_hello(c)->session_id;
+	rq.op_case = KVCACHED__REQUEST__OP_LIST_CLIENTS;
+	rq.list_clients = &lc;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_CLIENTS);
+	out[0] = 0;
+	for (size_t i = 0; i < rs->clients->n_clients; i++)
+		if (rs->clients->clients[i]->session_id == id)
+			snprintf(out, len, "%s", rs->clients->clients[i]->name);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvc_close(c);
+}
+
+/* Client names reach logs, kvctl's JSON and Prometheus labels: cut between
+ * characters at 63 bytes, control characters and invalid UTF-8 as '?'. */
+static void client_names(void)
+{
+	char name[200], got[128];
+
+	/* 62 ASCII bytes, then a 3-byte character across the 63rd. */
+	memset(name, 'a', 62);
+	strcpy(name + 62, "\xe2\x82\xac");
+	shown_name(name, got, sizeof(got));
+	CHECK_EQ(strlen(got), 62);
+	/* 60 + the same character: it fits whole. */
+	strcpy(name + 60, "\xe2\x82\xac");
+	shown_name(name, got, sizeof(got));
+	CHECK(strlen(got) == 63 && !strcmp(got + 60, "\xe2\x82\xac"));
+	shown_name("evil\nkvcached info: forged line\x1b[2J", got, sizeof(got));
+	CHECK_EQ(strcmp(got, "evil?kvcached info: forged line?[2J"), 0);
+	/* A lone continuation byte, an overlong '/', a surrogate, a 4-byte
+	 * character that is fine. */
+	shown_name("x\x80y\xc0\xafz\xed\xa0\x80w\xf0\x9f\x98\x80", got, sizeof(got));
+	fprintf(stderr, "client name shown: '%s'\n", got);
+	CHECK_EQ(strcmp(got, "x?y??z???w\xf0\x9f\x98\x80"), 0);
 }
 
 int main(void)
@@ -202,6 +252,8 @@ int main(void)
 		expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "bad payload");
 		bystander_ok(c, pool, &held);
 	}
+
+	client_names();
 
 	CHECK(kvt_alive(&d));
 	CHECK_EQ(kvt_check(), 0);
