@@ -89,7 +89,8 @@ int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
 void kvc_close(kvc_conn *c);
 
 struct kvc_pool_desc {
-	const char *name;         /* pool name; workers of one model share it */
+	const char *name;         /* pool name (UTF-8, no control characters); workers of one
+	                           * model share it */
 	uint32_t device;          /* device index (0 on the host backend) */
 	uint64_t block_bytes;     /* bytes of one KV block, >= 4096 */
 	uint32_t block_tokens;    /* tokens per block */

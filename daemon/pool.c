@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "kvassert.h"
+#include "kvtext.h"
 #include "refmap.h"
 
 /* See KV_BLOCK_REF_MAX: a session's refmap count on a block is at most the
@@ -167,8 +168,15 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	uint32_t i, blocks;
 	int pages;
 
-	if (!d->name || !d->name[0] || strlen(d->name) >= KV_NAME_MAX) {
-		snprintf(err, errlen, "pool name must be 1..%d bytes", KV_NAME_MAX - 1);
+	/* Names and dtypes reach logs, JSON and Prometheus labels: text. */
+	if (!d->name || !d->name[0] || strlen(d->name) >= KV_NAME_MAX || !kv_text_ok(d->name)) {
+		snprintf(err, errlen, "pool name must be 1..%d bytes of UTF-8 text without control "
+			 "characters", KV_NAME_MAX - 1);
+		return -EINVAL;
+	}
+	if (!kv_text_ok(dtype)) {
+		snprintf(err, errlen, "pool '%s': dtype must be UTF-8 text without control "
+			 "characters", d->name);
 		return -EINVAL;
 	}
 	for (i = 0; i < ps->npools; i++) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kvassert.h"
+#include "kvtext.h"
 #include "log.h"
 
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
@@ -116,41 +117,13 @@ void kv_session_release(struct kv_session *ss)
 	kv_daemon_collect(d);
 }
 
-/* The length of the valid UTF-8 sequence at s (1..4), or 0. */
-static size_t utf8_len(const unsigned char *s)
-{
-	size_t n, i;
-	uint32_t c;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2, c = s[0] & 0x1f;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3, c = s[0] & 0x0f;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4, c = s[0] & 0x07;
-	else
-		return 0;
-	for (i = 1; i < n; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		c = c << 6 | (s[i] & 0x3f);
-	}
-	/* Overlong forms, surrogates, past U+10FFFF. */
-	if ((n == 3 && c < 0x800) || (n == 4 && (c < 0x10000 || c > 0x10ffff)) ||
-	    (c >= 0xd800 && c <= 0xdfff))
-		return 0;
-	return n;
-}
-
 void kv_session_set_name(struct kv_session *ss, const char *name)
 {
 	const unsigned char *s = (const unsigned char *)name;
 	size_t o = 0, cap = sizeof(ss->name) - 1;
 
 	while (*s) {
-		size_t n = utf8_len(s);
+		size_t n = kv_utf8_len(s);
 
 		if (n == 0 || (n == 1 && (*s < 0x20 || *s == 0x7f))) {
 			n = 1;

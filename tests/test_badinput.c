@@ -3,7 +3,8 @@
  * Each gets an EPROTO reply where one can be sent and that connection is
  * closed; the daemon and a bystander holding blocks carry on. Client names
  * that are too long, invalid UTF-8 or full of control characters are shown
- * cut between characters and with '?' in place of what is not text. */
+ * cut between characters and with '?' in place of what is not text; pool
+ * names and dtypes that are not text are refused. */
 #include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -152,6 +153,23 @@ static void client_names(void)
 	CHECK_EQ(strcmp(got, "x?y??z???w\xf0\x9f\x98\x80"), 0);
 }
 
+/* Pool names and dtypes must be text: refused with EINVAL otherwise. */
+static void pool_names(kvc_conn *c)
+{
+	struct kvc_pool_desc d = { .name = "ok-\xc3\xa9", .block_bytes = 4096, .block_tokens = 16,
+				   .dtype = "fp16" };
+
+	CHECK(kvc_register_pool(c, &d) >= 0);
+	d.name = "bad\nname";
+	CHECK_EQ(kvc_register_pool(c, &d), KVC_EINVAL);
+	fprintf(stderr, "pool name with a newline: %s\n", kvc_last_error(c));
+	d.name = "bad\xff";
+	CHECK_EQ(kvc_register_pool(c, &d), KVC_EINVAL);
+	d.name = "p2";
+	d.dtype = "fp\x1b[0m";
+	CHECK_EQ(kvc_register_pool(c, &d), KVC_EINVAL);
+}
+
 int main(void)
 {
 	struct kvt_daemon d;
@@ -254,6 +272,7 @@ int main(void)
 	}
 
 	client_names();
+	pool_names(c);
 
 	CHECK(kvt_alive(&d));
 	CHECK_EQ(kvt_check(), 0);

@@ -1,0 +1,53 @@
+/* Text that clients send and operators read (names in logs, kvctl's JSON,
+ * Prometheus labels): UTF-8 checks shared by the daemon's modules. */
+#ifndef KV_TEXT_H
+#define KV_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The length (1..4) of the valid UTF-8 sequence at s, which is
+ * NUL-terminated, or 0: overlong forms, surrogates and code points past
+ * U+10FFFF are invalid. */
+static inline size_t kv_utf8_len(const unsigned char *s)
+{
+	size_t n, i;
+	uint32_t c;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2, c = s[0] & 0x1f;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3, c = s[0] & 0x0f;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4, c = s[0] & 0x07;
+	else
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		c = c << 6 | (s[i] & 0x3f);
+	}
+	if ((n == 3 && c < 0x800) || (n == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+	    (c >= 0xd800 && c <= 0xdfff))
+		return 0;
+	return n;
+}
+
+/* Whether s is valid UTF-8 without control characters (C0 and DEL). */
+static inline int kv_text_ok(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	while (*p) {
+		size_t n = kv_utf8_len(p);
+
+		if (!n || *p < 0x20 || *p == 0x7f)
+			return 0;
+		p += n;
+	}
+	return 1;
+}
+
+#endif
