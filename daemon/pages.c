@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "kvassert.h"
 
@@ -47,6 +48,14 @@ int kv_pages_init(struct kv_pages *p, uint32_t dev, uint32_t nsegs, uint64_t seg
 	}
 	for (i = 0; i < p->npages; i++)
 		bit_set(p->free_bits, i, 1);
+	/* Generations start at random: a handle from before a restart of the
+	 * daemon names a block of the new one only by a 1 in 2^20 chance (and
+	 * even then only one its session holds), so a client that reconnects
+	 * gets KV_ESTALE for its old handles. */
+	if (getrandom(p->gen, pages * sizeof(uint32_t), 0) != (ssize_t)(pages * sizeof(uint32_t)))
+		memset(p->gen, 0, pages * sizeof(uint32_t));
+	for (i = 0; i < p->npages; i++)
+		p->gen[i] &= 0x7fffffffu;  /* room to count up in 32 bits */
 	return 0;
 }
 

@@ -369,8 +369,8 @@ void kv_pools_each(struct kv_pools *ps, void (*fn)(struct kv_pool *p, void *ctx)
 
 uint64_t kv_block_handle(const struct kv_block *b)
 {
-	/* Each field must fit its bits, or the handle names another block. */
-	kv_assert(b->gen <= GEN_MASK);
+	/* Each field must fit its bits, or the handle names another block.
+	 * The generation counts in 32 bits; its low 20 go in the handle. */
 	kv_assert(b->run->pool->id < KV_MAX_POOLS);
 	kv_assert(b->run->first_page <= 0xfffff);
 	kv_assert(b->slot < KV_MAX_RUN_BLOCKS);
@@ -435,7 +435,7 @@ static int pool_run_new(struct kv_pool *p)
 	for (i = 0; i < p->blocks_per_run; i++) {
 		struct kv_block *b = &run->blocks[i];
 
-		*b = (struct kv_block){ .run = run, .gen = gen & GEN_MASK, .slot = (uint16_t)i,
+		*b = (struct kv_block){ .run = run, .gen = gen, .slot = (uint16_t)i,
 					.state = KV_BLOCK_FREE, .ix.pool = p->id };
 		kv_list_push_back(&p->free, &b->node);
 	}
@@ -460,6 +460,8 @@ void pool_run_release(struct kv_run *run)
 	for (i = 0; i < p->blocks_per_run; i++) {
 		kv_assert(run->blocks[i].state == KV_BLOCK_FREE);
 		kv_list_del(&run->blocks[i].node);
+		/* Counters started at most 2^31 and grow by one per use:
+		 * no wrap in 32 bits in a daemon's life. */
 		if (run->blocks[i].gen > maxgen)
 			maxgen = run->blocks[i].gen;
 	}
@@ -496,7 +498,7 @@ void kv_block_assert_state(const struct kv_block *b)
 	kv_assert((b->ix.pprev != NULL) == state_holds[b->state].indexed);
 	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
 	kv_assert(b->ref <= KV_BLOCK_REF_MAX);
-	kv_assert(b->gen <= GEN_MASK && b->slot < b->run->pool->blocks_per_run);
+	kv_assert(b->slot < b->run->pool->blocks_per_run);
 }
 
 static struct kv_block *take_free(struct kv_pool *p)
@@ -534,7 +536,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	kv_assert(!kv_list_linked(&b->node) && !b->ix.pprev);
 	kv_assert(run->nused > 0);
 	b->state = KV_BLOCK_FREE;
-	b->gen = (b->gen + 1) & GEN_MASK;
+	b->gen++;
 	kv_list_push_front(&p->free, &b->node);
 	p->n.free++;
 	kv_ns_charge(&p->pools->nst, p->ns, 0, -(int64_t)p->block_bytes);

@@ -116,7 +116,7 @@ struct kv_block {
 	struct kv_run *run;
 	uint64_t tick;             /* when it last became CACHED */
 	uint32_t ref;
-	uint32_t gen;              /* 20 bits used */
+	uint32_t gen;              /* counts every reuse; its low 20 bits go in the handle */
 	uint32_t check;            /* scratch: the checker and batch validation (ops.c) */
 	uint16_t slot;
 	uint8_t state;

@@ -435,7 +435,7 @@ static void test_asserts(void)
 	CHECK_ABORTS(kv_pool_seal(p, b[1], h));       /* seal of a SEALED block */
 	CHECK_ABORTS(kv_pool_seal(p, b[0], h));       /* seal of a FREE block */
 	CHECK_ABORTS(kv_block_demote_begin(b[1]));    /* demotion of a SEALED block */
-	CHECK_ABORTS({ b[1]->gen = 1u << 20; kv_block_handle(b[1]); });  /* gen out of range */
+	CHECK_ABORTS({ b[1]->slot = KV_MAX_RUN_BLOCKS; kv_block_handle(b[1]); });  /* slot out of range */
 	CHECK_ABORTS({ b[1]->ref = 0; kv_block_assert_state(b[1]); });  /* SEALED, ref 0 */
 	CHECK_ABORTS({ b[3]->run->nused = 0; kv_block_unref(b[3]); });   /* nused underflow */
 	/* The children changed nothing here. */
