@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,15 +110,26 @@ int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, con
 			kv_warn("mkdir %s: %s", dir, strerror(errno));
 	}
 	/* A socket file left by a daemon that died is removed; one that a live
-	 * daemon listens on is not. */
+	 * daemon listens on is not. A daemon killed a moment ago may still
+	 * accept connections (its io_uring lets go of the socket after the
+	 * process is gone): what counts is whether the listener's process,
+	 * which SO_PEERCRED names, still exists. */
 	probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (probe >= 0) {
+		struct ucred cr = { 0 };
+		socklen_t crlen = sizeof(cr);
+		int live;
+
 		r = connect(probe, (struct sockaddr *)&sa, sizeof(sa));
+		live = r == 0 && (getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
+				  cr.pid <= 0 || kill(cr.pid, 0) == 0 || errno != ESRCH);
 		close(probe);
-		if (r == 0) {
-			kv_err("another daemon listens on %s", path);
+		if (live) {
+			kv_err("another daemon (pid %d) listens on %s", (int)cr.pid, path);
 			return -EADDRINUSE;
 		}
+		if (r == 0)
+			kv_info("%s: its listener, pid %d, is gone: replaced", path, (int)cr.pid);
 	}
 	unlink(path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
