@@ -92,21 +92,15 @@ static void probe_gpu(void)
 #endif
 }
 
-void kvt_start(struct kvt_daemon *d, ...)
+/* Starts the daemon on d->sock with the extra arguments in ap and waits
+ * until it accepts. */
+static void start_on(struct kvt_daemon *d, va_list ap)
 {
 	const char *bin = getenv("KVCACHED_BIN");
 	const char *argv[64];
-	va_list ap;
 	uint64_t deadline;
 	int argc = 0;
 
-	if (!bin)
-		SKIP("KVCACHED_BIN is not set (run through meson test)");
-	if (kvt_cuda())
-		probe_gpu();
-	snprintf(d->dir, sizeof(d->dir), "/tmp/kvt.XXXXXX");
-	CHECK(mkdtemp(d->dir) != NULL);
-	snprintf(d->sock, sizeof(d->sock), "%s/kvcached.sock", d->dir);
 	argv[argc++] = bin;
 	/* No /etc/kvcached/kvcached.conf of this machine. */
 	argv[argc++] = "--config=";
@@ -116,10 +110,8 @@ void kvt_start(struct kvt_daemon *d, ...)
 		argv[argc++] = "--backend";
 		argv[argc++] = "cuda";
 	}
-	va_start(ap, d);
 	for (const char *a; (a = va_arg(ap, const char *)) && argc < 62;)
 		argv[argc++] = a;
-	va_end(ap);
 	argv[argc] = NULL;
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 	d->pid = fork();
@@ -139,8 +131,16 @@ void kvt_start(struct kvt_daemon *d, ...)
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		int fd = socket(AF_UNIX, SOCK_STREAM, 0), r;
 
+		struct ucred cr = { 0 };
+		socklen_t crlen = sizeof(cr);
+
 		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->sock);
 		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+		/* This daemon, not one killed a moment ago whose socket still
+		 * accepts (kvt_restart). */
+		if (r == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) == 0 &&
+		    cr.pid != d->pid)
+			r = -1;
 		close(fd);
 		if (r == 0)
 			return;
@@ -152,6 +152,35 @@ void kvt_start(struct kvt_daemon *d, ...)
 		}
 		sleep_ms(10);
 	}
+}
+
+void kvt_start(struct kvt_daemon *d, ...)
+{
+	va_list ap;
+
+	if (!getenv("KVCACHED_BIN"))
+		SKIP("KVCACHED_BIN is not set (run through meson test)");
+	if (kvt_cuda())
+		probe_gpu();
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvt.XXXXXX");
+	CHECK(mkdtemp(d->dir) != NULL);
+	snprintf(d->sock, sizeof(d->sock), "%s/kvcached.sock", d->dir);
+	va_start(ap, d);
+	start_on(d, ap);
+	va_end(ap);
+}
+
+void kvt_restart(struct kvt_daemon *d, ...)
+{
+	va_list ap;
+	int st;
+
+	CHECK(kill(d->pid, SIGKILL) == 0);
+	CHECK(waitpid(d->pid, &st, 0) == d->pid);
+	daemon_pid = 0;
+	va_start(ap, d);
+	start_on(d, ap);
+	va_end(ap);
 }
 
 int kvt_alive(const struct kvt_daemon *d)

@@ -19,6 +19,9 @@ struct kvt_daemon {
  * fresh socket, exports KVCACHED_SOCKET, and waits until it accepts (fails
  * the test if it exits first or does not accept within a minute). */
 void kvt_start(struct kvt_daemon *d, ...) __attribute__((sentinel));
+/* kill -9, then a new daemon on the same socket with the given extra
+ * arguments (NULL-terminated); waits until it accepts. */
+void kvt_restart(struct kvt_daemon *d, ...) __attribute__((sentinel));
 /* SIGTERM, wait, require exit status 0, remove the socket dir. */
 void kvt_stop(struct kvt_daemon *d);
 /* Whether the daemon process is still alive. */
