@@ -20,7 +20,8 @@ enum reply_kind {
 struct expect {
 	enum reply_kind kind;
 	size_t n;
-	int pool;                  /* >= 0: every block must be of this pool */
+	const uint32_t *pool;      /* every block must be of this pool: the request's pool id,
+	                            * which kvc_call_check() has made the daemon's; NULL: any */
 	const kvc_block *same;     /* block i must equal same[i] (fork) */
 	const kvc_block *same_pool;/* block i must be of same_pool[i]'s pool (cow) */
 };
@@ -52,7 +53,7 @@ static const char *check_blocks(const Kvcached__Response *r, const void *arg)
 	for (i = 0; i < n; i++) {
 		kvc_block b = l->blocks[i];
 
-		if (e->pool >= 0 && KVC_BLOCK_POOL(b) != (uint32_t)e->pool)
+		if (e->pool && KVC_BLOCK_POOL(b) != *e->pool)
 			return "the daemon returned a block of another pool";
 		if (e->same && b != e->same[i])
 			return "the daemon's fork returned another block";
@@ -99,44 +100,13 @@ static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect 
 	return (int)n;
 }
 
-static const char *check_register(const Kvcached__Response *r, const void *arg)
-{
-	(void)arg;
-	if (r->result_case != KVCACHED__RESPONSE__RESULT_REGISTER_POOL)
-		return "the daemon's reply is not a RegisterPoolReply";
-	if (r->register_pool->pool_id >= KVC_MAX_POOLS)
-		return "the daemon returned a pool id out of range";
-	return NULL;
-}
-
 /* Returns the pool id or a negative error. */
 KVC_PUBLIC int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d)
 {
-	Kvcached__Request req = KVCACHED__REQUEST__INIT;
-	Kvcached__RegisterPool rp = KVCACHED__REGISTER_POOL__INIT;
-	Kvcached__Response *resp = NULL;
-	uint32_t id;
-	int r;
-
 	if (!c || !d || !d->name || (!d->layout && d->layout_len) || d->block_bytes == 0 ||
 	    d->block_bytes > kvc_conn_hello(c)->device_bytes)
 		return KVC_EINVAL;
-	rp.name = (char *)d->name;
-	rp.device = d->device;
-	rp.block_bytes = d->block_bytes;
-	rp.block_tokens = d->block_tokens;
-	rp.dtype = (char *)(d->dtype ? d->dtype : "");
-	rp.layout.data = (uint8_t *)d->layout;
-	rp.layout.len = d->layout ? d->layout_len : 0;
-	req.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
-	req.register_pool = &rp;
-	r = kvc_call_check(c, &req, check_register, NULL, &resp);
-	if (r < 0)
-		return r;
-	id = resp->register_pool->pool_id;
-	kvcached__response__free_unpacked(resp, NULL);
-	kvc_conn_pool_set(c, id, d->device, d->block_bytes);
-	return (int)id;
+	return kvc_conn_register(c, d);
 }
 
 /* Returns n or a negative error. */
@@ -144,7 +114,7 @@ KVC_PUBLIC int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Alloc a = KVCACHED__ALLOC__INIT;
-	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = pool };
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = &a.pool_id };
 	int r;
 
 	if (!c || n == 0 || !out)
@@ -167,7 +137,7 @@ KVC_PUBLIC int kvc_seal(kvc_conn *c, int pool, const kvc_block *blocks, const kv
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Seal s = KVCACHED__SEAL__INIT;
-	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = pool };
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = &s.pool_id };
 	int r;
 
 	if (!c || (n && (!blocks || !hashes || !out)))
@@ -192,7 +162,7 @@ KVC_PUBLIC int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Lookup l = KVCACHED__LOOKUP__INIT;
-	struct expect e = { .kind = REPLY_UPTO, .n = n, .pool = pool };
+	struct expect e = { .kind = REPLY_UPTO, .n = n, .pool = &l.pool_id };
 	int r;
 
 	if (!c || (n && (!chain || !out)))
@@ -215,7 +185,7 @@ KVC_PUBLIC int kvc_release(kvc_conn *c, const kvc_block *blocks, size_t n)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Release rel = KVCACHED__RELEASE__INIT;
-	struct expect e = { .kind = REPLY_EMPTY, .pool = -1 };
+	struct expect e = { .kind = REPLY_EMPTY, .pool = NULL };
 	int r;
 
 	if (!c || (n && !blocks))
@@ -238,7 +208,7 @@ static int fork_or_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Fork f = KVCACHED__FORK__INIT;
 	Kvcached__Cow cw = KVCACHED__COW__INIT;
-	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = -1 };
+	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = NULL };
 	int r;
 
 	if (!c || (n && (!blocks || !out)))
@@ -307,7 +277,7 @@ KVC_PUBLIC int kvc_swap_in(kvc_conn *c, uint64_t swap, kvc_block *out, size_t ma
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__SwapIn si = KVCACHED__SWAP_IN__INIT;
-	struct expect e = { .kind = REPLY_UPTO, .n = max, .pool = -1 };
+	struct expect e = { .kind = REPLY_UPTO, .n = max, .pool = NULL };
 
 	if (!c || !out || !max)
 		return KVC_EINVAL;

@@ -10,11 +10,18 @@
  * Connection states:
  *
  *   OPEN --socket error, EOF, bad frame, bad response, daemon EPROTO--> BROKEN
+ *   BROKEN, because the daemon went away (EOF, reset) --next call--> OPEN again
  *
  * OPEN: the receive buffer holds no complete frame between calls, and every
  * fd in the queue belongs to a frame not yet parsed. BROKEN: the socket is
  * shut down (the daemon releases our references); every call returns -EPIPE
- * without touching it; mappings stay until kvc_close(). */
+ * without touching it; mappings stay until kvc_close(). A connection broken
+ * because the daemon died or restarted (not by a protocol error) reconnects
+ * on the next call, at most once per backoff interval (10 ms doubling to 2 s):
+ * Hello with the same namespace and name, every pool registered again, a new
+ * map for the new daemon's segments (reconnect()). The caller's pool ids stay
+ * valid (pool_app maps them to the new daemon's ids); block handles and swaps
+ * from before are stale, and kvc_restarts() counts the reconnections. */
 #include "kvc_internal.h"
 
 #include <errno.h>
@@ -28,6 +35,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -40,18 +48,48 @@
 #define MAX_BATCH (1u << 24)        /* keeps every count an int */
 #define MAX_DEVICE_BYTES (1ull << 50)
 
+#define BACKOFF_MIN_MS 10u
+#define BACKOFF_MAX_MS 2000u
+
 struct pool_slot {
 	_Atomic uint64_t block_bytes;  /* 0: not registered on this connection */
 	_Atomic uint32_t device;
+};
+
+/* A pool this connection registered: what registers it again after a
+ * reconnection, and the id the caller knows it by. */
+struct pool_rec {
+	int app;                       /* the id kvc_register_pool() returned */
+	uint32_t daemon;               /* the current daemon's id */
+	char *name, *dtype;
+	uint32_t device, block_tokens;
+	uint64_t block_bytes;
+	uint8_t *layout;
+	size_t layout_len;
 };
 
 struct kvc_conn {
 	pthread_mutex_t lock;
 	int fd;
 	atomic_bool broken;
+	bool gone;                     /* broken because the daemon went away */
 	uint64_t next_id;
 	struct kvc_hello hello;        /* max_frame 0 until the HelloReply */
-	struct kvc_map *map;           /* NULL until the HelloReply */
+	_Atomic(struct kvc_map *) map; /* NULL until the HelloReply */
+
+	/* Reconnection (see the top of this file). */
+	bool reconnect;                /* $KVCACHE_RECONNECT is not "0" */
+	char *path, *ns, *client_name;
+	_Atomic uint64_t restarts;
+	uint64_t next_try_ms;          /* CLOCK_MONOTONIC */
+	uint32_t backoff_ms;
+	struct kvc_map **retired;      /* maps of earlier daemons, freed by kvc_close() */
+	size_t nretired;
+	struct pool_rec *recs;
+	size_t nrecs;
+	/* The caller's pool id -> the daemon's, -1 for none (then the id is
+	 * passed through as it is). */
+	_Atomic int32_t pool_app[KVC_MAX_POOLS];
 
 	uint8_t *rbuf;                 /* [rpos, rpos + rlen): received, unparsed */
 	size_t rcap, rpos, rlen;
@@ -79,6 +117,19 @@ static void conn_break(kvc_conn *c)
 {
 	if (!atomic_exchange(&c->broken, true))
 		shutdown(c->fd, SHUT_RDWR);
+}
+
+static struct kvc_map *conn_map(const kvc_conn *c)
+{
+	return atomic_load_explicit((_Atomic(struct kvc_map *) *)&c->map, memory_order_acquire);
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* Returns 0 or -ENAMETOOLONG. */
@@ -289,20 +340,21 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 	for (i = 0; i < resp->n_segments; i++) {
 		const Kvcached__Segment *s = resp->segments[i];
 		int fd = fdq_pop(c), e;
+		struct kvc_map *m = conn_map(c);
 
-		if (!c->map) {
+		if (!m) {
 			close(fd);
 			e = -EPROTO;
 		} else {
-			e = kvc_map_segment(c->map, s->device, s->index, s->offset, s->bytes, fd);
+			e = kvc_map_segment(m, s->device, s->index, s->offset, s->bytes, fd);
 		}
 		if (e < 0 && r == 0) {
 			r = e;
 			if (e == -EPROTO)
 				set_err(c, "segment %u of device %u does not fit the device range",
 					s->index, s->device);
-			else if (*kvc_map_error(c->map))
-				set_err(c, "%s", kvc_map_error(c->map));
+			else if (*kvc_map_error(conn_map(c)))
+				set_err(c, "%s", kvc_map_error(conn_map(c)));
 			else
 				set_err(c, "mapping segment %u of device %u: %s", s->index,
 					s->device, kvc_strerror(e));
@@ -313,24 +365,16 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 
 /* --- calls --------------------------------------------------------------- */
 
-int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
-		   Kvcached__Response **out)
+/* One request and its response on c, whose lock the caller holds and which
+ * is not broken. Returns what kvc_call_check() returns. */
+static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
+		       const void *arg, Kvcached__Response **out)
 {
 	Kvcached__Response *resp = NULL;
 	bool brk = true;
 	const char *why;
 	int r;
 
-	if (!c || !req || !out)
-		return -EINVAL;
-	pthread_mutex_lock(&c->lock);
-	c->err[0] = '\0';
-	if (atomic_load(&c->broken)) {
-		set_err(c, "connection broken by an earlier error");
-		r = -EPIPE;
-		brk = false;
-		goto out;
-	}
 	req->id = ++c->next_id;
 	r = send_request(c, req);
 	if (r == KVC_E2BIG)
@@ -338,8 +382,11 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 	if (r == -EPIPE || r == -ECONNRESET) {
 		/* The daemon may have said why before it closed (a connection
 		 * over its limits is told so at once): that is the answer. */
-		if (recv_response(c, &resp) < 0 || resp->id != 0 || !resp->error)
+		if ((r = recv_response(c, &resp)) < 0 || resp->id != 0 || !resp->error) {
+			if (r >= 0)
+				r = -EPIPE;
 			goto out;
+		}
 	} else if (r < 0) {
 		goto out;
 	} else if ((r = recv_response(c, &resp)) < 0) {
@@ -386,10 +433,68 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 	resp = NULL;
 	r = 0;
 out:
-	if (r < 0 && brk)
+	if (r < 0 && brk) {
+		/* The socket failed or the daemon hung up: it went away (it
+		 * died, or stops), which a reconnection may mend; anything
+		 * else is a protocol failure, which it would not. */
+		c->gone = r == -EPIPE || r == -ECONNRESET;
+		if (c->gone && !c->err[0])
+			set_err(c, "the connection to the daemon failed: %s", strerror(-r));
 		conn_break(c);
-	pthread_mutex_unlock(&c->lock);
+	}
 	kvcached__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+static int reconnect(kvc_conn *c);
+
+/* Where req (Alloc, Seal, Lookup) carries a pool id, or NULL. */
+static uint32_t *req_pool(Kvcached__Request *req)
+{
+	return req->op_case == KVCACHED__REQUEST__OP_ALLOC    ? &req->alloc->pool_id
+	       : req->op_case == KVCACHED__REQUEST__OP_SEAL   ? &req->seal->pool_id
+	       : req->op_case == KVCACHED__REQUEST__OP_LOOKUP ? &req->lookup->pool_id
+							      : NULL;
+}
+
+/* The caller's pool id app becomes the daemon's in *id. */
+static void pool_to_daemon(kvc_conn *c, uint32_t *id, uint32_t app)
+{
+	int32_t d;
+
+	if (id)
+		*id = app < KVC_MAX_POOLS &&
+		      (d = atomic_load_explicit(&c->pool_app[app], memory_order_relaxed)) >= 0
+			      ? (uint32_t)d : app;
+}
+
+int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
+		   Kvcached__Response **out)
+{
+	uint32_t *id, app = 0;
+	int r;
+
+	if (!c || !req || !out)
+		return -EINVAL;
+	if ((id = req_pool(req)))
+		app = *id;
+	pthread_mutex_lock(&c->lock);
+	c->err[0] = '\0';
+	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
+		goto out;
+	pool_to_daemon(c, id, app);
+	r = call_locked(c, req, check, arg, out);
+	if (r < 0 && c->gone && c->reconnect && c->next_try_ms == 0) {
+		/* The daemon went away, before or while it served req: all it
+		 * held is gone with it, so req may run again on the next one
+		 * (its handles, if any, are stale there). Once per call. */
+		if ((r = reconnect(c)) == 0) {
+			pool_to_daemon(c, id, app);
+			r = call_locked(c, req, check, arg, out);
+		}
+	}
+out:
+	pthread_mutex_unlock(&c->lock);
 	return r;
 }
 
@@ -459,15 +564,200 @@ static const char *check_hello(const Kvcached__Response *resp, const void *arg)
 	return NULL;
 }
 
-/* Returns 0 or a negative error; *out untouched on failure. */
-KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
+/* Connects c (lock held, or not yet shared) to c->path: a fresh socket, the
+ * Hello, a new map. On success the old map, if any, is retired (its mappings
+ * replaced by zero pages: stale pointers read zeros, never the new daemon's
+ * memory or a fault) and c is OPEN. Returns 0 or a negative error; c is
+ * left as it was on failure. */
+static int open_session(kvc_conn *c)
 {
-	char def[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Hello hello = KVCACHED__HELLO__INIT;
 	Kvcached__Response *resp = NULL;
 	const Kvcached__HelloReply *h;
+	struct kvc_map *map = NULL, *old = conn_map(c);
+	int fd = -1, r, oldfd = c->fd;
+	struct kvc_hello oldhello = c->hello;
+
+	r = connect_unix(c->path, &fd);
+	if (r < 0)
+		return r;
+	/* The old socket's unread bytes and fds belong to the old daemon. */
+	while (c->fdq_len)
+		close(fdq_pop(c));
+	c->rpos = c->rlen = 0;
+	c->fd = fd;
+	c->hello.max_frame = 0;
+	atomic_store(&c->broken, false);
+	hello.min_version = KV_PROTO_VERSION;
+	hello.max_version = KV_PROTO_VERSION;
+	hello.namespace_ = c->ns;
+	hello.client_name = c->client_name;
+	req.op_case = KVCACHED__REQUEST__OP_HELLO;
+	req.hello = &hello;
+	/* No map yet: a Hello reply that names segments is a protocol
+	 * violation (take_segments() refuses it). */
+	atomic_store_explicit(&c->map, NULL, memory_order_release);
+	r = call_locked(c, &req, check_hello, NULL, &resp);
+	if (r < 0)
+		goto fail;
+	h = resp->hello;
+	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &map);
+	if (r < 0)
+		goto fail;
+	c->hello = (struct kvc_hello){
+		.version = h->version,
+		.page_bytes = h->page_bytes,
+		.segment_bytes = h->segment_bytes,
+		.device_bytes = h->device_bytes,
+		.devices = h->devices,
+		.max_frame = h->max_frame,
+		.max_batch = h->max_batch,
+		.session_id = h->session_id,
+	};
+	snprintf(c->hello.backend, sizeof(c->hello.backend), "%s", h->backend ? h->backend : "");
+	kvcached__response__free_unpacked(resp, NULL);
+	if (old) {
+		struct kvc_map **rt = realloc(c->retired, (c->nretired + 1) * sizeof(*rt));
+
+		if (!rt) {
+			kvc_map_free(map);
+			close(fd);
+			c->fd = oldfd;
+			c->hello = oldhello;
+			atomic_store(&c->broken, true);
+			atomic_store_explicit(&c->map, old, memory_order_release);
+			return -ENOMEM;
+		}
+		c->retired = rt;
+		c->retired[c->nretired++] = old;
+		kvc_map_retire(old);
+	}
+	atomic_store_explicit(&c->map, map, memory_order_release);
+	if (oldfd >= 0)
+		close(oldfd);
+	return 0;
+fail:
+	kvcached__response__free_unpacked(resp, NULL);
+	close(fd);
+	c->fd = oldfd;
+	c->hello = oldhello;
+	atomic_store(&c->broken, true);
+	atomic_store_explicit(&c->map, old, memory_order_release);
+	return r;
+}
+
+static const char *check_register(const Kvcached__Response *r, const void *arg)
+{
+	(void)arg;
+	if (r->result_case != KVCACHED__RESPONSE__RESULT_REGISTER_POOL)
+		return "the daemon's reply is not a RegisterPoolReply";
+	if (r->register_pool->pool_id >= KVC_MAX_POOLS)
+		return "the daemon returned a pool id out of range";
+	return NULL;
+}
+
+/* Registers rec on c (lock held, OPEN). Returns the daemon's id or an error. */
+static int register_rec(kvc_conn *c, const struct pool_rec *rec)
+{
+	Kvcached__Request req = KVCACHED__REQUEST__INIT;
+	Kvcached__RegisterPool rp = KVCACHED__REGISTER_POOL__INIT;
+	Kvcached__Response *resp = NULL;
+	int r;
+
+	rp.name = rec->name;
+	rp.device = rec->device;
+	rp.block_bytes = rec->block_bytes;
+	rp.block_tokens = rec->block_tokens;
+	rp.dtype = rec->dtype;
+	rp.layout.data = rec->layout;
+	rp.layout.len = rec->layout_len;
+	req.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
+	req.register_pool = &rp;
+	r = call_locked(c, &req, check_register, NULL, &resp);
+	if (r < 0)
+		return r;
+	r = (int)resp->register_pool->pool_id;
+	kvcached__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+static void pool_slot_set(kvc_conn *c, uint32_t pool, uint32_t device, uint64_t block_bytes)
+{
+	atomic_store_explicit(&c->pools[pool].device, device, memory_order_relaxed);
+	atomic_store_explicit(&c->pools[pool].block_bytes, block_bytes, memory_order_release);
+}
+
+/* A connection the daemon's going away broke comes back (lock held): at most
+ * one try per backoff interval. Returns 0 (OPEN again, pools registered
+ * again) or a negative error with c still BROKEN. */
+static int reconnect(kvc_conn *c)
+{
+	uint64_t now = mono_ms();
+	size_t i;
+	int r;
+
+	if (!c->gone || !c->reconnect) {
+		set_err(c, "connection broken by an earlier error");
+		return -EPIPE;
+	}
+	if (now < c->next_try_ms) {
+		set_err(c, "the daemon went away; the next reconnection attempt is in %llu ms",
+			(unsigned long long)(c->next_try_ms - now));
+		return -EPIPE;
+	}
+	r = open_session(c);
+	for (i = 0; r == 0 && i < c->nrecs; i++) {
+		int d = register_rec(c, &c->recs[i]);
+
+		if (d < 0)
+			r = d;
+		else
+			c->recs[i].daemon = (uint32_t)d;
+	}
+	if (r < 0) {
+		char why[sizeof(c->err)];
+
+		snprintf(why, sizeof(why), "%s", c->err[0] ? c->err : strerror(-r));
+		conn_break(c);
+		c->gone = true;
+		c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
+		if (c->backoff_ms > BACKOFF_MAX_MS)
+			c->backoff_ms = BACKOFF_MAX_MS;
+		c->next_try_ms = mono_ms() + c->backoff_ms;
+		set_err(c, "the daemon went away and reconnecting failed (%s); next try in %u ms",
+			why, c->backoff_ms);
+		return -EPIPE;
+	}
+	/* The old daemon's pool ids name nothing now (its handles are stale,
+	 * whatever pool they name); then the new ids. */
+	for (i = 0; i < KVC_MAX_POOLS; i++)
+		atomic_store_explicit(&c->pools[i].block_bytes, 0, memory_order_release);
+	for (i = 0; i < c->nrecs; i++) {
+		pool_slot_set(c, c->recs[i].daemon, c->recs[i].device, c->recs[i].block_bytes);
+		atomic_store_explicit(&c->pool_app[c->recs[i].app], (int32_t)c->recs[i].daemon,
+				      memory_order_relaxed);
+	}
+	c->gone = false;
+	c->backoff_ms = 0;
+	c->next_try_ms = 0;
+	atomic_fetch_add(&c->restarts, 1);
+	c->err[0] = '\0';
+	return 0;
+}
+
+static char *dup_or_empty(const char *s)
+{
+	return strdup(s ? s : "");
+}
+
+/* Returns 0 or a negative error; *out untouched on failure. */
+KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
+{
+	char def[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	const char *env = getenv("KVCACHE_RECONNECT");
 	kvc_conn *c;
+	size_t i;
 	int r;
 
 	if (!out)
@@ -487,53 +777,51 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 		free(c);
 		return r;
 	}
-	r = connect_unix(path, &c->fd);
+	for (i = 0; i < KVC_MAX_POOLS; i++)
+		atomic_init(&c->pool_app[i], -1);
+	c->reconnect = !env || strcmp(env, "0");
+	c->path = strdup(path);
+	c->ns = dup_or_empty(opt ? opt->ns : NULL);
+	c->client_name = dup_or_empty(opt && opt->client_name ? opt->client_name
+							      : program_invocation_short_name);
+	if (!c->path || !c->ns || !c->client_name) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = open_session(c);
 	if (r < 0)
 		goto out;
-
-	hello.min_version = KV_PROTO_VERSION;
-	hello.max_version = KV_PROTO_VERSION;
-	hello.namespace_ = (char *)(opt && opt->ns ? opt->ns : "");
-	hello.client_name = (char *)(opt && opt->client_name ? opt->client_name
-							       : program_invocation_short_name);
-	req.op_case = KVCACHED__REQUEST__OP_HELLO;
-	req.hello = &hello;
-	r = kvc_call_check(c, &req, check_hello, NULL, &resp);
-	if (r < 0)
-		goto out;
-	h = resp->hello;
-	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &c->map);
-	if (r < 0)
-		goto out;
-	c->hello = (struct kvc_hello){
-		.version = h->version,
-		.page_bytes = h->page_bytes,
-		.segment_bytes = h->segment_bytes,
-		.device_bytes = h->device_bytes,
-		.devices = h->devices,
-		.max_frame = h->max_frame,
-		.max_batch = h->max_batch,
-		.session_id = h->session_id,
-	};
-	snprintf(c->hello.backend, sizeof(c->hello.backend), "%s", h->backend ? h->backend : "");
 	*out = c;
 	c = NULL;
 	r = 0;
 out:
-	kvcached__response__free_unpacked(resp, NULL);
 	kvc_close(c);
 	return r;
 }
 
 KVC_PUBLIC void kvc_close(kvc_conn *c)
 {
+	size_t i;
+
 	if (!c)
 		return;
 	if (c->fd >= 0)
 		close(c->fd);
 	while (c->fdq_len)
 		close(fdq_pop(c));
-	kvc_map_free(c->map);
+	kvc_map_free(conn_map(c));
+	for (i = 0; i < c->nretired; i++)
+		kvc_map_free(c->retired[i]);
+	for (i = 0; i < c->nrecs; i++) {
+		free(c->recs[i].name);
+		free(c->recs[i].dtype);
+		free(c->recs[i].layout);
+	}
+	free(c->recs);
+	free(c->retired);
+	free(c->path);
+	free(c->ns);
+	free(c->client_name);
 	free(c->fdq);
 	free(c->rbuf);
 	free(c->sbuf);
@@ -541,22 +829,102 @@ KVC_PUBLIC void kvc_close(kvc_conn *c)
 	free(c);
 }
 
+KVC_PUBLIC uint64_t kvc_restarts(kvc_conn *c)
+{
+	return c ? atomic_load(&c->restarts) : 0;
+}
+
 /* --- pools and blocks ---------------------------------------------------- */
 
-int kvc_conn_pool_set(kvc_conn *c, uint32_t pool, uint32_t device, uint64_t block_bytes)
+/* The caller's id for daemon pool d: the id it had before a reconnection,
+ * else d itself where that is free, else the lowest free one. */
+static int pick_app(kvc_conn *c, uint32_t d)
 {
-	if (!c || pool >= KVC_MAX_POOLS || block_bytes == 0)
-		return -EINVAL;
-	atomic_store_explicit(&c->pools[pool].device, device, memory_order_relaxed);
-	atomic_store_explicit(&c->pools[pool].block_bytes, block_bytes, memory_order_release);
-	return 0;
+	size_t i;
+
+	for (i = 0; i < c->nrecs; i++)
+		if (c->recs[i].daemon == d)
+			return c->recs[i].app;
+	if (atomic_load_explicit(&c->pool_app[d], memory_order_relaxed) < 0)
+		return (int)d;
+	for (i = 0; i < KVC_MAX_POOLS; i++)
+		if (atomic_load_explicit(&c->pool_app[i], memory_order_relaxed) < 0)
+			return (int)i;
+	return -1;
+}
+
+int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d)
+{
+	struct pool_rec rec = {
+		.name = (char *)d->name, .dtype = (char *)(d->dtype ? d->dtype : ""),
+		.device = d->device, .block_tokens = d->block_tokens,
+		.block_bytes = d->block_bytes, .layout = (uint8_t *)d->layout,
+		.layout_len = d->layout ? d->layout_len : 0,
+	};
+	struct pool_rec *recs;
+	size_t i;
+	int r, app;
+
+	pthread_mutex_lock(&c->lock);
+	c->err[0] = '\0';
+	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
+		goto out;
+	if ((r = register_rec(c, &rec)) < 0)
+		goto out;
+	rec.daemon = (uint32_t)r;
+	for (i = 0; i < c->nrecs && c->recs[i].daemon != rec.daemon; i++)
+		;
+	if (i == c->nrecs) {
+		/* Kept to register it again after a reconnection. */
+		if ((app = pick_app(c, rec.daemon)) < 0) {
+			r = KVC_E2BIG;
+			set_err(c, "this connection has %u pools already", KVC_MAX_POOLS);
+			goto out;
+		}
+		recs = realloc(c->recs, (c->nrecs + 1) * sizeof(*recs));
+		if (!recs) {
+			r = -ENOMEM;
+			goto out;
+		}
+		c->recs = recs;
+		rec.app = app;
+		rec.name = strdup(rec.name);
+		rec.dtype = strdup(rec.dtype);
+		rec.layout = rec.layout_len ? malloc(rec.layout_len) : NULL;
+		if (!rec.name || !rec.dtype || (rec.layout_len && !rec.layout)) {
+			free(rec.name);
+			free(rec.dtype);
+			free(rec.layout);
+			r = -ENOMEM;
+			goto out;
+		}
+		if (rec.layout_len)
+			memcpy(rec.layout, d->layout, rec.layout_len);
+		c->recs[c->nrecs++] = rec;
+	}
+	pool_slot_set(c, c->recs[i].daemon, d->device, d->block_bytes);
+	atomic_store_explicit(&c->pool_app[c->recs[i].app], (int32_t)c->recs[i].daemon,
+			      memory_order_relaxed);
+	r = c->recs[i].app;
+out:
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+/* The daemon's id of the caller's pool (itself when unknown). Lock-free. */
+static uint32_t pool_daemon(kvc_conn *c, uint32_t app)
+{
+	int32_t d = atomic_load_explicit(&c->pool_app[app], memory_order_relaxed);
+
+	return d >= 0 ? (uint32_t)d : app;
 }
 
 KVC_PUBLIC uint64_t kvc_pool_block_bytes(kvc_conn *c, int pool)
 {
 	if (!c || pool < 0 || (unsigned)pool >= KVC_MAX_POOLS)
 		return 0;
-	return atomic_load_explicit(&c->pools[pool].block_bytes, memory_order_acquire);
+	return atomic_load_explicit(&c->pools[pool_daemon(c, (uint32_t)pool)].block_bytes,
+				    memory_order_acquire);
 }
 
 /* Lock-free: reads only the pool slot and the map, both published with
@@ -565,9 +933,10 @@ KVC_PUBLIC void *kvc_block_ptr(kvc_conn *c, kvc_block b)
 {
 	uint32_t pool = KVC_BLOCK_POOL(b), dev;
 	uint64_t bb, off, seg, s, last;
+	struct kvc_map *map;
 	char *base;
 
-	if (!c || !c->map)
+	if (!c || !(map = conn_map(c)))
 		return NULL;
 	bb = atomic_load_explicit(&c->pools[pool].block_bytes, memory_order_acquire);
 	if (!bb)
@@ -583,9 +952,9 @@ KVC_PUBLIC void *kvc_block_ptr(kvc_conn *c, kvc_block b)
 	seg = c->hello.segment_bytes;
 	last = (off + bb - 1) / seg;
 	for (s = off / seg; s <= last; s++)
-		if (!kvc_map_is_mapped(c->map, dev, (uint32_t)s))
+		if (!kvc_map_is_mapped(map, dev, (uint32_t)s))
 			return NULL;
-	base = kvc_map_base(c->map, dev);
+	base = kvc_map_base(map, dev);
 	return base ? base + off : NULL;
 }
 
@@ -608,7 +977,7 @@ bool kvc_conn_broken(const kvc_conn *c)
 
 bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index)
 {
-	return c && kvc_map_is_mapped(c->map, dev, index);
+	return c && kvc_map_is_mapped(conn_map(c), dev, index);
 }
 
 KVC_PUBLIC const char *kvc_last_error(kvc_conn *c)

@@ -81,10 +81,13 @@ typedef const char *kvc_check_fn(const Kvcached__Response *resp, const void *arg
 int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
 		   Kvcached__Response **resp);
 
-/* Remembers that pool (< KVC_MAX_POOLS) lives on device with blocks of
- * block_bytes (> 0), for kvc_block_ptr() and kvc_pool_block_bytes(). Safe
- * against concurrent readers. Returns 0 or -EINVAL. */
-int kvc_conn_pool_set(kvc_conn *c, uint32_t pool, uint32_t device, uint64_t block_bytes);
+/* Registers pool d (checked by the caller) and remembers it: for
+ * kvc_block_ptr() and kvc_pool_block_bytes(), and to register it again after
+ * a reconnection. Returns the caller's id for it (the daemon's id, unless a
+ * reconnection made them differ: Alloc, Seal and Lookup requests carry the
+ * caller's id into kvc_call_check(), which puts the daemon's in its place)
+ * or a negative error. */
+int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d);
 
 /* The HelloReply values; valid until kvc_close(). */
 const struct kvc_hello *kvc_conn_hello(const kvc_conn *c);
@@ -129,6 +132,13 @@ bool kvc_map_is_cuda(const struct kvc_map *m);
 
 /* Unmaps everything and frees m. NULL is fine. */
 void kvc_map_free(struct kvc_map *m);
+
+/* m belongs to a daemon that went away: its segments' memory is let go
+ * (host: each mapped slice becomes private zero pages, so that a stale
+ * pointer reads zeros instead of faulting; cuda: kept until kvc_map_free(),
+ * since device pointers may still be in flight in kernels). Lock-free
+ * readers may go on using m until kvc_map_free(). */
+void kvc_map_retire(struct kvc_map *m);
 
 /* Reserves dev's range if it is not yet. Returns 0, -EINVAL for a device out
  * of range, or -errno from the reservation. */

@@ -88,6 +88,24 @@ int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
  * Pointers from kvc_block_ptr() are invalid afterwards. */
 void kvc_close(kvc_conn *c);
 
+/* When the daemon dies or restarts, the call in flight fails (-EPIPE or
+ * -ECONNRESET) and the next call reconnects: the same socket path, namespace
+ * and client name, every pool registered again (the pool ids this connection
+ * returned stay valid), the new daemon's segments mapped. At most one attempt
+ * per interval (10 ms, doubling to 2 s); between attempts calls return -EPIPE
+ * at once, with the reason in kvc_last_error(). Everything held before is
+ * gone: block handles from before are stale (KVC_ESTALE where the daemon sees
+ * them; do not pass them to kvc_block_ptr()), swaps are unknown (KVC_ENOENT),
+ * and what was mapped reads as zeros. An engine treats its cached blocks as
+ * misses and carries on; the prefix cache of the new daemon (warm from its
+ * disk tier after a restart) serves lookups again.
+ *
+ * kvc_restarts() counts the reconnections of c: compare it with the value
+ * seen when a block table was filled to learn that its handles are gone.
+ * A connection broken by a protocol error does not reconnect; nor does any
+ * when the environment has KVCACHE_RECONNECT=0 at kvc_connect() time. */
+uint64_t kvc_restarts(kvc_conn *c);
+
 struct kvc_pool_desc {
 	const char *name;         /* pool name (UTF-8, no control characters); workers of one
 	                           * model share it */

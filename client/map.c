@@ -78,6 +78,26 @@ void kvc_map_unmap_all(struct kvc_map *m)
 	}
 }
 
+void kvc_map_retire(struct kvc_map *m)
+{
+	uint32_t i;
+	size_t k;
+
+	if (!m || m->cu)
+		return;
+	for (i = 0; i < m->devices; i++) {
+		struct map_dev *d = atomic_load_explicit(&m->dev[i], memory_order_acquire);
+
+		if (!d)
+			continue;
+		for (k = 0; k < m->nseg; k++)
+			if (atomic_load_explicit(&d->mapped[k], memory_order_acquire))
+				mmap((char *)d->base + k * m->segment_bytes, (size_t)m->segment_bytes,
+				     PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	}
+}
+
 void kvc_map_free(struct kvc_map *m)
 {
 	if (!m)

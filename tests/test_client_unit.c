@@ -986,6 +986,10 @@ static void test_default_socket(void)
 
 int main(void)
 {
+	/* The fake daemon serves one connection: a broken one must stay
+	 * broken here (reconnection is tested against the real daemon, in
+	 * test_restart.c). */
+	setenv("KVCACHE_RECONNECT", "0", 1);
 	test_strerror();
 	test_default_socket();
 	test_hello();
