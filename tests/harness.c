@@ -353,6 +353,19 @@ void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sea
 	CHECK(*free != UINT64_MAX);
 }
 
+void kvt_blocks_total(uint64_t *writable, uint64_t *sealed, uint64_t *cached)
+{
+	Kvcached__Response *rs = stats();
+
+	*writable = *sealed = *cached = 0;
+	for (size_t i = 0; i < rs->stats->n_pools; i++) {
+		*writable += rs->stats->pools[i]->blocks_writable;
+		*sealed += rs->stats->pools[i]->blocks_sealed;
+		*cached += rs->stats->pools[i]->blocks_cached;
+	}
+	kvcached__response__free_unpacked(rs, NULL);
+}
+
 void kvt_ns_usage(const char *name, uint64_t used[3], uint64_t quota[3])
 {
 	Kvcached__Response *rs = stats();

@@ -36,6 +36,8 @@ int kvt_check(void);
 /* The daemon's stats for pool id (blocks by state). */
 void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
 		     uint64_t *cached);
+/* Blocks by state, summed over every pool of the daemon. */
+void kvt_blocks_total(uint64_t *writable, uint64_t *sealed, uint64_t *cached);
 /* The daemon's numbers for one tier (0 G1, 1 G2, 2 G3); present 0 when the
  * daemon has no such tier. */
 struct kvt_tier {
