@@ -91,6 +91,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	s->d.close_session = kv_conn_close_session;
 	s->d.worker_name = worker_name;
 	s->d.refresh_fds = kv_conns_refresh_fds;
+	s->d.queue_stats = kv_conns_queue_stats;
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,
 				  cfg->socket_group)) < 0 ||
