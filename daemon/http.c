@@ -81,7 +81,7 @@ int kv_http_parse_listen(const char *s, struct sockaddr_storage *sa, socklen_t *
 	return 0;
 bad:
 	snprintf(err, errlen, "metrics_listen: bad value '%s': allowed: HOST:PORT with a numeric "
-		 "IPv4 address (127.0.0.1:9464) or [IPv6]:PORT ([::1]:9464), or empty (off)", s);
+		 "IPv4 address (127.0.0.1:9469) or [IPv6]:PORT ([::1]:9469), or empty (off)", s);
 	return -EINVAL;
 }
 
