@@ -712,7 +712,6 @@ void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q)
 		q->held += c->fds_held;
 		q->paused += c->paused;
 		q->out_bytes += out_queued(c);
-		q->in_bytes += c->in_len;
 	}
 }
 

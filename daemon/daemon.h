@@ -46,7 +46,6 @@ struct kv_queue_stats {
 	uint64_t held;            /* requests waiting for their peer to read fds */
 	uint64_t paused;          /* connections not read until their peer reads */
 	uint64_t out_bytes;       /* replies queued, not sent yet */
-	uint64_t in_bytes;        /* requests received, not handled yet */
 };
 
 struct kv_daemon {
