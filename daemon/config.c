@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "frame.h"
+#include "http.h"
 #include "log.h"
 #include "pool.h"
 #include "units.h"
@@ -128,6 +129,11 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  NULL },
 	{ "writeback_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_high), 0, 0, 100, "25",
 	  "... until this percentage is", NULL },
+	/* Prometheus over HTTP (http.h, docs/operations.md "Scraping metrics
+	 * over HTTP"). */
+	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",
+	  "HOST:PORT (or [IPv6]:PORT) where GET /metrics answers over HTTP, e.g. 127.0.0.1:9464 "
+	  "(default: off; a socket named metrics from systemd is used instead)", NULL },
 };
 
 const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
@@ -582,6 +588,8 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 	if (!strcmp(c->socket_path, c->admin_socket_path))
 		return error(err, errlen, "admin_socket: '%s' is the worker socket too; give it "
 			     "its own path", c->admin_socket_path);
+	if ((r = kv_http_check_listen(c->metrics_listen, err, errlen)) < 0)
+		return r;
 
 	/* Percentages: of device memory, or of RAM for keys that say so. */
 	for (i = 0; i < kv_cfg_nkeys; i++) {

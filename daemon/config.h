@@ -54,6 +54,7 @@ struct kv_ns_conf {
 
 struct kv_config {
 	char socket_path[108];        /* worker socket */
+	char metrics_listen[64];      /* HOST:PORT of GET /metrics (http.h); "" off */
 	unsigned socket_mode;
 	char socket_group[64];
 	char admin_socket_path[108];

@@ -358,6 +358,7 @@ static int conn_frames(struct kv_conn *c)
 		Kvcached__Request *rq;
 		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
 		enum kv_op_outcome out;
+		uint64_t t0;
 		uint32_t len;
 		int r = kv_frame_hdr_decode(c->in + off, d->cfg.max_frame, &len);
 
@@ -368,6 +369,7 @@ static int conn_frames(struct kv_conn *c)
 		}
 		if (c->in_len - off < KV_FRAME_HDR + len)
 			break;
+		t0 = kv_hist_now_ns();
 		rq = kvcached__request__unpack(kv_arena_pb(&d->arena), len, c->in + off + KV_FRAME_HDR);
 		if (!rq) {
 			kv_arena_reset(&d->arena);
@@ -397,6 +399,7 @@ static int conn_frames(struct kv_conn *c)
 		d->requests++;
 		if (out != KV_OP_NOMEM && conn_reply(c, &rs) < 0)
 			out = KV_OP_NOMEM;
+		kv_hist_since(&d->op_hist[kv_ops_index(rq->op_case)], t0);
 		kv_arena_reset(&d->arena);
 		if (out == KV_OP_CLOSE) {
 			conn_flush(c);
@@ -695,6 +698,21 @@ void kv_conns_refresh_fds(struct kv_daemon *d)
 
 	kv_list_for_each(pos, &d->sessions)
 		conn_fds_refresh(kv_container_of(pos, struct kv_conn, ss.link));
+}
+
+void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q)
+{
+	const struct kv_list *pos;
+
+	memset(q, 0, sizeof(*q));
+	kv_list_for_each(pos, &d->sessions) {
+		const struct kv_conn *c = kv_container_of(pos, struct kv_conn, ss.link);
+
+		q->parked += c->parked;
+		q->held += c->fds_held;
+		q->paused += c->paused;
+		q->out_bytes += out_queued(c);
+	}
 }
 
 void kv_conns_fini(struct kv_conns *cs)

@@ -68,5 +68,8 @@ void kv_conn_close_session(struct kv_session *ss, const char *why);
 /* Clears fds_unread of every session whose peer has read all it was sent
  * (d->refresh_fds). */
 void kv_conns_refresh_fds(struct kv_daemon *d);
+/* What waits in the connections now (struct kv_queue_stats): one walk over
+ * them, for a scrape. */
+void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q);
 
 #endif

@@ -27,12 +27,26 @@
 #include "arena.h"
 #include "backend.h"
 #include "config.h"
+#include "hist.h"
 #include "list.h"
 #include "loop.h"
 #include "pool.h"
 #include "tier.h"
 
 struct kv_session;
+
+/* Request kinds timed one by one (ops.h, kv_ops_index). */
+#define KV_DAEMON_OPS 19
+
+/* What waits in the transport, for the metrics: gathered on demand by the
+ * server's hook (conn.c walks the connections), never kept up to date on
+ * the hot path. */
+struct kv_queue_stats {
+	uint64_t parked;          /* requests waiting for a tier (a promotion, G2 room) */
+	uint64_t held;            /* requests waiting for their peer to read fds */
+	uint64_t paused;          /* connections not read until their peer reads */
+	uint64_t out_bytes;       /* replies queued, not sent yet */
+};
 
 struct kv_daemon {
 	struct kv_config cfg;
@@ -51,6 +65,9 @@ struct kv_daemon {
 	void *scratch;             /* max_batch block pointers for ops */
 	uint64_t start_ms;
 	uint64_t requests, enospc;
+	/* Service time per operation: from a whole frame in the buffer to its
+	 * reply queued (conn.c); a parked request counts its last run only. */
+	struct kv_hist op_hist[KV_DAEMON_OPS];
 	uint64_t reloads, reload_failures;
 	/* tenant.c: the namespaces the configuration declares, each held open
 	 * (one reference) so that its reserve and limits hold while no client
@@ -82,6 +99,9 @@ struct kv_daemon {
 	 * were sent (their fds_unread cleared), before a request is refused
 	 * for fds in flight. */
 	void (*refresh_fds)(struct kv_daemon *d);
+	/* Set by the server: what waits in the connections (zeros where
+	 * nobody set it: tests that drive the dispatcher directly). */
+	void (*queue_stats)(const struct kv_daemon *d, struct kv_queue_stats *q);
 };
 
 /* Creates the backend, the pools, the tiers and the event loop from cfg, and

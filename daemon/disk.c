@@ -158,8 +158,10 @@ static int start(struct kv_disk *d, struct kv_disk_op *op)
 
 void kv_disk_submit(struct kv_disk *d, struct kv_disk_op *op)
 {
-	if (!kv_list_empty(&d->queued) || start(d, op) < 0)
+	if (!kv_list_empty(&d->queued) || start(d, op) < 0) {
 		kv_list_push_back(&d->queued, &op->link);
+		d->nqueued++;
+	}
 }
 
 void kv_disk_flush(struct kv_disk *d)
@@ -207,6 +209,7 @@ void kv_disk_reap(struct kv_disk *d)
 				kv_list_push_front(&d->queued, &q->link);
 				break;
 			}
+			d->nqueued--;
 		}
 		op->done(op, res);
 	}

@@ -39,6 +39,7 @@ struct kv_disk {
 	uint8_t *arena;        /* registered buffers: chunks of chunk bytes */
 	uint64_t arena_bytes, chunk;
 	struct kv_list queued; /* waiting for room in the ring */
+	uint64_t nqueued;      /* on it */
 	uint64_t reads, writes, read_bytes, write_bytes, errors;
 };
 

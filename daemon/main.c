@@ -171,7 +171,8 @@ int main(int argc, char **argv)
 			ret = 0;
 			goto out;
 		case 'V':
-			printf("kvcached %s (%csystemd)\n", KV_VERSION, kv_service_built() ? '+' : '-');
+			printf("kvcached %s (%csystemd %chttp)\n", KV_VERSION, kv_service_built() ? '+' : '-',
+			       kv_http_built() ? '+' : '-');
 			ret = 0;
 			goto out;
 		case '?':

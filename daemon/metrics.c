@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hist.h"
+#include "ops.h"
 #include "session.h"
 #include "tier.h"
 
@@ -76,7 +78,7 @@ static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool
  * one starts: family << 32 | item, item 0 being the header, item k + 1 the
  * pool, tier or namespace k (namespaces: their id, from 1). */
 
-enum fam_kind { F_ONE, F_POOL, F_TIER, F_NS };
+enum fam_kind { F_ONE, F_POOL, F_TIER, F_NS, F_OP };
 
 /* What a page is written from, gathered once per page. */
 struct expo {
@@ -85,6 +87,7 @@ struct expo {
 	struct kv_tier_stats st[KV_NTIERS];
 	int nt;                          /* tiers shown */
 	uint64_t pages_total, pages_free, page_bytes;
+	struct kv_queue_stats q;         /* what waits in the connections */
 };
 
 struct fam {
@@ -237,6 +240,39 @@ static void ns_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_t
 	fprintf(f, "} %" PRIu64 "\n", *(const uint64_t *)((const char *)n + fm->off));
 }
 
+/* ---- latencies and queues (issue 11) ---- */
+
+/* An operation's service time; only operations seen at least once. */
+static void op_hist(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	char l[64];
+
+	snprintf(l, sizeof(l), "op=\"%s\"", kv_ops_names[k]);
+	kv_hist_write(f, fm->name, l, &x->d->op_hist[k]);
+}
+
+/* A tier histogram by off (KV_TH_*); promotions by the tier they come from. */
+static void tier_hist(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	if (fm->off == KV_TH_PROMOTE_G2) {
+		kv_hist_write(f, fm->name, "from=\"G2\"", kv_tiers_hist(x->d->tiers, KV_TH_PROMOTE_G2));
+		kv_hist_write(f, fm->name, "from=\"G3\"", kv_tiers_hist(x->d->tiers, KV_TH_PROMOTE_G3));
+	} else {
+		kv_hist_write(f, fm->name, "", kv_tiers_hist(x->d->tiers, (int)fm->off));
+	}
+}
+
+/* A figure of what waits in the connections, by off in kv_queue_stats
+ * (~0: the segment fds in flight, the daemon's own count). */
+static void one_queue(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	fprintf(f, "%s %" PRIu64 "\n", fm->name,
+		fm->off == (size_t)~0 ? x->d->fds_out
+				      : *(const uint64_t *)((const char *)&x->q + fm->off));
+}
+
 #define ONE(n, t, h, v) { n, t, h, F_ONE, one_u64, v }
 #define POOL(n, t, h, field) { n, t, h, F_POOL, pool_count, offsetof(struct kv_pool_counts, field) }
 #define TIER(n, t, h, field) { n, t, h, F_TIER, tier_stat, offsetof(struct kv_tier_stats, field) }
@@ -248,7 +284,8 @@ static const struct fam fams[] = {
 	{ "kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.", F_ONE,
 	  one_uptime, 0 },
 	ONE("kvcached_page_bytes", "gauge", "Bytes per page.", V_PAGE_BYTES),
-	ONE("kvcached_pages_total", "gauge", "Pages of KV memory, all devices.", V_PAGES_TOTAL),
+	ONE("kvcached_pages", "gauge", "Pages of KV memory, all devices.",
+	    V_PAGES_TOTAL),
 	ONE("kvcached_pages_free", "gauge", "Pages not assigned to any pool.", V_PAGES_FREE),
 	ONE("kvcached_sessions", "gauge", "Open connections, both sockets.", V_SESSIONS),
 	ONE("kvcached_draining", "gauge", "1 while the daemon drains before exiting.",
@@ -308,6 +345,40 @@ static const struct fam fams[] = {
 	{ "kvcached_namespace_quota_refusals_total", "counter",
 	  "Requests a namespace's quota refused (KV_EQUOTA).", F_NS, ns_u64,
 	  offsetof(struct kv_ns, quota_refusals) },
+	/* Latencies, queues and ENOSPC per namespace (issue 11). */
+	{ "kvcached_request_duration_seconds", "histogram",
+	  "Daemon-side service time of a request, by operation: from its whole frame received to "
+	  "its reply queued (a request parked on a tier: its last run).", F_OP, op_hist, 0 },
+	{ "kvcached_promotion_duration_seconds", "histogram",
+	  "Promotion copies and reads, start to completion: G2 to G1 copies, G3 to G2 reads.",
+	  F_ONE, tier_hist, KV_TH_PROMOTE_G2 },
+	{ "kvcached_demotion_duration_seconds", "histogram",
+	  "Demotion copies (G1 to G2, one per batch), start to completion.", F_ONE, tier_hist,
+	  KV_TH_DEMOTE },
+	{ "kvcached_writeback_duration_seconds", "histogram",
+	  "Write-backs of G2 copies to G3, submission to completion.", F_ONE, tier_hist,
+	  KV_TH_WRITEBACK },
+	TIER("kvcached_tier_queued_ios", "gauge",
+	     "Disk I/Os waiting for room in the disk ring (G3; disk_queue_depth are in flight).",
+	     queued),
+	{ "kvcached_parked_requests", "gauge",
+	  "Requests waiting for a tier (a promotion, G2 staging room, a swap copy).", F_ONE,
+	  one_queue, offsetof(struct kv_queue_stats, parked) },
+	{ "kvcached_held_requests", "gauge",
+	  "Requests waiting for their client to read the segment fds it was sent.", F_ONE,
+	  one_queue, offsetof(struct kv_queue_stats, held) },
+	{ "kvcached_paused_connections", "gauge",
+	  "Connections not read until their client reads its replies "
+	  "(max_output_per_connection).", F_ONE, one_queue,
+	  offsetof(struct kv_queue_stats, paused) },
+	{ "kvcached_output_queued_bytes", "gauge", "Reply bytes queued to clients, not sent yet.",
+	  F_ONE, one_queue, offsetof(struct kv_queue_stats, out_bytes) },
+	{ "kvcached_segment_fds_in_flight", "gauge",
+	  "Segment fds passed to clients and not read by them yet (max_fds_in_flight).", F_ONE,
+	  one_queue, (size_t)~0 },
+	{ "kvcached_namespace_enospc_total", "counter",
+	  "Allocations of a namespace refused for want of memory after eviction (KV_ENOSPC).",
+	  F_NS, ns_u64, offsetof(struct kv_ns, enospc) },
 };
 
 #define NFAMS (sizeof(fams) / sizeof(fams[0]))
@@ -331,6 +402,11 @@ static int next_item(const struct expo *x, const struct fam *fm, uint32_t *k)
 			if (ns_of(x, *k))   /* open: pools, sessions, or declared */
 				return 1;
 		return 0;
+	case F_OP:
+		for (; *k < KV_DAEMON_OPS; ++*k)
+			if (x->d->op_hist[*k].count)
+				return 1;
+		return 0;
 	}
 	return 0;
 }
@@ -352,6 +428,8 @@ ssize_t kv_metrics_page(const struct kv_daemon *d, uint64_t *pos, size_t limit, 
 	kv_metrics_ns_usage(d, x.u);
 	kv_pools_pages(d->pools, &x.pages_total, &x.pages_free, &x.page_bytes);
 	kv_tiers_stats(d->tiers, x.st);
+	if (d->queue_stats)
+		d->queue_stats(d, &x.q);
 	x.nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;
 	if (x.nt == KV_NTIERS && !x.st[KV_TIER_G3].capacity)
 		x.nt--;

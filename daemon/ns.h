@@ -47,6 +47,7 @@ struct kv_ns {
 	struct kv_ns_limits lim;
 	uint64_t lookups, hits;       /* blocks asked for and found (any tier) */
 	uint64_t quota_refusals;      /* EQUOTA replies */
+	uint64_t enospc;              /* ENOSPC replies to allocations (alloc, cow, swap in) */
 };
 
 struct kv_ns_table {

@@ -50,6 +50,15 @@ void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *
 		q->out = KV_OP_CLOSE;
 }
 
+void kv_op_count_enospc(struct req *q)
+{
+	struct kv_ns *n = kv_ns_get(kv_pools_nstab(q->d->pools), q->ss->ns);
+
+	q->d->enospc++;
+	if (n)
+		n->enospc++;
+}
+
 Kvcached__ErrorCode kv_op_errno_code(int r)
 {
 	switch (r) {
@@ -303,6 +312,37 @@ static int refused_draining(struct req *q, const Kvcached__Request *rq)
 		return 1;
 	default:
 		return 0;
+	}
+}
+
+const char *const kv_ops_names[KV_DAEMON_OPS] = {
+	"hello", "register_pool", "alloc", "seal", "lookup", "release", "fork", "cow",
+	"swap_out", "swap_in", "stats", "list_clients", "check", "evict", "flush", "drain",
+	"reload", "metrics", "other",
+};
+
+unsigned kv_ops_index(int op_case)
+{
+	switch (op_case) {
+	case KVCACHED__REQUEST__OP_HELLO: return 0;
+	case KVCACHED__REQUEST__OP_REGISTER_POOL: return 1;
+	case KVCACHED__REQUEST__OP_ALLOC: return 2;
+	case KVCACHED__REQUEST__OP_SEAL: return 3;
+	case KVCACHED__REQUEST__OP_LOOKUP: return 4;
+	case KVCACHED__REQUEST__OP_RELEASE: return 5;
+	case KVCACHED__REQUEST__OP_FORK: return 6;
+	case KVCACHED__REQUEST__OP_COW: return 7;
+	case KVCACHED__REQUEST__OP_SWAP_OUT: return 8;
+	case KVCACHED__REQUEST__OP_SWAP_IN: return 9;
+	case KVCACHED__REQUEST__OP_STATS: return 10;
+	case KVCACHED__REQUEST__OP_LIST_CLIENTS: return 11;
+	case KVCACHED__REQUEST__OP_CHECK: return 12;
+	case KVCACHED__REQUEST__OP_EVICT: return 13;
+	case KVCACHED__REQUEST__OP_FLUSH: return 14;
+	case KVCACHED__REQUEST__OP_DRAIN: return 15;
+	case KVCACHED__REQUEST__OP_RELOAD: return 16;
+	case KVCACHED__REQUEST__OP_METRICS: return 17;
+	default: return KV_DAEMON_OPS - 1;
 	}
 }
 

@@ -35,6 +35,13 @@ enum kv_op_outcome {
 			  * once the peer has read them all */
 };
 
+/* The operations by name, for the per-operation metrics (metrics.c):
+ * kv_ops_index() maps a request's op_case to 0..KV_DAEMON_OPS - 1, the last
+ * being "other" (unknown operations, and any added to the protocol before
+ * they get a row here). */
+extern const char *const kv_ops_names[KV_DAEMON_OPS];
+unsigned kv_ops_index(int op_case);
+
 /* Runs rq for ss and fills rs, allocated from d->arena (valid until the
  * arena is reset, which the caller does after packing rs). */
 enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,

@@ -147,7 +147,8 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		return;
 	}
 	if ((r = kv_pool_alloc(p, m->count, q->blk, why, sizeof(why))) < 0) {
-		q->d->enospc += r == -ENOSPC;
+		if (r == -ENOSPC)
+			kv_op_count_enospc(q);
 		kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 		return;
 	}
@@ -515,7 +516,8 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 			continue;
 		if ((r = kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why))) < 0) {
 			unref_copies(copy, i);
-			q->d->enospc += r == -ENOSPC;
+			if (r == -ENOSPC)
+				kv_op_count_enospc(q);
 			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 			return;
 		}
@@ -623,7 +625,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	}
 	if (rc < 0) {
 		if (rc == -ENOSPC)
-			q->d->enospc++;
+			kv_op_count_enospc(q);
 		kv_op_fail(q, kv_op_errno_code(rc), -1, "swap in: %s", why);
 		return;
 	}

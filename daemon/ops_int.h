@@ -43,6 +43,9 @@ void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *
 	__attribute__((format(printf, 4, 5)));
 /* The protocol's code for -errno from the tiers. */
 Kvcached__ErrorCode kv_op_errno_code(int r);
+/* Counts an allocation refused with ENOSPC, daemon-wide and for q's
+ * namespace (the metrics' kvcached_enospc_total). */
+void kv_op_count_enospc(struct req *q);
 
 /* The pool id names in this session's namespace, or NULL (error set). */
 struct kv_pool *kv_op_pool(struct req *q, uint32_t id);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "lifecycle.h"
 #include "log.h"
@@ -71,12 +72,12 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 		   const struct kv_config_source *src)
 {
 	char err[256], wname[160], aname[160];
-	int wfd, afd, r;
+	int wfd, afd, mfd, r;
 
 	memset(s, 0, sizeof(*s));
 	s->d.sigfd = -1;
 	/* Taken first: a failure below must not leave them to a child. */
-	r = kv_service_listen_fds(&wfd, &afd, err, sizeof(err));
+	r = kv_service_listen_fds(&wfd, &afd, &mfd, err, sizeof(err));
 	if (r < 0) {
 		kv_err("%s", err);
 		return r;
@@ -84,19 +85,33 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	kv_conns_init(&s->conns, &s->d);
 	kv_listener_init(&s->worker, &s->conns, "worker", 0, wfd);
 	kv_listener_init(&s->admin, &s->conns, "admin", 1, afd);
-	if ((r = kv_daemon_init(&s->d, cfg)) < 0)
+	if ((r = kv_daemon_init(&s->d, cfg)) < 0) {
+		if (mfd >= 0)
+			close(mfd);
 		return r;
+	}
 	s->d.src = src;
 	s->d.stop_accepting = stop_accepting;
 	s->d.close_session = kv_conn_close_session;
 	s->d.worker_name = worker_name;
 	s->d.refresh_fds = kv_conns_refresh_fds;
+	s->d.queue_stats = kv_conns_queue_stats;
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,
 				  cfg->socket_group)) < 0 ||
 	    (r = kv_listener_bind(&s->admin, cfg->admin_socket_path, cfg->admin_socket_mode,
 				  cfg->admin_socket_group)) < 0 ||
-	    (r = kv_listener_start(&s->worker)) < 0 || (r = kv_listener_start(&s->admin)) < 0)
+	    (r = kv_listener_start(&s->worker)) < 0 || (r = kv_listener_start(&s->admin)) < 0) {
+		if (mfd >= 0)
+			close(mfd);
+		return r;
+	}
+	/* GET /metrics: on the socket systemd passed, else on metrics_listen. */
+	if (mfd >= 0 && cfg->metrics_listen[0])
+		kv_info("metrics_listen %s not bound: the metrics socket came from systemd",
+			cfg->metrics_listen);
+	if ((mfd >= 0 || cfg->metrics_listen[0]) &&
+	    (r = kv_http_start(&s->d, cfg->metrics_listen, mfd, &s->http)) < 0)
 		return r;
 	fds_limits(&s->d);
 	kv_info("listening on %s (workers) and %s (admin): backend %s, %llu MiB in %llu segments "
@@ -130,6 +145,8 @@ void kv_server_fini(struct kv_server *s)
 	/* Nothing runs any more: a session closed now must not start a stop. */
 	kv_loop_stop(&s->d.loop);
 	kv_conns_fini(&s->conns);
+	kv_http_stop(s->http);
+	s->http = NULL;
 	kv_listener_close(&s->worker);
 	kv_listener_close(&s->admin);
 	kv_lifecycle_fini(&s->d);

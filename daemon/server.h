@@ -11,12 +11,14 @@
 #include "config.h"
 #include "conn.h"
 #include "daemon.h"
+#include "http.h"
 #include "listener.h"
 
 struct kv_server {
 	struct kv_daemon d;
 	struct kv_conns conns;
 	struct kv_listener worker, admin;
+	struct kv_http *http;      /* GET /metrics (http.h); NULL when off */
 };
 
 /* Creates the daemon (backend, pools, tiers) and the listening sockets (or

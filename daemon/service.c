@@ -88,9 +88,9 @@ uint64_t kv_service_watchdog_usec(void)
 	return 0;
 }
 
-int kv_service_listen_fds(int *worker, int *admin, char *err, int errlen)
+int kv_service_listen_fds(int *worker, int *admin, int *metrics, char *err, int errlen)
 {
-	*worker = *admin = -1;
+	*worker = *admin = *metrics = -1;
 #if KV_HAVE_SYSTEMD
 	char **names = NULL;
 	int n = sd_listen_fds_with_names(1, &names), i, r = 0;
@@ -100,16 +100,19 @@ int kv_service_listen_fds(int *worker, int *admin, char *err, int errlen)
 	for (i = 0; i < n && r == 0; i++) {
 		int fd = SD_LISTEN_FDS_START + i;
 		const char *name = names && names[i] ? names[i] : "unknown";
-		int *slot = strstr(name, "admin") ? admin : worker;
+		int *slot = strstr(name, "admin") ? admin : strstr(name, "metrics") ? metrics : worker;
 
-		if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
+		if (slot == metrics ? sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) <= 0
+				    : sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
 			snprintf(err, (size_t)errlen, "socket activation: fd %d ('%s') is not a "
-				 "listening AF_UNIX stream socket", fd, name);
+				 "listening %sstream socket", fd, name,
+				 slot == metrics ? "" : "AF_UNIX ");
 			r = -EINVAL;
 		} else if (*slot >= 0) {
 			snprintf(err, (size_t)errlen, "socket activation: two %s sockets passed "
-				 "(fds %d and %d); name them worker and admin", slot == admin ?
-				 "admin" : "worker", *slot, fd);
+				 "(fds %d and %d); name them worker, admin and metrics",
+				 slot == admin ? "admin" : slot == metrics ? "metrics" : "worker",
+				 *slot, fd);
 			r = -EINVAL;
 		} else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0 ||
 			   fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
@@ -123,12 +126,12 @@ int kv_service_listen_fds(int *worker, int *admin, char *err, int errlen)
 	if (r < 0) {
 		for (i = 0; i < n; i++)
 			close(SD_LISTEN_FDS_START + i);
-		*worker = *admin = -1;
+		*worker = *admin = *metrics = -1;
 	}
 	for (i = 0; names && names[i]; i++)
 		free(names[i]);
 	free(names);
-	return r < 0 ? r : (*worker >= 0) + (*admin >= 0);
+	return r < 0 ? r : (*worker >= 0) + (*admin >= 0) + (*metrics >= 0);
 #else
 	(void)err;
 	(void)errlen;

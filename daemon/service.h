@@ -31,12 +31,15 @@ void kv_service_watchdog(void);
 uint64_t kv_service_watchdog_usec(void);
 
 /* Takes the sockets passed by socket activation (sd_listen_fds_with_names):
- * the one named "worker" (or the only one not named like "admin") and the
- * one named "admin" (or any name containing "admin"). Each must be a
- * listening AF_UNIX stream socket; it is made non-blocking and close-on-exec.
- * Sets *worker and *admin to the fds, or -1 for one not passed. Returns the
- * number taken, or -EINVAL (message in err) for a socket that does not fit;
- * every passed fd is closed then. */
-int kv_service_listen_fds(int *worker, int *admin, char *err, int errlen);
+ * the one named "worker" (or the only one not named like "admin" or
+ * "metrics"), the one named "admin" (or any name containing "admin") and the
+ * one named "metrics" (any name containing "metrics": GET /metrics over
+ * HTTP, http.h). The worker and admin sockets must be listening AF_UNIX
+ * stream sockets, the metrics one a listening stream socket of any family
+ * (kvcached-metrics.socket passes a TCP one); each is made non-blocking and
+ * close-on-exec. Sets *worker, *admin and *metrics to the fds, or -1 for one
+ * not passed. Returns the number taken, or -EINVAL (message in err) for a
+ * socket that does not fit; every passed fd is closed then. */
+int kv_service_listen_fds(int *worker, int *admin, int *metrics, char *err, int errlen);
 
 #endif

@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "hist.h"
 #include "list.h"
 #include "pool.h"
 
@@ -68,6 +69,17 @@ struct kv_tier_stats {
 	uint64_t blocks, dirty;    /* dirty: G2 copies not on G3 */
 	uint64_t hits, promotions, demotions, evictions;
 	uint64_t io_errors, checksum_failures, inflight;
+	uint64_t queued;           /* G3: disk I/Os waiting for room in its ring */
+};
+
+/* The tiers' latency histograms (hist.h), from the start of each copy or
+ * disk I/O to its completion, failed ones included. */
+enum {
+	KV_TH_DEMOTE,         /* G1 -> G2 copies (one per batch) */
+	KV_TH_PROMOTE_G2,     /* G2 -> G1 copies */
+	KV_TH_PROMOTE_G3,     /* G3 -> G2 reads (a promotion from disk, first leg) */
+	KV_TH_WRITEBACK,      /* G2 -> G3 writes */
+	KV_TIER_HISTS
 };
 
 struct kv_tiers;
@@ -167,6 +179,8 @@ uint64_t kv_tiers_flush(struct kv_tiers *t);
 int kv_tiers_clean(const struct kv_tiers *t);
 
 void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]);
+/* Histogram which (KV_TH_*); valid while t lives. */
+const struct kv_hist *kv_tiers_hist(const struct kv_tiers *t, int which);
 /* Index entries the lower tiers hold (for kv_pools_check), and their own
  * invariants: problems are reported like the pool checker's. */
 uint64_t kv_tiers_entries(const struct kv_tiers *t);

@@ -84,6 +84,7 @@ ALL = {
     "demote_high": "30%",
     "writeback_low": "15%",
     "writeback_high": "40%",
+    "metrics_listen": "127.0.0.1:0",
 }
 defaults = printed("--config=")
 check(set(defaults) == set(ALL), "keys of --print-config %s differ from this test's %s: a new "
@@ -157,7 +158,11 @@ for text, want in [("frobnicate = 1\n", "unknown key 'frobnicate'"),
                    ("socket = /tmp/a.sock\nadmin_socket = /tmp/a.sock\n", "admin_socket"),
                    ("host_tier_size = 64MiB\ndisk_path = /tmp/g3\n", "needs disk_size"),
                    ("disk_path = /tmp/g3\ndisk_size = 1GiB\n", "host tier"),
-                   ("demote_low = 50\ndemote_high = 40\n", "low watermark")]:
+                   ("demote_low = 50\ndemote_high = 40\n", "low watermark"),
+                   # Checked once the file is read (kv_config_finish, http.c).
+                   ("metrics_listen = localhost:9469\n", "metrics_listen: bad value"),
+                   ("metrics_listen = [::1]9469\n", "metrics_listen: bad value"),
+                   ("metrics_listen = 127.0.0.1:65536\n", "metrics_listen: bad value")]:
     f = write(os.path.join(d, "bad.conf"), text)
     r = run("--config=" + f, "--check-config")
     check(r.returncode == 2 and want in r.stderr, "%r: %d %s" % (text, r.returncode, r.stderr))

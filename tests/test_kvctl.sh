@@ -93,16 +93,18 @@ for line in text.splitlines():
     elif line.startswith("# TYPE "):
         _, _, name, typ = line.split(" ")
         assert name in helps and name not in types, line
-        assert typ in ("counter", "gauge"), line
+        assert typ in ("counter", "gauge", "histogram"), line
         assert typ != "counter" or name.endswith("_total"), line
         types[name] = typ
     else:
         m = sample_re.match(line)
         assert m, "bad sample line: %r" % line
-        assert m.group(1) in types, "sample before its TYPE: %r" % line
+        fam = re.sub(r"_(bucket|sum|count)$", "", m.group(1))
+        assert m.group(1) in types or types.get(fam) == "histogram", \
+            "sample before its TYPE: %r" % line
         float(m.group(3))
         samples.append(line)
-for want in ("kvcached_pages_total", "kvcached_pages_free", "kvcached_pool_blocks",
+for want in ("kvcached_pages", "kvcached_pages_free", "kvcached_pool_blocks",
              "kvcached_pool_allocs_total", "kvcached_pool_lookups_total", "kvcached_pool_hits_total",
              "kvcached_pool_evictions_total", "kvcached_pool_dedups_total", "kvcached_requests_total",
              "kvcached_enospc_total", "kvcached_sessions", "kvcached_uptime_seconds",

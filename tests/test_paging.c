@@ -42,7 +42,8 @@ static void populate(kvc_conn *c[3])
 }
 
 /* Runs kvctl ARGS into a malloc()ed string, without the lines that differ
- * from one daemon to the next whatever they hold: uptime and requests. */
+ * from one daemon to the next whatever they hold: uptime, requests and the
+ * requests' service times. */
 static char *kvctl(const char *args)
 {
 	char cmd[512], line[4096];
@@ -60,7 +61,8 @@ static char *kvctl(const char *args)
 		if (strstr(line, "kvcached_uptime_seconds ") == line ||
 		    strstr(line, "kvcached_requests_total ") == line || strstr(line, "uptime ") == line ||
 		    strstr(line, "requests ") == line || strstr(line, "\"uptime_ms\":") ||
-		    strstr(line, "\"requests\":"))
+		    strstr(line, "\"requests\":") ||
+		    strstr(line, "kvcached_request_duration_seconds") == line)
 			continue;
 		while (len + n + 1 > cap)
 			CHECK((out = realloc(out, cap *= 2)) != NULL);

@@ -15,13 +15,13 @@ src=${MESON_SOURCE_ROOT:-$(dirname "$0")/..}/systemd
 dir=$(mktemp -d /tmp/kvt-units.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 sed "s|@sbindir@/kvcached|$KVCACHED_BIN|" "$src/kvcached.service.in" > "$dir/kvcached.service"
-cp "$src/kvcached.socket" "$src/kvcached-admin.socket" "$dir/"
+cp "$src/kvcached.socket" "$src/kvcached-admin.socket" "$src/kvcached-metrics.socket" "$dir/"
 grep -q "^ExecStart=$KVCACHED_BIN\$" "$dir/kvcached.service"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 cd "$dir"
 out=$(systemd-analyze verify --man=no kvcached.service kvcached.socket \
-	kvcached-admin.socket 2>&1) || fail "verify: $out"
+	kvcached-admin.socket kvcached-metrics.socket 2>&1) || fail "verify: $out"
 [ -z "$out" ] || fail "verify has something to say: $out"
 echo "ok: systemd-analyze verify"
 

@@ -114,8 +114,15 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 		st[KV_TIER_G2] = t->lv[L2].st;
 	if (t->lv[L3].on)
 		st[KV_TIER_G3] = t->lv[L3].st;
-	if (t->lv[L3].on)
+	if (t->lv[L3].on) {
 		st[KV_TIER_G3].io_errors += t->jr.errors;
+		st[KV_TIER_G3].queued = t->disk.nqueued;
+	}
+}
+
+const struct kv_hist *kv_tiers_hist(const struct kv_tiers *t, int which)
+{
+	return &t->hist[which];
 }
 
 uint64_t kv_tiers_entries(const struct kv_tiers *t)

@@ -87,6 +87,7 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 			free(op);
 			break;
 		}
+		op->start_ns = kv_hist_now_ns();
 		r = t->be->ops->copy_async(t->be, dev, KV_COPY_D2H, c, op->n, (uint64_t)(uintptr_t)op);
 		if (r < 0) {
 			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
@@ -106,6 +107,7 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 	uint32_t i;
 
 	t->down_bytes[op->dev] -= op->bytes;
+	kv_hist_since(&t->hist[KV_TH_DEMOTE], op->start_ns);
 	if (res < 0) {
 		t->lv[L2].st.io_errors++;
 		kv_warn("host tier: demotion of %u blocks failed: %s; they stay in G1", op->n,

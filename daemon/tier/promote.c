@@ -83,6 +83,7 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 			      .host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
 			      .len = tb->pool->block_bytes };
 	tb_busy_set(tb, BUSY_UP);
+	op->start_ns = kv_hist_now_ns();
 	r = t->be->ops->copy_async(t->be, op->dev, KV_COPY_H2D, &c, 1, (uint64_t)(uintptr_t)op);
 	if (r < 0) {
 		free(op);
@@ -102,6 +103,7 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 
 	kv_assert(op->n == 1 && (tb->busy & BUSY_UP));
 	t->lv[L2].st.inflight--;
+	kv_hist_since(&t->hist[KV_TH_PROMOTE_G2], op->start_ns);
 	if (res < 0 || !b) {
 		t->lv[L2].st.io_errors++;
 		kv_warn("host tier: promotion copy failed: %s", strerror(res < 0 ? -res : EIO));
@@ -145,6 +147,7 @@ static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 				       .len = tb->run[L3]->slot_bytes,
 				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->lv[L3].st.inflight++;
+	tb->dop_ns = kv_hist_now_ns();
 	kv_disk_submit(&t->disk, &tb->dop);
 	return 0;
 }
@@ -180,6 +183,7 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 
 	kv_assert(tb->busy & BUSY_READ);
 	L->st.inflight--;
+	kv_hist_since(&t->hist[KV_TH_PROMOTE_G3], tb->dop_ns);
 	if (res != (int)dop->len) {
 		L->st.io_errors++;
 		bad = res < 0 ? strerror(-res) : "short read";

@@ -131,6 +131,7 @@ struct tblock {
 	struct kv_list waiters;    /* parked lookups */
 	uint64_t dst;              /* promotion: the G1 block being filled */
 	struct kv_disk_op dop;
+	uint64_t dop_ns;           /* when dop was submitted (hist.h) */
 };
 
 enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
@@ -139,6 +140,7 @@ struct copyop {
 	int kind;
 	uint32_t dev, n;
 	uint64_t bytes;
+	uint64_t start_ns;         /* when the copy started (hist.h) */
 	struct kv_swap *sw;
 	struct tblock *tb[BATCH];
 	uint64_t h[BATCH];
@@ -203,6 +205,7 @@ struct kv_tiers {
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
 	struct kv_tier_stats g1;
 	uint64_t layout_id[KV_MAX_POOLS];  /* per pool id: names its layout across restarts */
+	struct kv_hist hist[KV_TIER_HISTS];
 };
 
 /* ---- between the files ---------------------------------------------------- */

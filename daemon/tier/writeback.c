@@ -26,6 +26,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->wb_bytes += tb->run[L2]->slot_bytes;
 	t->lv[L3].st.inflight++;
+	tb->dop_ns = kv_hist_now_ns();
 	kv_disk_submit(&t->disk, &tb->dop);
 	return 0;
 }
@@ -39,6 +40,7 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 	kv_assert((tb->busy & BUSY_WB) && tb->run[L2] && tb->run[L3] && !tb->g3_ok);
 	t->wb_bytes -= tb->run[L2]->slot_bytes;
 	L->st.inflight--;
+	kv_hist_since(&t->hist[KV_TH_WRITEBACK], tb->dop_ns);
 	if (res == (int)dop->len && !tb->dead) {
 		tb->g3_ok = 1;
 		L->st.blocks++;
