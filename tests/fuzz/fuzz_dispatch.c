@@ -28,16 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "daemon.h"
-#include "log.h"
-#include "ops.h"
-#include "pool.h"
-#include "session.h"
-#include "tier.h"
+#include "fuzzd.h"
 
-#define NSESS 3
-#define ADMIN NSESS
+#define NSESS FZ_NSESS
 #define MAXH 64
 #define MAXSW 8
 
@@ -47,12 +40,9 @@ struct track {
 	uint64_t sw[MAXSW];
 	int nsw;
 	uint32_t pool[2];
-	int woken;
 };
 
-static struct kv_daemon D;
-static struct kv_session S[NSESS + 1];
-static struct track T[NSESS + 1];
+static struct track T[FZ_NSESS + 1];
 static char dir[64];
 
 struct in {
@@ -77,62 +67,9 @@ static uint64_t take64(struct in *in)
 	return v;
 }
 
-static void finding(const char *what)
+static void on_open(int i)
 {
-	fprintf(stderr, "fuzz_dispatch: %s\n", what);
-	abort();
-}
-
-static void wake(struct kv_waiter *w)
-{
-	struct kv_session *ss = kv_container_of(w, struct kv_session, waiter);
-
-	T[ss - S].woken = 1;
-}
-
-static void hello(int i, const char *ns);
-
-/* A fresh session i, past its Hello in namespace ns. */
-static void open_session_ns(int i, const char *ns)
-{
-	struct ucred cr = { .pid = getpid(), .uid = 0, .gid = 0 };
-
-	memset(&S[i], 0, sizeof(S[i]));
 	memset(&T[i], 0, sizeof(T[i]));
-	kv_session_open(&D, &S[i], &cr, i == ADMIN);
-	S[i].waiter.wake = wake;
-	hello(i, ns);
-}
-
-static void open_session(int i)
-{
-	open_session_ns(i, "");
-}
-
-static int in_flight(void)
-{
-	struct kv_tier_stats st[KV_NTIERS];
-
-	kv_tiers_stats(D.tiers, st);
-	return st[KV_TIER_G1].inflight || st[KV_TIER_G2].inflight || st[KV_TIER_G3].inflight;
-}
-
-/* Runs the completions of copies and disk I/O until nothing is in flight. */
-static void pump(void)
-{
-	for (int k = 0; k < 10000; k++) {
-		struct pollfd p[2] = { { D.be->completion_fd, POLLIN, 0 },
-				       { kv_tiers_disk_fd(D.tiers), POLLIN, 0 } };
-
-		kv_tiers_copies_done(D.tiers);
-		kv_tiers_disk_done(D.tiers);
-		kv_daemon_collect(&D);
-		kv_tiers_kick(D.tiers);
-		if (!in_flight())
-			return;
-		poll(p, p[1].fd >= 0 ? 2 : 1, 100);
-	}
-	finding("tier I/O still in flight after 10,000 pumps");
 }
 
 static void forget(int i, uint64_t h)
@@ -146,47 +83,6 @@ static void forget(int i, uint64_t h)
 
 /* Dispatches rq for session i as the transport would; returns the reply
  * (valid until the next run) or NULL when the session was closed. */
-static Kvcached__Response *run(int i, Kvcached__Request *rq)
-{
-	static Kvcached__Response rs;
-	enum kv_op_outcome out;
-
-	for (int tries = 0;; tries++) {
-		kvcached__response__init(&rs);
-		T[i].woken = 0;
-		kv_daemon_collect(&D);
-		out = kv_ops_dispatch(&D, &S[i], rq, &rs);
-		if (out == KV_OP_HOLD) {
-			kv_session_fds_read(&S[i]);  /* our peer reads everything at once */
-		} else if (out == KV_OP_PARK) {
-			pump();
-			if (!T[i].woken && !in_flight())
-				finding("a parked request nobody will wake");
-		} else {
-			break;
-		}
-		kv_arena_reset(&D.arena);
-		if (tries > 1000)
-			finding("a request parked or held 1,000 times");
-	}
-	kv_session_fds_sent(&S[i], S[i].nfds);
-	kv_session_fds_read(&S[i]);
-	kv_tiers_kick(D.tiers);
-	if (getenv("FUZZ_TRACE"))
-		fprintf(stderr, "session %d op %d: %s%s (%zu blocks)\n", i, (int)rq->op_case,
-			out == KV_OP_CLOSE ? "closed: " : out == KV_OP_NOMEM ? "no memory" : "",
-			rs.error && rs.error->code ? rs.error->message : "ok",
-			rs.result_case == KVCACHED__RESPONSE__RESULT_BLOCKS ? rs.blocks->n_blocks : 0);
-	if (out == KV_OP_CLOSE || out == KV_OP_NOMEM) {
-		kv_arena_reset(&D.arena);
-		kv_session_release(&S[i]);
-		kv_daemon_collect(&D);
-		open_session(i);
-		return NULL;
-	}
-	return &rs;
-}
-
 /* After a reply: the handles and swaps it gave session i. */
 static void keep(int i, const Kvcached__Response *rs)
 {
@@ -216,20 +112,6 @@ static void hash_of(unsigned id, uint8_t out[32])
 	out[1] = 0x5a;
 }
 
-static void hello(int i, const char *ns)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Hello h = KVCACHED__HELLO__INIT;
-
-	h.min_version = h.max_version = 1;
-	h.namespace_ = (char *)ns;
-	h.client_name = "fuzz";
-	rq.op_case = KVCACHED__REQUEST__OP_HELLO;
-	rq.hello = &h;
-	run(i, &rq);
-	kv_arena_reset(&D.arena);
-}
-
 static void step(struct in *in)
 {
 	static const char *const ns[] = { "", "a", "b" };
@@ -246,9 +128,9 @@ static void step(struct in *in)
 	switch (op) {
 	case 0:
 		/* Leaves, and comes back in another namespace. */
-		kv_session_release(&S[i]);
-		kv_daemon_collect(&D);
-		open_session_ns(i, ns[take(in) % 3]);
+		kv_session_release(&fz_s[i]);
+		kv_daemon_collect(&fz_d);
+		fz_open(i, ns[take(in) % 3]);
 		return;
 	case 1: {
 		Kvcached__RegisterPool m = KVCACHED__REGISTER_POOL__INIT;
@@ -260,7 +142,7 @@ static void step(struct in *in)
 		m.dtype = "fp16";
 		rq.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
 		rq.register_pool = &m;
-		rs = run(i, &rq);
+		rs = fz_run(i, &rq);
 		if (rs && rs->result_case == KVCACHED__RESPONSE__RESULT_REGISTER_POOL)
 			T[i].pool[which == 1] = rs->register_pool->pool_id;
 		break;
@@ -272,7 +154,7 @@ static void step(struct in *in)
 		m.count = 1 + take(in) % 8;
 		rq.op_case = KVCACHED__REQUEST__OP_ALLOC;
 		rq.alloc = &m;
-		keep(i, rs = run(i, &rq));
+		keep(i, rs = fz_run(i, &rq));
 		break;
 	}
 	case 3: {
@@ -288,7 +170,7 @@ static void step(struct in *in)
 		m.hashes.len = 32 * n - (take(in) % 32 == 0);
 		rq.op_case = KVCACHED__REQUEST__OP_SEAL;
 		rq.seal = &m;
-		rs = run(i, &rq);
+		rs = fz_run(i, &rq);
 		if (rs && rs->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
 			for (unsigned k = 0; k < n; k++)
 				forget(i, h[k]);
@@ -307,7 +189,7 @@ static void step(struct in *in)
 		m.hashes.len = 32 * n;
 		rq.op_case = KVCACHED__REQUEST__OP_LOOKUP;
 		rq.lookup = &m;
-		keep(i, rs = run(i, &rq));
+		keep(i, rs = fz_run(i, &rq));
 		break;
 	}
 	case 5: {
@@ -317,7 +199,7 @@ static void step(struct in *in)
 		m.blocks = h;
 		rq.op_case = KVCACHED__REQUEST__OP_RELEASE;
 		rq.release = &m;
-		rs = run(i, &rq);
+		rs = fz_run(i, &rq);
 		if (rs && (!rs->error || !rs->error->code))
 			for (unsigned k = 0; k < n; k++)
 				forget(i, h[k]);
@@ -339,7 +221,7 @@ static void step(struct in *in)
 			rq.op_case = KVCACHED__REQUEST__OP_COW;
 			rq.cow = &c;
 		}
-		rs = run(i, &rq);
+		rs = fz_run(i, &rq);
 		if (rs && op == 7 && rs->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS)
 			for (unsigned k = 0; k < n; k++)
 				forget(i, h[k]);
@@ -353,7 +235,7 @@ static void step(struct in *in)
 		m.blocks = h;
 		rq.op_case = KVCACHED__REQUEST__OP_SWAP_OUT;
 		rq.swap_out = &m;
-		rs = run(i, &rq);
+		rs = fz_run(i, &rq);
 		if (rs && rs->result_case == KVCACHED__RESPONSE__RESULT_SWAP_OUT)
 			for (unsigned k = 0; k < n; k++)
 				forget(i, h[k]);
@@ -366,7 +248,7 @@ static void step(struct in *in)
 		m.swap = T[i].nsw && take(in) != 255 ? T[i].sw[take(in) % T[i].nsw] : take64(in);
 		rq.op_case = KVCACHED__REQUEST__OP_SWAP_IN;
 		rq.swap_in = &m;
-		keep(i, rs = run(i, &rq));
+		keep(i, rs = fz_run(i, &rq));
 		break;
 	}
 	case 10:
@@ -383,7 +265,7 @@ static void step(struct in *in)
 			rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
 			rq.flush = &fl;
 		}
-		run(take(in) % 2 ? ADMIN : i, &rq);
+		fz_run(take(in) % 2 ? FZ_ADMIN : i, &rq);
 		break;
 	}
 	case 12: {
@@ -391,16 +273,16 @@ static void step(struct in *in)
 
 		rq.op_case = KVCACHED__REQUEST__OP_STATS;
 		rq.stats = &st;
-		run(i, &rq);
+		fz_run(i, &rq);
 		break;
 	}
 	case 13:
-		kv_session_release(&S[i]);
-		kv_daemon_collect(&D);
-		open_session(i);
+		kv_session_release(&fz_s[i]);
+		kv_daemon_collect(&fz_d);
+		fz_open(i, "");
 		break;
 	case 14:
-		pump();
+		fz_pump();
 		break;
 	default: {
 		/* A raw Request: whatever protobuf-c makes of the bytes. */
@@ -409,57 +291,15 @@ static void step(struct in *in)
 
 		if (len > in->n)
 			len = in->n;
-		raw = kvcached__request__unpack(kv_arena_pb(&D.arena), len, in->p);
+		raw = kvcached__request__unpack(kv_arena_pb(&fz_d.arena), len, in->p);
 		in->p += len;
 		in->n -= len;
 		if (raw && raw->op_case != KVCACHED__REQUEST__OP_HELLO)
-			keep(i, run(i, raw));
+			keep(i, fz_run(i, raw));
 		break;
 	}
 	}
-	kv_arena_reset(&D.arena);
-}
-
-static int check_ok(void)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Check c = KVCACHED__CHECK__INIT;
-	Kvcached__Response *rs;
-	int ok;
-
-	rq.op_case = KVCACHED__REQUEST__OP_CHECK;
-	rq.check = &c;
-	rs = run(ADMIN, &rq);
-	ok = rs && rs->result_case == KVCACHED__RESPONSE__RESULT_CHECK && rs->check->ok;
-	if (!ok && rs && rs->result_case == KVCACHED__RESPONSE__RESULT_CHECK)
-		for (size_t k = 0; k < rs->check->n_problems; k++)
-			fprintf(stderr, "  %s\n", rs->check->problems[k]);
-	kv_arena_reset(&D.arena);
-	return ok;
-}
-
-static void evict(Kvcached__Tier tier)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict e = KVCACHED__EVICT__INIT;
-
-	e.tier = tier;
-	e.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &e;
-	run(ADMIN, &rq);
-	kv_arena_reset(&D.arena);
-	pump();
-}
-
-static void set(struct kv_config *c, const char *k, const char *v)
-{
-	char err[256];
-
-	if (kv_config_set(c, kv_config_key(k), v, err, sizeof(err)) < 0) {
-		fprintf(stderr, "fuzz_dispatch: %s\n", err);
-		exit(1);
-	}
+	kv_arena_reset(&fz_d.arena);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -467,32 +307,25 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	static struct kv_config cfg;
-	char err[256], disk[96];
+	char err[256] = "";
 
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzz-XXXXXX");
 	if (!mkdtemp(dir))
 		exit(1);
-	snprintf(disk, sizeof(disk), "%s/g3", dir);
-	kv_config_defaults(&cfg);
-	set(&cfg, "pool_size", "64KiB");
-	set(&cfg, "segment_size", "16KiB");
-	set(&cfg, "page_size", "4KiB");
-	set(&cfg, "host_tier_size", "64KiB");
-#ifndef FUZZ_NO_DISK
-	set(&cfg, "disk_path", disk);
-	set(&cfg, "disk_size", "256KiB");
+#ifdef FUZZ_NO_DISK
+	fz_config(&cfg, dir, 0);
+#else
+	fz_config(&cfg, dir, 1);
 #endif
-	set(&cfg, "max_batch", "64");
-	set(&cfg, "log_level", getenv("FUZZ_LOG") ? "debug" : "err");
-	kv_log_level = getenv("FUZZ_LOG") ? KV_LOG_DEBUG : KV_LOG_ERR;
-	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&D, &cfg) < 0) {
+	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&fz_d, &cfg) < 0) {
 		fprintf(stderr, "fuzz_dispatch: %s\n", err);
 		exit(1);
 	}
+	fz_on_open = on_open;
 	for (int i = 0; i <= NSESS; i++)
-		open_session(i);
+		fz_open(i, "");
 	return 0;
 }
 
@@ -501,37 +334,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in in = { data, size };
-	uint64_t wr = 0, se = 0;
+	uint64_t held;
 
 	for (int k = 0; in.n && k < 256; k++)
 		step(&in);
-	pump();
-	if (!check_ok())
-		finding("the invariant check failed after the input");
+	fz_pump();
+	if (!fz_check())
+		fz_finding("the invariant check failed after the input");
 	/* Everyone leaves; the caches empty: nothing may stay held. */
 	for (int i = 0; i < NSESS; i++) {
-		kv_session_release(&S[i]);
-		open_session(i);
+		kv_session_release(&fz_s[i]);
+		fz_open(i, "");
 	}
-	kv_daemon_collect(&D);
-	pump();
-	evict(KVCACHED__TIER__TIER_G1);
-	evict(KVCACHED__TIER__TIER_G2);
-	evict(KVCACHED__TIER__TIER_G3);
-	for (uint32_t id = 0; id < kv_pools_end(D.pools); id++) {
-		const struct kv_pool *p = kv_pool_get(D.pools, id);
-
-		if (p) {
-			wr += p->n.writable;
-			se += p->n.sealed;
-		}
+	kv_daemon_collect(&fz_d);
+	fz_pump();
+	fz_evict(KVCACHED__TIER__TIER_G1);
+	fz_evict(KVCACHED__TIER__TIER_G2);
+	fz_evict(KVCACHED__TIER__TIER_G3);
+	if ((held = fz_held_blocks())) {
+		fprintf(stderr, "  %llu blocks writable or sealed\n", (unsigned long long)held);
+		fz_finding("blocks still held after every session closed");
 	}
-	if (wr || se) {
-		fprintf(stderr, "  %llu writable, %llu sealed\n", (unsigned long long)wr,
-			(unsigned long long)se);
-		finding("blocks still held after every session closed");
-	}
-	if (!check_ok())
-		finding("the invariant check failed after every session closed");
+	if (!fz_check())
+		fz_finding("the invariant check failed after every session closed");
 	return 0;
 }
