@@ -72,28 +72,50 @@ int kv_loop_cancel(struct kv_loop *l, struct kv_loop_watch *w)
 	return 0;
 }
 
+/* Calls the watch of every completion in the ring; returns how many. */
+static unsigned loop_reap(struct kv_loop *l)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0;
+
+	io_uring_for_each_cqe(&l->ring, head, cqe) {
+		struct kv_loop_watch *w = io_uring_cqe_get_data(cqe);
+		int more = !!(cqe->flags & IORING_CQE_F_MORE);
+
+		n++;
+		if (!w)
+			continue;
+		if (!more)
+			w->armed--;
+		/* Consume first: the callback may free w or queue more. */
+		w->cb(w, cqe->res, more);
+	}
+	io_uring_cq_advance(&l->ring, n);
+	return n;
+}
+
 int kv_loop_run(struct kv_loop *l)
 {
 	while (!l->stop) {
-		struct io_uring_cqe *cqe;
-		unsigned head, n = 0;
 		int r = io_uring_submit_and_wait(&l->ring, 1);
 
 		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
 			return r;
-		io_uring_for_each_cqe(&l->ring, head, cqe) {
-			struct kv_loop_watch *w = io_uring_cqe_get_data(cqe);
-			int more = !!(cqe->flags & IORING_CQE_F_MORE);
-
-			n++;
-			if (!w)
-				continue;
-			if (!more)
-				w->armed--;
-			/* Consume first: the callback may free w or queue more. */
-			w->cb(w, cqe->res, more);
-		}
-		io_uring_cq_advance(&l->ring, n);
+		loop_reap(l);
 	}
 	return 0;
+}
+
+int kv_loop_run_once(struct kv_loop *l, unsigned timeout_ms)
+{
+	struct __kernel_timespec ts = { .tv_sec = timeout_ms / 1000,
+					.tv_nsec = (long long)(timeout_ms % 1000) * 1000000 };
+	struct io_uring_cqe *cqe;
+	int r;
+
+	io_uring_submit(&l->ring);
+	r = io_uring_wait_cqe_timeout(&l->ring, &cqe, &ts);
+	if (r < 0 && r != -ETIME && r != -EINTR)
+		return r;
+	return (int)loop_reap(l);
 }

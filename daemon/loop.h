@@ -44,6 +44,10 @@ int kv_loop_cancel(struct kv_loop *l, struct kv_loop_watch *w);
 
 /* Runs until kv_loop_stop(). Returns 0 or -errno on a ring failure. */
 int kv_loop_run(struct kv_loop *l);
+/* One turn: submits what is queued, waits at most timeout_ms for a
+ * completion and runs every one that has arrived (tests and fuzzers drive
+ * the loop this way). Returns how many ran, or -errno. */
+int kv_loop_run_once(struct kv_loop *l, unsigned timeout_ms);
 
 static inline void kv_loop_stop(struct kv_loop *l)
 {
