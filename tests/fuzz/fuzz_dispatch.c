@@ -312,8 +312,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzz-XXXXXX");
-	if (!mkdtemp(dir))
-		exit(1);
+	fz_tmpdir(dir);
 #ifdef FUZZ_NO_DISK
 	fz_config(&cfg, dir, 0);
 #else

@@ -39,8 +39,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzzf-XXXXXX");
-	if (!mkdtemp(dir))
-		exit(1);
+	fz_tmpdir(dir);
 	fz_config(&cfg, dir, 0);
 	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&fz_d, &cfg) < 0) {
 		fprintf(stderr, "fuzz_frame: %s\n", err);

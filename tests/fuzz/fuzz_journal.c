@@ -151,8 +151,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzzj-XXXXXX");
-	if (!mkdtemp(dir))
-		exit(1);
+	fz_tmpdir(dir);
 	snprintf(jpath, sizeof(jpath), "%s/g3.idx", dir);
 	snprintf(dpath, sizeof(dpath), "%s/g3", dir);
 	fz_config(&cfg, dir, 1);

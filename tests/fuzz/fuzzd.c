@@ -16,6 +16,30 @@ struct kv_session fz_s[FZ_NSESS + 1];
 void (*fz_on_open)(int i);
 static int woken[FZ_NSESS + 1];
 
+static char tmpdir[128];
+
+static void rm_tmpdir(void)
+{
+	const char *const files[] = { "g3", "g3.idx", "g3.idx.tmp" };
+	char path[160];
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", tmpdir, files[i]);
+		unlink(path);
+	}
+	rmdir(tmpdir);
+}
+
+void fz_tmpdir(char *template)
+{
+	if (!mkdtemp(template) || strlen(template) >= sizeof(tmpdir)) {
+		perror("mkdtemp");
+		exit(1);
+	}
+	snprintf(tmpdir, sizeof(tmpdir), "%s", template);
+	atexit(rm_tmpdir);
+}
+
 void fz_finding(const char *what)
 {
 	fprintf(stderr, "fuzz: %s\n", what);

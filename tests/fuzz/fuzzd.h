@@ -18,6 +18,10 @@ extern struct kv_session fz_s[FZ_NSESS + 1];
 /* Called when session i is opened afresh (the harness forgets its handles). */
 extern void (*fz_on_open)(int i);
 
+/* Makes a fresh directory from template (mkdtemp's "...XXXXXX", rewritten in
+ * place) whose files and itself are removed when the process exits; exits
+ * on failure. */
+void fz_tmpdir(char *template);
 /* A finding: the message, then abort() (libFuzzer keeps the input). */
 void fz_finding(const char *what) __attribute__((noreturn));
 /* The tiny daemon's configuration: a 64 KiB pool in 16 KiB segments of
