@@ -20,7 +20,7 @@ static char tmpdir[128];
 
 static void rm_tmpdir(void)
 {
-	const char *const files[] = { "g3", "g3.idx", "g3.idx.tmp" };
+	const char *const files[] = { "g3", "g3.idx", "g3.idx.new" };
 	char path[160];
 
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
