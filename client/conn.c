@@ -1,5 +1,7 @@
 /* The connection to kvcached: socket, Hello, request/response framing, the
- * queue of received segment fds, the pool table and block addresses.
+ * queue of received segment fds, the pool table and block addresses, and the
+ * reconnection after a daemon restart. One file of about 1,000 lines: all of
+ * it changes struct kvc_conn, which is private here, under one lock.
  *
  * One request is in flight per connection; c->lock serializes calls and owns
  * everything below it in struct kvc_conn except the pool table and the map,

@@ -1,4 +1,6 @@
-/* The configuration table, its parsers and the INI file; see config.h. */
+/* The configuration table, its parsers and the INI file; see config.h. One
+ * file of about 850 lines, most of it the table: every key's row, parser and
+ * the rules between keys belong together. */
 #include "config.h"
 
 #include <ctype.h>
