@@ -353,6 +353,16 @@ void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sea
 	CHECK(*free != UINT64_MAX);
 }
 
+void kvt_rm_disk(const char *dir, const char *path)
+{
+	char idx[256];
+
+	unlink(path);
+	snprintf(idx, sizeof(idx), "%s.idx", path);
+	unlink(idx);
+	rmdir(dir);
+}
+
 void kvt_blocks_total(uint64_t *writable, uint64_t *sealed, uint64_t *cached)
 {
 	Kvcached__Response *rs = stats();

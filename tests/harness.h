@@ -36,6 +36,9 @@ int kvt_check(void);
 /* The daemon's stats for pool id (blocks by state). */
 void kvt_pool_counts(int pool, uint64_t *free, uint64_t *writable, uint64_t *sealed,
 		     uint64_t *cached);
+/* Removes a disk tier's file and index journal (path, path.idx) and the
+ * directory dir that held them. */
+void kvt_rm_disk(const char *dir, const char *path);
 /* Blocks by state, summed over every pool of the daemon. */
 void kvt_blocks_total(uint64_t *writable, uint64_t *sealed, uint64_t *cached);
 /* The daemon's numbers for one tier (0 G1, 1 G2, 2 G3); present 0 when the

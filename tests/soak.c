@@ -520,13 +520,6 @@ int main(int argc, char **argv)
 	}
 	CHECK_EQ(fds_burst, fds_end);
 	kvt_stop(&d);
-	{
-		char idx[160];
-
-		unlink(disk);
-		snprintf(idx, sizeof(idx), "%s.idx", disk);
-		unlink(idx);
-		rmdir(dir);
-	}
+	kvt_rm_disk(dir, disk);
 	return 0;
 }

@@ -207,13 +207,6 @@ int main(void)
 	CHECK_EQ(kvt_check(), 0);
 	kvc_close(c);
 	kvt_stop(&d);
-	{
-		char idx[160];
-
-		unlink(disk);
-		snprintf(idx, sizeof(idx), "%s.idx", disk);
-		unlink(idx);
-		rmdir(dir);
-	}
+	kvt_rm_disk(dir, disk);
 	return 0;
 }

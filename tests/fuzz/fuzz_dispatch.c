@@ -306,22 +306,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	static struct kv_config cfg;
-	char err[256] = "";
-
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzz-XXXXXX");
-	fz_tmpdir(dir);
 #ifdef FUZZ_NO_DISK
-	fz_config(&cfg, dir, 0);
+	fz_start(dir, 0);
 #else
-	fz_config(&cfg, dir, 1);
+	fz_start(dir, 1);
 #endif
-	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&fz_d, &cfg) < 0) {
-		fprintf(stderr, "fuzz_dispatch: %s\n", err);
-		exit(1);
-	}
 	fz_on_open = on_open;
 	for (int i = 0; i <= NSESS; i++)
 		fz_open(i, "");

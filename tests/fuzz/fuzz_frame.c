@@ -33,18 +33,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	static struct kv_config cfg;
-	char err[256] = "";
-
 	(void)argc;
 	(void)argv;
 	snprintf(dir, sizeof(dir), "/tmp/kvfuzzf-XXXXXX");
-	fz_tmpdir(dir);
-	fz_config(&cfg, dir, 0);
-	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&fz_d, &cfg) < 0) {
-		fprintf(stderr, "fuzz_frame: %s\n", err);
-		exit(1);
-	}
+	fz_start(dir, 0);
 	kv_conns_init(&cs, &fz_d);
 	return 0;
 }

@@ -82,6 +82,19 @@ void fz_config(struct kv_config *c, const char *dir, int disk)
 	kv_log_level = getenv("FUZZ_LOG") ? KV_LOG_DEBUG : KV_LOG_ERR;
 }
 
+void fz_start(char *template, int disk)
+{
+	static struct kv_config cfg;
+	char err[256] = "";
+
+	fz_tmpdir(template);
+	fz_config(&cfg, template, disk);
+	if (kv_config_finish(&cfg, err, sizeof(err)) < 0 || kv_daemon_init(&fz_d, &cfg) < 0) {
+		fprintf(stderr, "fuzz: cannot start the daemon: %s\n", err);
+		exit(1);
+	}
+}
+
 void fz_open(int i, const char *ns)
 {
 	struct ucred cr = { .pid = getpid(), .uid = 0, .gid = 0 };

@@ -28,6 +28,9 @@ void fz_finding(const char *what) __attribute__((noreturn));
  * 4 KiB pages, a 64 KiB host tier and, with disk, a 256 KiB disk tier at
  * dir/g3 (journal dir/g3.idx). Quiet unless $FUZZ_LOG is set. */
 void fz_config(struct kv_config *c, const char *dir, int disk);
+/* A daemon on fz_config(dir, disk) in fz_d (dir: a fresh temporary
+ * directory from template, removed at exit); exits on failure. */
+void fz_start(char *template, int disk);
 /* Opens session i afresh, past its Hello in namespace ns. */
 void fz_open(int i, const char *ns);
 /* Runs the completions of copies and disk I/O until nothing is in flight. */
