@@ -5,11 +5,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
-/* The length (1..4) of the valid UTF-8 sequence at s, which is
- * NUL-terminated, or 0: overlong forms, surrogates and code points past
- * U+10FFFF are invalid. */
-static inline size_t kv_utf8_len(const unsigned char *s)
+/* The length (1..4) of the valid UTF-8 sequence at s, of which avail bytes
+ * (at least 1) may be read, or 0: truncated sequences, overlong forms,
+ * surrogates and code points past U+10FFFF are invalid. Shared by the
+ * daemon's checks and kvctl's output. */
+static inline size_t kv_utf8_len(const unsigned char *s, size_t avail)
 {
 	size_t n, i;
 	uint32_t c;
@@ -23,6 +25,8 @@ static inline size_t kv_utf8_len(const unsigned char *s)
 	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
 		n = 4, c = s[0] & 0x07;
 	else
+		return 0;
+	if (avail < n)
 		return 0;
 	for (i = 1; i < n; i++) {
 		if ((s[i] & 0xc0) != 0x80)
@@ -39,13 +43,15 @@ static inline size_t kv_utf8_len(const unsigned char *s)
 static inline int kv_text_ok(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
+	size_t left = strlen(s);
 
-	while (*p) {
-		size_t n = kv_utf8_len(p);
+	while (left) {
+		size_t n = kv_utf8_len(p, left);
 
 		if (!n || *p < 0x20 || *p == 0x7f)
 			return 0;
 		p += n;
+		left -= n;
 	}
 	return 1;
 }

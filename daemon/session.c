@@ -120,10 +120,10 @@ void kv_session_release(struct kv_session *ss)
 void kv_session_set_name(struct kv_session *ss, const char *name)
 {
 	const unsigned char *s = (const unsigned char *)name;
-	size_t o = 0, cap = sizeof(ss->name) - 1;
+	size_t o = 0, cap = sizeof(ss->name) - 1, left = strlen(name);
 
-	while (*s) {
-		size_t n = kv_utf8_len(s);
+	while (left) {
+		size_t n = kv_utf8_len(s, left);
 
 		if (n == 0 || (n == 1 && (*s < 0x20 || *s == 0x7f))) {
 			n = 1;
@@ -137,6 +137,7 @@ void kv_session_set_name(struct kv_session *ss, const char *name)
 			o += n;
 		}
 		s += n;
+		left -= n;
 	}
 	ss->name[o] = 0;
 }

@@ -13,6 +13,7 @@
 #include <libsmartcols.h>
 
 #include "kvctl.h"
+#include "kvtext.h"
 
 void *xrealloc(void *p, size_t n)
 {
@@ -40,40 +41,6 @@ char *xasprintf(const char *fmt, ...)
 	return s;
 }
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-	size_t len, i;
-	uint32_t cp;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf) {
-		len = 2;
-		cp = s[0] & 0x1f;
-	} else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-		len = 3;
-		cp = s[0] & 0x0f;
-	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-		len = 4;
-		cp = s[0] & 0x07;
-	} else {
-		return 0;
-	}
-	if (n < len)
-		return 0;
-	for (i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (s[i] & 0x3f);
-	}
-	/* Overlong forms, surrogates, beyond U+10FFFF. */
-	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-	    (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
-
 /* ---- JSON ---------------------------------------------------------------- */
 
 /* s as valid UTF-8: each invalid byte becomes U+FFFD. */
@@ -85,7 +52,7 @@ static json_t *utf8_string(const char *str)
 	json_t *v;
 
 	while (i < n) {
-		size_t len = utf8_len(s + i, n - i);
+		size_t len = kv_utf8_len(s + i, n - i);
 
 		if (len == 0) {
 			memcpy(r + o, "\xef\xbf\xbd", 3);
@@ -217,7 +184,7 @@ char *sanitize(const char *s)
 
 	while (i < n) {
 		const unsigned char *p = (const unsigned char *)s + i;
-		size_t len = utf8_len(p, n - i);
+		size_t len = kv_utf8_len(p, n - i);
 
 		if (len == 0 || *p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] < 0xa0)) {
 			r[o++] = '?';
