@@ -94,6 +94,8 @@ int kv_loop_run(struct kv_loop *l)
 			w->cb(w, cqe->res, more);
 		}
 		io_uring_cq_advance(&l->ring, n);
+		if (l->idle)
+			l->idle(l->idle_ctx);
 	}
 	return 0;
 }

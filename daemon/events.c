@@ -1,0 +1,792 @@
+/* KV events: see events.h; the format and its sources are in docs/events.md. */
+#include "events.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "kvconfig.h"
+#include "kverr.h"
+
+#if !KV_HAVE_EVENTS
+
+int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
+		   char *err, size_t errlen)
+{
+	(void)loop;
+	*out = NULL;
+	if (!cfg->events_endpoint[0] && !cfg->events_replay_endpoint[0])
+		return 0;
+	kv_errf(err, errlen, "events_endpoint: this kvcached was built without KV events "
+		"(meson -Devents=enabled needs libzmq and msgpack-c)");
+	return -ENOTSUP;
+}
+
+void kv_events_close(struct kv_events *ev)
+{
+	(void)ev;
+}
+
+int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
+		   int tokens)
+{
+	return 0;
+}
+
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+}
+
+void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium)
+{
+}
+
+void kv_events_flush(struct kv_events *ev)
+{
+}
+
+void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+}
+
+#else
+
+#include <grp.h>
+#include <poll.h>
+#include <msgpack.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "index.h"
+#include "list.h"
+#include "log.h"
+#include "loop.h"
+#include "pool.h"
+
+/* Room left in front of a batch's events for its header: fixarray(2),
+ * float64 ts, array32 count. */
+#define HDR_ROOM 15
+/* Hashes one pending event holds before it is written out. */
+#define PEND_MAX 256
+#define MAX_TOPICS 1024
+#define TOPIC_MAX 320
+
+static const char *const medium_name[KV_MEDIUMS] = { "GPU", "CPU", "DISK" };
+
+struct buf {
+	char *p;
+	size_t len, cap;
+};
+
+struct topic {
+	char name[TOPIC_MAX];
+	size_t namelen;
+	uint64_t seq;         /* the next batch's */
+	struct buf batch;     /* HDR_ROOM bytes, then the events */
+	uint32_t nevents;
+	int queued;           /* on the dirty list */
+};
+
+struct replay {
+	uint32_t topic;
+	uint64_t seq;
+	char *p;
+	size_t len;
+};
+
+enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
+
+struct kv_events {
+	void *zctx, *pub, *router;
+	struct kv_loop *loop;
+	struct kv_loop_watch rw;
+	int rfd;
+	int int_hashes;       /* events_hash_format = int */
+	const char *node;
+	struct topic *topics;
+	uint32_t ntopics;
+	uint16_t *dirty;      /* topics with events queued */
+	uint32_t ndirty;
+	/* per pool: topic + 1 (0: none), block size, token ids allowed */
+	uint16_t pool_topic[KV_MAX_POOLS];
+	uint32_t pool_bs[KV_MAX_POOLS];
+	uint8_t pool_tokens[KV_MAX_POOLS];
+	/* The event being gathered. */
+	int pk;
+	uint32_t ppool;
+	int pmedium;
+	int phas_parent, phas_tokens;
+	uint8_t pparent[KV_HASH_BYTES];
+	uint8_t phash[PEND_MAX][KV_HASH_BYTES];
+	uint32_t nph;
+	uint32_t *ptok;
+	size_t nptok, ptok_cap;
+	/* Replay ring. */
+	struct replay *ring;
+	uint32_t ring_cap, ring_head, ring_n;
+	struct kv_events_stats st;
+	char scratch[256];
+};
+
+static int buf_room(struct buf *b, size_t more)
+{
+	size_t cap;
+	char *np;
+
+	if (b->len + more <= b->cap)
+		return 0;
+	cap = b->cap ? b->cap : 4096;
+	while (cap < b->len + more)
+		cap *= 2;
+	np = realloc(b->p, cap);
+	if (!np)
+		return -ENOMEM;
+	b->p = np;
+	b->cap = cap;
+	return 0;
+}
+
+static int buf_write(void *data, const char *s, size_t n)
+{
+	struct buf *b = data;
+
+	if (buf_room(b, n) < 0)
+		return -1;
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	return 0;
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *s)
+{
+	size_t n = strlen(s);
+
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_hash(const struct kv_events *ev, msgpack_packer *pk, const uint8_t *h)
+{
+	if (ev->int_hashes) {
+		/* vLLM's int form: the digest's last 8 bytes, big endian
+		 * (docs/events.md). */
+		uint64_t v = 0;
+		int i;
+
+		for (i = KV_HASH_BYTES - 8; i < KV_HASH_BYTES; i++)
+			v = v << 8 | h[i];
+		msgpack_pack_uint64(pk, v);
+		return;
+	}
+	msgpack_pack_bin(pk, KV_HASH_BYTES);
+	msgpack_pack_bin_body(pk, h, KV_HASH_BYTES);
+}
+
+static void topic_dirty(struct kv_events *ev, uint32_t t)
+{
+	if (!ev->topics[t].queued) {
+		ev->topics[t].queued = 1;
+		ev->dirty[ev->ndirty++] = (uint16_t)t;
+	}
+}
+
+static int topic_open_batch(struct topic *tp)
+{
+	if (tp->batch.len)
+		return 0;
+	if (buf_room(&tp->batch, HDR_ROOM) < 0)
+		return -ENOMEM;
+	tp->batch.len = HDR_ROOM;
+	return 0;
+}
+
+static void send_batch(struct kv_events *ev, uint32_t t);
+
+/* Writes the pending event into its topic's batch. */
+static void pend_write(struct kv_events *ev)
+{
+	uint32_t t, i;
+	struct topic *tp;
+	msgpack_packer pk;
+
+	if (ev->pk == PEND_NONE)
+		return;
+	t = ev->pool_topic[ev->ppool] - 1u;
+	tp = &ev->topics[t];
+	if (topic_open_batch(tp) < 0)
+		goto out;
+	msgpack_packer_init(&pk, &tp->batch, buf_write);
+	if (ev->pk == PEND_STORED) {
+		/* vLLM's BlockStored as a tagged map (tag field "type"), its
+		 * fields in declaration order; those with a default of None
+		 * (extra_keys, group_idx, ...) are omitted as msgspec's
+		 * omit_defaults does. */
+		msgpack_pack_map(&pk, 8);
+		pack_cstr(&pk, "type");
+		pack_cstr(&pk, "BlockStored");
+		pack_cstr(&pk, "block_hashes");
+		msgpack_pack_array(&pk, ev->nph);
+		for (i = 0; i < ev->nph; i++)
+			pack_hash(ev, &pk, ev->phash[i]);
+		pack_cstr(&pk, "parent_block_hash");
+		if (ev->phas_parent)
+			pack_hash(ev, &pk, ev->pparent);
+		else
+			msgpack_pack_nil(&pk);
+		pack_cstr(&pk, "token_ids");
+		msgpack_pack_array(&pk, ev->phas_tokens ? ev->nptok : 0);
+		for (i = 0; ev->phas_tokens && i < ev->nptok; i++)
+			msgpack_pack_uint32(&pk, ev->ptok[i]);
+		pack_cstr(&pk, "block_size");
+		msgpack_pack_uint32(&pk, ev->pool_bs[ev->ppool]);
+		pack_cstr(&pk, "lora_id");
+		msgpack_pack_nil(&pk);
+		pack_cstr(&pk, "medium");
+		pack_cstr(&pk, medium_name[ev->pmedium]);
+		pack_cstr(&pk, "lora_name");
+		msgpack_pack_nil(&pk);
+	} else {
+		msgpack_pack_map(&pk, 3);
+		pack_cstr(&pk, "type");
+		pack_cstr(&pk, "BlockRemoved");
+		pack_cstr(&pk, "block_hashes");
+		msgpack_pack_array(&pk, ev->nph);
+		for (i = 0; i < ev->nph; i++)
+			pack_hash(ev, &pk, ev->phash[i]);
+		pack_cstr(&pk, "medium");
+		pack_cstr(&pk, medium_name[ev->pmedium]);
+	}
+	/* A packer that failed for memory left a truncated event: drop the
+	 * batch rather than send garbage (the seq gap tells subscribers). */
+	tp->nevents++;
+	topic_dirty(ev, t);
+	if (tp->batch.len >= KV_EVENTS_BATCH_BYTES)
+		send_batch(ev, t);
+out:
+	ev->pk = PEND_NONE;
+	ev->nph = 0;
+	ev->nptok = 0;
+}
+
+static void write_cleared(struct kv_events *ev, uint32_t t)
+{
+	struct topic *tp = &ev->topics[t];
+	msgpack_packer pk;
+
+	if (topic_open_batch(tp) < 0)
+		return;
+	msgpack_packer_init(&pk, &tp->batch, buf_write);
+	msgpack_pack_map(&pk, 1);
+	pack_cstr(&pk, "type");
+	pack_cstr(&pk, "AllBlocksCleared");
+	tp->nevents++;
+	topic_dirty(ev, t);
+}
+
+static void ring_put(struct kv_events *ev, uint32_t t, uint64_t seq, const char *p, size_t len)
+{
+	struct replay *r;
+	char *copy;
+
+	if (!ev->ring_cap)
+		return;
+	copy = malloc(len);
+	if (!copy)
+		return;  /* a hole in the replay: the client sees the seq gap */
+	memcpy(copy, p, len);
+	if (ev->ring_n == ev->ring_cap) {
+		r = &ev->ring[ev->ring_head];
+		ev->st.buffered_bytes -= r->len;
+		free(r->p);
+		ev->ring_head = (ev->ring_head + 1) % ev->ring_cap;
+		ev->ring_n--;
+	}
+	r = &ev->ring[(ev->ring_head + ev->ring_n) % ev->ring_cap];
+	r->topic = t;
+	r->seq = seq;
+	r->p = copy;
+	r->len = len;
+	ev->ring_n++;
+	ev->st.buffered_bytes += len;
+}
+
+static void put_be64(unsigned char *b, uint64_t v)
+{
+	int i;
+
+	for (i = 7; i >= 0; i--, v >>= 8)
+		b[i] = (unsigned char)v;
+}
+
+/* One multipart message to every subscriber with room for it. XPUB with
+ * ZMQ_XPUB_NODROP refuses (EAGAIN) a message some subscriber's queue is full
+ * for: that is how a drop is seen and counted; the message then goes to the
+ * others with NODROP off, as a PUB socket sends. */
+static int pub_send(struct kv_events *ev, const struct topic *tp, const unsigned char *seq,
+		    const char *p, size_t len)
+{
+	int pass, off = 0, on = 1, dropped = 0;
+
+	for (pass = 0; pass < 2; pass++) {
+		if (zmq_send(ev->pub, tp->name, tp->namelen, ZMQ_DONTWAIT | ZMQ_SNDMORE) >= 0) {
+			zmq_send(ev->pub, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+			zmq_send(ev->pub, p, len, ZMQ_DONTWAIT);
+			break;
+		}
+		if (zmq_errno() != EAGAIN || pass)
+			return -1;
+		dropped = 1;
+		zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &off, sizeof(off));
+	}
+	if (dropped)
+		zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &on, sizeof(on));
+	return dropped;
+}
+
+static void send_batch(struct kv_events *ev, uint32_t t)
+{
+	struct topic *tp = &ev->topics[t];
+	unsigned char hdr[HDR_ROOM], seq[8];
+	struct buf h = { (char *)hdr, 0, sizeof(hdr) };
+	struct timespec now;
+	msgpack_packer pk;
+	char *p;
+	size_t len;
+	int r;
+
+	if (!tp->nevents) {
+		tp->batch.len = 0;
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	msgpack_packer_init(&pk, &h, buf_write);
+	/* EventBatch is array_like: [ts, events] (data_parallel_rank, None,
+	 * omitted). */
+	msgpack_pack_array(&pk, 2);
+	msgpack_pack_double(&pk, (double)now.tv_sec + now.tv_nsec / 1e9);
+	msgpack_pack_array(&pk, tp->nevents);
+	p = tp->batch.p + HDR_ROOM - h.len;
+	memcpy(p, hdr, h.len);
+	len = tp->batch.len - (HDR_ROOM - h.len);
+	put_be64(seq, tp->seq);
+	r = pub_send(ev, tp, seq, p, len);
+	if (r > 0)
+		ev->st.dropped++;
+	else if (r < 0 && ev->st.dropped++ == 0)
+		kv_warn("events: send failed: %s", zmq_strerror(zmq_errno()));
+	ring_put(ev, t, tp->seq, p, len);
+	tp->seq++;
+	ev->st.batches++;
+	ev->st.events += tp->nevents;
+	tp->nevents = 0;
+	tp->batch.len = 0;
+	/* Keep one batch's buffer; give back what a burst grew. */
+	if (tp->batch.cap > 4 * KV_EVENTS_BATCH_BYTES) {
+		free(tp->batch.p);
+		tp->batch.p = NULL;
+		tp->batch.cap = 0;
+	}
+}
+
+void kv_events_flush(struct kv_events *ev)
+{
+	uint32_t i;
+	char sub[256];
+
+	if (!ev)
+		return;
+	pend_write(ev);
+	for (i = 0; i < ev->ndirty; i++) {
+		ev->topics[ev->dirty[i]].queued = 0;
+		send_batch(ev, ev->dirty[i]);
+	}
+	ev->ndirty = 0;
+	/* XPUB queues (un)subscriptions for us to read: read them, so that a
+	 * subscriber flapping its subscriptions grows nothing here. */
+	while (zmq_recv(ev->pub, sub, sizeof(sub), ZMQ_DONTWAIT) >= 0)
+		;
+}
+
+static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
+		     const uint8_t *parent, int has_tokens)
+{
+	if (ev->pk != kind || ev->ppool != pool || ev->pmedium != medium || ev->nph == PEND_MAX)
+		return 0;
+	if (kind == PEND_REMOVED)
+		return 1;
+	/* One BlockStored is one chain: the new block's parent is the last
+	 * block of the event. */
+	return ev->phas_tokens == has_tokens && parent &&
+	       !memcmp(parent, ev->phash[ev->nph - 1], KV_HASH_BYTES);
+}
+
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+	uint32_t bs;
+
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	if (!ev->pool_tokens[pool])
+		tokens = NULL;
+	bs = ev->pool_bs[pool];
+	if (!can_merge(ev, PEND_STORED, pool, medium, parent, tokens != NULL)) {
+		pend_write(ev);
+		ev->pk = PEND_STORED;
+		ev->ppool = pool;
+		ev->pmedium = medium;
+		ev->phas_parent = parent != NULL;
+		if (parent)
+			memcpy(ev->pparent, parent, KV_HASH_BYTES);
+		ev->phas_tokens = tokens != NULL;
+	}
+	if (tokens) {
+		if (ev->nptok + bs > ev->ptok_cap) {
+			size_t cap = ev->ptok_cap ? ev->ptok_cap : 1024;
+			uint32_t *np;
+
+			while (cap < ev->nptok + bs)
+				cap *= 2;
+			np = realloc(ev->ptok, cap * sizeof(*np));
+			if (!np) {
+				/* Announce the hash without its tokens rather
+				 * than not at all. */
+				pend_write(ev);
+				kv_events_stored(ev, pool, hash, parent, medium, NULL);
+				return;
+			}
+			ev->ptok = np;
+			ev->ptok_cap = cap;
+		}
+		memcpy(ev->ptok + ev->nptok, tokens, bs * sizeof(*tokens));
+		ev->nptok += bs;
+	}
+	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+}
+
+void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium)
+{
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	if (!can_merge(ev, PEND_REMOVED, pool, medium, NULL, 0)) {
+		pend_write(ev);
+		ev->pk = PEND_REMOVED;
+		ev->ppool = pool;
+		ev->pmedium = medium;
+	}
+	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+}
+
+int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
+		   int tokens)
+{
+	char name[TOPIC_MAX];
+	uint32_t t;
+	int n;
+
+	if (!ev || pool >= KV_MAX_POOLS)
+		return 0;
+	/* Events of the pool that had this id before go out first. */
+	if (ev->pk != PEND_NONE && ev->ppool == pool)
+		pend_write(ev);
+	if (!model) {
+		ev->pool_topic[pool] = 0;
+		return 0;
+	}
+	n = snprintf(name, sizeof(name), "kv@%s@%s", ev->node, model);
+	if (n < 0 || (size_t)n >= sizeof(name))
+		return -EINVAL;
+	for (t = 0; t < ev->ntopics; t++)
+		if (!strcmp(ev->topics[t].name, name))
+			break;
+	if (t == ev->ntopics) {
+		if (t == MAX_TOPICS)
+			return -ENOSPC;
+		memset(&ev->topics[t], 0, sizeof(ev->topics[t]));
+		memcpy(ev->topics[t].name, name, (size_t)n + 1);
+		ev->topics[t].namelen = (size_t)n;
+		ev->ntopics++;
+		write_cleared(ev, t);
+	}
+	ev->pool_topic[pool] = (uint16_t)(t + 1);
+	ev->pool_bs[pool] = block_size;
+	ev->pool_tokens[pool] = (uint8_t)!!tokens;
+	return 0;
+}
+
+/* ---- replay ---- */
+
+static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint64_t start,
+			const char *topic, size_t tlen)
+{
+	unsigned char seq[8];
+	uint32_t i, t = UINT32_MAX;
+	int all = 0;
+
+	if (topic) {
+		for (t = 0; t < ev->ntopics; t++)
+			if (ev->topics[t].namelen == tlen && !memcmp(ev->topics[t].name, topic, tlen))
+				break;
+	} else if (ev->ntopics == 1) {
+		t = 0;
+	} else {
+		all = 1;  /* several topics and none named: every batch */
+	}
+	for (i = 0; i < ev->ring_n; i++) {
+		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
+
+		if ((!all && r->topic != t) || r->seq < start)
+			continue;
+		put_be64(seq, r->seq);
+		if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+			ev->st.replay_truncated++;
+			return;
+		}
+		zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+		zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+		zmq_send(ev->router, r->p, r->len, ZMQ_DONTWAIT);
+	}
+	/* The end: seq -1, an empty payload. */
+	memset(seq, 0xff, sizeof(seq));
+	if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+		ev->st.replay_truncated++;
+		return;
+	}
+	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+	zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT);
+}
+
+/* Reads one request: [identity, "", seq (8 bytes, big endian)] as vLLM's
+ * publisher takes it, optionally a fourth frame naming the topic. */
+static void replay_one(struct kv_events *ev)
+{
+	unsigned char id[256], fr[3][TOPIC_MAX];
+	int idlen, flen[3] = { -1, -1, -1 }, n = 0, more, r;
+	size_t msz = sizeof(more);
+	uint64_t start = 0;
+
+	idlen = zmq_recv(ev->router, id, sizeof(id), ZMQ_DONTWAIT);
+	if (idlen < 0)
+		return;
+	for (;;) {
+		if (zmq_getsockopt(ev->router, ZMQ_RCVMORE, &more, &msz) < 0 || !more)
+			break;
+		/* Frames past the third are read and dropped (the request is
+		 * bad); zmq_recv truncates a frame to the buffer and returns
+		 * its real length. */
+		r = zmq_recv(ev->router, fr[n < 3 ? n : 2], TOPIC_MAX, ZMQ_DONTWAIT);
+		if (r < 0)
+			break;
+		if (n < 3)
+			flen[n] = r;
+		n++;
+	}
+	if ((size_t)idlen > sizeof(id) || (n != 2 && n != 3) || flen[0] != 0 || flen[1] != 8 ||
+	    (n == 3 && flen[2] > TOPIC_MAX)) {
+		ev->st.replay_bad++;
+		return;
+	}
+	for (r = 0; r < 8; r++)
+		start = start << 8 | fr[1][r];
+	/* A negative start (vLLM's seq is signed) is 0. */
+	if (start >> 63)
+		start = 0;
+	ev->st.replay_requests++;
+	replay_send(ev, id, (size_t)idlen, start, n == 3 ? (const char *)fr[2] : NULL,
+		    n == 3 ? (size_t)flen[2] : 0);
+}
+
+static void replay_ready(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_events *ev = kv_container_of(w, struct kv_events, rw);
+	int events, budget = 64;
+	size_t sz = sizeof(events);
+
+	if (!ev->router || res < 0)
+		return;
+	if (!more && kv_loop_poll(ev->loop, &ev->rw, ev->rfd, POLLIN, 1) < 0)
+		kv_warn("events: replay socket no longer polled");
+	/* ZMQ_FD signals edges: read until ZMQ_EVENTS says nothing is left,
+	 * at most budget requests per wakeup (the fd stays readable while
+	 * requests wait, so the loop comes back). */
+	while (budget-- > 0) {
+		if (zmq_getsockopt(ev->router, ZMQ_EVENTS, &events, &sz) < 0 ||
+		    !(events & ZMQ_POLLIN))
+			return;
+		replay_one(ev);
+	}
+}
+
+/* ---- setup ---- */
+
+static int zopt(void *s, int opt, int v)
+{
+	return zmq_setsockopt(s, opt, &v, sizeof(v));
+}
+
+/* An ipc:// endpoint's socket file gets the admin socket's mode and group:
+ * who may read events is who may administer the daemon (docs/security.md). */
+static int ipc_perms(const struct kv_config *cfg, const char *ep, char *err, size_t errlen)
+{
+	const char *path;
+
+	if (strncmp(ep, "ipc://", 6))
+		return 0;
+	path = ep + 6;
+	if (cfg->admin_socket_group[0]) {
+		struct group *g = getgrnam(cfg->admin_socket_group);
+		char *end;
+		long v = strtol(cfg->admin_socket_group, &end, 10);
+		gid_t gid = g ? g->gr_gid : (gid_t)v;
+
+		if ((g || !*end) && chown(path, (uid_t)-1, gid) < 0) {
+			kv_errf(err, errlen, "%s: chown: %s", path, strerror(errno));
+			return -errno;
+		}
+	}
+	if (chmod(path, cfg->admin_socket_mode & 0660) < 0) {
+		kv_errf(err, errlen, "%s: chmod: %s", path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
+		   char *err, size_t errlen)
+{
+	struct kv_events *ev;
+	size_t sz = sizeof(int);
+	int rc = -EINVAL;
+
+	*out = NULL;
+	if (!cfg->events_endpoint[0]) {
+		if (cfg->events_replay_endpoint[0]) {
+			kv_errf(err, errlen, "events_replay_endpoint needs events_endpoint");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	ev = calloc(1, sizeof(*ev));
+	if (!ev)
+		return -ENOMEM;
+	ev->loop = loop;
+	ev->rfd = -1;
+	ev->node = cfg->node_name;
+	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
+	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
+	ev->dirty = calloc(MAX_TOPICS, sizeof(*ev->dirty));
+	ev->zctx = zmq_ctx_new();
+	if (!ev->topics || !ev->dirty || !ev->zctx) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	ev->pub = zmq_socket(ev->zctx, ZMQ_XPUB);
+	if (!ev->pub || zopt(ev->pub, ZMQ_SNDHWM, (int)cfg->events_hwm) < 0 ||
+	    zopt(ev->pub, ZMQ_XPUB_NODROP, 1) < 0 || zopt(ev->pub, ZMQ_LINGER, 0) < 0) {
+		kv_errf(err, errlen, "events: %s", zmq_strerror(zmq_errno()));
+		goto err;
+	}
+	/* Subscriptions are short; a peer sending more is cut off. */
+	{
+		int64_t max = 1024;
+
+		zmq_setsockopt(ev->pub, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+	}
+	if ((cfg->events_connect ? zmq_connect(ev->pub, cfg->events_endpoint)
+				 : zmq_bind(ev->pub, cfg->events_endpoint)) < 0) {
+		kv_errf(err, errlen, "events_endpoint %s: %s", cfg->events_endpoint,
+			zmq_strerror(zmq_errno()));
+		goto err;
+	}
+	if (!cfg->events_connect && (rc = ipc_perms(cfg, cfg->events_endpoint, err, errlen)) < 0)
+		goto err;
+	rc = -EINVAL;
+	if (cfg->events_replay_endpoint[0]) {
+		int64_t max = 4096;
+
+		ev->ring_cap = cfg->events_buffer;
+		ev->ring = calloc(ev->ring_cap, sizeof(*ev->ring));
+		ev->router = zmq_socket(ev->zctx, ZMQ_ROUTER);
+		if (!ev->ring || !ev->router ||
+		    zopt(ev->router, ZMQ_SNDHWM, (int)cfg->events_buffer + 2) < 0 ||
+		    zopt(ev->router, ZMQ_ROUTER_MANDATORY, 1) < 0 ||
+		    zopt(ev->router, ZMQ_LINGER, 0) < 0 ||
+		    zmq_setsockopt(ev->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0 ||
+		    zmq_bind(ev->router, cfg->events_replay_endpoint) < 0 ||
+		    zmq_getsockopt(ev->router, ZMQ_FD, &ev->rfd, &sz) < 0) {
+			kv_errf(err, errlen, "events_replay_endpoint %s: %s",
+				cfg->events_replay_endpoint, zmq_strerror(zmq_errno()));
+			goto err;
+		}
+		if ((rc = ipc_perms(cfg, cfg->events_replay_endpoint, err, errlen)) < 0)
+			goto err;
+		ev->rw.cb = replay_ready;
+		if ((rc = kv_loop_poll(loop, &ev->rw, ev->rfd, POLLIN, 1)) < 0) {
+			kv_errf(err, errlen, "events: cannot poll the replay socket");
+			goto err;
+		}
+	}
+	if (!strncmp(cfg->events_endpoint, "tcp://", 6) &&
+	    !strstr(cfg->events_endpoint, "127.0.0.1") && !strstr(cfg->events_endpoint, "[::1]") &&
+	    !strstr(cfg->events_endpoint, "localhost"))
+		kv_warn("events: %s is reachable from the network; events carry prompt hashes "
+			"and, with events_token_ids, token ids (docs/security.md)",
+			cfg->events_endpoint);
+	kv_info("events: publishing on %s%s%s", cfg->events_endpoint,
+		cfg->events_replay_endpoint[0] ? ", replay on " : "", cfg->events_replay_endpoint);
+	*out = ev;
+	return 0;
+err:
+	kv_events_close(ev);
+	return rc;
+}
+
+void kv_events_close(struct kv_events *ev)
+{
+	uint32_t i;
+
+	if (!ev)
+		return;
+	if (ev->pub)
+		kv_events_flush(ev);
+	if (ev->router) {
+		if (ev->rw.armed)
+			kv_loop_cancel(ev->loop, &ev->rw);
+		zmq_close(ev->router);
+		ev->router = NULL;
+	}
+	if (ev->pub)
+		zmq_close(ev->pub);
+	if (ev->zctx)
+		zmq_ctx_term(ev->zctx);
+	for (i = 0; i < ev->ring_n; i++)
+		free(ev->ring[(ev->ring_head + i) % ev->ring_cap].p);
+	free(ev->ring);
+	for (i = 0; ev->topics && i < ev->ntopics; i++)
+		free(ev->topics[i].batch.p);
+	free(ev->topics);
+	free(ev->dirty);
+	free(ev->ptok);
+	/* A cancelled watch still gets its last completion: the loop is gone
+	 * by now (daemon fini), so nothing calls back into ev. */
+	free(ev);
+}
+
+void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
+{
+	if (!ev) {
+		memset(st, 0, sizeof(*st));
+		return;
+	}
+	*st = ev->st;
+	st->buffered = ev->ring_n;
+}
+
+#endif
