@@ -48,7 +48,7 @@ struct kv_events_stats {
 	uint64_t replay_requests;  /* well-formed replay requests served */
 	uint64_t replay_bad;       /* malformed requests, ignored */
 	uint64_t replay_truncated; /* replays cut short: the peer's queue was full */
-	uint32_t buffered;         /* batches held for replay */
+	uint64_t buffered;         /* batches held for replay */
 	uint64_t buffered_bytes;
 };
 
