@@ -145,6 +145,9 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "events_hwm", 0, KV_CFG_UINT, KV_CFG_FIELD(events_hwm), 0, 1, 1u << 24, "10000",
 	  "batches queued for one subscriber past which it misses batches (counted as dropped)",
 	  NULL },
+	{ "events_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(events_interval_ms), 0, 0, 1000,
+	  "1ms", "events are sent at most this long after they happen, in one batch per topic "
+	  "(0: at the end of each loop iteration)", NULL },
 	{ "events_token_ids", 0, KV_CFG_BOOL, KV_CFG_FIELD(events_token_ids), 0, 0, 0, "no",
 	  "publish the token ids Seals carry (prompt content: docs/security.md); a [namespace] "
 	  "section's events key overrides it", NULL },

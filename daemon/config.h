@@ -95,6 +95,7 @@ struct kv_config {
 	int events_connect;
 	uint32_t events_buffer;
 	uint32_t events_hwm;
+	uint64_t events_interval_ms;
 	int events_token_ids;
 	char events_hash_format[8];
 	char node_name[64];

@@ -77,7 +77,6 @@ void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 #define MAX_TOPICS 1024
 #define TOPIC_MAX 320
 
-static const char *const medium_name[KV_MEDIUMS] = { "GPU", "CPU", "DISK" };
 
 struct buf {
 	char *p;
@@ -105,7 +104,10 @@ enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
 struct kv_events {
 	void *zctx, *pub, *router;
 	struct kv_loop *loop;
-	struct kv_loop_watch rw;
+	struct kv_loop_watch rw;  /* the replay socket's ZMQ_FD */
+	struct kv_loop_watch tw;  /* events_interval: the next send */
+	uint64_t interval_ns;
+	uint64_t pending_since;   /* CLOCK_MONOTONIC ns of the oldest unsent event; 0: none */
 	int rfd;
 	int int_hashes;       /* events_hash_format = int */
 	const char *node;
@@ -171,23 +173,6 @@ static void pack_cstr(msgpack_packer *pk, const char *s)
 	msgpack_pack_str_body(pk, s, n);
 }
 
-static void pack_hash(const struct kv_events *ev, msgpack_packer *pk, const uint8_t *h)
-{
-	if (ev->int_hashes) {
-		/* vLLM's int form: the digest's last 8 bytes, big endian
-		 * (docs/events.md). */
-		uint64_t v = 0;
-		int i;
-
-		for (i = KV_HASH_BYTES - 8; i < KV_HASH_BYTES; i++)
-			v = v << 8 | h[i];
-		msgpack_pack_uint64(pk, v);
-		return;
-	}
-	msgpack_pack_bin(pk, KV_HASH_BYTES);
-	msgpack_pack_bin_body(pk, h, KV_HASH_BYTES);
-}
-
 static void topic_dirty(struct kv_events *ev, uint32_t t)
 {
 	if (!ev->topics[t].queued) {
@@ -208,62 +193,134 @@ static int topic_open_batch(struct topic *tp)
 
 static void send_batch(struct kv_events *ev, uint32_t t);
 
+/* msgpack by hand for the hot path: the events' constant parts are byte
+ * strings (their keys and tags), written with one memcpy each; the variable
+ * parts (array headers, hashes, token ids) straight into the batch buffer,
+ * whose room is reserved once per event. Same bytes msgpack-c would write,
+ * except that integer hashes always take the 9-byte uint64 form. */
+#define LIT(s) s, sizeof(s) - 1
+static const char stored_head[] =
+	"\x88\xa4type\xab" "BlockStored\xac" "block_hashes";
+static const char parent_key[] = "\xb1parent_block_hash";
+static const char tokens_key[] = "\xa9token_ids";
+static const char size_key[] = "\xaa" "block_size";
+static const char removed_head[] =
+	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
+/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. */
+static const char *const stored_tail[KV_MEDIUMS] = {
+	"\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0",
+	"\xa7lora_id\xc0\xa6medium\xa3" "CPU\xa9lora_name\xc0",
+	"\xa7lora_id\xc0\xa6medium\xa4" "DISK\xa9lora_name\xc0",
+};
+static const char *const removed_tail[KV_MEDIUMS] = {
+	"\xa6medium\xa3GPU", "\xa6medium\xa3" "CPU", "\xa6medium\xa4" "DISK",
+};
+
+static char *put(char *w, const void *p, size_t n)
+{
+	memcpy(w, p, n);
+	return w + n;
+}
+
+static char *put_u32(char *w, uint32_t v)
+{
+	if (v < 0x80) {
+		*w++ = (char)v;
+	} else if (v < 0x100) {
+		*w++ = (char)0xcc;
+		*w++ = (char)v;
+	} else if (v < 0x10000) {
+		*w++ = (char)0xcd;
+		*w++ = (char)(v >> 8);
+		*w++ = (char)v;
+	} else {
+		*w++ = (char)0xce;
+		*w++ = (char)(v >> 24);
+		*w++ = (char)(v >> 16);
+		*w++ = (char)(v >> 8);
+		*w++ = (char)v;
+	}
+	return w;
+}
+
+static char *put_array(char *w, uint32_t n)
+{
+	if (n < 16) {
+		*w++ = (char)(0x90 | n);
+	} else if (n < 0x10000) {
+		*w++ = (char)0xdc;
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	} else {
+		*w++ = (char)0xdd;
+		*w++ = (char)(n >> 24);
+		*w++ = (char)(n >> 16);
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	}
+	return w;
+}
+
+#define HASH_MAX 34  /* bin8 header + 32 bytes; an int hash takes 9 */
+
+static char *put_hash(const struct kv_events *ev, char *w, const uint8_t *h)
+{
+	if (ev->int_hashes) {
+		/* vLLM's int form: the digest's last 8 bytes, big endian
+		 * (docs/events.md). */
+		*w++ = (char)0xcf;
+		return put(w, h + KV_HASH_BYTES - 8, 8);
+	}
+	*w++ = (char)0xc4;
+	*w++ = KV_HASH_BYTES;
+	return put(w, h, KV_HASH_BYTES);
+}
+
 /* Writes the pending event into its topic's batch. */
 static void pend_write(struct kv_events *ev)
 {
 	uint32_t t, i;
 	struct topic *tp;
-	msgpack_packer pk;
+	size_t room;
+	char *w;
 
 	if (ev->pk == PEND_NONE)
 		return;
 	t = ev->pool_topic[ev->ppool] - 1u;
 	tp = &ev->topics[t];
-	if (topic_open_batch(tp) < 0)
-		goto out;
-	msgpack_packer_init(&pk, &tp->batch, buf_write);
+	room = 256 + (size_t)(ev->nph + 1) * HASH_MAX + ev->nptok * 5;
+	if (topic_open_batch(tp) < 0 || buf_room(&tp->batch, room) < 0)
+		goto out;  /* no memory: the event is lost, the next ones are not */
+	w = tp->batch.p + tp->batch.len;
 	if (ev->pk == PEND_STORED) {
 		/* vLLM's BlockStored as a tagged map (tag field "type"), its
 		 * fields in declaration order; those with a default of None
 		 * (extra_keys, group_idx, ...) are omitted as msgspec's
 		 * omit_defaults does. */
-		msgpack_pack_map(&pk, 8);
-		pack_cstr(&pk, "type");
-		pack_cstr(&pk, "BlockStored");
-		pack_cstr(&pk, "block_hashes");
-		msgpack_pack_array(&pk, ev->nph);
+		w = put(w, LIT(stored_head));
+		w = put_array(w, ev->nph);
 		for (i = 0; i < ev->nph; i++)
-			pack_hash(ev, &pk, ev->phash[i]);
-		pack_cstr(&pk, "parent_block_hash");
+			w = put_hash(ev, w, ev->phash[i]);
+		w = put(w, LIT(parent_key));
 		if (ev->phas_parent)
-			pack_hash(ev, &pk, ev->pparent);
+			w = put_hash(ev, w, ev->pparent);
 		else
-			msgpack_pack_nil(&pk);
-		pack_cstr(&pk, "token_ids");
-		msgpack_pack_array(&pk, ev->phas_tokens ? ev->nptok : 0);
+			*w++ = (char)0xc0;
+		w = put(w, LIT(tokens_key));
+		w = put_array(w, ev->phas_tokens ? (uint32_t)ev->nptok : 0);
 		for (i = 0; ev->phas_tokens && i < ev->nptok; i++)
-			msgpack_pack_uint32(&pk, ev->ptok[i]);
-		pack_cstr(&pk, "block_size");
-		msgpack_pack_uint32(&pk, ev->pool_bs[ev->ppool]);
-		pack_cstr(&pk, "lora_id");
-		msgpack_pack_nil(&pk);
-		pack_cstr(&pk, "medium");
-		pack_cstr(&pk, medium_name[ev->pmedium]);
-		pack_cstr(&pk, "lora_name");
-		msgpack_pack_nil(&pk);
+			w = put_u32(w, ev->ptok[i]);
+		w = put(w, LIT(size_key));
+		w = put_u32(w, ev->pool_bs[ev->ppool]);
+		w = put(w, stored_tail[ev->pmedium], strlen(stored_tail[ev->pmedium]));
 	} else {
-		msgpack_pack_map(&pk, 3);
-		pack_cstr(&pk, "type");
-		pack_cstr(&pk, "BlockRemoved");
-		pack_cstr(&pk, "block_hashes");
-		msgpack_pack_array(&pk, ev->nph);
+		w = put(w, LIT(removed_head));
+		w = put_array(w, ev->nph);
 		for (i = 0; i < ev->nph; i++)
-			pack_hash(ev, &pk, ev->phash[i]);
-		pack_cstr(&pk, "medium");
-		pack_cstr(&pk, medium_name[ev->pmedium]);
+			w = put_hash(ev, w, ev->phash[i]);
+		w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
 	}
-	/* A packer that failed for memory left a truncated event: drop the
-	 * batch rather than send garbage (the seq gap tells subscribers). */
+	tp->batch.len = (size_t)(w - tp->batch.p);
 	tp->nevents++;
 	topic_dirty(ev, t);
 	if (tp->batch.len >= KV_EVENTS_BATCH_BYTES)
@@ -394,23 +451,69 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 	}
 }
 
-void kv_events_flush(struct kv_events *ev)
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void interval_done(struct kv_loop_watch *w, int res, int more)
+{
+	/* Nothing to do here: the loop's idle hook (kv_events_flush) runs
+	 * after this completion and sends what is due. */
+	(void)w;
+	(void)res;
+	(void)more;
+}
+
+/* Sends the queued batches when the oldest is events_interval old; else
+ * makes sure a timer wakes the loop then. Returns 1 when it sent. */
+static int due(struct kv_events *ev, int force)
+{
+	uint64_t now;
+
+	if (force || !ev->interval_ns)
+		return 1;
+	now = mono_ns();
+	if (!ev->pending_since)
+		ev->pending_since = now;
+	if (now - ev->pending_since >= ev->interval_ns)
+		return 1;
+	if (!ev->tw.armed &&
+	    kv_loop_timeout(ev->loop, &ev->tw, ev->interval_ns - (now - ev->pending_since)) < 0)
+		return 1;  /* no timer: send now rather than late */
+	return 0;
+}
+
+static void flush(struct kv_events *ev, int force)
 {
 	uint32_t i;
 	char sub[256];
 
-	if (!ev)
-		return;
+	if (ev->pk == PEND_NONE && !ev->ndirty)
+		goto subs;
+	if (!due(ev, force))
+		goto subs;
+	ev->pending_since = 0;
 	pend_write(ev);
 	for (i = 0; i < ev->ndirty; i++) {
 		ev->topics[ev->dirty[i]].queued = 0;
 		send_batch(ev, ev->dirty[i]);
 	}
 	ev->ndirty = 0;
+subs:
 	/* XPUB queues (un)subscriptions for us to read: read them, so that a
 	 * subscriber flapping its subscriptions grows nothing here. */
 	while (zmq_recv(ev->pub, sub, sizeof(sub), ZMQ_DONTWAIT) >= 0)
 		;
+}
+
+void kv_events_flush(struct kv_events *ev)
+{
+	if (ev)
+		flush(ev, 0);
 }
 
 static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
@@ -678,6 +781,8 @@ int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct k
 		return -ENOMEM;
 	ev->loop = loop;
 	ev->rfd = -1;
+	ev->tw.cb = interval_done;
+	ev->interval_ns = cfg->events_interval_ms * 1000000u;
 	ev->node = cfg->node_name;
 	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
 	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
@@ -755,7 +860,9 @@ void kv_events_close(struct kv_events *ev)
 	if (!ev)
 		return;
 	if (ev->pub)
-		kv_events_flush(ev);
+		flush(ev, 1);
+	if (ev->tw.armed)
+		kv_loop_cancel(ev->loop, &ev->tw);
 	if (ev->router) {
 		if (ev->rw.armed)
 			kv_loop_cancel(ev->loop, &ev->rw);

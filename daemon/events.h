@@ -8,7 +8,8 @@
  * events are merged into vLLM events (consecutive hashes of one chain into one
  * BlockStored, consecutive removals into one BlockRemoved) and queued per
  * topic; kv_events_flush(), called once per loop iteration, sends each
- * topic's queue as one message [topic, seq (8 bytes, big endian), msgpack
+ * topic's queue, once its oldest event is events_interval old (a timer on the
+ * loop makes sure of it; 0: every iteration), as one message [topic, seq (8 bytes, big endian), msgpack
  * [ts, [events...]]] with a sequence number of its own per topic, and keeps it
  * for replay.
  *
@@ -76,7 +77,8 @@ void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens);
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
 
-/* Sends the queued batches; once per loop iteration. */
+/* Sends the queued batches when they are due (events_interval); once per
+ * loop iteration. */
 void kv_events_flush(struct kv_events *ev);
 
 /* Zeroes *st when ev is NULL. */

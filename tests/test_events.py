@@ -280,7 +280,7 @@ def slow_subscriber():
     d = kvt.tmpdir()
     ep = "ipc://" + os.path.join(d, "ev.sock")
     daemon = kvt.Daemon(d, "--pool-size", "2MiB", "--page-size", "128KiB",
-                        "--events-endpoint", ep, "--events-hwm", "1",
+                        "--events-endpoint", ep, "--events-hwm", "1", "--events-interval", "0",
                         "--events-token-ids", "yes")
     ctx = zmq.Context()
     slow = ctx.socket(zmq.SUB)
