@@ -11,7 +11,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/sysinfo.h>
-#include <unistd.h>
 
 #include "backend.h"
 #include "frame.h"
@@ -614,8 +613,6 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 	if (!KV_HAVE_EVENTS && (c->events_endpoint[0] || c->events_replay_endpoint[0]))
 		return error(err, errlen, "events_endpoint: this kvcached was built without KV "
 			     "events (libzmq and msgpack-c; meson -Devents=enabled)");
-	if (!c->node_name[0] && gethostname(c->node_name, sizeof(c->node_name) - 1) < 0)
-		snprintf(c->node_name, sizeof(c->node_name), "localhost");
 	if (strchr(c->node_name, '@'))
 		return error(err, errlen, "node_name: '%s' has an '@', which separates the parts "
 			     "of an event topic", c->node_name);

@@ -110,7 +110,7 @@ struct kv_events {
 	uint64_t pending_since;   /* CLOCK_MONOTONIC ns of the oldest unsent event; 0: none */
 	int rfd;
 	int int_hashes;       /* events_hash_format = int */
-	const char *node;
+	char node[256];           /* node_name, else the host name */
 	struct topic *topics;
 	uint32_t ntopics;
 	uint16_t *dirty;      /* topics with events queued */
@@ -492,10 +492,8 @@ static void flush(struct kv_events *ev, int force)
 	uint32_t i;
 	char sub[256];
 
-	if (ev->pk == PEND_NONE && !ev->ndirty)
-		goto subs;
-	if (!due(ev, force))
-		goto subs;
+	if ((ev->pk == PEND_NONE && !ev->ndirty) || !due(ev, force))
+		return;
 	ev->pending_since = 0;
 	pend_write(ev);
 	for (i = 0; i < ev->ndirty; i++) {
@@ -503,9 +501,9 @@ static void flush(struct kv_events *ev, int force)
 		send_batch(ev, ev->dirty[i]);
 	}
 	ev->ndirty = 0;
-subs:
 	/* XPUB queues (un)subscriptions for us to read: read them, so that a
-	 * subscriber flapping its subscriptions grows nothing here. */
+	 * subscriber flapping its subscriptions grows nothing here. Only when
+	 * something was sent: a zmq_recv that finds nothing costs a poll(). */
 	while (zmq_recv(ev->pub, sub, sizeof(sub), ZMQ_DONTWAIT) >= 0)
 		;
 }
@@ -783,7 +781,10 @@ int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct k
 	ev->rfd = -1;
 	ev->tw.cb = interval_done;
 	ev->interval_ns = cfg->events_interval_ms * 1000000u;
-	ev->node = cfg->node_name;
+	snprintf(ev->node, sizeof(ev->node), "%s", cfg->node_name);
+	if (!ev->node[0] && (gethostname(ev->node, sizeof(ev->node) - 1) < 0 || !ev->node[0]))
+		snprintf(ev->node, sizeof(ev->node), "localhost");
+	/* A host name has no '@' (node_name is checked by the configuration). */
 	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
 	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
 	ev->dirty = calloc(MAX_TOPICS, sizeof(*ev->dirty));
