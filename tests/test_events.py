@@ -51,7 +51,7 @@ class Subscriber:
         self.types = set()
         self.tokens = 0
         self.replays = 0
-        self.replay(start)
+        self.replay(start, TOPIC.encode())
 
     def apply(self, topic, seq, payload):
         if seq < self.next.get(topic, 0):
@@ -268,11 +268,64 @@ def main():
     kvt.check(any(x["type"] == "BlockStored" and x.get("tokens") for x in lines),
               "kvctl events printed no BlockStored with tokens")
     w.quit()
+
+    # Hostile replay requests: ignored and counted; the socket still serves.
+    bad = ctx.socket(zmq.DEALER)
+    bad.connect(rep)
+    bad.send_multipart([b"", b"\x00" * 7])                     # a short seq
+    bad.send_multipart([b"x", (0).to_bytes(8, "big")])          # no empty delimiter
+    bad.send_multipart([b"", (0).to_bytes(8, "big"), b"t", b"extra"])  # too many frames
+    bad.send_multipart([b"", (0).to_bytes(8, "big"), b"t" * 1000])     # topic too long
+    kvt.check(kvt.wait_for(lambda: metric(daemon, "kvcached_events_replay_bad_total") >= 4,
+                           timeout=10, step=0.05), "bad replay requests not counted", daemon.log)
+    bad.close(linger=0)
+    again = Subscriber(ctx, ep, rep)
+    kvt.check(kvt.wait_for(lambda: again.catch_up() or again.pairs() == dump(daemon),
+                           timeout=30, step=0.1),
+              "replay after bad requests differs from kvctl dump", daemon.log)
     daemon.kill()
 
+    namespace_hashes_only()
     slow_subscriber()
     kvt.cleanup()
     print("ok")
+
+
+def namespace_hashes_only():
+    """[namespace X] events = hashes: its stores carry no token ids, even with
+    events_token_ids = yes; events = off: nothing about its pools."""
+    global TOPIC
+    d = kvt.tmpdir()
+    ep = "ipc://" + os.path.join(d, "ev.sock")
+    rep = "ipc://" + os.path.join(d, "rp.sock")
+    conf = os.path.join(d, "k.conf")
+    with open(conf, "w") as f:
+        f.write("events_token_ids = yes\nnode_name = n\n"
+                "[namespace quiet]\nusers = *\nevents = hashes\n"
+                "[namespace silent]\nusers = *\nevents = off\n")
+    daemon = kvt.Daemon(d, "--config=" + conf, "--events-endpoint", ep,
+                        "--events-replay-endpoint", rep,
+                        argv0=[kvt.BIN, "--socket=" + os.path.join(d, "w.sock")])
+    ctx = zmq.Context()
+    for ns, model in (("quiet", "m-quiet"), ("silent", "m-silent"), (None, "m-loud")):
+        w = kvt.Worker(daemon.sock, ns)
+        kvt.check(w.ok(), "worker in %s: %s" % (ns, w.hello), daemon.log)
+        ok(w, "mpool p 16384 " + model)
+        ok(w, "chain 5 4")
+        w.quit()
+    seen = {}
+    for model in ("m-quiet", "m-silent", "m-loud"):
+        TOPIC = "kv@n@" + model
+        sub = Subscriber(ctx, ep, rep)
+        sub.sub.close(linger=0)
+        seen[model] = sub
+    kvt.check(seen["m-silent"].batches == 0, "a namespace with events = off was published")
+    kvt.check(seen["m-quiet"].pairs() and seen["m-quiet"].tokens == 0,
+              "events = hashes: %d pairs, %d token ids" % (len(seen["m-quiet"].pairs()),
+                                                          seen["m-quiet"].tokens))
+    kvt.check(seen["m-loud"].tokens == 4 * 16, "events_token_ids = yes: %d token ids" %
+              seen["m-loud"].tokens)
+    daemon.kill()
 
 
 def slow_subscriber():
