@@ -103,10 +103,17 @@ static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect 
 /* Returns the pool id or a negative error. */
 KVC_PUBLIC int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d)
 {
+	return kvc_register_pool_model(c, d, NULL);
+}
+
+/* Returns the pool id or a negative error. */
+KVC_PUBLIC int kvc_register_pool_model(kvc_conn *c, const struct kvc_pool_desc *d,
+				       const char *model)
+{
 	if (!c || !d || !d->name || (!d->layout && d->layout_len) || d->block_bytes == 0 ||
 	    d->block_bytes > kvc_conn_hello(c)->device_bytes)
 		return KVC_EINVAL;
-	return kvc_conn_register(c, d);
+	return kvc_conn_register(c, d, model);
 }
 
 /* Returns n or a negative error. */
@@ -135,18 +142,32 @@ KVC_PUBLIC int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out)
 KVC_PUBLIC int kvc_seal(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
 			size_t n, kvc_block *out)
 {
+	return kvc_seal_tokens(c, pool, blocks, hashes, n, NULL, NULL, 0, out);
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_seal_tokens(kvc_conn *c, int pool, const kvc_block *blocks,
+			       const kvc_hash *hashes, size_t n, const kvc_hash *parent,
+			       const uint32_t *token_ids, size_t ntokens, kvc_block *out)
+{
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Seal s = KVCACHED__SEAL__INIT;
 	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = &s.pool_id };
 	int r;
 
-	if (!c || (n && (!blocks || !hashes || !out)))
+	if (!c || (n && (!blocks || !hashes || !out)) || (ntokens && !token_ids))
 		return KVC_EINVAL;
 	r = check_pool(pool);
 	if (!r)
 		r = check_batch(c, n);
 	if (r < 0 || n == 0)
 		return r;
+	s.n_token_ids = ntokens;
+	s.token_ids = (uint32_t *)token_ids;
+	if (parent) {
+		s.parent_hash.data = (uint8_t *)parent;
+		s.parent_hash.len = sizeof(*parent);
+	}
 	s.pool_id = (uint32_t)pool;
 	s.n_blocks = n;
 	s.blocks = (uint64_t *)blocks;

@@ -63,7 +63,7 @@ struct pool_slot {
 struct pool_rec {
 	int app;                       /* the id kvc_register_pool() returned */
 	uint32_t daemon;               /* the current daemon's id */
-	char *name, *dtype;
+	char *name, *dtype, *model;    /* model: "" for none (KV events' topic) */
 	uint32_t device, block_tokens;
 	uint64_t block_bytes;
 	uint8_t *layout;
@@ -674,6 +674,7 @@ static int register_rec(kvc_conn *c, const struct pool_rec *rec)
 	rp.dtype = rec->dtype;
 	rp.layout.data = rec->layout;
 	rp.layout.len = rec->layout_len;
+	rp.model = rec->model;
 	req.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
 	req.register_pool = &rp;
 	r = call_locked(c, &req, check_register, NULL, &resp);
@@ -817,6 +818,7 @@ KVC_PUBLIC void kvc_close(kvc_conn *c)
 	for (i = 0; i < c->nrecs; i++) {
 		free(c->recs[i].name);
 		free(c->recs[i].dtype);
+		free(c->recs[i].model);
 		free(c->recs[i].layout);
 	}
 	free(c->recs);
@@ -855,10 +857,11 @@ static int pick_app(kvc_conn *c, uint32_t d)
 	return -1;
 }
 
-int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d)
+int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *model)
 {
 	struct pool_rec rec = {
 		.name = (char *)d->name, .dtype = (char *)(d->dtype ? d->dtype : ""),
+		.model = (char *)(model ? model : ""),
 		.device = d->device, .block_tokens = d->block_tokens,
 		.block_bytes = d->block_bytes, .layout = (uint8_t *)d->layout,
 		.layout_len = d->layout ? d->layout_len : 0,
@@ -892,10 +895,12 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d)
 		rec.app = app;
 		rec.name = strdup(rec.name);
 		rec.dtype = strdup(rec.dtype);
+		rec.model = strdup(rec.model);
 		rec.layout = rec.layout_len ? malloc(rec.layout_len) : NULL;
-		if (!rec.name || !rec.dtype || (rec.layout_len && !rec.layout)) {
+		if (!rec.name || !rec.dtype || !rec.model || (rec.layout_len && !rec.layout)) {
 			free(rec.name);
 			free(rec.dtype);
+			free(rec.model);
 			free(rec.layout);
 			r = -ENOMEM;
 			goto out;

@@ -87,7 +87,7 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
  * reconnection made them differ: Alloc, Seal and Lookup requests carry the
  * caller's id into kvc_call_check(), which puts the daemon's in its place)
  * or a negative error. */
-int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d);
+int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *model);
 
 /* The HelloReply values; valid until kvc_close(). */
 const struct kvc_hello *kvc_conn_hello(const kvc_conn *c);

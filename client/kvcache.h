@@ -121,6 +121,12 @@ struct kvc_pool_desc {
  * KVC_EEXIST when the name exists with another layout. */
 int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d);
 
+/* kvc_register_pool() naming the model the pool caches, for KV events: their
+ * topic is kv@<node>@<model> (docs/events.md). model: at most 128 bytes, no
+ * '@'; NULL or "" is kvc_register_pool() (the topic then names
+ * "<namespace>/<pool name>"). The first registration of a pool sets it. */
+int kvc_register_pool_model(kvc_conn *c, const struct kvc_pool_desc *d, const char *model);
+
 /* Allocates n writable blocks (ref 1, held by this connection), evicting
  * cached blocks in LRU order if needed. Returns n or KVC_ENOSPC. */
 int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out);
@@ -131,6 +137,17 @@ int kvc_alloc(kvc_conn *c, int pool, uint32_t n, kvc_block *out);
  * blocks. Returns n. */
 int kvc_seal(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
 	     size_t n, kvc_block *out);
+
+/* kvc_seal() that also gives the blocks' token ids, which KV events publish
+ * (docs/events.md) so that a router such as llm-d's can index them: ntokens
+ * is n * the pool's block_tokens (the ids of blocks[0], then blocks[1], ...)
+ * or 0 (token_ids unused: kvc_seal()). With token ids the n blocks must be
+ * one chain in order, and parent (NULL for a chain's head) is the hash of the
+ * block before blocks[0]. A wrong ntokens fails the call with KVC_EINVAL and
+ * seals nothing. Returns n. */
+int kvc_seal_tokens(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
+		    size_t n, const kvc_hash *parent, const uint32_t *token_ids, size_t ntokens,
+		    kvc_block *out);
 
 /* Looks up a hash chain (head first) and returns the length k of the longest
  * cached prefix; out[0..k) receive the blocks, each with a reference taken. */

@@ -14,7 +14,7 @@ _kvctl()
 		prev=${COMP_WORDS[COMP_CWORD - 1]}
 	fi
 
-	local commands="status pools namespaces clients evict flush drain reload check metrics top help"
+	local commands="status pools namespaces clients evict flush drain reload check metrics top events dump help"
 	local global="-s --socket -o --output -h --help -V --version"
 
 	case $prev in
@@ -42,7 +42,7 @@ _kvctl()
 		COMPREPLY=($(compgen -W "g1 g2 g3" -- "$cur"))
 		return
 		;;
-	--timeout|-n|--count|-d|--delay)
+	--timeout|-n|--count|-d|--delay|--endpoint|--replay-endpoint|--from|--topic)
 		return
 		;;
 	esac
@@ -50,7 +50,7 @@ _kvctl()
 	local i cmd=
 	for ((i = 1; i < cword; i++)); do
 		case ${words[i]} in
-		-s|--socket|-o|--output|--pool|--tier|--timeout|-n|--count|-d|--delay)
+		-s|--socket|-o|--output|--pool|--tier|--timeout|-n|--count|-d|--delay|--endpoint|--replay-endpoint|--from|--topic)
 			((i++))
 			;;
 		-*)
@@ -76,6 +76,7 @@ _kvctl()
 	evict) opts+=" --tier --pool --all" ;;
 	drain) opts+=" --timeout --wait" ;;
 	top) opts+=" -n --count -d --delay" ;;
+	events) opts+=" --endpoint --topic --replay-endpoint --from -n --count" ;;
 	help)
 		COMPREPLY=($(compgen -W "${commands% help}" -- "$cur"))
 		return

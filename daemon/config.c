@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "frame.h"
 #include "http.h"
+#include "kvconfig.h"
 #include "log.h"
 #include "pool.h"
 #include "units.h"
@@ -136,6 +137,32 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",
 	  "HOST:PORT (or [IPv6]:PORT) where GET /metrics answers over HTTP, e.g. 127.0.0.1:9464 "
 	  "(default: off; a socket named metrics from systemd is used instead)", NULL },
+	/* KV events (events.h, docs/events.md); not reloadable. */
+	{ "events_endpoint", 0, KV_CFG_STRING, KV_CFG_FIELD(events_endpoint), 0, 0, 0, "",
+	  "ZeroMQ endpoint the KV events are published on, e.g. ipc:///run/kvcached/events.sock "
+	  "or tcp://127.0.0.1:5557 (default: none, no events)", NULL },
+	{ "events_connect", 0, KV_CFG_BOOL, KV_CFG_FIELD(events_connect), 0, 0, 0, "no",
+	  "connect the publisher to events_endpoint (a subscriber that binds, as llm-d's indexer "
+	  "does) instead of binding it", NULL },
+	{ "events_replay_endpoint", 0, KV_CFG_STRING, KV_CFG_FIELD(events_replay_endpoint), 0, 0, 0,
+	  "", "ZeroMQ ROUTER endpoint where subscribers ask for the batches they missed "
+	  "(default: none)", NULL },
+	{ "events_buffer", 0, KV_CFG_UINT, KV_CFG_FIELD(events_buffer), 0, 1, 1u << 20, "1000",
+	  "event batches kept for replay", NULL },
+	{ "events_hwm", 0, KV_CFG_UINT, KV_CFG_FIELD(events_hwm), 0, 1, 1u << 24, "10000",
+	  "batches queued for one subscriber past which it misses batches (counted as dropped)",
+	  NULL },
+	{ "events_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(events_interval_ms), 0, 0, 1000,
+	  "1ms", "events are sent at most this long after they happen, in one batch per topic "
+	  "(0: at the end of each loop iteration)", NULL },
+	{ "events_token_ids", 0, KV_CFG_BOOL, KV_CFG_FIELD(events_token_ids), 0, 0, 0, "no",
+	  "publish the token ids Seals carry (prompt content: docs/security.md); a [namespace] "
+	  "section's events key overrides it", NULL },
+	{ "events_hash_format", 0, KV_CFG_CHOICE, KV_CFG_FIELD(events_hash_format), 0, 0, 0,
+	  "bytes", "block hashes in events: bytes (all 32) or int (the last 8, big endian, as "
+	  "vLLM's default)", "bytes|int" },
+	{ "node_name", 0, KV_CFG_STRING, KV_CFG_FIELD(node_name), 0, 0, 0, "",
+	  "this node in event topics kv@NODE@MODEL (default: the host name)", NULL },
 };
 
 const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
@@ -592,6 +619,13 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 			     "its own path", c->admin_socket_path);
 	if ((r = kv_http_check_listen(c->metrics_listen, err, errlen)) < 0)
 		return r;
+	/* KV events (events.h). */
+	if (!KV_HAVE_EVENTS && (c->events_endpoint[0] || c->events_replay_endpoint[0]))
+		return error(err, errlen, "events_endpoint: this kvcached was built without KV "
+			     "events (libzmq and msgpack-c; meson -Devents=enabled)");
+	if (strchr(c->node_name, '@'))
+		return error(err, errlen, "node_name: '%s' has an '@', which separates the parts "
+			     "of an event topic", c->node_name);
 
 	/* Percentages: of device memory, or of RAM for keys that say so. */
 	for (i = 0; i < kv_cfg_nkeys; i++) {

@@ -50,7 +50,12 @@ struct kv_ns_conf {
 	uint64_t reserve;             /* reserve_g1 */
 	uint32_t priority;
 	uint64_t ttl_ms;
+	int events;                   /* KV_NS_EVENTS_*: 0 = events_token_ids decides */
 };
+
+/* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice
+ * is made when it is created; a reload changes pools created afterwards. */
+enum { KV_NS_EVENTS_DEFAULT, KV_NS_EVENTS_OFF, KV_NS_EVENTS_HASHES, KV_NS_EVENTS_TOKENS };
 
 struct kv_config {
 	char socket_path[108];        /* worker socket */
@@ -85,6 +90,16 @@ struct kv_config {
 	uint32_t max_pools_per_namespace;
 	uint64_t max_swap_per_session;  /* block bytes one session holds swapped out */
 	struct kv_tiers_config tiers; /* host_tier_size, disk_*, demote_*, writeback_* */
+	/* KV events (events.h) */
+	char events_endpoint[256];
+	char events_replay_endpoint[256];
+	int events_connect;
+	uint32_t events_buffer;
+	uint32_t events_hwm;
+	uint64_t events_interval_ms;
+	int events_token_ids;
+	char events_hash_format[8];
+	char node_name[64];
 	struct kv_ns_conf ns[KV_CFG_MAX_NS];  /* the [namespace NAME] sections */
 	uint32_t nns;
 };

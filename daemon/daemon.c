@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "events.h"
 #include "log.h"
 
 uint64_t kv_daemon_fds_max(const struct kv_daemon *d)
@@ -122,6 +123,11 @@ static int backend_create(struct kv_daemon *d, const struct kv_config *cfg)
 	return r;
 }
 
+static void events_idle(void *ctx)
+{
+	kv_events_flush(ctx);
+}
+
 int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 {
 	char err[256] = "";
@@ -161,11 +167,25 @@ int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 	    (kv_tiers_disk_fd(d->tiers) >= 0 &&
 	     (r = kv_loop_poll(&d->loop, &d->diskw, kv_tiers_disk_fd(d->tiers), POLLIN, 1)) < 0))
 		return r;
+	/* KV events: the pools and tiers report to it; what they reported is
+	 * sent once per loop iteration. */
+	r = kv_events_open(&d->events, cfg, &d->loop, err, sizeof(err));
+	if (r < 0) {
+		kv_err("%s", err[0] ? err : strerror(-r));
+		return r;
+	}
+	kv_pools_set_events(d->pools, d->events);
+	d->loop.idle = events_idle;
+	d->loop.idle_ctx = d->events;
 	return 0;
 }
 
 void kv_daemon_fini(struct kv_daemon *d)
 {
+	if (d->pools)
+		kv_pools_set_events(d->pools, NULL);
+	kv_events_close(d->events);
+	d->events = NULL;
 	if (d->loop.ring.ring_fd > 0)
 		kv_loop_fini(&d->loop);
 	kv_tiers_destroy(d->tiers);

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <stdio.h>
 
+#include "events.h"
 #include "kvassert.h"
 
 static struct kv_ns *pool_ns(const struct kv_pool *p)
@@ -42,6 +43,7 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 	kv_list_del(&b->node);
 	b->run->nlru--;
 	kv_index_remove(&p->pools->index, &b->ix);
+	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
 	pool_cached_add(p, -1);
 	p->n.evictions++;
 	pool_make_free(b, keep_spare);

@@ -72,7 +72,8 @@ int kv_loop_cancel(struct kv_loop *l, struct kv_loop_watch *w)
 	return 0;
 }
 
-/* Calls the watch of every completion in the ring; returns how many. */
+/* Calls the watch of every completion in the ring, then the idle hook;
+ * returns how many. */
 static unsigned loop_reap(struct kv_loop *l)
 {
 	struct io_uring_cqe *cqe;
@@ -91,6 +92,8 @@ static unsigned loop_reap(struct kv_loop *l)
 		w->cb(w, cqe->res, more);
 	}
 	io_uring_cq_advance(&l->ring, n);
+	if (l->idle)
+		l->idle(l->idle_ctx);
 	return n;
 }
 

@@ -25,6 +25,10 @@ struct kv_loop_watch {
 struct kv_loop {
 	struct io_uring ring;
 	int stop;
+	/* Called after each round of completions, before the loop sleeps
+	 * again (KV events send their batch there); NULL: nothing. */
+	void (*idle)(void *ctx);
+	void *idle_ctx;
 };
 
 /* Returns 0 or -errno (io_uring not available, ...). */

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "fault.h"
+#include "kvconfig.h"
 #include "log.h"
 #include "server.h"
 #include "service.h"
@@ -171,8 +172,9 @@ int main(int argc, char **argv)
 			ret = 0;
 			goto out;
 		case 'V':
-			printf("kvcached %s (%csystemd %chttp)\n", KV_VERSION, kv_service_built() ? '+' : '-',
-			       kv_http_built() ? '+' : '-');
+			printf("kvcached %s (%csystemd %chttp %cevents)\n", KV_VERSION,
+			       kv_service_built() ? '+' : '-', kv_http_built() ? '+' : '-',
+			       KV_HAVE_EVENTS ? '+' : '-');
 			ret = 0;
 			goto out;
 		case '?':

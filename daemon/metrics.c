@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events.h"
 #include "hist.h"
 #include "ops.h"
 #include "session.h"
@@ -273,6 +274,17 @@ static void one_queue(FILE *f, const struct expo *x, const struct fam *fm, uint3
 				      : *(const uint64_t *)((const char *)&x->q + fm->off));
 }
 
+/* KV events (events.h): daemon-wide counters of the publisher, 0 when off. */
+static void one_events(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	struct kv_events_stats st;
+
+	(void)k;
+	kv_events_stats(x->d->events, &st);
+	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
+}
+
+#define EVENTS(n, t, h, field) { n, t, h, F_ONE, one_events, offsetof(struct kv_events_stats, field) }
 #define ONE(n, t, h, v) { n, t, h, F_ONE, one_u64, v }
 #define POOL(n, t, h, field) { n, t, h, F_POOL, pool_count, offsetof(struct kv_pool_counts, field) }
 #define TIER(n, t, h, field) { n, t, h, F_TIER, tier_stat, offsetof(struct kv_tier_stats, field) }
@@ -379,6 +391,20 @@ static const struct fam fams[] = {
 	{ "kvcached_namespace_enospc_total", "counter",
 	  "Allocations of a namespace refused for want of memory after eviction (KV_ENOSPC).",
 	  F_NS, ns_u64, offsetof(struct kv_ns, enospc) },
+	EVENTS("kvcached_events_published_total", "counter",
+	       "KV event batches published (one message per topic and loop iteration).", batches),
+	EVENTS("kvcached_events_total", "counter",
+	       "KV events (BlockStored, BlockRemoved, AllBlocksCleared) in them.", events),
+	EVENTS("kvcached_events_dropped_total", "counter",
+	       "Batches some subscriber had no room for (events_hwm); replay has them.", dropped),
+	EVENTS("kvcached_events_replay_requests_total", "counter", "Replay requests served.",
+	       replay_requests),
+	EVENTS("kvcached_events_replay_truncated_total", "counter",
+	       "Replays cut short: the requester's queue was full.", replay_truncated),
+	EVENTS("kvcached_events_replay_bad_total", "counter", "Malformed replay requests ignored.",
+	       replay_bad),
+	EVENTS("kvcached_events_buffered_batches", "gauge", "Batches held for replay.", buffered),
+	EVENTS("kvcached_events_buffered_bytes", "gauge", "Bytes of those batches.", buffered_bytes),
 };
 
 #define NFAMS (sizeof(fams) / sizeof(fams[0]))

@@ -9,6 +9,8 @@
  *   reserve_g1 = 10%           # G1 that other namespaces cannot take from it
  *   priority = 10              # eviction across namespaces: lower goes first
  *   ttl = 1h                   # a cached prefix older than this is not served
+ *   events = hashes            # KV events of its pools: off, hashes, tokens
+ *                              # (default: events_token_ids decides)
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -174,8 +176,19 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			return fail(err, errlen, "ttl: '%s' is not a duration (30s, 10m, 1h)", value);
 		return 0;
 	}
+	if (!strcmp(key, "events")) {
+		static const char *const v[] = { "", "off", "hashes", "tokens" };
+		int i;
+
+		for (i = 0; i < 4; i++)
+			if (!strcmp(value, v[i])) {
+				n->events = i;
+				return 0;
+			}
+		return fail(err, errlen, "events: '%s' is not off, hashes or tokens", value);
+	}
 	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
-		    "quota_g2, quota_g3, reserve_g1, priority, ttl)", name, key);
+		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events)", name, key);
 }
 
 int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
@@ -238,5 +251,8 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 		kv_nsconf_format_size(n->reserve, v, sizeof(v));
 		fprintf(f, "reserve_g1 =%s%s\npriority = %u\nttl = %llums\n", v[0] ? " " : "", v,
 			n->priority, (unsigned long long)n->ttl_ms);
+		if (n->events)
+			fprintf(f, "events = %s\n", n->events == KV_NS_EVENTS_OFF ? "off"
+				: n->events == KV_NS_EVENTS_HASHES ? "hashes" : "tokens");
 	}
 }

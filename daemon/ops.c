@@ -367,6 +367,7 @@ static void dispatch(struct req *q, const Kvcached__Request *rq)
 	case KVCACHED__REQUEST__OP_DRAIN: kv_op_drain(q, rq->drain); break;
 	case KVCACHED__REQUEST__OP_RELOAD: kv_op_reload(q); break;
 	case KVCACHED__REQUEST__OP_METRICS: kv_op_metrics(q, rq->metrics); break;
+	case KVCACHED__REQUEST__OP_DUMP: kv_op_dump(q, rq->dump); break;
 	default:
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
 		break;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
@@ -493,4 +494,59 @@ void kv_op_metrics(struct req *q, const Kvcached__Metrics *m)
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_METRICS;
 	q->rs->metrics = r;
+}
+
+/* Dump: every (pool, hash, tier) of the prefix index, a page of buckets at a
+ * time: a chain is never split, so a page may pass the estimate by a chain
+ * (short: the index keeps a load factor under one). */
+void kv_op_dump(struct req *q, const Kvcached__Dump *m)
+{
+	struct kv_index *ix = kv_pools_index(q->d->pools);
+	/* A DumpEntry: tags, pool id, 32-byte hash, tier, lengths: < 48 bytes. */
+	size_t max = (q->d->cfg.max_frame - REPLY_SLACK - 16) / 48, n = 0, cap = 64;
+	Kvcached__DumpReply *r;
+	Kvcached__DumpEntry **es;
+	uint64_t b = m->first;
+
+	if (!admin_only(q, "dump") || !(r = q_alloc(q, sizeof(*r))) ||
+	    !(es = q_alloc(q, cap * sizeof(*es))))
+		return;
+	kvcached__dump_reply__init(r);
+	for (; b < ix->nbuckets && n < max; b++) {
+		const struct kv_index_entry *e;
+
+		for (e = ix->buckets[b]; e; e = e->next) {
+			unsigned media = kv_tiers_entry_media(e), t;
+
+			for (t = 0; t < KV_MEDIUMS; t++) {
+				Kvcached__DumpEntry *de;
+
+				if (!(media & (1u << t)))
+					continue;
+				if (n == cap) {
+					Kvcached__DumpEntry **ne = q_alloc(q, 2 * cap * sizeof(*ne));
+
+					if (!ne)
+						return;
+					memcpy(ne, es, n * sizeof(*es));
+					es = ne;
+					cap *= 2;
+				}
+				if (!(de = q_alloc(q, sizeof(*de))))
+					return;
+				kvcached__dump_entry__init(de);
+				de->pool_id = e->pool;
+				de->hash.data = (uint8_t *)e->hash;
+				de->hash.len = KV_HASH_BYTES;
+				de->tier = (Kvcached__Tier)t;
+				es[n++] = de;
+			}
+		}
+	}
+	r->entries = es;
+	r->n_entries = n;
+	r->more = b < ix->nbuckets;
+	r->next = r->more ? b : 0;
+	q->rs->result_case = KVCACHED__RESPONSE__RESULT_DUMP;
+	q->rs->dump = r;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events.h"
 #include "frame.h"
 #include "log.h"
 #include "ops_int.h"
@@ -73,6 +74,37 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 	q->rs->hello = r;
 }
 
+/* KV events: the topic of new pool p, kv@<node>@<model>; the model is the
+ * registration's, else "<namespace>/<pool>" ('@' made '_'). */
+static void pool_events(struct kv_daemon *d, const struct kv_pool *p, const struct kv_ns *ns,
+			const char *model)
+{
+	const struct kv_ns_conf *nc;
+	char name[200];
+	int tokens = d->cfg.events_token_ids;
+	char *c;
+
+	if (!d->events)
+		return;
+	if (model && *model) {
+		snprintf(name, sizeof(name), "%s", model);
+	} else {
+		snprintf(name, sizeof(name), "%s/%s", ns->name, p->name);
+		for (c = name; *c; c++)
+			if (*c == '@')
+				*c = '_';
+	}
+	nc = kv_nsconf_find(&d->cfg, ns->name);
+	if (nc && nc->events)
+		tokens = nc->events == KV_NS_EVENTS_TOKENS;
+	if (nc && nc->events == KV_NS_EVENTS_OFF) {
+		kv_events_pool(d->events, p->id, NULL, 0, 0);  /* no topic: no events */
+		return;
+	}
+	if (kv_events_pool(d->events, p->id, name, p->block_tokens, tokens) < 0)
+		kv_warn("events: pool '%s': no topic for model '%s'", p->name, name);
+}
+
 void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 {
 	struct kv_pool_desc desc = {
@@ -103,6 +135,11 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 			   m->name, ns->name, ns->pools, d->cfg.max_pools_per_namespace);
 		return;
 	}
+	if (m->model && (strlen(m->model) > 128 || strchr(m->model, '@'))) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "pool '%.80s': a model name has at most 128 bytes and no '@'", m->name);
+		return;
+	}
 	rc = kv_pool_register(d->pools, q->ss->ns, &desc, &p, err, sizeof(err));
 	if (rc < 0) {
 		kv_op_fail(q, rc == -EEXIST ? KVCACHED__ERROR_CODE__EEXIST
@@ -113,8 +150,10 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 	}
 	/* The pool lives at least as long as this session. */
 	kv_session_keep_pool(q->ss, p);
-	if (rc == 1)
+	if (rc == 1) {
+		pool_events(d, p, ns, m->model);
 		kv_tiers_pool_added(d->tiers, p);
+	}
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	kvcached__register_pool_reply__init(r);
@@ -255,6 +294,23 @@ static int seal_plan(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
 	return 0;
 }
 
+/* KV events: block i of seal m went into the index. With token ids the
+ * blocks of one Seal are one chain (kvcached.proto): block i's parent is
+ * block i - 1, block 0's parent_hash. */
+static void seal_event(struct kv_daemon *d, const struct kv_pool *p, const Kvcached__Seal *m,
+		       size_t i)
+{
+	const uint8_t *parent = NULL;
+
+	if (!d->events)
+		return;
+	if (m->n_token_ids)
+		parent = i ? m->hashes.data + (i - 1) * HASH
+			   : m->parent_hash.len ? m->parent_hash.data : NULL;
+	kv_events_stored(d->events, p->id, m->hashes.data + i * HASH, parent, KV_MEDIUM_G1,
+			 m->n_token_ids ? m->token_ids + i * p->block_tokens : NULL);
+}
+
 void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -267,6 +323,20 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
 			   "seal of %zu blocks needs %zu hash bytes, got %zu", m->n_blocks,
 			   m->n_blocks * HASH, m->hashes.len);
+		return;
+	}
+	/* Token ids (KV events): exactly block_tokens per block, or none. The
+	 * frame bounds their number; a wrong one fails this request only. */
+	if (m->n_token_ids && m->n_token_ids != (uint64_t)m->n_blocks * p->block_tokens) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "seal of %zu blocks of %u tokens needs %" PRIu64 " token ids or none, "
+			   "got %zu", m->n_blocks, p->block_tokens,
+			   (uint64_t)m->n_blocks * p->block_tokens, m->n_token_ids);
+		return;
+	}
+	if (m->parent_hash.len && m->parent_hash.len != HASH) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "seal: parent_hash has %zu bytes, not %d", m->parent_hash.len, HASH);
 		return;
 	}
 	if (kv_op_resolve(q, p, m->blocks, m->n_blocks, 1) < 0)
@@ -307,6 +377,8 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 			}
 			nb = kv_pool_seal_found(p, b, h, pl.key[i], e);
 		}
+		if (nb == b && b->state == KV_BLOCK_SEALED)
+			seal_event(q->d, p, m, i);
 		if (nb != b) {
 			kv_refmap_sub(&q->ss->refs, b);
 			kv_refmap_add(&q->ss->refs, nb);

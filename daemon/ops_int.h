@@ -103,5 +103,6 @@ void kv_op_flush(struct req *q);
 void kv_op_drain(struct req *q, const Kvcached__Drain *m);
 void kv_op_reload(struct req *q);
 void kv_op_metrics(struct req *q, const Kvcached__Metrics *m);
+void kv_op_dump(struct req *q, const Kvcached__Dump *m);
 
 #endif

@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "events.h"
 #include "kvassert.h"
 #include "kvtext.h"
 #include "refmap.h"
@@ -24,6 +25,16 @@ _Static_assert(KV_BLOCK_REF_MAX <= KV_REFMAP_COUNT_MAX,
 struct kv_index *kv_pools_index(struct kv_pools *ps)
 {
 	return &ps->index;
+}
+
+void kv_pools_set_events(struct kv_pools *ps, struct kv_events *ev)
+{
+	ps->ev = ev;
+}
+
+struct kv_events *kv_pools_events(const struct kv_pools *ps)
+{
+	return ps->ev;
 }
 
 int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools **out)
@@ -784,6 +795,7 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 		return 0;
 	}
 	kv_index_remove(&p->pools->index, &b->ix);
+	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
 	pool_cached_add(p, -1);
 	pool_make_free(b, 1);
 	return 1;

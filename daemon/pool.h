@@ -261,6 +261,12 @@ struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash);
 /* The index entry under hash, whatever tier holds it, or NULL. */
 struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash);
 struct kv_index *kv_pools_index(struct kv_pools *ps);
+/* The KV-event sink told when a hash enters or leaves a medium (events.h):
+ * the pools report G1 removals, the ops G1 seals, the tiers G2 and G3.
+ * NULL (the default): nobody listens. The caller's; it must outlive ps's use. */
+struct kv_events;
+void kv_pools_set_events(struct kv_pools *ps, struct kv_events *ev);
+struct kv_events *kv_pools_events(const struct kv_pools *ps);
 
 /* ---- for the tiers ---- */
 /* The CACHED block (not demoting) of device dev that demotion takes next:

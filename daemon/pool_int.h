@@ -23,6 +23,7 @@ struct kv_pools {
 	struct kv_ns_table nst;
 	struct kv_index index;
 	uint64_t tick;
+	struct kv_events *ev;      /* kv_pools_set_events() */
 };
 
 /* The live pool of id i < npools, or NULL for a free id. */

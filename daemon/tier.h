@@ -190,4 +190,11 @@ uint64_t kv_tiers_entries(const struct kv_tiers *t);
 void kv_tiers_count_refs(struct kv_tiers *t);
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx);
 
+/* The media (1 << KV_MEDIUM_G1 ... G3, events.h) holding the copies of the
+ * block behind index entry e, as KV events announce them: G1 for a G1 block;
+ * for a lower-tier block, G2 when its host copy is whole, G3 when its disk
+ * copy is written. */
+struct kv_index_entry;
+unsigned kv_tiers_entry_media(const struct kv_index_entry *e);
+
 #endif

@@ -8,6 +8,14 @@
  *   seal              seals what it holds      -> "ok N"
  *   release           releases all it holds    -> "ok N"
  *   ping              asks for the stats       -> "ok"
+ *
+ * For the KV-event tests (test_events.py), pool block_tokens 16:
+ *   mpool NAME BYTES MODEL  registers a pool naming its model -> "ok ID"
+ *   chain SEED N      allocates N blocks, seals them as one chain of hashes
+ *                     derived from SEED with token ids, releases them -> "ok N"
+ *   lookup SEED N     looks the chain up (promotes what the tiers hold) and
+ *                     releases what it found -> "ok K" (the prefix found)
+ *   badtokens         seals one block with 15 token ids -> the error
  *   quit              exits 0
  *
  * A failed call answers "err CODE MESSAGE" (CODE: kvc error number, e.g.
@@ -25,6 +33,24 @@ static kvc_block held[MAX_HELD];
 static size_t nheld;
 static int pool = -1;
 
+#define TOKENS 16
+
+/* Hash i of chain seed: 32 bytes from splitmix64. */
+static void chain_hash(unsigned long long seed, size_t i, kvc_hash *h)
+{
+	uint64_t x = seed * 0x9e3779b97f4a7c15ull + i;
+	size_t k;
+
+	for (k = 0; k < 4; k++) {
+		uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+		z ^= z >> 31;
+		memcpy(h->b + 8 * k, &z, 8);
+	}
+}
+
 static void answer(kvc_conn *c, int r, long n)
 {
 	if (r < 0)
@@ -37,7 +63,8 @@ static void answer(kvc_conn *c, int r, long n)
 int main(int argc, char **argv)
 {
 	struct kvc_options o = { .ns = argc > 2 ? argv[2] : NULL, .client_name = "kvt_worker" };
-	char line[256], name[64];
+	char line[256], name[64], model[128];
+	unsigned long long seed;
 	kvc_conn *c = NULL;
 	unsigned long long bytes;
 	unsigned n;
@@ -96,6 +123,58 @@ int main(int argc, char **argv)
 			if (rs)
 				kvcached__response__free_unpacked(rs, NULL);
 			answer(c, r, 0);
+		} else if (sscanf(line, "mpool %63s %llu %127s", name, &bytes, model) == 3) {
+			struct kvc_pool_desc d = { .name = name, .block_bytes = bytes,
+						   .block_tokens = TOKENS, .dtype = "fp16" };
+
+			r = kvc_register_pool_model(c, &d, model);
+			if (r >= 0)
+				pool = r;
+			answer(c, r, r);
+		} else if (sscanf(line, "chain %llu %u", &seed, &n) == 2 && n > 0 && n <= 256) {
+			static kvc_hash h[256];
+			static uint32_t tok[256 * TOKENS];
+			kvc_block b[256];
+			size_t i;
+
+			for (i = 0; i < n; i++) {
+				chain_hash(seed, i, &h[i]);
+				for (size_t k = 0; k < TOKENS; k++)
+					tok[i * TOKENS + k] = (uint32_t)(seed * 1000 + i * TOKENS + k);
+			}
+			r = kvc_alloc(c, pool, n, b);
+			if (r >= 0)
+				r = kvc_seal_tokens(c, pool, b, h, n, NULL, tok, (size_t)n * TOKENS, b);
+			if (r >= 0)
+				r = kvc_release(c, b, n) < 0 ? -1 : (int)n;
+			answer(c, r, r);
+		} else if (sscanf(line, "lookup %llu %u", &seed, &n) == 2 && n > 0 && n <= 256) {
+			kvc_hash h[256];
+			kvc_block b[256];
+			size_t i;
+
+			for (i = 0; i < n; i++)
+				chain_hash(seed, i, &h[i]);
+			r = kvc_lookup(c, pool, h, n, b);
+			if (r > 0 && kvc_release(c, b, (size_t)r) < 0)
+				r = -1;
+			answer(c, r, r);
+		} else if (!strncmp(line, "badtokens", 9)) {
+			uint32_t tok[TOKENS - 1] = { 0 };
+			kvc_block b;
+			kvc_hash h;
+
+			chain_hash(~0ull, 0, &h);
+			r = kvc_alloc(c, pool, 1, &b);
+			if (r >= 0) {
+				int s2 = kvc_seal_tokens(c, pool, &b, &h, 1, NULL, tok, TOKENS - 1, &b);
+
+				/* Keep the error; give the block back either way. */
+				answer(c, s2, s2);
+				kvc_release(c, &b, 1);
+				continue;
+			}
+			answer(c, r, r);
 		} else if (!strncmp(line, "quit", 4)) {
 			break;
 		} else {

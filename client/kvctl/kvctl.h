@@ -2,7 +2,7 @@
  * JSON through jansson, tables through libsmartcols, value formatting), the
  * call to the daemon (main.c) and the commands, one file per group:
  * stats.c (status, pools, clients, metrics), admin.c (check, evict, flush,
- * drain, reload), top.c. */
+ * drain, reload), events.c (events, dump), top.c. */
 #ifndef KVCTL_H
 #define KVCTL_H
 
@@ -16,7 +16,8 @@
 enum format { FMT_HUMAN, FMT_JSON };
 
 /* Command-specific options, as bits of struct command.opts. */
-enum { O_POOL = 1, O_ALL = 2, O_TIMEOUT = 4, O_WAIT = 8, O_COUNT = 16, O_DELAY = 32, O_TIER = 64 };
+enum { O_POOL = 1, O_ALL = 2, O_TIMEOUT = 4, O_WAIT = 8, O_COUNT = 16, O_DELAY = 32, O_TIER = 64,
+       O_EVENTS = 128 };
 
 struct args {
 	enum format fmt;
@@ -28,6 +29,9 @@ struct args {
 	long count;             /* top: frames, 0 = until stopped */
 	double delay;           /* top: seconds between frames */
 	const char *topic;      /* help COMMAND */
+	/* events */
+	const char *endpoint, *replay_endpoint, *topic_filter;
+	uint64_t from;
 };
 
 extern const char *const tier_names[3];
@@ -109,6 +113,10 @@ int cmd_evict(kvc_conn *c, const struct args *a);
 int cmd_flush(kvc_conn *c, const struct args *a);
 int cmd_drain(kvc_conn *c, const struct args *a);
 int cmd_reload(kvc_conn *c, const struct args *a);
+
+/* ---- events.c ---- */
+int cmd_events(kvc_conn *c, const struct args *a);   /* c is NULL: no daemon call */
+int cmd_dump(kvc_conn *c, const struct args *a);
 
 /* ---- top.c ---- */
 int cmd_top(kvc_conn *c, const struct args *a);

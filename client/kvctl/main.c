@@ -123,6 +123,29 @@ static const struct command commands[] = {
 	  "lookups, hits, evictions and dedups, per namespace usage, per tier. With -o\n"
 	  "json, the same figures from the daemon's Stats reply: the document of\n"
 	  "status -o json.\n" },
+	{ "events", cmd_events, O_COUNT | O_EVENTS,
+	  " --endpoint E [--topic PREFIX] [--replay-endpoint R [--from SEQ]] [-n COUNT]",
+	  "follow the KV-event stream",
+	  "Subscribes to the KV events kvcached publishes (docs/events.md) and prints\n"
+	  "one line per event: the batch's sequence number and time, the topic\n"
+	  "(kv@NODE@MODEL), the type (BlockStored, BlockRemoved, AllBlocksCleared), the\n"
+	  "medium (GPU, CPU, DISK), the block hashes (the first 6 bytes of the first\n"
+	  "four), the parent hash and the number of token ids. With -o json, one\n"
+	  "compact JSON object per event and line, hashes in full. Talks to the\n"
+	  "endpoints, not to the admin socket; Ctrl-C stops it.\n\n"
+	  "  --endpoint E         the events_endpoint of the daemon (e.g.\n"
+	  "                       ipc:///run/kvcached/events.sock)\n"
+	  "  --topic PREFIX       only topics that start with PREFIX (default: all)\n"
+	  "  --replay-endpoint R  first ask R (events_replay_endpoint) for the batches\n"
+	  "                       still buffered from --from on\n"
+	  "  --from SEQ           the first sequence number to replay (default 0)\n"
+	  "  -n, --count COUNT    stop after COUNT batches\n" },
+	{ "dump", cmd_dump, 0, "", "list every cached hash and its tiers",
+	  "Lists every hash in the prefix index, one line per copy: pool id, tier (G1,\n"
+	  "G2, G3) and the 32-byte hash in hex; a block with a host and a disk copy\n"
+	  "has two lines. This is the set the KV events add up to. With -o json, an\n"
+	  "array of {pool, tier, hash}. Read it while the daemon is idle: blocks that\n"
+	  "move while it is paged through may be listed twice or missed.\n" },
 	{ "top", cmd_top, O_COUNT | O_DELAY, " [-n COUNT] [-d SECONDS]", "live refreshing view",
 	  "Shows the daemon's state, pools and clients with rates, refreshed every\n"
 	  "SECONDS (default 2), until q or Ctrl-C on a terminal, or COUNT frames.\n"
@@ -182,7 +205,8 @@ static int parse_timeout(const char *s, uint64_t *ms)
 
 int main(int argc, char **argv)
 {
-	enum { OPT_POOL = 1000, OPT_ALL, OPT_TIMEOUT, OPT_WAIT, OPT_TIER };
+	enum { OPT_POOL = 1000, OPT_ALL, OPT_TIMEOUT, OPT_WAIT, OPT_TIER, OPT_ENDPOINT,
+	       OPT_REPLAY, OPT_FROM, OPT_TOPIC };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "output", required_argument, NULL, 'o' },
@@ -195,12 +219,16 @@ int main(int argc, char **argv)
 		{ "tier", required_argument, NULL, OPT_TIER },
 		{ "count", required_argument, NULL, 'n' },
 		{ "delay", required_argument, NULL, 'd' },
+		{ "endpoint", required_argument, NULL, OPT_ENDPOINT },
+		{ "replay-endpoint", required_argument, NULL, OPT_REPLAY },
+		{ "from", required_argument, NULL, OPT_FROM },
+		{ "topic", required_argument, NULL, OPT_TOPIC },
 		{ 0 },
 	};
 	static const struct { unsigned bit; const char *name; } optnames[] = {
 		{ O_POOL, "--pool" }, { O_ALL, "--all" }, { O_TIMEOUT, "--timeout" },
 		{ O_WAIT, "--wait" }, { O_COUNT, "--count" }, { O_DELAY, "--delay" },
-		{ O_TIER, "--tier" },
+		{ O_TIER, "--tier" }, { O_EVENTS, "--endpoint, --replay-endpoint, --from, --topic" },
 	};
 	const struct kvc_options copt = { .client_name = "kvctl" };
 	struct args a = { .fmt = FMT_HUMAN, .delay = 2.0 };
@@ -277,6 +305,25 @@ int main(int argc, char **argv)
 				return usage_error("-d '%s': seconds between frames, from 0.1", optarg);
 			a.used |= O_DELAY;
 			break;
+		case OPT_ENDPOINT:
+			a.endpoint = optarg;
+			a.used |= O_EVENTS;
+			break;
+		case OPT_REPLAY:
+			a.replay_endpoint = optarg;
+			a.used |= O_EVENTS;
+			break;
+		case OPT_TOPIC:
+			a.topic_filter = optarg;
+			a.used |= O_EVENTS;
+			break;
+		case OPT_FROM:
+			errno = 0;
+			a.from = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-')
+				return usage_error("--from '%s': a sequence number", optarg);
+			a.used |= O_EVENTS;
+			break;
 		case ':':
 			return usage_error("option '%s' needs an argument", argv[optind - 1]);
 		default:
@@ -322,6 +369,14 @@ int main(int argc, char **argv)
 		return usage_error("evict needs --pool ID, --all or --tier TIER");
 	if (cmd->run == cmd_evict && (a.used & O_POOL) && (a.used & O_ALL))
 		return usage_error("evict takes --pool ID or --all, not both");
+	if (cmd->run == cmd_events) {
+		/* The event endpoints, not the admin socket. */
+		if (!a.endpoint)
+			return usage_error("events needs --endpoint (the daemon's events_endpoint)");
+		ret = cmd_events(NULL, &a);
+		fflush(stdout);
+		return ret;
+	}
 
 	if (!a.sock) {
 		r = kvc_default_socket(wdef, sizeof(wdef));

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "crc32c.h"
+#include "events.h"
 #include "log.h"
 
 static void promote_read_done(struct kv_disk_op *dop, int res);
@@ -120,8 +121,13 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 			kv_index_remove(kv_pools_index(t->ps), &tb->ix);
 			tb->indexed = 0;
 			t->entries--;
+			tb_ev_sync(t, tb);
 		}
 		struct kv_block *nb = kv_pool_seal(tb->pool, b, tb->ix.hash);
+
+		if (nb == b && b->state == KV_BLOCK_SEALED)
+			kv_events_stored(kv_pools_events(t->ps), tb->pool->id, tb->ix.hash, NULL,
+					 KV_MEDIUM_G1, NULL);
 
 		/* The prefix keeps its age (the TTL counts from its first seal). */
 		if (nb == b && b->state == KV_BLOCK_SEALED)
@@ -211,6 +217,7 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 
 		if (r == 0) {
 			tb->busy &= (uint8_t)~BUSY_READ;
+			tb_ev_sync(t, tb);
 			return;
 		}
 		if (r == -EAGAIN) {

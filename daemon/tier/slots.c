@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "crc32c.h"
+#include "events.h"
 #include "log.h"
 
 static uint64_t round4k(uint64_t n)
@@ -242,6 +243,42 @@ static void tb_unlist(struct tblock *tb)
 		kv_list_del(&tb->lru[L3]);
 }
 
+static unsigned tb_media(const struct tblock *tb)
+{
+	unsigned m = 0;
+
+	if (!tb->indexed || tb->dead)
+		return 0;
+	if (tb->run[L2] && !(tb->busy & (BUSY_DOWN | BUSY_READ)))
+		m |= 1u << KV_MEDIUM_G2;
+	if (tb->g3_ok)
+		m |= 1u << KV_MEDIUM_G3;
+	return m;
+}
+
+void tb_ev_sync(struct kv_tiers *t, struct tblock *tb)
+{
+	struct kv_events *ev = kv_pools_events(t->ps);
+	unsigned now = tb_media(tb), m;
+
+	for (m = KV_MEDIUM_G2; m <= KV_MEDIUM_G3; m++) {
+		unsigned bit = 1u << m;
+
+		if ((now & bit) && !(tb->ev & bit))
+			kv_events_stored(ev, tb->pool->id, tb->ix.hash, NULL, (int)m, NULL);
+		else if (!(now & bit) && (tb->ev & bit))
+			kv_events_removed(ev, tb->pool->id, tb->ix.hash, (int)m);
+	}
+	tb->ev = (uint8_t)now;
+}
+
+unsigned kv_tiers_entry_media(const struct kv_index_entry *e)
+{
+	if (e->kind == KV_ENTRY_BLOCK)
+		return 1u << KV_MEDIUM_G1;
+	return tb_media(kv_container_of(e, const struct tblock, ix));
+}
+
 /* Puts an idle tb on the lists its copies belong to. */
 void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 {
@@ -254,6 +291,7 @@ void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 	if (tb->run[L3] && tb->g3_ok)
 		kv_list_push_front(&tb->run[L3]->tp->lru, &tb->lru[L3]);
 	tb_assert_state(tb);
+	tb_ev_sync(t, tb);
 }
 
 void tb_free(struct kv_tiers *t, struct tblock *tb)
@@ -294,6 +332,7 @@ void tb_kill(struct kv_tiers *t, struct tblock *tb)
 		t->entries--;
 	}
 	tb->dead = 1;
+	tb_ev_sync(t, tb);
 	if (!tb->busy)
 		tb_free(t, tb);
 }
@@ -361,6 +400,7 @@ void tb_index(struct kv_tiers *t, struct tblock *tb)
 	kv_index_insert(kv_pools_index(t->ps), &tb->ix);
 	tb->indexed = 1;
 	t->entries++;
+	tb_ev_sync(t, tb);
 }
 
 const char *tb_state_problem(const struct tblock *tb)

@@ -126,6 +126,7 @@ struct tblock {
 	uint8_t failed;            /* its promotion just failed: lookups miss */
 	uint8_t evict_g2;          /* drop the G2 copy once written back */
 	uint8_t indexed;
+	uint8_t ev;                /* media announced in KV events (tb_ev_sync()) */
 	uint64_t tick;
 	struct kv_list lru[2];
 	struct kv_list waiters;    /* parked lookups */
@@ -257,6 +258,11 @@ void tb_index(struct kv_tiers *t, struct tblock *tb);
 /* Takes tb out of the index (if it is in) and marks it dead; frees it now
  * when idle, else when its last busy flag clears. */
 void tb_kill(struct kv_tiers *t, struct tblock *tb);
+/* KV events: announces the media tb's copies are in now (a G2 copy that is
+ * read or being filled is not one yet), and withdraws those it left; all of
+ * them once tb is out of the index. Idempotent: called wherever copies or
+ * flags change (tb_index, tb_kill, tb_set_idle, the completions). */
+void tb_ev_sync(struct kv_tiers *t, struct tblock *tb);
 /* Frees tb's slots and tb (not busy; out of the index or never in it). */
 void tb_free(struct kv_tiers *t, struct tblock *tb);
 /* Puts idle tb on the LRU lists its copies belong to, as the newest. */

@@ -47,6 +47,7 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 		L->st.demotions++;
 		g2_dirty_add(t, tb, -1);
 		tier_journal_append(t, KV_J_SLOT, tb->run[L3], tb->slot[L3], tb->ix.hash);
+		tb_ev_sync(t, tb);
 	} else {
 		if (!tb->dead) {
 			L->st.io_errors++;

@@ -1,0 +1,908 @@
+/* KV events: see events.h; the format and its sources are in docs/events.md.
+ *
+ * One file of about 900 lines, on purpose: the encoder, the batches, the
+ * publisher and the replay server all work on struct kv_events's private
+ * state (the pending event, the per-topic batches, the replay ring), which no
+ * other module may see; a split would need an internal header exposing all of
+ * it. A quarter of the file is the no-events stubs and the socket setup.
+ * Sections: stubs (KV_HAVE_EVENTS 0); encoding; batches and sending; merging
+ * events; topics; replay; setup. */
+#include "events.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "kvconfig.h"
+#include "kverr.h"
+
+#if !KV_HAVE_EVENTS
+
+int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
+		   char *err, size_t errlen)
+{
+	(void)loop;
+	*out = NULL;
+	if (!cfg->events_endpoint[0] && !cfg->events_replay_endpoint[0])
+		return 0;
+	kv_errf(err, errlen, "events_endpoint: this kvcached was built without KV events "
+		"(meson -Devents=enabled needs libzmq and msgpack-c)");
+	return -ENOTSUP;
+}
+
+void kv_events_close(struct kv_events *ev)
+{
+	(void)ev;
+}
+
+int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
+		   int tokens)
+{
+	return 0;
+}
+
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+}
+
+void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium)
+{
+}
+
+void kv_events_flush(struct kv_events *ev)
+{
+}
+
+void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+}
+
+#else
+
+#include <grp.h>
+#include <poll.h>
+#include <msgpack.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "index.h"
+#include "list.h"
+#include "log.h"
+#include "loop.h"
+#include "pool.h"
+
+/* Room left in front of a batch's events for its header: fixarray(2),
+ * float64 ts, array32 count. */
+#define HDR_ROOM 15
+/* Hashes one pending event holds before it is written out. */
+#define PEND_MAX 256
+#define MAX_TOPICS 1024
+#define TOPIC_MAX 320
+
+
+struct buf {
+	char *p;
+	size_t len, cap;
+};
+
+struct topic {
+	char name[TOPIC_MAX];
+	size_t namelen;
+	uint64_t seq;         /* the next batch's */
+	struct buf batch;     /* HDR_ROOM bytes, then the events */
+	uint32_t nevents;
+	int queued;           /* on the dirty list */
+};
+
+struct replay {
+	uint32_t topic;
+	uint64_t seq;
+	char *p;
+	size_t len;
+};
+
+enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
+
+struct kv_events {
+	void *zctx, *pub, *router;
+	struct kv_loop *loop;
+	struct kv_loop_watch rw;  /* the replay socket's ZMQ_FD */
+	struct kv_loop_watch tw;  /* events_interval: the next send */
+	uint64_t interval_ns;
+	uint64_t pending_since;   /* CLOCK_MONOTONIC ns of the oldest unsent event; 0: none */
+	int rfd;
+	int int_hashes;       /* events_hash_format = int */
+	char node[256];           /* node_name, else the host name */
+	struct topic *topics;
+	uint32_t ntopics;
+	uint16_t *dirty;      /* topics with events queued */
+	uint32_t ndirty;
+	/* per pool: topic + 1 (0: none), block size, token ids allowed */
+	uint16_t pool_topic[KV_MAX_POOLS];
+	uint32_t pool_bs[KV_MAX_POOLS];
+	uint8_t pool_tokens[KV_MAX_POOLS];
+	/* The event being gathered. */
+	int pk;
+	uint32_t ppool;
+	int pmedium;
+	int phas_parent, phas_tokens;
+	uint8_t pparent[KV_HASH_BYTES];
+	uint8_t phash[PEND_MAX][KV_HASH_BYTES];
+	uint32_t nph;
+	uint32_t *ptok;
+	size_t nptok, ptok_cap;
+	/* Replay ring. */
+	struct replay *ring;
+	uint32_t ring_cap, ring_head, ring_n;
+	struct kv_events_stats st;
+	char scratch[256];
+};
+
+static int buf_room(struct buf *b, size_t more)
+{
+	size_t cap;
+	char *np;
+
+	if (b->len + more <= b->cap)
+		return 0;
+	cap = b->cap ? b->cap : 4096;
+	while (cap < b->len + more)
+		cap *= 2;
+	np = realloc(b->p, cap);
+	if (!np)
+		return -ENOMEM;
+	b->p = np;
+	b->cap = cap;
+	return 0;
+}
+
+static int buf_write(void *data, const char *s, size_t n)
+{
+	struct buf *b = data;
+
+	if (buf_room(b, n) < 0)
+		return -1;
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	return 0;
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *s)
+{
+	size_t n = strlen(s);
+
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void topic_dirty(struct kv_events *ev, uint32_t t)
+{
+	if (!ev->topics[t].queued) {
+		ev->topics[t].queued = 1;
+		ev->dirty[ev->ndirty++] = (uint16_t)t;
+	}
+}
+
+static int topic_open_batch(struct topic *tp)
+{
+	if (tp->batch.len)
+		return 0;
+	if (buf_room(&tp->batch, HDR_ROOM) < 0)
+		return -ENOMEM;
+	tp->batch.len = HDR_ROOM;
+	return 0;
+}
+
+static void send_batch(struct kv_events *ev, uint32_t t);
+
+/* msgpack by hand for the hot path: the events' constant parts are byte
+ * strings (their keys and tags), written with one memcpy each; the variable
+ * parts (array headers, hashes, token ids) straight into the batch buffer,
+ * whose room is reserved once per event. Same bytes msgpack-c would write,
+ * except that integer hashes always take the 9-byte uint64 form. */
+#define LIT(s) s, sizeof(s) - 1
+static const char stored_head[] =
+	"\x88\xa4type\xab" "BlockStored\xac" "block_hashes";
+static const char parent_key[] = "\xb1parent_block_hash";
+static const char tokens_key[] = "\xa9token_ids";
+static const char size_key[] = "\xaa" "block_size";
+static const char removed_head[] =
+	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
+/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. */
+static const char *const stored_tail[KV_MEDIUMS] = {
+	"\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0",
+	"\xa7lora_id\xc0\xa6medium\xa3" "CPU\xa9lora_name\xc0",
+	"\xa7lora_id\xc0\xa6medium\xa4" "DISK\xa9lora_name\xc0",
+};
+static const char *const removed_tail[KV_MEDIUMS] = {
+	"\xa6medium\xa3GPU", "\xa6medium\xa3" "CPU", "\xa6medium\xa4" "DISK",
+};
+
+static char *put(char *w, const void *p, size_t n)
+{
+	memcpy(w, p, n);
+	return w + n;
+}
+
+static char *put_u32(char *w, uint32_t v)
+{
+	if (v < 0x80) {
+		*w++ = (char)v;
+	} else if (v < 0x100) {
+		*w++ = (char)0xcc;
+		*w++ = (char)v;
+	} else if (v < 0x10000) {
+		*w++ = (char)0xcd;
+		*w++ = (char)(v >> 8);
+		*w++ = (char)v;
+	} else {
+		*w++ = (char)0xce;
+		*w++ = (char)(v >> 24);
+		*w++ = (char)(v >> 16);
+		*w++ = (char)(v >> 8);
+		*w++ = (char)v;
+	}
+	return w;
+}
+
+static char *put_array(char *w, uint32_t n)
+{
+	if (n < 16) {
+		*w++ = (char)(0x90 | n);
+	} else if (n < 0x10000) {
+		*w++ = (char)0xdc;
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	} else {
+		*w++ = (char)0xdd;
+		*w++ = (char)(n >> 24);
+		*w++ = (char)(n >> 16);
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	}
+	return w;
+}
+
+#define HASH_MAX 34  /* bin8 header + 32 bytes; an int hash takes 9 */
+
+static char *put_hash(const struct kv_events *ev, char *w, const uint8_t *h)
+{
+	if (ev->int_hashes) {
+		/* vLLM's int form: the digest's last 8 bytes, big endian
+		 * (docs/events.md). */
+		*w++ = (char)0xcf;
+		return put(w, h + KV_HASH_BYTES - 8, 8);
+	}
+	*w++ = (char)0xc4;
+	*w++ = KV_HASH_BYTES;
+	return put(w, h, KV_HASH_BYTES);
+}
+
+/* Writes the pending event into its topic's batch. */
+static void pend_write(struct kv_events *ev)
+{
+	uint32_t t, i;
+	struct topic *tp;
+	size_t room;
+	char *w;
+
+	if (ev->pk == PEND_NONE)
+		return;
+	t = ev->pool_topic[ev->ppool] - 1u;
+	tp = &ev->topics[t];
+	room = 256 + (size_t)(ev->nph + 1) * HASH_MAX + ev->nptok * 5;
+	if (topic_open_batch(tp) < 0 || buf_room(&tp->batch, room) < 0)
+		goto out;  /* no memory: the event is lost, the next ones are not */
+	w = tp->batch.p + tp->batch.len;
+	if (ev->pk == PEND_STORED) {
+		/* vLLM's BlockStored as a tagged map (tag field "type"), its
+		 * fields in declaration order; those with a default of None
+		 * (extra_keys, group_idx, ...) are omitted as msgspec's
+		 * omit_defaults does. */
+		w = put(w, LIT(stored_head));
+		w = put_array(w, ev->nph);
+		for (i = 0; i < ev->nph; i++)
+			w = put_hash(ev, w, ev->phash[i]);
+		w = put(w, LIT(parent_key));
+		if (ev->phas_parent)
+			w = put_hash(ev, w, ev->pparent);
+		else
+			*w++ = (char)0xc0;
+		w = put(w, LIT(tokens_key));
+		w = put_array(w, ev->phas_tokens ? (uint32_t)ev->nptok : 0);
+		for (i = 0; ev->phas_tokens && i < ev->nptok; i++)
+			w = put_u32(w, ev->ptok[i]);
+		w = put(w, LIT(size_key));
+		w = put_u32(w, ev->pool_bs[ev->ppool]);
+		w = put(w, stored_tail[ev->pmedium], strlen(stored_tail[ev->pmedium]));
+	} else {
+		w = put(w, LIT(removed_head));
+		w = put_array(w, ev->nph);
+		for (i = 0; i < ev->nph; i++)
+			w = put_hash(ev, w, ev->phash[i]);
+		w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
+	}
+	tp->batch.len = (size_t)(w - tp->batch.p);
+	tp->nevents++;
+	topic_dirty(ev, t);
+	if (tp->batch.len >= KV_EVENTS_BATCH_BYTES)
+		send_batch(ev, t);
+out:
+	ev->pk = PEND_NONE;
+	ev->nph = 0;
+	ev->nptok = 0;
+}
+
+static void write_cleared(struct kv_events *ev, uint32_t t)
+{
+	struct topic *tp = &ev->topics[t];
+	msgpack_packer pk;
+
+	if (topic_open_batch(tp) < 0)
+		return;
+	msgpack_packer_init(&pk, &tp->batch, buf_write);
+	msgpack_pack_map(&pk, 1);
+	pack_cstr(&pk, "type");
+	pack_cstr(&pk, "AllBlocksCleared");
+	tp->nevents++;
+	topic_dirty(ev, t);
+}
+
+static void ring_put(struct kv_events *ev, uint32_t t, uint64_t seq, const char *p, size_t len)
+{
+	struct replay *r;
+	char *copy;
+
+	if (!ev->ring_cap)
+		return;
+	copy = malloc(len);
+	if (!copy)
+		return;  /* a hole in the replay: the client sees the seq gap */
+	memcpy(copy, p, len);
+	if (ev->ring_n == ev->ring_cap) {
+		r = &ev->ring[ev->ring_head];
+		ev->st.buffered_bytes -= r->len;
+		free(r->p);
+		ev->ring_head = (ev->ring_head + 1) % ev->ring_cap;
+		ev->ring_n--;
+	}
+	r = &ev->ring[(ev->ring_head + ev->ring_n) % ev->ring_cap];
+	r->topic = t;
+	r->seq = seq;
+	r->p = copy;
+	r->len = len;
+	ev->ring_n++;
+	ev->st.buffered_bytes += len;
+}
+
+static void put_be64(unsigned char *b, uint64_t v)
+{
+	int i;
+
+	for (i = 7; i >= 0; i--, v >>= 8)
+		b[i] = (unsigned char)v;
+}
+
+/* One multipart message to every subscriber with room for it. XPUB with
+ * ZMQ_XPUB_NODROP refuses (EAGAIN) a message some subscriber's queue is full
+ * for: that is how a drop is seen and counted; the message then goes to the
+ * others with NODROP off, as a PUB socket sends. */
+static int pub_send(struct kv_events *ev, const struct topic *tp, const unsigned char *seq,
+		    const char *p, size_t len)
+{
+	int pass, off = 0, on = 1, dropped = 0;
+
+	for (pass = 0; pass < 2; pass++) {
+		if (zmq_send(ev->pub, tp->name, tp->namelen, ZMQ_DONTWAIT | ZMQ_SNDMORE) >= 0) {
+			zmq_send(ev->pub, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+			zmq_send(ev->pub, p, len, ZMQ_DONTWAIT);
+			break;
+		}
+		if (zmq_errno() != EAGAIN || pass)
+			return -1;
+		dropped = 1;
+		zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &off, sizeof(off));
+	}
+	if (dropped)
+		zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &on, sizeof(on));
+	return dropped;
+}
+
+static void send_batch(struct kv_events *ev, uint32_t t)
+{
+	struct topic *tp = &ev->topics[t];
+	unsigned char hdr[HDR_ROOM], seq[8];
+	struct buf h = { (char *)hdr, 0, sizeof(hdr) };
+	struct timespec now;
+	msgpack_packer pk;
+	char *p;
+	size_t len;
+	int r;
+
+	if (!tp->nevents) {
+		tp->batch.len = 0;
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	msgpack_packer_init(&pk, &h, buf_write);
+	/* EventBatch is array_like: [ts, events] (data_parallel_rank, None,
+	 * omitted). */
+	msgpack_pack_array(&pk, 2);
+	msgpack_pack_double(&pk, (double)now.tv_sec + now.tv_nsec / 1e9);
+	msgpack_pack_array(&pk, tp->nevents);
+	p = tp->batch.p + HDR_ROOM - h.len;
+	memcpy(p, hdr, h.len);
+	len = tp->batch.len - (HDR_ROOM - h.len);
+	put_be64(seq, tp->seq);
+	r = pub_send(ev, tp, seq, p, len);
+	if (r > 0)
+		ev->st.dropped++;
+	else if (r < 0 && ev->st.dropped++ == 0)
+		kv_warn("events: send failed: %s", zmq_strerror(zmq_errno()));
+	ring_put(ev, t, tp->seq, p, len);
+	tp->seq++;
+	ev->st.batches++;
+	ev->st.events += tp->nevents;
+	tp->nevents = 0;
+	tp->batch.len = 0;
+	/* Keep one batch's buffer; give back what a burst grew. */
+	if (tp->batch.cap > 4 * KV_EVENTS_BATCH_BYTES) {
+		free(tp->batch.p);
+		tp->batch.p = NULL;
+		tp->batch.cap = 0;
+	}
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void interval_done(struct kv_loop_watch *w, int res, int more)
+{
+	/* Nothing to do here: the loop's idle hook (kv_events_flush) runs
+	 * after this completion and sends what is due. */
+	(void)w;
+	(void)res;
+	(void)more;
+}
+
+/* Sends the queued batches when the oldest is events_interval old; else
+ * makes sure a timer wakes the loop then. Returns 1 when it sent. */
+static int due(struct kv_events *ev, int force)
+{
+	uint64_t now;
+
+	if (force || !ev->interval_ns)
+		return 1;
+	now = mono_ns();
+	if (!ev->pending_since)
+		ev->pending_since = now;
+	if (now - ev->pending_since >= ev->interval_ns)
+		return 1;
+	if (!ev->tw.armed &&
+	    kv_loop_timeout(ev->loop, &ev->tw, ev->interval_ns - (now - ev->pending_since)) < 0)
+		return 1;  /* no timer: send now rather than late */
+	return 0;
+}
+
+static void flush(struct kv_events *ev, int force)
+{
+	uint32_t i;
+	char sub[256];
+
+	if ((ev->pk == PEND_NONE && !ev->ndirty) || !due(ev, force))
+		return;
+	ev->pending_since = 0;
+	pend_write(ev);
+	for (i = 0; i < ev->ndirty; i++) {
+		ev->topics[ev->dirty[i]].queued = 0;
+		send_batch(ev, ev->dirty[i]);
+	}
+	ev->ndirty = 0;
+	/* XPUB queues (un)subscriptions for us to read: read them, so that a
+	 * subscriber flapping its subscriptions grows nothing here. Only when
+	 * something was sent: a zmq_recv that finds nothing costs a poll(). */
+	while (zmq_recv(ev->pub, sub, sizeof(sub), ZMQ_DONTWAIT) >= 0)
+		;
+}
+
+void kv_events_flush(struct kv_events *ev)
+{
+	if (ev)
+		flush(ev, 0);
+}
+
+static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
+		     const uint8_t *parent, int has_tokens)
+{
+	if (ev->pk != kind || ev->ppool != pool || ev->pmedium != medium || ev->nph == PEND_MAX)
+		return 0;
+	if (kind == PEND_REMOVED)
+		return 1;
+	/* One BlockStored is one chain: the new block's parent is the last
+	 * block of the event. */
+	return ev->phas_tokens == has_tokens && parent &&
+	       !memcmp(parent, ev->phash[ev->nph - 1], KV_HASH_BYTES);
+}
+
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+	uint32_t bs;
+
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	if (!ev->pool_tokens[pool])
+		tokens = NULL;
+	bs = ev->pool_bs[pool];
+	if (!can_merge(ev, PEND_STORED, pool, medium, parent, tokens != NULL)) {
+		pend_write(ev);
+		ev->pk = PEND_STORED;
+		ev->ppool = pool;
+		ev->pmedium = medium;
+		ev->phas_parent = parent != NULL;
+		if (parent)
+			memcpy(ev->pparent, parent, KV_HASH_BYTES);
+		ev->phas_tokens = tokens != NULL;
+	}
+	if (tokens) {
+		if (ev->nptok + bs > ev->ptok_cap) {
+			size_t cap = ev->ptok_cap ? ev->ptok_cap : 1024;
+			uint32_t *np;
+
+			while (cap < ev->nptok + bs)
+				cap *= 2;
+			np = realloc(ev->ptok, cap * sizeof(*np));
+			if (!np) {
+				/* Announce the hash without its tokens rather
+				 * than not at all. */
+				pend_write(ev);
+				kv_events_stored(ev, pool, hash, parent, medium, NULL);
+				return;
+			}
+			ev->ptok = np;
+			ev->ptok_cap = cap;
+		}
+		memcpy(ev->ptok + ev->nptok, tokens, bs * sizeof(*tokens));
+		ev->nptok += bs;
+	}
+	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+}
+
+void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium)
+{
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	if (!can_merge(ev, PEND_REMOVED, pool, medium, NULL, 0)) {
+		pend_write(ev);
+		ev->pk = PEND_REMOVED;
+		ev->ppool = pool;
+		ev->pmedium = medium;
+	}
+	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+}
+
+int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
+		   int tokens)
+{
+	char name[TOPIC_MAX];
+	uint32_t t;
+	int n;
+
+	if (!ev || pool >= KV_MAX_POOLS)
+		return 0;
+	/* Events of the pool that had this id before go out first. */
+	if (ev->pk != PEND_NONE && ev->ppool == pool)
+		pend_write(ev);
+	if (!model) {
+		ev->pool_topic[pool] = 0;
+		return 0;
+	}
+	n = snprintf(name, sizeof(name), "kv@%s@%s", ev->node, model);
+	if (n < 0 || (size_t)n >= sizeof(name))
+		return -EINVAL;
+	for (t = 0; t < ev->ntopics; t++)
+		if (!strcmp(ev->topics[t].name, name))
+			break;
+	if (t == ev->ntopics) {
+		if (t == MAX_TOPICS)
+			return -ENOSPC;
+		memset(&ev->topics[t], 0, sizeof(ev->topics[t]));
+		memcpy(ev->topics[t].name, name, (size_t)n + 1);
+		ev->topics[t].namelen = (size_t)n;
+		ev->ntopics++;
+		write_cleared(ev, t);
+	}
+	ev->pool_topic[pool] = (uint16_t)(t + 1);
+	ev->pool_bs[pool] = block_size;
+	ev->pool_tokens[pool] = (uint8_t)!!tokens;
+	return 0;
+}
+
+/* ---- replay ---- */
+
+static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint64_t start,
+			const char *topic, size_t tlen)
+{
+	unsigned char seq[8];
+	uint32_t i, t = UINT32_MAX;
+	int all = 0;
+
+	if (topic) {
+		for (t = 0; t < ev->ntopics; t++)
+			if (ev->topics[t].namelen == tlen && !memcmp(ev->topics[t].name, topic, tlen))
+				break;
+	} else if (ev->ntopics == 1) {
+		t = 0;
+	} else {
+		all = 1;  /* several topics and none named: every batch */
+	}
+	for (i = 0; i < ev->ring_n; i++) {
+		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
+
+		if ((!all && r->topic != t) || r->seq < start)
+			continue;
+		put_be64(seq, r->seq);
+		if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+			ev->st.replay_truncated++;
+			return;
+		}
+		zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+		zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+		zmq_send(ev->router, r->p, r->len, ZMQ_DONTWAIT);
+	}
+	/* The end: seq -1, an empty payload. */
+	memset(seq, 0xff, sizeof(seq));
+	if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+		ev->st.replay_truncated++;
+		return;
+	}
+	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+	zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT);
+}
+
+/* Reads one request: [identity, "", seq (8 bytes, big endian)] as vLLM's
+ * publisher takes it, optionally a fourth frame naming the topic. */
+static void replay_one(struct kv_events *ev)
+{
+	unsigned char id[256], fr[3][TOPIC_MAX];
+	int idlen, flen[3] = { -1, -1, -1 }, n = 0, more, r;
+	size_t msz = sizeof(more);
+	uint64_t start = 0;
+
+	idlen = zmq_recv(ev->router, id, sizeof(id), ZMQ_DONTWAIT);
+	if (idlen < 0)
+		return;
+	for (;;) {
+		if (zmq_getsockopt(ev->router, ZMQ_RCVMORE, &more, &msz) < 0 || !more)
+			break;
+		/* Frames past the third are read and dropped (the request is
+		 * bad); zmq_recv truncates a frame to the buffer and returns
+		 * its real length. */
+		r = zmq_recv(ev->router, fr[n < 3 ? n : 2], TOPIC_MAX, ZMQ_DONTWAIT);
+		if (r < 0)
+			break;
+		if (n < 3)
+			flen[n] = r;
+		n++;
+	}
+	if ((size_t)idlen > sizeof(id) || (n != 2 && n != 3) || flen[0] != 0 || flen[1] != 8 ||
+	    (n == 3 && flen[2] > TOPIC_MAX)) {
+		ev->st.replay_bad++;
+		return;
+	}
+	for (r = 0; r < 8; r++)
+		start = start << 8 | fr[1][r];
+	/* A negative start (vLLM's seq is signed) is 0. */
+	if (start >> 63)
+		start = 0;
+	ev->st.replay_requests++;
+	replay_send(ev, id, (size_t)idlen, start, n == 3 ? (const char *)fr[2] : NULL,
+		    n == 3 ? (size_t)flen[2] : 0);
+}
+
+static void replay_ready(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_events *ev = kv_container_of(w, struct kv_events, rw);
+	int events, budget = 64;
+	size_t sz = sizeof(events);
+
+	if (!ev->router || res < 0)
+		return;
+	if (!more && kv_loop_poll(ev->loop, &ev->rw, ev->rfd, POLLIN, 1) < 0)
+		kv_warn("events: replay socket no longer polled");
+	/* ZMQ_FD signals edges: read until ZMQ_EVENTS says nothing is left,
+	 * at most budget requests per wakeup (the fd stays readable while
+	 * requests wait, so the loop comes back). */
+	while (budget-- > 0) {
+		if (zmq_getsockopt(ev->router, ZMQ_EVENTS, &events, &sz) < 0 ||
+		    !(events & ZMQ_POLLIN))
+			return;
+		replay_one(ev);
+	}
+}
+
+/* ---- setup ---- */
+
+static int zopt(void *s, int opt, int v)
+{
+	return zmq_setsockopt(s, opt, &v, sizeof(v));
+}
+
+/* An ipc:// endpoint's socket file gets the admin socket's mode and group:
+ * who may read events is who may administer the daemon (docs/security.md). */
+static int ipc_perms(const struct kv_config *cfg, const char *ep, char *err, size_t errlen)
+{
+	const char *path;
+
+	if (strncmp(ep, "ipc://", 6))
+		return 0;
+	path = ep + 6;
+	if (cfg->admin_socket_group[0]) {
+		struct group *g = getgrnam(cfg->admin_socket_group);
+		char *end;
+		long v = strtol(cfg->admin_socket_group, &end, 10);
+		gid_t gid = g ? g->gr_gid : (gid_t)v;
+
+		if ((g || !*end) && chown(path, (uid_t)-1, gid) < 0) {
+			kv_errf(err, errlen, "%s: chown: %s", path, strerror(errno));
+			return -errno;
+		}
+	}
+	if (chmod(path, cfg->admin_socket_mode & 0660) < 0) {
+		kv_errf(err, errlen, "%s: chmod: %s", path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
+		   char *err, size_t errlen)
+{
+	struct kv_events *ev;
+	size_t sz = sizeof(int);
+	int rc = -EINVAL;
+
+	*out = NULL;
+	if (!cfg->events_endpoint[0]) {
+		if (cfg->events_replay_endpoint[0]) {
+			kv_errf(err, errlen, "events_replay_endpoint needs events_endpoint");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	ev = calloc(1, sizeof(*ev));
+	if (!ev)
+		return -ENOMEM;
+	ev->loop = loop;
+	ev->rfd = -1;
+	ev->tw.cb = interval_done;
+	ev->interval_ns = cfg->events_interval_ms * 1000000u;
+	snprintf(ev->node, sizeof(ev->node), "%s", cfg->node_name);
+	if (!ev->node[0] && (gethostname(ev->node, sizeof(ev->node) - 1) < 0 || !ev->node[0]))
+		snprintf(ev->node, sizeof(ev->node), "localhost");
+	/* A host name has no '@' (node_name is checked by the configuration). */
+	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
+	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
+	ev->dirty = calloc(MAX_TOPICS, sizeof(*ev->dirty));
+	ev->zctx = zmq_ctx_new();
+	if (!ev->topics || !ev->dirty || !ev->zctx) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	ev->pub = zmq_socket(ev->zctx, ZMQ_XPUB);
+	if (!ev->pub || zopt(ev->pub, ZMQ_SNDHWM, (int)cfg->events_hwm) < 0 ||
+	    zopt(ev->pub, ZMQ_XPUB_NODROP, 1) < 0 || zopt(ev->pub, ZMQ_LINGER, 0) < 0) {
+		kv_errf(err, errlen, "events: %s", zmq_strerror(zmq_errno()));
+		goto err;
+	}
+	/* Subscriptions are short; a peer sending more is cut off. */
+	{
+		int64_t max = 1024;
+
+		zmq_setsockopt(ev->pub, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+	}
+	if ((cfg->events_connect ? zmq_connect(ev->pub, cfg->events_endpoint)
+				 : zmq_bind(ev->pub, cfg->events_endpoint)) < 0) {
+		kv_errf(err, errlen, "events_endpoint %s: %s", cfg->events_endpoint,
+			zmq_strerror(zmq_errno()));
+		goto err;
+	}
+	if (!cfg->events_connect && (rc = ipc_perms(cfg, cfg->events_endpoint, err, errlen)) < 0)
+		goto err;
+	rc = -EINVAL;
+	if (cfg->events_replay_endpoint[0]) {
+		int64_t max = 4096;
+
+		ev->ring_cap = cfg->events_buffer;
+		ev->ring = calloc(ev->ring_cap, sizeof(*ev->ring));
+		ev->router = zmq_socket(ev->zctx, ZMQ_ROUTER);
+		if (!ev->ring || !ev->router ||
+		    zopt(ev->router, ZMQ_SNDHWM, (int)cfg->events_buffer + 2) < 0 ||
+		    zopt(ev->router, ZMQ_ROUTER_MANDATORY, 1) < 0 ||
+		    zopt(ev->router, ZMQ_LINGER, 0) < 0 ||
+		    zmq_setsockopt(ev->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0 ||
+		    zmq_bind(ev->router, cfg->events_replay_endpoint) < 0 ||
+		    zmq_getsockopt(ev->router, ZMQ_FD, &ev->rfd, &sz) < 0) {
+			kv_errf(err, errlen, "events_replay_endpoint %s: %s",
+				cfg->events_replay_endpoint, zmq_strerror(zmq_errno()));
+			goto err;
+		}
+		if ((rc = ipc_perms(cfg, cfg->events_replay_endpoint, err, errlen)) < 0)
+			goto err;
+		ev->rw.cb = replay_ready;
+		if ((rc = kv_loop_poll(loop, &ev->rw, ev->rfd, POLLIN, 1)) < 0) {
+			kv_errf(err, errlen, "events: cannot poll the replay socket");
+			goto err;
+		}
+	}
+	if (!strncmp(cfg->events_endpoint, "tcp://", 6) &&
+	    !strstr(cfg->events_endpoint, "127.0.0.1") && !strstr(cfg->events_endpoint, "[::1]") &&
+	    !strstr(cfg->events_endpoint, "localhost"))
+		kv_warn("events: %s is reachable from the network; events carry prompt hashes "
+			"and, with events_token_ids, token ids (docs/security.md)",
+			cfg->events_endpoint);
+	kv_info("events: publishing on %s%s%s", cfg->events_endpoint,
+		cfg->events_replay_endpoint[0] ? ", replay on " : "", cfg->events_replay_endpoint);
+	*out = ev;
+	return 0;
+err:
+	kv_events_close(ev);
+	return rc;
+}
+
+void kv_events_close(struct kv_events *ev)
+{
+	uint32_t i;
+
+	if (!ev)
+		return;
+	if (ev->pub)
+		flush(ev, 1);
+	if (ev->tw.armed)
+		kv_loop_cancel(ev->loop, &ev->tw);
+	if (ev->router) {
+		if (ev->rw.armed)
+			kv_loop_cancel(ev->loop, &ev->rw);
+		zmq_close(ev->router);
+		ev->router = NULL;
+	}
+	if (ev->pub)
+		zmq_close(ev->pub);
+	if (ev->zctx)
+		zmq_ctx_term(ev->zctx);
+	for (i = 0; i < ev->ring_n; i++)
+		free(ev->ring[(ev->ring_head + i) % ev->ring_cap].p);
+	free(ev->ring);
+	for (i = 0; ev->topics && i < ev->ntopics; i++)
+		free(ev->topics[i].batch.p);
+	free(ev->topics);
+	free(ev->dirty);
+	free(ev->ptok);
+	/* A cancelled watch still gets its last completion: the loop is gone
+	 * by now (daemon fini), so nothing calls back into ev. */
+	free(ev);
+}
+
+void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
+{
+	if (!ev) {
+		memset(st, 0, sizeof(*st));
+		return;
+	}
+	*st = ev->st;
+	st->buffered = ev->ring_n;
+}
+
+#endif

@@ -1,0 +1,87 @@
+/* KV events: what enters and leaves the prefix index, published for
+ * prefix-aware routers in vLLM's KV-event format (docs/events.md).
+ *
+ * A sink: the pools and the tiers tell it (through the hook kv_pools_set_watch()
+ * installs, pool.h) that a hash was stored in or removed from a medium (G1,
+ * G2, G3); it knows nothing of pools, sessions or tiers. Events of one pool
+ * go to the topic "kv@<node_name>@<model>" of that pool (kv_events_pool());
+ * events are merged into vLLM events (consecutive hashes of one chain into one
+ * BlockStored, consecutive removals into one BlockRemoved) and queued per
+ * topic; kv_events_flush(), called once per loop iteration, sends each
+ * topic's queue, once its oldest event is events_interval old (a timer on the
+ * loop makes sure of it; 0: every iteration), as one message [topic, seq (8 bytes, big endian), msgpack
+ * [ts, [events...]]] with a sequence number of its own per topic, and keeps it
+ * for replay.
+ *
+ * Threads: everything runs on the loop thread, which owns the ZeroMQ sockets
+ * (they are not thread-safe). Nothing here blocks: sends are ZMQ_DONTWAIT; a
+ * batch a subscriber has no room for (its ZMQ_SNDHWM queue full) is dropped
+ * for that subscriber and counted (dropped), and stays in the replay buffer.
+ * The replay socket (ZMQ_ROUTER) is polled by the loop through ZMQ_FD.
+ *
+ * Memory is bounded: the replay buffer holds at most events_buffer batches,
+ * a batch is cut at KV_EVENTS_BATCH_BYTES (one event may pass it, and one
+ * event is bounded by max_frame: its hashes and token ids came in one frame),
+ * and a replay peer's queue at events_buffer + 2 messages (ZMQ_SNDHWM of the
+ * ROUTER socket, ZMQ_ROUTER_MANDATORY: a replay that does not fit stops).
+ *
+ * Without ZeroMQ and msgpack-c (KV_HAVE_EVENTS 0), kv_events_open() refuses a
+ * configuration that sets events_endpoint and every other call is a no-op. */
+#ifndef KV_EVENTS_H
+#define KV_EVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kv_config;
+struct kv_loop;
+struct kv_events;
+
+/* Media, as the tiers number them (KVCACHED__TIER__TIER_G1 ...). */
+enum { KV_MEDIUM_G1, KV_MEDIUM_G2, KV_MEDIUM_G3, KV_MEDIUMS };
+
+#define KV_EVENTS_BATCH_BYTES (64u * 1024)
+
+struct kv_events_stats {
+	uint64_t batches;          /* messages published */
+	uint64_t events;           /* vLLM events in them */
+	uint64_t dropped;          /* batches some subscriber had no room for */
+	uint64_t replay_requests;  /* well-formed replay requests served */
+	uint64_t replay_bad;       /* malformed requests, ignored */
+	uint64_t replay_truncated; /* replays cut short: the peer's queue was full */
+	uint64_t buffered;         /* batches held for replay */
+	uint64_t buffered_bytes;
+};
+
+/* Opens the publisher of cfg (events_endpoint, ...) and polls the replay
+ * socket on loop. *out is NULL, and 0 returned, when events_endpoint is
+ * empty. Returns 0 or -errno with a message in err (a bad endpoint, a build
+ * without events). */
+int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
+		   char *err, size_t errlen);
+/* Sends what is queued, closes the sockets (linger 0). Accepts NULL. */
+void kv_events_close(struct kv_events *ev);
+
+/* Pool id's events go to topic kv@<node>@<model>; block_size is its
+ * block_tokens; tokens: whether its Seals' token ids may be published
+ * (docs/security.md); model NULL: the pool's events are not published. A
+ * topic seen for the first time starts with an
+ * AllBlocksCleared event (a new daemon: forget what an older one said).
+ * Returns 0 or -ENOMEM (the pool's events are then not published). */
+int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
+		   int tokens);
+
+/* hash (32 bytes) of pool was stored in medium. parent: the hash of the block
+ * before it in its chain, or NULL; tokens: its block_size token ids, or NULL. */
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens);
+void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
+
+/* Sends the queued batches when they are due (events_interval); once per
+ * loop iteration. */
+void kv_events_flush(struct kv_events *ev);
+
+/* Zeroes *st when ev is NULL. */
+void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st);
+
+#endif
