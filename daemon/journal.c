@@ -9,6 +9,8 @@
 
 #include "crc32c.h"
 #include "fault.h"
+#include "list.h"
+#include "worker.h"
 
 #define JMAGIC 0x315844493347564bull  /* "KVG3IDX1" */
 #define JVERSION 1
@@ -65,6 +67,7 @@ int kv_journal_open(struct kv_journal *j, const char *path, uint64_t page_bytes,
 	int r2;
 
 	memset(j, 0, sizeof(*j));
+	j->newfd = -1;
 	if (strlen(path) >= sizeof(j->path)) {
 		snprintf(err, errlen, "disk_index %s: path too long", path);
 		return -ENAMETOOLONG;
@@ -102,11 +105,152 @@ int kv_journal_open(struct kv_journal *j, const char *path, uint64_t page_bytes,
 	return 0;
 }
 
+static void tmp_path(const struct kv_journal *j, char *tmp, size_t len)
+{
+	snprintf(tmp, len, "%s.new", j->path);
+}
+
 void kv_journal_close(struct kv_journal *j)
 {
+	char tmp[sizeof(j->path) + 8];
+
+	if (j->w)
+		kv_journal_detach(j);
 	if (j->fd >= 0)
 		close(j->fd);
 	j->fd = -1;
+	if (j->newfd >= 0) {
+		close(j->newfd);
+		tmp_path(j, tmp, sizeof(tmp));
+		unlink(tmp);
+		j->newfd = -1;
+	}
+	free(j->stage);
+	free(j->snap);
+	j->stage = j->snap = NULL;
+}
+
+/* ---- asynchronous mode: batches of records for the worker ----------------- */
+
+enum { JB_APPEND, JB_SNAP, JB_BEGIN, JB_END };
+
+struct jbatch {
+	struct kv_jctl c;
+	uint32_t n, cap;
+	struct kv_jrec r[];
+};
+
+/* Worker thread: writes what j's batch or control job says, in order. */
+static void jrun(struct kv_job *job)
+{
+	struct kv_jctl *c = kv_container_of(job, struct kv_jctl, job);
+	struct jbatch *b = (struct jbatch *)c;
+	struct kv_journal *j = c->j;
+	char tmp[sizeof(j->path) + 8];
+	struct jhdr h;
+
+	switch (c->kind) {
+	case JB_APPEND:
+		if (write_all(j->fd, b->r, b->n * sizeof(b->r[0])) < 0)
+			j->errors++;
+		else
+			j->records += b->n;
+		/* During a compaction the new file gets them too. */
+		/* fall through */
+	case JB_SNAP:
+		if (j->newfd >= 0 && !j->new_failed) {
+			if (write_all(j->newfd, b->r, b->n * sizeof(b->r[0])) < 0)
+				j->new_failed = 1;
+			else
+				j->new_records += b->n;
+		}
+		free(b);
+		break;
+	case JB_BEGIN:
+		tmp_path(j, tmp, sizeof(tmp));
+		j->newfd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		j->new_failed = j->newfd < 0;
+		j->new_records = 0;
+		hdr_fill(&h, j);
+		if (j->newfd >= 0 && write_all(j->newfd, &h, sizeof(h)) < 0)
+			j->new_failed = 1;
+		break;
+	case JB_END:
+		tmp_path(j, tmp, sizeof(tmp));
+		if (j->newfd >= 0 && !j->new_failed && fsync(j->newfd) == 0 &&
+		    rename(tmp, j->path) == 0) {
+			close(j->fd);
+			j->fd = j->newfd;
+			j->records = j->new_records;
+		} else {
+			j->errors++;
+			if (j->newfd >= 0)
+				close(j->newfd);
+			unlink(tmp);
+		}
+		j->newfd = -1;
+		j->new_failed = 0;
+		atomic_store(&j->committed, 1);
+		break;
+	}
+}
+
+/* Adds r to the batch at *bp (made or grown as needed). */
+static int batch_add(struct kv_journal *j, struct jbatch **bp, int kind, const struct kv_jrec *r)
+{
+	struct jbatch *b = *bp;
+
+	if (!b || b->n == b->cap) {
+		uint32_t cap = b ? 2 * b->cap : 64;
+		struct jbatch *nb = realloc(b, sizeof(*b) + (size_t)cap * sizeof(b->r[0]));
+
+		if (!nb) {
+			j->errors++;
+			return -ENOMEM;
+		}
+		if (!b) {
+			memset(nb, 0, sizeof(*nb));
+			nb->c = (struct kv_jctl){ .job.run = jrun, .j = j, .kind = kind };
+		}
+		nb->cap = cap;
+		*bp = b = nb;
+	}
+	b->r[b->n++] = *r;
+	return 0;
+}
+
+static void batch_submit(struct kv_journal *j, struct jbatch **bp)
+{
+	if (*bp) {
+		kv_worker_submit(j->w, &(*bp)->c.job);
+		*bp = NULL;
+	}
+}
+
+void kv_journal_attach(struct kv_journal *j, struct kv_worker *w)
+{
+	j->w = w;
+	j->begin = (struct kv_jctl){ .job.run = jrun, .j = j, .kind = JB_BEGIN };
+	j->end = (struct kv_jctl){ .job.run = jrun, .j = j, .kind = JB_END };
+}
+
+void kv_journal_flush(struct kv_journal *j)
+{
+	if (j->w)
+		batch_submit(j, &j->stage);
+}
+
+void kv_journal_detach(struct kv_journal *j)
+{
+	if (!j->w)
+		return;
+	kv_journal_flush(j);
+	kv_worker_wait_idle(j->w);
+	/* A compaction without its end: its file goes in kv_journal_close(). */
+	free(j->snap);
+	j->snap = NULL;
+	j->compacting = 0;
+	j->w = NULL;
 }
 
 int kv_journal_append(struct kv_journal *j, struct kv_jrec *r)
@@ -114,12 +258,59 @@ int kv_journal_append(struct kv_journal *j, struct kv_jrec *r)
 	int e = kv_fault(KV_FAULT_G3_INDEX);
 
 	r->crc = rec_crc(r);
-	if (e < 0 || (e = write_all(j->fd, r, sizeof(*r))) < 0) {
+	if (e < 0) {
+		j->errors++;
+		return e;
+	}
+	if (j->w)
+		return batch_add(j, &j->stage, JB_APPEND, r);
+	if ((e = write_all(j->fd, r, sizeof(*r))) < 0) {
 		j->errors++;
 		return e;
 	}
 	j->records++;
 	return 0;
+}
+
+int kv_journal_compacting(struct kv_journal *j)
+{
+	if (j->compacting && atomic_load(&j->committed))
+		j->compacting = 0;
+	return j->compacting;
+}
+
+int kv_journal_compact_begin(struct kv_journal *j)
+{
+	if (!j->w)
+		return -EINVAL;
+	if (kv_journal_compacting(j))
+		return -EBUSY;
+	kv_journal_flush(j);
+	atomic_store(&j->committed, 0);
+	j->compacting = 1;
+	kv_worker_submit(j->w, &j->begin.job);
+	return 0;
+}
+
+int kv_journal_compact_add(struct kv_journal *j, const struct kv_jrec *r)
+{
+	struct kv_jrec rec = *r;
+
+	rec.crc = rec_crc(&rec);
+	return batch_add(j, &j->snap, JB_SNAP, &rec);
+}
+
+void kv_journal_compact_push(struct kv_journal *j)
+{
+	/* After the appends made before this chunk was. */
+	kv_journal_flush(j);
+	batch_submit(j, &j->snap);
+}
+
+void kv_journal_compact_end(struct kv_journal *j)
+{
+	kv_journal_compact_push(j);
+	kv_worker_submit(j->w, &j->end.job);
 }
 
 int kv_journal_rewrite(struct kv_journal *j, int (*next)(void *ctx, struct kv_jrec *r), void *ctx)
@@ -130,7 +321,7 @@ int kv_journal_rewrite(struct kv_journal *j, int (*next)(void *ctx, struct kv_jr
 	uint64_t n = 0;
 	int fd, r = 0, k = 0;
 
-	snprintf(tmp, sizeof(tmp), "%s.new", j->path);
+	tmp_path(j, tmp, sizeof(tmp));
 	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;

@@ -12,6 +12,16 @@
 
 /* ---- the journal: compaction and replay ----------------------------------- */
 
+/* Whether slot s of run r has a block written on disk (a replayed run: as
+ * the journal said). */
+static int slot_live(const struct srun *r, uint32_t s)
+{
+	const struct tblock *tb = r->occ[s];
+
+	return r->dvalid ? r->dvalid[s]
+			 : tb && tb != SWAP_SLOT && tb->g3_ok && tb->run[L3] == r;
+}
+
 struct jiter {
 	struct srun **runs;
 	size_t n, i;
@@ -40,13 +50,11 @@ static int journal_compact_next(void *ctx, struct kv_jrec *rec)
 		}
 		while (it->slot < r->nslots) {
 			uint32_t s = it->slot++;
-			struct tblock *tb = r->occ[s];
-
-			if (r->dvalid ? r->dvalid[s] : tb && tb != SWAP_SLOT && tb->g3_ok &&
-								 tb->run[L3] == r) {
+			if (slot_live(r, s)) {
 				rec->type = KV_J_SLOT;
 				rec->slot = (uint16_t)s;
-				memcpy(rec->hash, r->dvalid ? r->dhash[s] : tb->ix.hash, KV_HASH_BYTES);
+				memcpy(rec->hash, r->dvalid ? r->dhash[s] : r->occ[s]->ix.hash,
+				       KV_HASH_BYTES);
 				return 1;
 			}
 		}
@@ -80,6 +88,63 @@ void tier_journal_compact(struct kv_tiers *t)
 	else
 		t->jlive = t->jr.records;
 	free(it.runs);
+}
+
+/* Adds run r's records (the run, then each live slot) to the compaction
+ * under way; returns how many. */
+static unsigned compact_run(struct kv_tiers *t, const struct srun *r)
+{
+	struct kv_jrec rec = { .type = KV_J_RUN, .page = r->first_page, .npages = r->npages,
+			       .slot_bytes = r->slot_bytes, .nslots = r->nslots,
+			       .layout = r->layout };
+	unsigned n = 1;
+	uint32_t s;
+
+	kv_journal_compact_add(&t->jr, &rec);
+	for (s = 0; s < r->nslots; s++) {
+		if (!slot_live(r, s))
+			continue;
+		rec = (struct kv_jrec){ .type = KV_J_SLOT, .page = r->first_page,
+					.slot = (uint16_t)s };
+		memcpy(rec.hash, r->dvalid ? r->dhash[s] : r->occ[s]->ix.hash, KV_HASH_BYTES);
+		kv_journal_compact_add(&t->jr, &rec);
+		n++;
+	}
+	return n;
+}
+
+/* At most this many records, and this many pages looked at, per step: a
+ * step costs the loop tens of microseconds whatever the disk's size. */
+#define STEP_RECORDS 2048
+#define STEP_PAGES 32768
+
+void tier_journal_step(struct kv_tiers *t)
+{
+	struct level *L = &t->lv[L3];
+	unsigned recs = 0, pages = 0;
+
+	if (!t->jr.w)
+		return;
+	if (!t->jactive) {
+		if (t->jr.records <= 2 * t->jlive + 16384 || kv_journal_compact_begin(&t->jr) < 0)
+			return;
+		t->jactive = 1;
+		t->jpage = 0;
+	}
+	/* Each run whole in one step, in page order: a run changed after its
+	 * step has its change in an append the new file gets after it. */
+	for (; t->jpage < L->pages.npages && recs < STEP_RECORDS && pages < STEP_PAGES;
+	     t->jpage++, pages++) {
+		struct srun *run = L->pages.owner[t->jpage];
+
+		if (run && run->first_page == t->jpage)
+			recs += compact_run(t, run);
+	}
+	kv_journal_compact_push(&t->jr);
+	if (t->jpage == L->pages.npages) {
+		kv_journal_compact_end(&t->jr);
+		t->jactive = 0;
+	}
 }
 
 /* Replay: builds dormant runs indexed by their first page. */
@@ -208,6 +273,14 @@ int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen)
 	blocks = replay_finish(t, &rp);
 	free(rp.at);
 	tier_journal_compact(t);
+	/* From now on the journal's writes and the blocks' checksums happen
+	 * on the worker thread; without one (it could not start), here. */
+	r = kv_worker_start(&t->wk, t->disk.efd);
+	if (r < 0)
+		kv_warn("disk tier: no worker thread (%s): checksums and the index journal's "
+			"writes happen on the event loop", strerror(-r));
+	else
+		kv_journal_attach(&t->jr, &t->wk);
 	kv_info("disk tier: %s, %llu MiB%s, index %s: %llu blocks from before", cfg->disk_path,
 		(unsigned long long)(t->lv[L3].st.capacity >> 20),
 		t->disk.direct ? ", O_DIRECT" : "", jpath, (unsigned long long)blocks);

@@ -158,7 +158,8 @@ static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 	return 0;
 }
 
-/* Whether the slot read into buf is what tb names. */
+/* Whether the header of the slot read into buf is what tb names (its
+ * payload's checksum is checked on the worker thread). */
 static const char *slot_mismatch(struct kv_tiers *t, struct tblock *tb, const uint8_t *buf)
 {
 	struct slot_hdr h, want;
@@ -175,30 +176,25 @@ static const char *slot_mismatch(struct kv_tiers *t, struct tblock *tb, const ui
 		       : memcmp(h.hash, want.hash, KV_HASH_BYTES) ? "another hash"
 		       : h.payload_len != want.payload_len ? "another length"
 							   : "header checksum mismatch";
-	if (kv_crc32c(0, buf + HDR_BYTES, h.payload_len) != h.payload_crc)
-		return "payload checksum mismatch";
 	return NULL;
 }
 
-static void promote_read_done(struct kv_disk_op *dop, int res)
+/* The read of tb's G3 copy is over: bad says why it cannot be used (io: an
+ * I/O error, else a checksum or header mismatch), NULL if it can. */
+static void promote_read_end(struct kv_tiers *t, struct tblock *tb, const char *bad, int io)
 {
-	struct tblock *tb = kv_container_of(dop, struct tblock, dop);
-	struct kv_tiers *t = tb->t;
 	struct level *L = &t->lv[L3];
-	const char *bad = NULL;
 
 	kv_assert(tb->busy & BUSY_READ);
 	L->st.inflight--;
 	kv_hist_since(&t->hist[KV_TH_PROMOTE_G3], tb->dop_ns);
-	if (res != (int)dop->len) {
-		L->st.io_errors++;
-		bad = res < 0 ? strerror(-res) : "short read";
-	} else if ((bad = slot_mismatch(t, tb, dop->buf))) {
-		L->st.checksum_failures++;
-	}
 	if (bad) {
+		if (io)
+			L->st.io_errors++;
+		else
+			L->st.checksum_failures++;
 		kv_warn("disk tier: slot at %llu of pool '%s': %s; treated as a miss",
-			(unsigned long long)dop->off, tb->pool->name, bad);
+			(unsigned long long)tb->dop.off, tb->pool->name, bad);
 		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 		tb->run[L2] = NULL;
 		/* The copy on disk is not to be trusted again. */
@@ -228,6 +224,42 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 		}
 	}
 	promote_failed(t, tb, BUSY_READ);
+}
+
+/* Worker thread: the payload's checksum (the G2 slot is BUSY_READ). */
+static void promote_sum(struct kv_job *j)
+{
+	struct tblock *tb = kv_container_of(j, struct tblock, job);
+	const uint8_t *buf = tb->dop.buf;
+	struct slot_hdr h;
+
+	memcpy(&h, buf, sizeof(h));
+	tb->job_crc = kv_crc32c(0, buf + HDR_BYTES, h.payload_len);
+}
+
+static void promote_summed(struct kv_job *j)
+{
+	struct tblock *tb = kv_container_of(j, struct tblock, job);
+	struct slot_hdr h;
+
+	memcpy(&h, tb->dop.buf, sizeof(h));
+	promote_read_end(tb->t, tb, tb->job_crc != h.payload_crc ? "payload checksum mismatch" : NULL,
+			 0);
+}
+
+static void promote_read_done(struct kv_disk_op *dop, int res)
+{
+	struct tblock *tb = kv_container_of(dop, struct tblock, dop);
+	struct kv_tiers *t = tb->t;
+	const char *bad;
+
+	kv_assert(tb->busy & BUSY_READ);
+	if (res != (int)dop->len)
+		promote_read_end(t, tb, res < 0 ? strerror(-res) : "short read", 1);
+	else if ((bad = slot_mismatch(t, tb, dop->buf)))
+		promote_read_end(t, tb, bad, 0);
+	else
+		tier_offload(t, &tb->job, promote_sum, promote_summed);
 }
 
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w)

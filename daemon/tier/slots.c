@@ -624,6 +624,12 @@ void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, ui
 	h->layout = t->layout_id[tb->pool->id];
 	memcpy(h->hash, tb->ix.hash, KV_HASH_BYTES);
 	h->payload_len = tb->pool->block_bytes;
+	slot_hdr_seal(h, crc);
+}
+
+void slot_hdr_seal(struct slot_hdr *h, uint32_t crc)
+{
 	h->payload_crc = crc;
+	h->hdr_crc = 0;
 	h->hdr_crc = kv_crc32c(0, h, sizeof(*h));
 }

@@ -76,8 +76,10 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 
 void kv_tiers_disk_done(struct kv_tiers *t)
 {
-	if (t->lv[L3].on)
+	if (t->lv[L3].on) {
 		kv_disk_reap(&t->disk);
+		kv_worker_reap(&t->wk);
+	}
 	/* Lookups waiting for staging room first: demotion must not take
 	 * the slots that promotions just gave back. */
 	tier_wake_all(&t->space_waiters);
@@ -94,8 +96,20 @@ void kv_tiers_kick(struct kv_tiers *t)
 	tier_demote_kick(t);
 	if (t->lv[L3].on) {
 		kv_disk_flush(&t->disk);
-		if (t->jr.records > 2 * t->jlive + 16384)
-			tier_journal_compact(t);
+		tier_journal_step(t);
+		kv_journal_flush(&t->jr);
+	}
+}
+
+void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done)
+{
+	job->run = run;
+	job->done = done;
+	if (t->wk.started) {
+		kv_worker_submit(&t->wk, job);
+	} else {
+		run(job);
+		done(job);
 	}
 }
 
@@ -138,7 +152,7 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	t->cfg = *cfg;
 	t->page_bytes = page_bytes;
 	t->disk.fd = t->disk.efd = -1;
-	t->jr.fd = -1;
+	t->jr.fd = t->jr.newfd = -1;
 	kv_list_init(&t->dormant);
 	kv_list_init(&t->swaps);
 	kv_list_init(&t->space_waiters);
@@ -221,16 +235,25 @@ void kv_tiers_destroy(struct kv_tiers *t)
 {
 	if (!t)
 		return;
-	/* Let what is in flight finish, so that nothing points at freed
-	 * memory and the journal records every write that completed. */
-	while (t->lv[L3].on && t->disk.inflight) {
+	/* Let what is in flight finish (disk I/O and the checksums the worker
+	 * computes before a write or after a read), so that nothing points at
+	 * freed memory and the journal records every write that completed. */
+	while (t->lv[L3].on) {
 		struct io_uring_cqe *cqe;
 
-		kv_disk_flush(&t->disk);
-		if (io_uring_wait_cqe(&t->disk.ring, &cqe) < 0)
+		kv_worker_wait_idle(&t->wk);
+		if (!kv_worker_reap(&t->wk) && !t->disk.inflight)
 			break;
-		kv_disk_reap(&t->disk);
+		kv_disk_flush(&t->disk);
+		if (t->disk.inflight) {
+			if (io_uring_wait_cqe(&t->disk.ring, &cqe) < 0)
+				break;
+			kv_disk_reap(&t->disk);
+		}
 	}
+	/* The journal is written on this thread again from here on. */
+	kv_journal_detach(&t->jr);
+	kv_worker_stop(&t->wk);
 	if (t->lv[L2].on)
 		kv_tiers_copies_done(t);
 	while (!kv_list_empty(&t->swaps)) {

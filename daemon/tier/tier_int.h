@@ -133,6 +133,8 @@ struct tblock {
 	uint64_t dst;              /* promotion: the G1 block being filled */
 	struct kv_disk_op dop;
 	uint64_t dop_ns;           /* when dop was submitted (hist.h) */
+	struct kv_job job;         /* the checksum of a write-back or a read (worker.h) */
+	uint32_t job_crc;
 };
 
 enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
@@ -194,6 +196,9 @@ struct kv_tiers {
 	struct kv_disk disk;
 	struct kv_journal jr;
 	uint64_t jlive;            /* records a rewrite would write */
+	struct kv_worker wk;       /* checksums and the journal's writes (G3 on) */
+	int jactive;               /* a compaction is walking the pages */
+	uint32_t jpage;            /* the next page it looks at */
 	struct kv_list dormant;    /* G3 runs no pool has claimed since the restart */
 	struct kv_list swaps;
 	struct kv_list space_waiters;  /* lookups waiting for G2 staging room */
@@ -210,6 +215,14 @@ struct kv_tiers {
 };
 
 /* ---- between the files ---------------------------------------------------- */
+
+/* tier.c: runs job on the worker thread (run(), then done() from the loop
+ * later), or both right away when the worker could not start. */
+void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done);
+
+/* adopt.c: a step of the journal's compaction while the loop runs, begun
+ * when the file holds more than twice what is live. */
+void tier_journal_step(struct kv_tiers *t);
 
 /* slots.c: where a slot's bytes are, the G3 journal records, runs and slots */
 uint8_t *tier_g2_addr(struct kv_tiers *t, const struct srun *r, uint32_t s);
@@ -242,6 +255,8 @@ struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);
 void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
 /* The header that tb's slot carries, with payload CRC32C crc. */
 void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
+/* Puts the payload's crc in h and the header's own checksum (any thread). */
+void slot_hdr_seal(struct slot_hdr *h, uint32_t crc);
 
 /* slots.c: tier blocks */
 /* Charges (d = 1) or gives back (d = -1) one slot of run r (of a pool) to

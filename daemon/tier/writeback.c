@@ -9,6 +9,28 @@
 
 static void writeback_done(struct kv_disk_op *dop, int res);
 
+/* Worker thread: the checksums of the slot (BUSY_WB: nobody else touches
+ * it) go into its header. */
+static void writeback_sum(struct kv_job *j)
+{
+	struct tblock *tb = kv_container_of(j, struct tblock, job);
+	uint8_t *slot = tb->dop.buf;
+	struct slot_hdr h;
+
+	memcpy(&h, slot, sizeof(h));
+	slot_hdr_seal(&h, kv_crc32c(0, slot + HDR_BYTES, h.payload_len));
+	memcpy(slot, &h, sizeof(h));
+}
+
+static void writeback_summed(struct kv_job *j)
+{
+	struct tblock *tb = kv_container_of(j, struct tblock, job);
+
+	kv_disk_submit(&tb->t->disk, &tb->dop);
+}
+
+/* The header is filled here, its checksums on the worker thread (the
+ * payload's is O(block bytes)); then the write goes out. */
 int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 {
 	uint8_t *slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
@@ -17,7 +39,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 	kv_assert(!tb->busy && !tb->dead && !tb->run[L3] && !tb->g3_ok);
 	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
 		return -ENOSPC;
-	slot_hdr_fill(t, tb, &h, kv_crc32c(0, slot + HDR_BYTES, tb->pool->block_bytes));
+	slot_hdr_fill(t, tb, &h, 0);
 	memset(slot, 0, HDR_BYTES);
 	memcpy(slot, &h, sizeof(h));
 	tb_busy_set(tb, BUSY_WB);
@@ -27,7 +49,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 	t->wb_bytes += tb->run[L2]->slot_bytes;
 	t->lv[L3].st.inflight++;
 	tb->dop_ns = kv_hist_now_ns();
-	kv_disk_submit(&t->disk, &tb->dop);
+	tier_offload(t, &tb->job, writeback_sum, writeback_summed);
 	return 0;
 }
 
