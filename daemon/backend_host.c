@@ -5,7 +5,11 @@
  * before anyone else sees its fd: a client that could ftruncate the memfd it
  * was sent would make the daemon's next copy from or to that segment (CoW,
  * demotion, promotion) fault with SIGBUS. Its ftruncate now fails with EPERM.
- * Writes stay allowed: workers write their blocks through the same memfd. */
+ * Writes stay allowed: workers write their blocks through the same memfd.
+ *
+ * Asynchronous copies (demotion, promotion, swap) are memcpys on a worker
+ * thread (worker.h), so that the event loop does not wait for megabytes to
+ * move; the synchronous copy (Cow) stays on the caller's thread. */
 #include "backend.h"
 
 #include <errno.h>
@@ -18,6 +22,9 @@
 #include <unistd.h>
 
 #include "fault.h"
+#include "list.h"
+#include "log.h"
+#include "worker.h"
 
 struct host_seg {
 	int fd;
@@ -27,8 +34,24 @@ struct host_seg {
 struct host_backend {
 	struct kv_backend be;
 	struct host_seg *segs;
-	struct kv_copy_done *done;  /* finished batches not yet reaped */
-	size_t ndone, done_cap;
+	struct hbatch *fin;         /* finished batches not yet reaped */
+	struct kv_worker wk;        /* does copy_async's memcpys; not started: inline */
+};
+
+/* A copy_async batch for the worker: what to move, decided on the loop (the
+ * segments and the faults), moved on the worker thread. */
+struct hbatch {
+	struct kv_job job;
+	struct hbatch *next_fin;
+	struct host_backend *h;
+	uint64_t tag;
+	int res;
+	uint32_t n;
+	struct hmove {
+		uint8_t *dst;
+		const uint8_t *src;
+		uint64_t len;
+	} m[];
 };
 
 static void host_seg_drop(struct host_backend *h, struct host_seg *s)
@@ -119,30 +142,53 @@ static void host_host_free(struct kv_backend *be, void *p, uint64_t bytes)
 		munmap(p, bytes);
 }
 
-/* Copies run to completion here (a memcpy is what the host backend has);
- * the completion still goes through completion_fd, so callers see the same
- * asynchronous interface as on cuda. */
+/* completion_fd is readable while finished batches wait for reap(). */
+static void signal_done(struct host_backend *h)
+{
+	uint64_t one = 1;
+
+	if (write(h->be.completion_fd, &one, sizeof(one)) < 0) {
+		/* Cannot fail for a nonblocking eventfd below its maximum. */
+	}
+}
+
+static void hbatch_run(struct kv_job *j)
+{
+	struct hbatch *b = kv_container_of(j, struct hbatch, job);
+
+	for (uint32_t i = 0; i < b->n; i++)
+		memcpy(b->m[i].dst, b->m[i].src, b->m[i].len);
+}
+
+static void hbatch_done(struct kv_job *j)
+{
+	struct hbatch *b = kv_container_of(j, struct hbatch, job);
+
+	b->next_fin = b->h->fin;
+	b->h->fin = b;
+}
+
+/* The bytes move on the worker thread (inline when it did not start); the
+ * completion goes through completion_fd either way, as on cuda. Where each
+ * copy goes and the faults are decided here: a fault stops the batch at that
+ * copy (copy=short: half its bytes move, then the batch fails with EIO, as
+ * a copy engine reports no partial transfers, only errors). */
 static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir dir,
 			   const struct kv_copy *c, uint32_t n, uint64_t tag)
 {
 	struct host_backend *h = (struct host_backend *)be;
-	uint64_t one = 1, len;
+	struct hbatch *b;
 	int res = 0;
 	uint32_t i;
 
 	if (dev != 0)
 		return -EINVAL;
-	if (h->ndone == h->done_cap) {
-		size_t cap = h->done_cap ? 2 * h->done_cap : 64;
-		void *p = realloc(h->done, cap * sizeof(*h->done));
-
-		if (!p)
-			return -ENOMEM;
-		h->done = p;
-		h->done_cap = cap;
-	}
+	b = malloc(sizeof(*b) + (size_t)n * sizeof(b->m[0]));
+	if (!b)
+		return -ENOMEM;
 	for (i = 0; i < n && !res; i++) {
 		uint8_t *d = host_addr(h, c[i].dev_off, c[i].len);
+		struct hmove *m = &b->m[i];
 
 		if (!d) {
 			res = -EINVAL;
@@ -151,27 +197,36 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		res = kv_fault(KV_FAULT_COPY);
 		if (res < 0)
 			break;
-		/* "short": half the bytes move, then the copy fails (a copy
-		 * engine reports no partial transfers, only errors). */
-		len = res == KV_FAULT_SHORT ? c[i].len / 2 : c[i].len;
-		if (dir == KV_COPY_D2H)
-			memcpy(c[i].host, d, len);
-		else if (dir == KV_COPY_H2D)
-			memcpy(d, c[i].host, len);
-		else {
-			uint8_t *s = host_addr(h, c[i].src_off, c[i].len);
-
-			if (!s)
+		m->len = res == KV_FAULT_SHORT ? c[i].len / 2 : c[i].len;
+		if (dir == KV_COPY_D2H) {
+			m->dst = c[i].host;
+			m->src = d;
+		} else if (dir == KV_COPY_H2D) {
+			m->dst = d;
+			m->src = c[i].host;
+		} else {
+			m->dst = d;
+			m->src = host_addr(h, c[i].src_off, c[i].len);
+			if (!m->src) {
 				res = -EINVAL;
-			else
-				memcpy(d, s, len);
+				break;
+			}
 		}
-		if (res == KV_FAULT_SHORT)
+		if (res == KV_FAULT_SHORT) {
 			res = -EIO;
+			i++;
+			break;
+		}
 	}
-	h->done[h->ndone++] = (struct kv_copy_done){ .tag = tag, .res = res };
-	if (h->ndone == 1 && write(be->completion_fd, &one, sizeof(one)) < 0)
-		return 0; /* cannot fail for a nonblocking eventfd below its maximum */
+	*b = (struct hbatch){ .job = { .run = hbatch_run, .done = hbatch_done }, .h = h,
+			      .tag = tag, .res = res, .n = i };
+	if (h->wk.started) {
+		kv_worker_submit(&h->wk, &b->job);
+	} else {
+		hbatch_run(&b->job);
+		hbatch_done(&b->job);
+		signal_done(h);
+	}
 	return 0;
 }
 
@@ -181,10 +236,21 @@ static int host_reap(struct kv_backend *be, struct kv_copy_done *done, int max)
 	uint64_t v;
 	int n = 0;
 
-	while (n < max && h->ndone)
-		done[n++] = h->done[--h->ndone];
-	if (!h->ndone && read(be->completion_fd, &v, sizeof(v)) < 0)
-		return n; /* EAGAIN: already clear */
+	/* Cleared first: a batch that finishes after this makes it readable
+	 * again. */
+	if (!h->wk.started && read(be->completion_fd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: already clear */
+	}
+	kv_worker_reap_clear(&h->wk);
+	while (n < max && h->fin) {
+		struct hbatch *b = h->fin;
+
+		h->fin = b->next_fin;
+		done[n++] = (struct kv_copy_done){ .tag = b->tag, .res = b->res };
+		free(b);
+	}
+	if (h->fin)
+		signal_done(h);  /* more to take */
 	return n;
 }
 
@@ -193,10 +259,17 @@ static void host_destroy(struct kv_backend *be)
 	struct host_backend *h = (struct host_backend *)be;
 	uint32_t i;
 
+	/* The last copies finish before their memory goes. */
+	kv_worker_stop(&h->wk);
+	while (h->fin) {
+		struct hbatch *b = h->fin;
+
+		h->fin = b->next_fin;
+		free(b);
+	}
 	for (i = 0; h->segs && i < be->segments[0]; i++)
 		host_seg_drop(h, &h->segs[i]);
 	free(h->segs);
-	free(h->done);
 	free(be->epoch[0]);
 	if (be->completion_fd >= 0)
 		close(be->completion_fd);
@@ -247,6 +320,9 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 			return r;
 		}
 	}
+	/* Without the thread, copies happen inline: slower, not wrong. */
+	if (kv_worker_start(&h->wk, h->be.completion_fd) < 0)
+		kv_warn("host backend: no copy thread; copies run inline");
 	*out = &h->be;
 	return 0;
 }

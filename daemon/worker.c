@@ -92,14 +92,20 @@ void kv_worker_submit(struct kv_worker *w, struct kv_job *j)
 	pthread_cond_broadcast(&w->wake);
 }
 
-unsigned kv_worker_reap(struct kv_worker *w)
+static unsigned reap(struct kv_worker *w, int clear)
 {
 	struct kv_job *j;
 	unsigned n = 0;
+	uint64_t v;
 
 	if (!w->started)
 		return 0;
 	pthread_mutex_lock(&w->lock);
+	/* The thread writes efd under the lock: cleared here, it is readable
+	 * again only for a job this call does not take. */
+	if (clear && read(w->efd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: it was clear */
+	}
 	j = w->done;
 	w->done = NULL;
 	w->done_tail = &w->done;
@@ -112,6 +118,16 @@ unsigned kv_worker_reap(struct kv_worker *w)
 		n++;
 	}
 	return n;
+}
+
+unsigned kv_worker_reap(struct kv_worker *w)
+{
+	return reap(w, 0);
+}
+
+unsigned kv_worker_reap_clear(struct kv_worker *w)
+{
+	return reap(w, 1);
 }
 
 void kv_worker_wait_idle(struct kv_worker *w)

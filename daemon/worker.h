@@ -50,6 +50,9 @@ void kv_worker_stop(struct kv_worker *w);
 void kv_worker_submit(struct kv_worker *w, struct kv_job *j);
 /* Calls done() of every job that has finished, in order; returns how many. */
 unsigned kv_worker_reap(struct kv_worker *w);
+/* The same, clearing efd first (under the lock the thread writes it with):
+ * for an efd of the worker's own, readable only while jobs wait. */
+unsigned kv_worker_reap_clear(struct kv_worker *w);
 /* Waits until every job submitted so far has run (the loop blocks: for
  * tests, shutdown and kvctl check only). */
 void kv_worker_wait_idle(struct kv_worker *w);
