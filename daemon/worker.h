@@ -2,18 +2,19 @@
  * it over instead of doing it between two requests (issue 15: the loop never
  * blocks on work that grows with size).
  *
- * Today that is the disk tier's: the CRC32C of a block written back to G3 and
- * of a block read from it (tier/writeback.c, tier/promote.c), and every write
- * to the G3 index journal, its compaction's fsync and rename included
- * (journal.c). Jobs run one at a time in the order they were submitted, so a
- * journal's writes stay in order.
+ * Two have one: the disk tier (the CRC32C of a block written back to G3 and
+ * of a block read from it, tier/writeback.c and tier/promote.c, and every
+ * write to the G3 index journal, its compaction's fsync and rename included,
+ * journal.c) and the host backend (the memcpys of its asynchronous copies,
+ * backend_host.c). Jobs run one at a time in the order they were submitted,
+ * so a journal's writes stay in order.
  *
  * A job's run() is called on the worker thread and may touch only what the
  * loop has handed over with it (a G2 slot that is busy, a buffer of journal
  * records); its done(), if any, is called later on the loop from
  * kv_worker_reap(), in submission order. The thread writes 1 to efd (an
- * eventfd the loop polls: the disk tier's) when a job with a done() has
- * finished. The thread starts with every signal blocked, so SIGTERM and
+ * eventfd the loop polls: the disk tier's, the backend's completion_fd) when
+ * a job with a done() has finished. The thread starts with every signal blocked, so SIGTERM and
  * friends still reach the daemon's signalfd. */
 #ifndef KV_WORKER_H
 #define KV_WORKER_H
