@@ -8,14 +8,15 @@ The model talks to a store through four calls (the `KVStore` interface):
                               before anything is computed, so an engine can
                               preempt and retry.
     write(seq, layer, start, k, v)
-                              k, v: float32 (T, n_kv_heads, head_dim), the
+                              k, v: float32 (n_kv_heads, T, head_dim), the
                               keys (after RoPE) and values of positions
                               [start, start + T) at `layer`; stored in the
                               store's dtype.
     read(seq, layer, n) -> (K, V)
-                              (n, n_kv_heads, head_dim) each, positions
-                              [0, n) at `layer`, in the store's dtype (views
-                              or copies; the model only reads them).
+                              float32 (n_kv_heads, n, head_dim) each,
+                              positions [0, n) at `layer` (views or copies;
+                              the model only reads them). A float16 store
+                              converts while it gathers.
     free(seq)                 drop everything the sequence holds.
 
 `seq` is any hashable id. A store keeps no token count of its own: the caller
@@ -28,12 +29,15 @@ Two stores:
   PagedKV       a block table per sequence over a BlockAllocator. One block
                 holds `block_size` consecutive tokens of ALL layers, K and V:
 
-                    block: dtype, shape (n_layers, 2, block_size, n_kv_heads, head_dim)
-                    block[l, 0, t] = K of layer l, token t of the block (after RoPE)
-                    block[l, 1, t] = V of layer l, token t of the block
+                    block: dtype, shape (n_layers, 2, n_kv_heads, block_size, head_dim)
+                    block[l, 0, h, t] = K of layer l, KV head h, token t of the
+                                        block (after RoPE, HF/neox rotation)
+                    block[l, 1, h, t] = V of layer l, KV head h, token t
 
-                C order, so K of one layer for a block's tokens is one
-                contiguous run (block_size * n_kv_heads * head_dim elements).
+                C order: K of one layer for a block's tokens is one contiguous
+                run (n_kv_heads * block_size * head_dim elements), and per head
+                the tokens' vectors are consecutive rows, so the gathered K of
+                a head is a plain (n, head_dim) matrix for the attention matmul.
                 SmolLM2-135M (30 layers, 3 KV heads of 64) with block_size 16
                 in float16: 30*2*16*3*64*2 = 368,640 bytes (360 KiB) per block,
                 23,040 bytes per token; in float32 737,280 bytes per block.
@@ -84,7 +88,7 @@ class KVLayout:
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
-        return (self.n_layers, 2, self.block_size, self.n_kv_heads, self.head_dim)
+        return (self.n_layers, 2, self.n_kv_heads, self.block_size, self.head_dim)
 
     @property
     def token_bytes(self) -> int:
@@ -104,7 +108,7 @@ class KVLayout:
         """A canonical description for kvc_pool_desc.layout: processes that
         share a pool must agree on it byte for byte."""
         return json.dumps({"format": "kvcached-engine/v1",
-                           "shape": ["n_layers", "kv", "block_size", "n_kv_heads", "head_dim"],
+                           "shape": ["n_layers", "kv", "n_kv_heads", "block_size", "head_dim"],
                            "n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads,
                            "head_dim": self.head_dim, "block_size": self.block_size,
                            "dtype": self.dtype, "rope": "neox"},
@@ -132,7 +136,7 @@ class KVStore(ABC):
 
 
 class ContiguousKV(KVStore):
-    """Per sequence one array (n_layers, 2, capacity, n_kv_heads, head_dim)."""
+    """Per sequence one array (n_layers, 2, n_kv_heads, capacity, head_dim)."""
 
     def __init__(self, layout: KVLayout):
         self.layout = layout
@@ -140,24 +144,28 @@ class ContiguousKV(KVStore):
 
     def reserve(self, seq, start, end):
         a = self.seqs.get(seq)
-        cap = 0 if a is None else a.shape[2]
+        cap = 0 if a is None else a.shape[3]
         if end <= cap:
             return
         new_cap = max(end, 2 * cap, 64)
         lay = self.layout
-        b = np.zeros((lay.n_layers, 2, new_cap, lay.n_kv_heads, lay.head_dim), lay.np_dtype)
+        b = np.zeros((lay.n_layers, 2, lay.n_kv_heads, new_cap, lay.head_dim), lay.np_dtype)
         if a is not None:
-            b[:, :, :cap] = a
+            b[:, :, :, :cap] = a
         self.seqs[seq] = b
 
     def write(self, seq, layer, start, k, v):
         a = self.seqs[seq]
-        a[layer, 0, start:start + len(k)] = k
-        a[layer, 1, start:start + len(v)] = v
+        T = k.shape[1]
+        a[layer, 0, :, start:start + T] = k
+        a[layer, 1, :, start:start + T] = v
 
     def read(self, seq, layer, n):
         a = self.seqs[seq]
-        return a[layer, 0, :n], a[layer, 1, :n]
+        K, V = a[layer, 0, :, :n], a[layer, 1, :, :n]
+        if K.dtype != np.float32:
+            K, V = K.astype(np.float32), V.astype(np.float32)
+        return K, V
 
     def free(self, seq):
         self.seqs.pop(seq, None)
@@ -298,14 +306,14 @@ class PagedKV(KVStore):
     def write(self, seq, layer, start, k, v):
         bs = self.layout.block_size
         table = self.tables[seq]
-        t, end = 0, start + len(k)
+        t, end = 0, start + k.shape[1]
         pos = start
         while pos < end:
             blk = self._view(table[pos // bs])
             off = pos % bs
             m = min(bs - off, end - pos)
-            blk[layer, 0, off:off + m] = k[t:t + m]
-            blk[layer, 1, off:off + m] = v[t:t + m]
+            blk[layer, 0, :, off:off + m] = k[:, t:t + m]
+            blk[layer, 1, :, off:off + m] = v[:, t:t + m]
             pos += m
             t += m
 
@@ -313,13 +321,11 @@ class PagedKV(KVStore):
         bs = self.layout.block_size
         table = self.tables[seq]
         nb = -(-n // bs)
-        if nb == 1:
-            blk = self._view(table[0])
-            return blk[layer, 0, :n], blk[layer, 1, :n]
         views = [self._view(h) for h in table[:nb]]
-        K = np.concatenate([b[layer, 0] for b in views])[:n]
-        V = np.concatenate([b[layer, 1] for b in views])[:n]
-        return K, V
+        # gather and convert to float32 in one pass: (n_kv_heads, nb * bs, head_dim)
+        K = np.concatenate([b[layer, 0] for b in views], axis=1, dtype=np.float32)
+        V = np.concatenate([b[layer, 1] for b in views], axis=1, dtype=np.float32)
+        return K[:, :n], V[:, :n]
 
     def free(self, seq):
         table = self.tables.pop(seq, None)

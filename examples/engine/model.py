@@ -114,6 +114,8 @@ class Model:
         self.layers = weights["layers"]
         half = c.head_dim // 2
         self.inv_freq = (c.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / c.head_dim))
+        self._tri_cache: dict[int, np.ndarray] = {}
+        self.attn_chunk = 64   # queries per attention chunk in prefill
         self._rope_n = 0
         self._cos = self._sin = None
         self.load_seconds = 0.0
@@ -151,7 +153,8 @@ class Model:
         layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            wq = unpermute_rope(f32(p + "attn_q.weight"), c.n_heads)
+            # 1/sqrt(head_dim) of the attention scores folded into wq
+            wq = unpermute_rope(f32(p + "attn_q.weight"), c.n_heads) * np.float32(1.0 / np.sqrt(c.head_dim))
             wk = unpermute_rope(f32(p + "attn_k.weight"), c.n_kv_heads)
             wv = f32(p + "attn_v.weight")
             layers.append({
@@ -213,29 +216,48 @@ class Model:
         return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
     def _attention(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, start: int) -> np.ndarray:
-        """q (T, n_heads, d) of positions [start, start+T); K, V (n, n_kv, d)
-        of positions [0, n), n = start + T. Causal. Returns (T, n_heads*d)."""
+        """q (T, n_heads, d) of positions [start, start+T) (scaled by
+        1/sqrt(d)); K, V float32 (n_kv, n, d) of positions [0, n), n = start +
+        T. Causal. Returns (T, n_heads*d). Long prompts go by chunks of
+        queries, each against the keys it may see: the score matrices stay
+        small and the masked half is never computed."""
+        T = q.shape[0]
+        C = self.attn_chunk
+        if T <= C:
+            return self._attention_chunk(q, K, V, start)
+        out = np.empty((T, q.shape[1] * q.shape[2]), np.float32)
+        for a in range(0, T, C):
+            b = min(T, a + C)
+            out[a:b] = self._attention_chunk(q[a:b], K[:, :start + b], V[:, :start + b], start + a)
+        return out
+
+    def _attention_chunk(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, start: int) -> np.ndarray:
         c = self.cfg
-        T, n = q.shape[0], K.shape[0]
+        T, n = q.shape[0], K.shape[1]
         g = c.n_heads // c.n_kv_heads
         d = c.head_dim
         # query head h uses KV head h // g: (n_kv, g*T, d)
         qh = q.reshape(T, c.n_kv_heads, g, d).transpose(1, 2, 0, 3).reshape(c.n_kv_heads, g * T, d)
-        Kt = K.astype(np.float32).transpose(1, 2, 0)          # (n_kv, d, n)
-        Vh = V.astype(np.float32).transpose(1, 0, 2)          # (n_kv, n, d)
-        s = np.matmul(qh, Kt)                                  # (n_kv, g*T, n)
-        s *= np.float32(1.0 / np.sqrt(d))
+        s = np.matmul(qh, K.transpose(0, 2, 1))               # (n_kv, g*T, n)
         if T > 1:
-            s = s.reshape(c.n_kv_heads, g, T, n)
-            # query t (position start + t) sees keys j <= start + t
-            mask = np.arange(n)[None, :] > (start + np.arange(T))[:, None]
-            s[:, :, mask] = -np.inf
-            s = s.reshape(c.n_kv_heads, g * T, n)
+            # query t (position start + t) sees keys j <= start + t: mask the
+            # upper triangle of the last T columns
+            s.reshape(c.n_kv_heads, g, T, n)[..., start:] += self._tri(T)
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
-        o = np.matmul(s, Vh)                                   # (n_kv, g*T, d)
+        l = s.sum(axis=-1, keepdims=True)
+        o = np.matmul(s, V)                                    # (n_kv, g*T, d)
+        o /= l
         return o.reshape(c.n_kv_heads, g, T, d).transpose(2, 0, 1, 3).reshape(T, c.n_heads * d)
+
+    def _tri(self, T: int) -> np.ndarray:
+        """(T, T) float32: 0 on and below the diagonal, -inf above."""
+        m = self._tri_cache.get(T)
+        if m is None:
+            m = np.triu(np.full((T, T), -np.inf, np.float32), 1)
+            if len(self._tri_cache) < 64:
+                self._tri_cache[T] = m
+        return m
 
     def forward(self, batch: Sequence[tuple[Hashable, Sequence[int], int]], kv: KVStore,
                 *, all_logits: bool = False) -> list[np.ndarray]:
@@ -247,6 +269,10 @@ class Model:
         [0, start) of seq already. Returns per sequence the float32 logits of
         its last token (n_vocab,), or with all_logits of every new token
         (T, n_vocab)."""
+        with np.errstate(over="ignore"):   # exp(-gate) of silu may overflow to inf: fine
+            return self._forward(batch, kv, all_logits)
+
+    def _forward(self, batch, kv, all_logits):
         c = self.cfg
         segs, toks, pos = [], [], []
         n = 0
@@ -271,18 +297,25 @@ class Model:
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L["attn_norm"], c.rms_eps)
             qkv = h @ L["wqkv"]
-            q = self._rope(qkv[:, :nq].reshape(n, c.n_heads, c.head_dim), cos, sin)
-            k = self._rope(qkv[:, nq:nq + nk].reshape(n, c.n_kv_heads, c.head_dim), cos, sin)
-            v = qkv[:, nq + nk:].reshape(n, c.n_kv_heads, c.head_dim)
+            # RoPE on q and k at once; q comes out scaled by 1/sqrt(d) (folded into wq)
+            qk = self._rope(qkv[:, :nq + nk].reshape(n, c.n_heads + c.n_kv_heads, c.head_dim), cos, sin)
+            q = qk[:, :c.n_heads]
+            k = qk[:, c.n_heads:].transpose(1, 0, 2)            # (n_kv, N, d)
+            v = qkv[:, nq + nk:].reshape(n, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
             for seq, start, a, b in segs:
-                kv.write(seq, li, start, k[a:b], v[a:b])
+                kv.write(seq, li, start, k[:, a:b], v[:, a:b])
                 K, V = kv.read(seq, li, start + b - a)
                 attn[a:b] = self._attention(q[a:b], K, V, start)
-            x = x + attn @ L["wo"]
+            x += attn @ L["wo"]
             h = rms_norm(x, L["ffn_norm"], c.rms_eps)
             gu = h @ L["wgu"]
             gate, up = gu[:, :c.n_ff], gu[:, c.n_ff:]
-            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ L["wdown"]
+            act = np.negative(gate)                             # silu(gate) * up, in place
+            np.exp(act, out=act)
+            act += 1.0
+            np.divide(gate, act, out=act)
+            act *= up
+            x += act @ L["wdown"]
         rows = np.arange(n) if all_logits else np.array([b - 1 for _, _, _, b in segs])
         hN = rms_norm(x[rows], self.out_norm, c.rms_eps)
         logits = hN @ self.out_w.T
