@@ -438,6 +438,31 @@ def test_fork_copy_on_write(model):
     assert alloc.used_blocks() == 0 and alloc.free_blocks() == 32
 
 
+@needs_model
+def test_prefix_reuse_adopt(model):
+    """What the paged engine does with a prefix another process computed: a
+    new sequence adopts the full blocks of the prefix (here: another
+    reference on sequence A's blocks, as a kvcached lookup would return) and
+    computes only the rest; same logits as computing everything."""
+    bs = 4
+    alloc = LocalBlockAllocator(model.kv_layout(bs), 32)
+    kv = PagedKV(alloc)
+    system = model.tok.encode("You are a terse assistant. Answer in one word.")
+    n_full = len(system) // bs * bs
+    model.forward([("A", system, 0)], kv)
+    question = model.tok.encode(" Which planet is red?")
+    kv.adopt("B", alloc.fork(kv.blocks("A")[:n_full // bs]))
+    ids = system + question
+    (got,) = model.forward([("B", ids[n_full:], n_full)], kv)
+    (want,) = model.forward([(0, ids, 0)], ContiguousKV(model.kv_layout(bs)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=5e-4 * np.abs(want).max())
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    assert kv.blocks("B")[:n_full // bs] == kv.blocks("A")[:n_full // bs]
+    kv.free("A")
+    kv.free("B")
+    assert alloc.used_blocks() == 0
+
+
 def test_out_of_blocks_before_compute():
     lay = KVLayout(2, 1, 4, block_size=4, dtype="float32")
     kv = PagedKV(LocalBlockAllocator(lay, 3))
