@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from engine.kv import ContiguousKV, LocalBlockAllocator, PagedKV  # noqa: E402
-from engine.model import REPO_ROOT, Model  # noqa: E402
+from engine.model import REPO_ROOT, Model, blas_library  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -29,16 +29,22 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--paged", action="store_true")
     ap.add_argument("--repeat", type=int, default=2, help="prefill runs (best is reported)")
+    ap.add_argument("--kv-dtype", default="float16", choices=["float16", "float32"])
+    ap.add_argument("--block-size", type=int, default=16)
     a = ap.parse_args(argv)
 
     m = Model.load()
     print(f"model: {m.source}\nload: {m.load_seconds:.2f} s")
+    print(f"BLAS: {blas_library() or 'unknown'} (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
+          f"{os.cpu_count()} CPUs)")
+    print(f"KV: {'paged' if a.paged else 'contiguous'}, {a.kv_dtype}, {a.block_size} tokens/block "
+          f"({m.kv_layout(a.block_size, a.kv_dtype).block_bytes} bytes)")
     text = open(os.path.join(REPO_ROOT, "docs", "architecture.md"), encoding="utf-8").read()
     ids = m.tok.encode(text)
     while len(ids) < a.prompt_tokens:
         ids = ids + ids
     ids = ids[:a.prompt_tokens]
-    layout = m.kv_layout()
+    layout = m.kv_layout(a.block_size, a.kv_dtype)
     need = -(-(a.prompt_tokens + a.decode + 1) // layout.block_size)
 
     def store(nseq=1):

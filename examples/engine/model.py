@@ -48,6 +48,31 @@ def model_path() -> str:
     return os.path.join(d, MODEL_FILE)
 
 
+def blas_library() -> str:
+    """The BLAS shared library numpy's matmul runs on in this process (Linux:
+    from /proc/self/maps), or "" when unknown. Debian's numpy links libblas.so.3,
+    which the alternatives system points at the reference BLAS (libblas3,
+    about 2 GFLOP/s) or at OpenBLAS (libopenblas0-pthread, 20x faster here)."""
+    np.ones((2, 2), np.float32) @ np.ones((2, 2), np.float32)
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "blas" in line.lower() or "mkl" in line.lower()}
+    except OSError:
+        return ""
+    libs = sorted(os.path.realpath(p) for p in libs if p.startswith("/"))
+    return ", ".join(dict.fromkeys(libs))
+
+
+def warn_slow_blas() -> None:
+    lib = blas_library()
+    # Debian's reference BLAS lives in .../blas/libblas.so.3*; when it is loaded
+    # (even beside OpenBLAS pulled in by liblapack) numpy's sgemm is its own.
+    if lib and ("/blas/libblas.so" in lib or not any(
+            k in lib.lower() for k in ("openblas", "mkl", "blis", "accelerate"))):
+        print(f"WARNING: numpy runs on the reference BLAS ({lib}): the model is about 20x slower; "
+              f"on Debian: apt-get install libopenblas0-pthread", file=sys.stderr)
+
+
 @dataclass
 class Config:
     n_vocab: int = 49152
@@ -128,6 +153,8 @@ class Model:
         file and allow_random, seeded random weights of SmolLM2-135M's shapes
         and a byte-level tokenizer, with a warning."""
         path = path or model_path()
+        if not quiet:
+            warn_slow_blas()
         t0 = time.perf_counter()
         if not os.path.exists(path):
             if not allow_random:
