@@ -293,8 +293,11 @@ class Model:
 
         batch: (seq, tokens, start) per sequence: the new tokens sit at
         positions [start, start + len(tokens)); kv must hold positions
-        [0, start) of seq already. Returns per sequence the float32 logits of
-        its last token (n_vocab,), or with all_logits of every new token
+        [0, start) of seq already; each sequence at most once. Every
+        sequence's kv.reserve() runs before any compute, so OutOfBlocks
+        leaves nothing half done (blocks reserved for earlier sequences of
+        the batch stay with them). Returns per sequence the float32 logits
+        of its last token (n_vocab,), or with all_logits of every new token
         (T, n_vocab)."""
         with np.errstate(over="ignore"):   # exp(-gate) of silu may overflow to inf: fine
             return self._forward(batch, kv, all_logits)
@@ -303,6 +306,8 @@ class Model:
         c = self.cfg
         segs, toks, pos = [], [], []
         n = 0
+        if len({seq for seq, _, _ in batch}) != len(batch):
+            raise ValueError("a sequence appears twice in one batch")
         for seq, tokens, start in batch:
             T = len(tokens)
             if T == 0:
