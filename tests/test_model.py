@@ -19,7 +19,6 @@ import random
 import struct
 import subprocess
 import sys
-import tempfile
 import zipfile
 
 import numpy as np
@@ -38,7 +37,7 @@ if os.path.isdir(os.path.join(ROOT, ".cache", "pylib")):
 from engine import gguf as G  # noqa: E402
 from engine.kv import ContiguousKV, KVLayout, LocalBlockAllocator, OutOfBlocks, PagedKV  # noqa: E402
 from engine.model import Model, generate, model_path, sample, unpermute_rope  # noqa: E402
-from engine.tokenizer import Tokenizer, bytes_to_unicode, pre_tokenize  # noqa: E402
+from engine.tokenizer import bytes_to_unicode, pre_tokenize  # noqa: E402
 
 MODEL = model_path()
 HAVE_MODEL = os.path.exists(MODEL)
