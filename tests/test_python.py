@@ -1,0 +1,238 @@
+"""The Python binding (python/kvcache) against a real kvcached: pytest.
+
+Each test starts its own daemon on private sockets (tests/kvt.py). A second
+process (a real python3 child) reads what the first sealed, through its own
+connection and mapping. Run through meson (`meson test -C build python`),
+which puts build/python first on PYTHONPATH; exits 77 when the binding was
+not built."""
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvt  # noqa: E402
+
+try:
+    import kvcache
+except ImportError as e:  # not built (meson -Dpython=disabled)
+    print("SKIP: kvcache not importable:", e)
+    sys.exit(77)
+np = pytest.importorskip("numpy")
+
+SHAPE = (2, 2, 4, 16, 32)  # layers, K/V, kv heads, tokens, head dim: fp16 -> 16 KiB
+BLOCK = int(np.prod(SHAPE)) * 2
+
+
+@pytest.fixture
+def daemon():
+    if not kvt.BIN:
+        pytest.skip("KVCACHED_BIN not set (run through meson test)")
+    d = kvt.Daemon(kvt.tmpdir(), "--pool-size", "4MiB", "--segment-size", "1MiB", "--page-size", "64KiB",
+                   "--host-tier-size", "2MiB")
+    yield d
+    d.kill()
+
+
+def pool_of(c):
+    return c.register_pool("py/tiny", block_bytes=BLOCK, block_tokens=16, dtype="fp16",
+                           layout=b'{"shape":[2,2,4,16,32]}', shape=SHAPE, model="tiny")
+
+
+def test_connect_is_a_context_manager(daemon):
+    with kvcache.connect(daemon.sock, client_name="pytest") as c:
+        assert not c.closed and c.restarts == 0
+    assert c.closed
+    with pytest.raises(kvcache.KvError) as e:
+        c.alloc(0, 1)
+    assert e.value.name == "EBADF"
+
+
+def test_connect_refused_is_a_kverror(tmp_path):
+    with pytest.raises(kvcache.KvError) as e:
+        kvcache.connect(str(tmp_path / "nobody.sock"))
+    assert e.value.code < 0
+
+
+def test_seal_in_one_process_read_in_another(daemon):
+    tokens = list(range(1000, 1000 + 3 * 16))
+    chain = kvcache.hash_chain(tokens, 16)
+    assert len(chain) == 3
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        blocks = c.alloc(pool, 3)
+        for i, b in enumerate(blocks):
+            v = c.view(pool, b)
+            assert v.shape == SHAPE and v.dtype == np.float16
+            v[...] = np.arange(v.size, dtype=np.float32).reshape(SHAPE) * 0.5 + i
+        sealed = c.seal(pool, blocks, chain, token_ids=tokens)
+        assert sealed == blocks
+        c.release(sealed)
+        # Another process: its own connection, its own mapping.
+        child = textwrap.dedent(f"""
+            import kvcache, numpy as np, sys
+            c = kvcache.connect({daemon.sock!r})
+            pool = c.register_pool("py/tiny", block_bytes={BLOCK}, block_tokens=16,
+                                   dtype="fp16", layout=b'{{"shape":[2,2,4,16,32]}}',
+                                   shape={SHAPE})
+            chain = kvcache.hash_chain(list(range(1000, 1048)), 16)
+            hit = c.lookup(pool, chain)
+            assert len(hit) == 3, hit
+            for i, b in enumerate(hit):
+                want = np.arange(int(np.prod({SHAPE})), dtype=np.float32).reshape({SHAPE}) * 0.5 + i
+                assert np.array_equal(c.view(pool, b), want.astype(np.float16)), i
+            c.release(hit)
+            print("child ok")
+            """)
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "child ok" in r.stdout
+
+
+def test_view_is_zero_copy_and_keeps_the_connection(daemon):
+    c = kvcache.connect(daemon.sock)
+    pool = pool_of(c)
+    b = c.alloc(pool, 1)[0]
+    v = c.view(pool, b)
+    raw = c.buffer(pool, b)
+    v[0, 0, 0, 0, 0] = 3.0
+    assert np.frombuffer(raw, dtype=np.float16)[0] == 3.0
+    assert v.ctypes.data == c.block_ptr(b)
+    del c  # the view holds the connection: its mapping stays
+    v[1, 1, 3, 15, 31] = 7.0
+    assert v[1, 1, 3, 15, 31] == 7.0
+
+
+def test_fork_cow_release_and_stale_handles(daemon):
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        (b,) = c.alloc(pool, 1)
+        c.view(pool, b)[...] = 1.0
+        (f,) = c.fork([b])
+        assert f == b
+        # Two references: cow gives a copy and drops one of them.
+        (w,) = c.cow([b])
+        assert w != b
+        assert np.all(c.view(pool, w) == 1.0)
+        c.release([b])      # the last reference on b: freed (never sealed)
+        with pytest.raises(kvcache.KvError) as e:
+            c.release([b])
+        assert e.value.code == kvcache.ESTALE and e.value.name == "KV_ESTALE"
+        c.release([w])
+
+
+def test_full_pool_is_enospc(daemon):
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        held = []
+        with pytest.raises(kvcache.KvError) as e:
+            while True:
+                held += c.alloc(pool, 8)
+        assert e.value.code == kvcache.ENOSPC
+        assert "pool" in str(e.value)
+        assert len(held) > 0
+        c.release(held)
+        c.release(c.alloc(pool, 8))  # room again
+
+
+def test_bad_arguments(daemon):
+    with kvcache.connect(daemon.sock) as c:
+        with pytest.raises(kvcache.KvError) as e:
+            c.register_pool("bad", block_bytes=100, block_tokens=16)
+        assert e.value.code == kvcache.EINVAL
+        pool = pool_of(c)
+        with pytest.raises(kvcache.KvError) as e:
+            c.register_pool("py/tiny", block_bytes=BLOCK * 2, block_tokens=16, dtype="fp16")
+        assert e.value.code == kvcache.EEXIST
+        with pytest.raises(ValueError):
+            c.seal(pool, c.alloc(pool, 1), [])
+        with pytest.raises(ValueError):
+            c.register_pool("py/shape", block_bytes=BLOCK, block_tokens=16, dtype="fp16",
+                            shape=(3, 3))
+
+
+def test_swap_out_and_in(daemon):
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        blocks = c.alloc(pool, 4)
+        for i, b in enumerate(blocks):
+            c.view(pool, b)[...] = i + 0.25
+        sw = c.swap_out(blocks)
+        back = c.swap_in(sw, 4)
+        assert len(back) == 4
+        for i, b in enumerate(back):
+            assert np.all(c.view(pool, b) == i + 0.25)
+        c.release(back)
+
+
+def test_hash_helpers():
+    tokens = list(range(50))
+    chain = kvcache.hash_chain(tokens, 16)
+    assert len(chain) == 3
+    parent = None
+    for i, h in enumerate(chain):
+        parent = kvcache.hash_block(tokens[16 * i:16 * (i + 1)], parent)
+        assert parent == h
+    assert kvcache.hash_block(tokens[:16]) == kvcache.hash_block(tokens[:16], kvcache.hash_seed())
+    # Salts and LoRA ids separate caches; numpy token arrays hash the same.
+    assert kvcache.hash_chain(tokens, 16, salt=b"a") != kvcache.hash_chain(tokens, 16, salt=b"b")
+    assert kvcache.hash_chain(tokens, 16, lora_id=3) != chain
+    assert kvcache.hash_chain(np.array(tokens, dtype=np.int64), 16) == chain
+    x = kvcache.hash_chain(tokens, 16, algo="xxh3")
+    assert x != chain and all(h[16:] == bytes(16) for h in x)
+    # vLLM's: the chain is the blocks hashed one after another from the seed.
+    v = kvcache.vllm_chain(tokens, 16, pythonhashseed="0", cache_salt="s")
+    parent = kvcache.vllm_seed("0")
+    for i, h in enumerate(v):
+        parent = kvcache.vllm_block(parent, tokens[16 * i:16 * (i + 1)], first=i == 0,
+                                    cache_salt="s")
+        assert parent == h
+
+
+def test_vllm_hash_against_cbor2_reference():
+    cbor2 = pytest.importorskip("cbor2")
+    import hashlib
+
+    def sha256_cbor(obj):
+        return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+    none_hash = sha256_cbor("0")
+    assert kvcache.vllm_seed("0") == none_hash
+    tokens = list(range(7, 39))
+    h0 = sha256_cbor((none_hash, tuple(tokens[:16]), None))
+    h1 = sha256_cbor((h0, tuple(tokens[16:]), None))
+    assert kvcache.vllm_chain(tokens, 16, "0") == [h0, h1]
+
+
+def test_strerror_and_constants():
+    assert "pool" in kvcache.strerror(kvcache.ENOSPC).lower() or kvcache.strerror(kvcache.ENOSPC)
+    e = kvcache.KvError(kvcache.EQUOTA, "namespace 'a' is at its quota")
+    assert e.code == -1018 and e.name == "KV_EQUOTA" and "quota" in str(e)
+
+
+def test_meson_install_imports(tmp_path):
+    """`meson install` puts the package into python3's site-packages and
+    libkvcache into libdir; the installed copy imports and hashes."""
+    build = os.environ.get("KVT_BUILD_ROOT")
+    if not build:
+        pytest.skip("KVT_BUILD_ROOT not set")
+    dest = tmp_path / "root"
+    r = subprocess.run(["meson", "install", "-C", build, "--destdir", str(dest), "--no-rebuild",
+                        "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    inits = list(dest.rglob("kvcache/__init__.py"))
+    libs = list(dest.rglob("libkvcache.so.0"))
+    assert len(inits) == 1 and len(libs) == 1, (inits, libs)
+    paths = (inits[0].parent / "_paths.py").read_text()
+    # The installed copy names the installed library (here under destdir).
+    assert str(libs[0]).endswith(paths.split('"')[1]), paths
+    env = dict(os.environ, PYTHONPATH=str(inits[0].parent.parent), KVCACHE_LIB=str(libs[0]))
+    r = subprocess.run([sys.executable, "-c",
+                        "import kvcache; print(kvcache.__file__); print(len(kvcache.hash_seed()))"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert str(dest) in r.stdout and r.stdout.strip().endswith("32")
