@@ -148,7 +148,7 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 		kv_list_for_each(pos, &p->runs) {
 			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
 			struct kv_pages *dev = pool_dev(p);
-			uint32_t used = 0, lru = 0, s;
+			uint32_t used = 0, lru = 0, demoting = 0, s;
 
 			runs++;
 			for (pg = 0; pg < run->npages; pg++)
@@ -161,11 +161,12 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 				check_block(ps, &c, &run->blocks[s], refs, counts);
 				used += b->state != KV_BLOCK_FREE;
 				lru += b->state == KV_BLOCK_CACHED && !b->demoting;
+				demoting += b->demoting;
 			}
-			if (used != run->nused || lru != run->nlru)
-				bad(&c, "pool %u run at page %u: %u blocks used (%u on the LRU), %u "
-				    "(%u) counted", p->id, run->first_page, used, lru, run->nused,
-				    run->nlru);
+			if (used != run->nused || lru != run->nlru || demoting != run->ndemoting)
+				bad(&c, "pool %u run at page %u: %u blocks used (%u on the LRU, %u "
+				    "being demoted), %u (%u, %u) counted", p->id, run->first_page, used,
+				    lru, demoting, run->nused, run->nlru, run->ndemoting);
 			if (!used && p->spare != run)
 				bad(&c, "pool %u run at page %u: empty but not the spare", p->id,
 				    run->first_page);

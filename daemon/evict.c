@@ -16,7 +16,10 @@
  *     used yet (pool_keep_free_segs);
  *   - among what may go: the lowest eviction priority first; within one
  *     priority the allocating pool's own LRU, then other pools' spare runs,
- *     then the oldest block across pools.
+ *     then the oldest block across pools. Another pool's blocks help only
+ *     when evicting them empties their run (p needs whole pages): when its
+ *     oldest block's run holds blocks in use, a block of a run of that pool
+ *     that evicting would empty is taken instead (pool_helpful_block).
  *
  * LRU order is comparable across pools: ticks come from one daemon-wide
  * counter bumped each time a block becomes CACHED. */
@@ -58,9 +61,16 @@ static int may_take(const struct kv_pool *q, uint32_t ns)
 	return q->ns == ns || m->used[0] >= m->lim.reserve + q->block_bytes;
 }
 
-/* Whether every run in segment s of dev holds only blocks ns may evict now
- * (so that evicting them frees the segment). */
-static int seg_evictable(const struct kv_pages *dev, uint32_t s, uint32_t ns)
+/* Whether every used block of run r is cached and evictable: now, or (with
+ * later) once the demotions in flight complete and free theirs. */
+static int run_all_cached(const struct kv_run *r, int later)
+{
+	return r->nused == r->nlru + (later ? r->ndemoting : 0);
+}
+
+/* Whether every run in segment s of dev holds only blocks ns may evict (now,
+ * or later as run_all_cached()), so that evicting them frees the segment. */
+static int seg_evictable(const struct kv_pages *dev, uint32_t s, uint32_t ns, int later)
 {
 	uint32_t i = s * dev->pages_per_seg, end = i + dev->pages_per_seg;
 
@@ -71,7 +81,7 @@ static int seg_evictable(const struct kv_pages *dev, uint32_t s, uint32_t ns)
 			i++;
 			continue;
 		}
-		if (r->nused && (r->nused != r->nlru || !may_take(r->pool, ns)))
+		if (r->nused && (!run_all_cached(r, later) || !may_take(r->pool, ns)))
 			return 0;
 		i += r->npages;
 	}
@@ -86,9 +96,9 @@ static int run_helps(const struct kv_run *run, const struct kv_pool *p)
 	const struct kv_pages *dev = pool_dev(p);
 	uint32_t s = kv_pages_seg_of(dev, run->first_page);
 
-	if (run->nused != run->nlru)
+	if (!run_all_cached(run, 0))
 		return 0;
-	return dev->segs[s].ns == p->ns || seg_evictable(dev, s, p->ns);
+	return dev->segs[s].ns == p->ns || seg_evictable(dev, s, p->ns, 0);
 }
 
 uint32_t pool_keep_free_segs(const struct kv_pool *p)
@@ -97,6 +107,27 @@ uint32_t pool_keep_free_segs(const struct kv_pool *p)
 	uint64_t sb = pool_dev(p)->segment_bytes;
 
 	return (uint32_t)((r + sb - 1) / sb);
+}
+
+/* A cached block of one of q's runs that evicting would empty for p (every
+ * block used in it cached and idle), or NULL. A walk of q's runs: only when
+ * q's oldest block does not help, the way to pages that fragmentation of q's
+ * runs by blocks in use would otherwise hide. */
+static struct kv_block *pool_helpful_block(struct kv_pool *q, const struct kv_pool *p)
+{
+	struct kv_list *l;
+	uint32_t i;
+
+	kv_list_for_each(l, &q->runs) {
+		struct kv_run *r = kv_container_of(l, struct kv_run, link);
+
+		if (!r->nused || !run_helps(r, p))
+			continue;
+		for (i = 0; i < q->blocks_per_run; i++)
+			if (r->blocks[i].state == KV_BLOCK_CACHED)
+				return &r->blocks[i];
+	}
+	return NULL;
 }
 
 /* The block to evict for p next, or NULL: see the rules at the top. */
@@ -118,7 +149,9 @@ static struct kv_block *victim(struct kv_pool *p, int *spare)
 			continue;
 		prio = pool_ns(q)->lim.priority;
 		b = kv_container_of(n, struct kv_block, node);
-		if (!may_take(q, p->ns) || !run_helps(b->run, p))
+		if (!may_take(q, p->ns))
+			continue;
+		if (!run_helps(b->run, p) && !(b = pool_helpful_block(q, p)))
 			continue;
 		if (!best || prio < best_prio || (prio == best_prio && !own && b->tick < best->tick)) {
 			best = b;
@@ -157,11 +190,11 @@ int pool_make_room(struct kv_pool *p)
 	return 1;
 }
 
-int pool_can_get(struct kv_pool *p, uint32_t n)
+int pool_can_get(struct kv_pool *p, uint32_t n, int later)
 {
 	struct kv_pool *q;
 	struct kv_pages *dev = pool_dev(p);
-	uint64_t blocks = p->n.free + (p->n.cached - p->n.demoting);
+	uint64_t blocks = p->n.free + p->n.cached - (later ? 0 : p->n.demoting);
 	uint32_t s, free_segs = 0, keep = pool_keep_free_segs(p);
 
 	if (blocks >= n)
@@ -175,7 +208,7 @@ int pool_can_get(struct kv_pool *p, uint32_t n)
 			free_segs++;
 			continue;
 		}
-		if (dev->segs[s].ns != p->ns && !seg_evictable(dev, s, p->ns))
+		if (dev->segs[s].ns != p->ns && !seg_evictable(dev, s, p->ns, later))
 			continue;
 		while (i < end) {
 			const struct kv_run *r = dev->owner[i];
@@ -186,7 +219,7 @@ int pool_can_get(struct kv_pool *p, uint32_t n)
 				continue;
 			}
 			q = r->pool;
-			if (q != p && (!r->nused || (r->nused == r->nlru && may_take(q, p->ns))))
+			if (q != p && (!r->nused || (run_all_cached(r, later) && may_take(q, p->ns))))
 				pages += r->npages;
 			i += r->npages;
 		}
@@ -196,6 +229,20 @@ int pool_can_get(struct kv_pool *p, uint32_t n)
 		blocks += (uint64_t)(free_segs - keep) * (dev->pages_per_seg / p->run_pages) *
 			  p->blocks_per_run;
 	return blocks >= n;
+}
+
+int kv_pool_room_after_demotions(struct kv_pool *p, uint32_t n)
+{
+	struct kv_pools *ps = p->pools;
+	uint32_t i;
+
+	for (i = 0; i < ps->npools; i++) {
+		struct kv_pool *q = pool_at(ps, i);
+
+		if (q && q->device == p->device && q->n.demoting)
+			return pool_can_get(p, n, 1);
+	}
+	return 0;
 }
 
 void pool_enospc_why(struct kv_pool *p, uint32_t n, uint32_t got, char *why, size_t len)

@@ -167,6 +167,20 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 		 p->run_pages, p->blocks_per_run);
 }
 
+/* After ENOSPC for n blocks of p: when copies in flight may make room once
+ * they end (demotions that would, whose blocks cannot be evicted while a
+ * copy reads them, or swap outs of the namespace's own blocks), the request
+ * parks until a copy ends and runs again, rather than fail for a moment's
+ * want of room (kv_tiers_wait_room()). Returns 1 if parked. */
+static int park_for_copies(struct req *q, struct kv_pool *p, uint32_t n)
+{
+	if (kv_tiers_wait_room(q->d->tiers, p->device, p->ns, kv_pool_room_after_demotions(p, n),
+			       &q->ss->waiter) < 0)
+		return 0;
+	q->out = KV_OP_PARK;
+	return 1;
+}
+
 void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -186,6 +200,8 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		return;
 	}
 	if ((r = kv_pool_alloc(p, m->count, q->blk, why, sizeof(why))) < 0) {
+		if (r == -ENOSPC && park_for_copies(q, p, m->count))
+			return;
 		if (r == -ENOSPC)
 			kv_op_count_enospc(q);
 		kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
@@ -588,6 +604,8 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 			continue;
 		if ((r = kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why))) < 0) {
 			unref_copies(copy, i);
+			if (r == -ENOSPC && park_for_copies(q, kv_block_pool(b), 1))
+				return;
 			if (r == -ENOSPC)
 				kv_op_count_enospc(q);
 			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);

@@ -443,7 +443,7 @@ static int pool_run_new(struct kv_pool *p)
 	run->pool = p;
 	run->first_page = (uint32_t)first;
 	run->npages = p->run_pages;
-	run->nused = run->nlru = 0;
+	run->nused = run->nlru = run->ndemoting = 0;
 	gen = dev->gen[first] + 1;
 	for (i = 0; i < p->blocks_per_run; i++) {
 		struct kv_block *b = &run->blocks[i];
@@ -586,7 +586,7 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 			break;
 		/* Before the first eviction: would evicting all it may be
 		 * enough? Then evict one at a time, the rules' order. */
-		if (!checked && !pool_can_get(p, n - got))
+		if (!checked && !pool_can_get(p, n - got, 0))
 			break;
 		checked = 1;
 		if (!pool_make_room(p))
@@ -662,6 +662,7 @@ int kv_block_ref(struct kv_block *b)
 			/* Cancels the demotion: the copy's completion sees it. */
 			b->demoting = 0;
 			p->n.demoting--;
+			b->run->ndemoting--;
 		} else {
 			b->run->nlru--;
 		}
@@ -769,6 +770,7 @@ void kv_block_demote_begin(struct kv_block *b)
 	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
 	b->run->nlru--;
+	b->run->ndemoting++;
 	kv_list_push_front(&p->demoting, &b->node);
 	b->demoting = 1;
 	p->n.demoting++;
@@ -783,6 +785,7 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 		return 0;
 	b->demoting = 0;
 	p->n.demoting--;
+	b->run->ndemoting--;
 	kv_list_del(&b->node);
 	if (!ok) {
 		/* Back at the front, so with the newest tick: the LRU stays in

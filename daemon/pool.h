@@ -234,6 +234,11 @@ static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
  * that cannot succeed. */
 int kv_pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why, size_t whylen);
 
+/* After kv_pool_alloc() failed with -ENOSPC: whether it would succeed once
+ * the demotions in flight on p's device complete (their blocks are freed
+ * then; until then they cannot be evicted, a copy reads them). */
+int kv_pool_room_after_demotions(struct kv_pool *p, uint32_t n);
+
 /* kv_pool_alloc() from free blocks and free pages only: evicts nothing.
  * Returns 0, -EDQUOT or -ENOSPC. */
 int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out);
@@ -340,6 +345,7 @@ struct kv_run {
 	uint32_t first_page, npages;
 	uint32_t nused;           /* blocks not FREE */
 	uint32_t nlru;            /* of those, CACHED on the LRU (evictable now) */
+	uint32_t ndemoting;       /* of those, CACHED and being demoted (free once copied) */
 	struct kv_block blocks[];
 };
 

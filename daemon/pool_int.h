@@ -58,8 +58,9 @@ void pool_make_free(struct kv_block *b, int keep_spare);
  * nothing p may take would help. */
 int pool_make_room(struct kv_pool *p);
 /* Whether p could get n more blocks by evicting what it may (an optimistic
- * count: whole runs per segment, contiguity aside). */
-int pool_can_get(struct kv_pool *p, uint32_t n);
+ * count: whole runs per segment, contiguity aside); with later, counting the
+ * blocks being demoted as evictable (they are freed when their copy ends). */
+int pool_can_get(struct kv_pool *p, uint32_t n, int later);
 /* Free segments of p's device that p must leave for the G1 reserves other
  * namespaces have not used yet. */
 uint32_t pool_keep_free_segs(const struct kv_pool *p);

@@ -136,6 +136,17 @@ void kv_tiers_forget_entry(struct kv_tiers *t, struct kv_index_entry *e);
  *            cannot start at all). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
+/* An allocation of namespace ns on device dev found no room. When a copy in
+ * flight may make some, queues w, to be woken when a copy completes, and
+ * returns 0 (the caller parks, then runs the allocation again): a demotion
+ * on dev, if the caller found that those would make room
+ * (kv_pool_room_after_demotions(): demotions is 1), or a swap out of ns's
+ * blocks on dev (its references go when the copy ends: a worker that swaps
+ * a sequence out to make room for another allocates at once). -1 otherwise:
+ * the allocation fails. Swaps of other namespaces never hold it up. */
+int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demotions,
+		       struct kv_waiter *w);
+
 /* The swaps of one session: a list, and the block bytes they hold (what
  * max_swap_per_session bounds; ops_block.c checks it before a swap out). */
 struct kv_swap_owner {

@@ -340,6 +340,64 @@ static void test_demote(void)
 	env_free(&e);
 }
 
+/* An allocation that finds no room while blocks are being demoted: they
+ * cannot be evicted (a copy reads them), so it fails now, but
+ * kv_pool_room_after_demotions() says it would succeed once they are freed
+ * (the daemon parks the request until then), and it does then. Pool a has a
+ * block held in each of three runs and, in the fourth, one block demoting and
+ * one cached; pool b needs a whole page. */
+static void test_room_after_demotions(void)
+{
+	struct env e;
+	struct kv_pool *a, *b;
+	struct kv_block *blk[8], *x[2];
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int i;
+
+	env_new(&e, 1, 4);
+	a = pool(&e, 1, "a", 32768);   /* 2 blocks per page */
+	b = pool(&e, 1, "b", 65536);   /* 1 per page */
+	CHECK(kv_pool_alloc(a, 8, blk, why, sizeof(why)) == 0);
+	for (i = 0; i < 8; i++) {
+		hash_of(h, 100 + i);
+		CHECK(kv_pool_seal(a, blk[i], h) == blk[i]);
+	}
+	for (i = 0; i < 6; i += 2)
+		kv_block_unref(blk[i]);
+	kv_block_unref(blk[7]);
+	CHECK(blk[6]->run == blk[7]->run);
+	/* Nothing in flight: no room now or later. */
+	CHECK(kv_pool_alloc(b, 1, x, why, sizeof(why)) == -ENOSPC);
+	CHECK(kv_pool_room_after_demotions(b, 1) == 0);
+	kv_block_unref(blk[6]);
+	kv_block_demote_begin(blk[6]);
+	must_be_consistent(e.ps);
+	CHECK(kv_pool_alloc(b, 1, x, why, sizeof(why)) == -ENOSPC);
+	CHECK(blk[6]->demoting && blk[7]->state == KV_BLOCK_CACHED);  /* nothing taken */
+	CHECK(kv_pool_room_after_demotions(b, 1) == 1);
+	CHECK(kv_pool_room_after_demotions(b, 2) == 0);  /* the other runs hold blocks */
+	CHECK(kv_block_demote_end(blk[6], 1) == 1);
+	CHECK(kv_pool_room_after_demotions(b, 1) == 0);  /* none in flight now */
+	CHECK(kv_pool_alloc(b, 1, x, why, sizeof(why)) == 0);
+	hash_of(h, 107);
+	CHECK(kv_pool_find(a, h) == NULL);  /* evicted for it */
+	must_be_consistent(e.ps);
+	/* A demotion a reference cancels is counted out of its run too. */
+	kv_block_unref(blk[1]);
+	kv_block_demote_begin(blk[1]);
+	CHECK(blk[1]->run->ndemoting == 1);
+	kv_block_ref(blk[1]);
+	CHECK(blk[1]->run->ndemoting == 0 && kv_block_demote_end(blk[1], 1) == 0);
+	must_be_consistent(e.ps);
+	kv_block_unref(blk[1]);
+	kv_block_unref(blk[3]);
+	kv_block_unref(blk[5]);
+	kv_block_unref(x[0]);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
 /* A block's references stop at KV_BLOCK_REF_MAX: a reference more is
  * refused with -EOVERFLOW and changes nothing; a seal that would dedup onto
  * a full block keeps the caller's block instead. */
@@ -608,6 +666,7 @@ int main(void)
 	test_sharing();
 	test_copy();
 	test_demote();
+	test_room_after_demotions();
 	test_ref_saturation();
 	test_asserts();
 	test_free();

@@ -245,6 +245,23 @@ static void test_swap(void)
 	CHECK_EQ(w, 8);
 	CHECK_EQ(kvc_swap_in(c, sw, nb, 8), KVC_ENOENT);  /* used up */
 	CHECK_EQ(kvc_release(c, nb, 8), 0);
+	/* Preemption by swap: with the pool full of the worker's writable
+	 * blocks, it swaps 16 out and at once allocates 16 for another
+	 * sequence. The swap's references go only when its copy ends (on a
+	 * thread, or the device's engine): the allocation waits for that, and
+	 * never gets ENOSPC for it. */
+	{
+		kvc_block all[64], more[16], back[16];
+
+		CHECK_EQ(kvc_alloc(c, pool, 64, all), 64);
+		CHECK_EQ(kvc_alloc(c, pool, 1, more), KVC_ENOSPC);
+		CHECK_EQ(kvc_swap_out(c, all, 16, &sw), 0);
+		CHECK_EQ(kvc_alloc(c, pool, 16, more), 16);
+		CHECK_EQ(kvc_release(c, all + 16, 48), 0);
+		CHECK_EQ(kvc_release(c, more, 16), 0);
+		CHECK_EQ(kvc_swap_in(c, sw, back, 16), 16);
+		CHECK_EQ(kvc_release(c, back, 16), 0);
+	}
 	/* Swapped data of a connection that goes is freed. */
 	CHECK_EQ(kvc_alloc(c, pool, 8, b), 8);
 	CHECK_EQ(kvc_swap_out(c, b, 8, &sw), 0);

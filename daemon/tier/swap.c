@@ -155,6 +155,26 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv
 	return 0;
 }
 
+int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demotions,
+		       struct kv_waiter *w)
+{
+	struct kv_list *l;
+	int wait;
+
+	if (!t || dev >= KV_MAX_DEVICES)
+		return -1;
+	wait = demotions && t->down_bytes[dev];
+	for (l = t->swaps.next; !wait && l != &t->swaps; l = l->next) {
+		const struct kv_swap *sw = kv_container_of(l, struct kv_swap, all);
+
+		wait = sw->state == SW_OUT_COPY && sw->pool->device == dev && sw->pool->ns == ns;
+	}
+	if (!wait)
+		return -1;
+	kv_list_push_back(&t->space_waiters, &w->link);
+	return 0;
+}
+
 void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res)
 {
 	struct kv_swap *sw = op->sw;

@@ -201,7 +201,8 @@ struct kv_tiers {
 	uint32_t jpage;            /* the next page it looks at */
 	struct kv_list dormant;    /* G3 runs no pool has claimed since the restart */
 	struct kv_list swaps;
-	struct kv_list space_waiters;  /* lookups waiting for G2 staging room */
+	struct kv_list space_waiters;  /* requests waiting for a copy to end: lookups for
+					G2 staging room, allocations for demotions */
 	uint64_t entries;          /* tblocks in the index */
 	uint64_t tick, next_swap;
 	uint64_t down_bytes[KV_MAX_DEVICES];  /* demotion copies in flight */
