@@ -3,25 +3,25 @@
 Each test starts its own daemon on private sockets (tests/kvt.py). A second
 process (a real python3 child) reads what the first sealed, through its own
 connection and mapping. Run through meson (`meson test -C build python`),
-which puts build/python first on PYTHONPATH; exits 77 when the binding was
-not built."""
+which puts build/python first on PYTHONPATH and runs this file: it exits 77
+when the binding was not built (or pytest or numpy is missing), else runs
+pytest on itself."""
 import ctypes
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvt  # noqa: E402
 
 try:
+    import pytest
+    import numpy as np
     import kvcache
-except ImportError as e:  # not built (meson -Dpython=disabled)
-    print("SKIP: kvcache not importable:", e)
+except ImportError as e:  # not built (meson -Dpython=disabled), or no pytest/numpy
+    print("SKIP:", e)
     sys.exit(77)
-np = pytest.importorskip("numpy")
 
 SHAPE = (2, 2, 4, 16, 32)  # layers, K/V, kv heads, tokens, head dim: fp16 -> 16 KiB
 BLOCK = int(np.prod(SHAPE)) * 2
@@ -236,3 +236,7 @@ def test_meson_install_imports(tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert str(dest) in r.stdout and r.stdout.strip().endswith("32")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", __file__]))
