@@ -763,6 +763,31 @@ uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *to
 	return n;
 }
 
+uint64_t kv_pools_dev_room(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
+{
+	const struct kv_pages *d = &ps->dev[dev];
+	uint64_t n = 0;
+	uint32_t i, s, min_run = UINT32_MAX;
+
+	for (i = 0; i < ps->npools; i++) {
+		const struct kv_pool *p = pool_at(ps, i);
+
+		if (p && p->device == dev) {
+			n += p->n.free * p->block_bytes;
+			if (p->run_pages < min_run)
+				min_run = p->run_pages;
+		}
+	}
+	for (s = 0; s < d->nsegs; s++) {
+		uint32_t f = d->pages_per_seg - d->segs[s].used;
+
+		if (f && (f >= min_run || min_run == UINT32_MAX))
+			n += (uint64_t)f * d->page_bytes;
+	}
+	*total = (uint64_t)d->npages * d->page_bytes;
+	return n;
+}
+
 void kv_block_demote_begin(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;

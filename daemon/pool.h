@@ -288,6 +288,11 @@ int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);
 int kv_pools_drop_cached(struct kv_block *b);
 /* Free bytes of device dev: free pages plus free blocks of its pools. */
 uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total);
+/* The same, but counting a segment's free pages only when they are at least
+ * the smallest run of a pool on dev: what allocations can use (the pages a
+ * segment's size leaves over after whole runs are not). What demotion's
+ * watermarks go by. O(segments + pools). */
+uint64_t kv_pools_dev_room(const struct kv_pools *ps, uint32_t dev, uint64_t *total);
 /* Moves CACHED b (not demoting) from the LRU to the demoting list. */
 void kv_block_demote_begin(struct kv_block *b);
 /* Ends b's demotion: if it is still demoting (no lookup took it meanwhile),

@@ -137,14 +137,14 @@ void tier_demote_kick(struct kv_tiers *t)
 	uint32_t d;
 
 	for (d = 0; d < t->be->devices; d++) {
-		uint64_t total, free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+		uint64_t total, free = kv_pools_dev_room(t->ps, d, &total) + t->down_bytes[d];
 
 		if (!t->demoting[d] && free * 100 >= total * t->cfg.g1_low)
 			continue;
 		t->demoting[d] = 1;
 		if (free * 100 < total * t->cfg.g1_high)
 			tier_demote(t, d, NULL, total * t->cfg.g1_high / 100 - free);
-		free = kv_pools_dev_free(t->ps, d, &total) + t->down_bytes[d];
+		free = kv_pools_dev_room(t->ps, d, &total) + t->down_bytes[d];
 		if (free * 100 >= total * t->cfg.g1_high || !t->down_bytes[d])
 			t->demoting[d] = 0;
 	}
