@@ -171,9 +171,12 @@ int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
 /* Swaps a sequence out of the device tier (preemption by swap): the daemon
  * copies the n blocks (held by this connection, writable or sealed, all of
  * one pool) into its host tier and drops this connection's references on
- * them; the handles must not be used again. *swap names the sequence for
- * kvc_swap_in(). Returns 0, KVC_ENOSPC when the host tier cannot hold it (or
- * none is configured). Swapped data is freed when the connection closes. */
+ * them when the copy ends; the handles must not be used again. It returns at
+ * once; a kvc_alloc() or kvc_fork() of this namespace that needs the room
+ * waits for the copy (so an engine swaps one sequence out and allocates for
+ * another right away). *swap names the sequence for kvc_swap_in(). Returns
+ * 0, KVC_ENOSPC when the host tier cannot hold it (or none is configured).
+ * Swapped data is freed when the connection closes. */
 int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap);
 
 /* Brings a swapped sequence back into new writable blocks with the same

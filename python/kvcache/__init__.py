@@ -426,8 +426,11 @@ class Connection:
 
     def swap_out(self, blocks: Sequence[Block]) -> int:
         """Preemption by swap: the daemon copies the blocks to its host tier
-        and drops this connection's references; returns the swap id for
-        swap_in(). ``ENOSPC`` when the host tier cannot hold them."""
+        and drops this connection's references when the copy ends; returns
+        the swap id for swap_in() at once. An alloc() or fork() of this
+        namespace that needs the room waits for the copy, so a sequence can
+        be swapped out and another allocated for at once. ``ENOSPC`` when the
+        host tier cannot hold them."""
         b, n = _blocks(blocks)
         sw = ctypes.c_uint64()
         self._check(_lib.kvc_swap_out(self._h(), b, n, ctypes.byref(sw)), "swap_out")
