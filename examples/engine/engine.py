@@ -109,12 +109,14 @@ class _Seq:
 class Engine:
     """SmolLM2 over kvcached. preempt: "swap" or "recompute"; salt: the cache
     salt (tenants that must not share prefixes use different salts);
-    max_batch: sequences per decode step."""
+    max_batch: sequences per decode step; prefix_cache=False: no lookup and
+    no sealing (every prompt computed in full: the baseline of the engine
+    benchmark)."""
 
     def __init__(self, model: Model, socket: Optional[str] = None, *, block_size: int = 16,
                  dtype: str = "float16", salt: Optional[str] = None, preempt: str = "swap",
                  namespace: Optional[str] = None, max_batch: int = 8,
-                 conn: Optional[kvcache.Connection] = None):
+                 conn: Optional[kvcache.Connection] = None, prefix_cache: bool = True):
         if preempt not in ("swap", "recompute"):
             raise ValueError("preempt: swap or recompute")
         self.model = model
@@ -122,6 +124,7 @@ class Engine:
         self.salt = salt
         self.preempt_policy = preempt
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
         self.conn = conn or kvcache.connect(socket, namespace, "kvcached-engine")
         name = f"smollm2-135m-instruct/{dtype}/b{block_size}"
         self.pool = self.conn.register_pool(
@@ -149,7 +152,7 @@ class Engine:
         """Seals the blocks of s that are full and not sealed yet."""
         bs = self.layout.block_size
         full = s.n // bs
-        if full <= s.sealed:
+        if full <= s.sealed or not self.prefix_cache:
             return
         while len(s.hashes) < full:
             i = len(s.hashes)
@@ -172,7 +175,7 @@ class Engine:
         """Looks the cached prefix up, computes the rest of tokens; returns
         the last token's logits, or None when it had to wait (preempted)."""
         bs = self.layout.block_size
-        chain = self._chain(tokens)
+        chain = self._chain(tokens) if self.prefix_cache else []
         hit = self.conn.lookup(self.pool, chain) if chain else []
         # The last token is always computed: its logits are the next token's.
         keep = min(len(hit), (len(tokens) - 1) // bs)
