@@ -172,7 +172,7 @@ int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
  * copies the n blocks (held by this connection, writable or sealed, all of
  * one pool) into its host tier and drops this connection's references on
  * them when the copy ends; the handles must not be used again. It returns at
- * once; a kvc_alloc() or kvc_fork() of this namespace that needs the room
+ * once; a kvc_alloc() or kvc_cow() of this namespace that needs the room
  * waits for the copy (so an engine swaps one sequence out and allocates for
  * another right away). *swap names the sequence for kvc_swap_in(). Returns
  * 0, KVC_ENOSPC when the host tier cannot hold it (or none is configured).

@@ -427,7 +427,7 @@ class Connection:
     def swap_out(self, blocks: Sequence[Block]) -> int:
         """Preemption by swap: the daemon copies the blocks to its host tier
         and drops this connection's references when the copy ends; returns
-        the swap id for swap_in() at once. An alloc() or fork() of this
+        the swap id for swap_in() at once. An alloc() or cow() of this
         namespace that needs the room waits for the copy, so a sequence can
         be swapped out and another allocated for at once. ``ENOSPC`` when the
         host tier cannot hold them."""
