@@ -10,7 +10,7 @@ rules=$src/docs/alerts/kvcached.rules.yml
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out=$(promtool check rules "$rules" 2>&1) || fail "promtool check rules: $out"
-echo "$out" | grep -q "SUCCESS: 7 rules found" || fail "promtool: $out"
+grep -q "SUCCESS: 7 rules found" <<<"$out" || fail "promtool: $out"
 echo "ok: promtool check rules: $(echo "$out" | tail -1)"
 
 # The metric names in the expressions exist in the daemon's exposition.
@@ -22,8 +22,12 @@ pid=$!
 for _ in $(seq 500); do [ -S "$dir/s-admin.sock" ] && break; sleep 0.02; done
 "$KVCTL_BIN" -s "$dir/s-admin.sock" metrics > "$dir/m" || fail "kvctl metrics"
 families=$(sed -n 's/^# TYPE \([^ ]*\) .*/\1/p' "$dir/m")
+# Here-strings, not `echo | grep -q`: under pipefail a grep that exits at
+# its first match can fail the writer with SIGPIPE.
 for m in $(grep -o 'kvcached_[a-z_]*' "$rules" | sort -u); do
 	base=${m%_bucket}
-	echo "$families" | grep -qx "$base" || fail "the rules name $m, which the daemon does not export"
+	grep -qx "$base" <<<"$families" ||
+		fail "the rules name $m, which the daemon does not export; its exposition" \
+		     "($(wc -c < "$dir/m") bytes) has: $(tr '\n' ' ' <<<"$families"); its log: $(cat "$dir/log")"
 done
 echo "ok: every metric the rules name is exported"
