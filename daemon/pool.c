@@ -750,38 +750,45 @@ uint64_t kv_block_offset(const struct kv_block *b)
 	return (uint64_t)b->run->first_page * pool_dev(p)->page_bytes + b->slot * p->block_bytes;
 }
 
-uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
+/* Bytes in the free blocks of dev's pools; *min_run (unless NULL): the
+ * smallest run of those pools, in pages (1 when there is none). */
+static uint64_t pools_free_bytes(const struct kv_pools *ps, uint32_t dev, uint32_t *min_run)
 {
-	const struct kv_pages *d = &ps->dev[dev];
-	uint64_t n = (uint64_t)d->nfree * d->page_bytes;
-	uint32_t i;
-
-	for (i = 0; i < ps->npools; i++)
-		if (pool_at(ps, i) && ps->pool[i]->device == dev)
-			n += ps->pool[i]->n.free * ps->pool[i]->block_bytes;
-	*total = (uint64_t)d->npages * d->page_bytes;
-	return n;
-}
-
-uint64_t kv_pools_dev_room(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
-{
-	const struct kv_pages *d = &ps->dev[dev];
 	uint64_t n = 0;
-	uint32_t i, s, min_run = UINT32_MAX;
+	uint32_t i, m = UINT32_MAX;
 
 	for (i = 0; i < ps->npools; i++) {
 		const struct kv_pool *p = pool_at(ps, i);
 
 		if (p && p->device == dev) {
 			n += p->n.free * p->block_bytes;
-			if (p->run_pages < min_run)
-				min_run = p->run_pages;
+			if (p->run_pages < m)
+				m = p->run_pages;
 		}
 	}
+	if (min_run)
+		*min_run = m == UINT32_MAX ? 1 : m;
+	return n;
+}
+
+uint64_t kv_pools_dev_free(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
+{
+	const struct kv_pages *d = &ps->dev[dev];
+
+	*total = (uint64_t)d->npages * d->page_bytes;
+	return (uint64_t)d->nfree * d->page_bytes + pools_free_bytes(ps, dev, NULL);
+}
+
+uint64_t kv_pools_dev_room(const struct kv_pools *ps, uint32_t dev, uint64_t *total)
+{
+	const struct kv_pages *d = &ps->dev[dev];
+	uint32_t s, min_run;
+	uint64_t n = pools_free_bytes(ps, dev, &min_run);
+
 	for (s = 0; s < d->nsegs; s++) {
 		uint32_t f = d->pages_per_seg - d->segs[s].used;
 
-		if (f && (f >= min_run || min_run == UINT32_MAX))
+		if (f >= min_run)
 			n += (uint64_t)f * d->page_bytes;
 	}
 	*total = (uint64_t)d->npages * d->page_bytes;
