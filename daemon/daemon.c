@@ -79,7 +79,7 @@ int kv_daemon_stop_flush(struct kv_daemon *d)
 	if (kv_tiers_clean(d->tiers))
 		goto done;
 	kv_tiers_stats(d->tiers, st);
-	if (st[KV_TIER_G3].inflight) {
+	if (kv_tiers_disk_busy(d->tiers)) {
 		d->flushing = 1;
 		return 0;   /* on_disk() comes back here */
 	}

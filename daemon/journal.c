@@ -155,6 +155,7 @@ static void jrun(struct kv_job *job)
 			j->errors++;
 		else
 			j->records += b->n;
+		j->unwritten -= b->n;
 		/* During a compaction the new file gets them too. */
 		/* fall through */
 	case JB_SNAP:
@@ -222,6 +223,8 @@ static int batch_add(struct kv_journal *j, struct jbatch **bp, int kind, const s
 static void batch_submit(struct kv_journal *j, struct jbatch **bp)
 {
 	if (*bp) {
+		if ((*bp)->c.kind == JB_APPEND)
+			j->unwritten += (*bp)->n;
 		kv_worker_submit(j->w, &(*bp)->c.job);
 		*bp = NULL;
 	}
@@ -238,6 +241,11 @@ void kv_journal_flush(struct kv_journal *j)
 {
 	if (j->w)
 		batch_submit(j, &j->stage);
+}
+
+uint64_t kv_journal_pending(const struct kv_journal *j)
+{
+	return (j->stage ? j->stage->n : 0) + atomic_load(&j->unwritten);
 }
 
 void kv_journal_detach(struct kv_journal *j)

@@ -76,6 +76,7 @@ struct kv_journal {
 	struct jbatch *stage;       /* appends not handed to the worker yet */
 	struct jbatch *snap;        /* a compaction chunk being made */
 	struct kv_jctl begin, end;
+	_Atomic uint64_t unwritten; /* appends handed to the worker, not written yet */
 	int compacting;             /* begun, and the worker has not committed */
 	_Atomic int committed;      /* set by the worker when it has */
 };
@@ -105,6 +106,9 @@ void kv_journal_attach(struct kv_journal *j, struct kv_worker *w);
 void kv_journal_detach(struct kv_journal *j);
 /* Hands the staged appends to the worker. */
 void kv_journal_flush(struct kv_journal *j);
+/* Appends not in the file yet (staged, or handed over and not written): in
+ * asynchronous mode what a kill -9 now would lose. 0 in synchronous mode. */
+uint64_t kv_journal_pending(const struct kv_journal *j);
 
 /* A compaction while the loop runs: begin, then add every live record over
  * any number of turns (kv_journal_compact_push() hands each chunk over, after

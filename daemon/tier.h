@@ -188,6 +188,9 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id);
 uint64_t kv_tiers_flush(struct kv_tiers *t);
 /* True when no write-back is dirty or in flight (flush finished). */
 int kv_tiers_clean(const struct kv_tiers *t);
+/* Disk reads or writes of G3 in flight (not counting the index journal's
+ * appends, which the worker thread writes). */
+int kv_tiers_disk_busy(const struct kv_tiers *t);
 
 void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]);
 /* Histogram which (KV_TH_*); valid while t lives. */

@@ -87,6 +87,11 @@ int kv_tiers_clean(const struct kv_tiers *t)
 	return !t->lv[L3].on || (!t->lv[L2].st.dirty && !t->wb_bytes);
 }
 
+int kv_tiers_disk_busy(const struct kv_tiers *t)
+{
+	return t->lv[L3].on && t->lv[L3].st.inflight;
+}
+
 void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS])
 {
 	uint32_t d;
@@ -117,6 +122,9 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 	if (t->lv[L3].on) {
 		st[KV_TIER_G3].io_errors += t->jr.errors;
 		st[KV_TIER_G3].queued = t->disk.nqueued;
+		/* The index records of what was written are G3's too: until
+		 * they are in the journal file a kill -9 loses those blocks. */
+		st[KV_TIER_G3].inflight += kv_journal_pending(&t->jr);
 	}
 }
 
