@@ -165,7 +165,8 @@ static void jrun(struct kv_job *job)
 			else
 				j->new_records += b->n;
 		}
-		free(b);
+		if (c->kind == JB_SNAP)
+			free(b);   /* an append batch goes in jdone(), on the loop */
 		break;
 	case JB_BEGIN:
 		tmp_path(j, tmp, sizeof(tmp));
@@ -196,6 +197,14 @@ static void jrun(struct kv_job *job)
 	}
 }
 
+/* On the loop, after an append batch was written: the worker has written
+ * the loop's eventfd for it, so that whoever waits for the journal's
+ * pending records (kv_journal_pending(), counted in G3's in flight) wakes. */
+static void jdone(struct kv_job *job)
+{
+	free(kv_container_of(job, struct kv_jctl, job));
+}
+
 /* Adds r to the batch at *bp (made or grown as needed). */
 static int batch_add(struct kv_journal *j, struct jbatch **bp, int kind, const struct kv_jrec *r)
 {
@@ -211,7 +220,9 @@ static int batch_add(struct kv_journal *j, struct jbatch **bp, int kind, const s
 		}
 		if (!b) {
 			memset(nb, 0, sizeof(*nb));
-			nb->c = (struct kv_jctl){ .job.run = jrun, .j = j, .kind = kind };
+			nb->c = (struct kv_jctl){ .job.run = jrun,
+						  .job.done = kind == JB_APPEND ? jdone : NULL,
+						  .j = j, .kind = kind };
 		}
 		nb->cap = cap;
 		*bp = b = nb;
