@@ -577,6 +577,23 @@ int kv_config_load_file(struct kv_config *c, const char *path, char *err, size_t
 
 /* ---- finishing ---------------------------------------------------------- */
 
+/* What a default segment is made of: whole pages and, on the cuda backend,
+ * whole KV_CUDA_SEGMENT_ALIGN (the VMM allocation granularity of every GPU
+ * so far; the backend checks the device's own at start). */
+static uint64_t seg_unit(const struct kv_config *c)
+{
+	uint64_t a = c->page_bytes, b = KV_CUDA_SEGMENT_ALIGN, t;
+
+	if (strcmp(c->backend, "cuda"))
+		return c->page_bytes;
+	while (b) {  /* the least common multiple: page * align / gcd */
+		t = a % b;
+		a = b;
+		b = t;
+	}
+	return c->page_bytes / a * KV_CUDA_SEGMENT_ALIGN;
+}
+
 int kv_config_memory(const char *backend, uint64_t *device_bytes, uint64_t *ram_bytes)
 {
 	struct sysinfo si;
@@ -659,19 +676,19 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 		return error(err, errlen, "page_size: %" PRIu64 " is not a multiple of 4KiB",
 			     c->page_bytes);
 	/* The default segment cuts the pool into KV_DEFAULT_SEGMENTS (at most
-	 * 1GiB each, at least a page, whole pages): a segment belongs to one
+	 * 1GiB each, at least a unit, whole units of seg_unit): a segment belongs to one
 	 * namespace at a time, so this is how many tenants can hold memory on a
 	 * device at once. A pool given in bytes gets the largest such segment
 	 * that divides it. */
 	if (!c->segment_bytes && c->page_bytes) {
-		uint64_t s = c->pool_bytes / KV_DEFAULT_SEGMENTS;
+		uint64_t s = c->pool_bytes / KV_DEFAULT_SEGMENTS, u = seg_unit(c);
 
 		s = s > GiB ? GiB : s;
-		s -= s % c->page_bytes;
-		if (s < c->page_bytes)
-			s = c->page_bytes;
-		while (!pct && s > c->page_bytes && c->pool_bytes % s)
-			s -= c->page_bytes;
+		s -= s % u;
+		if (s < u)
+			s = u;
+		while (!pct && s > u && c->pool_bytes % s)
+			s -= u;
 		c->segment_bytes = s;
 	}
 	/* A pool given as a percentage is rounded down to whole segments. */

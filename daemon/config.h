@@ -34,6 +34,11 @@
  * at once. */
 #define KV_DEFAULT_SEGMENTS 64
 
+/* The cuda backend's segments are whole VMM allocations: multiples of the
+ * device's allocation granularity, 2MiB on every GPU so far. A default
+ * segment_size on that backend is a multiple of this. */
+#define KV_CUDA_SEGMENT_ALIGN (2u << 20)
+
 /* A [namespace NAME] section (nsconf.c): who may open the namespace, and its
  * limits. Sizes may be percentages of the tier (PCT_BIT set, in hundredths
  * of a percent) until tenant.c resolves them against the tiers' sizes. */

@@ -184,6 +184,23 @@ int main(void)
 	kv_config_defaults(&c);
 	CHECK(set("pool_size", "1000MiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
 	CHECK(c.segment_bytes == 10u << 20 && c.pool_bytes % c.segment_bytes == 0);
+	/* On the cuda backend, whole 2MiB (the VMM granularity) as well: a 64th
+	 * of 64MiB would be 1MiB, and a 2MiB pool of 128KiB pages one page. */
+	kv_config_defaults(&c);
+	CHECK(set("backend", "cuda") == 0 && set("pool_size", "64MiB") == 0 &&
+	      kv_config_finish(&c, err, sizeof(err)) == 0);
+	CHECK(c.segment_bytes == 2u << 20);
+	kv_config_defaults(&c);
+	CHECK(set("backend", "cuda") == 0 && set("pool_size", "2MiB") == 0 &&
+	      set("page_size", "128KiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
+	CHECK(c.segment_bytes == 2u << 20);
+	kv_config_defaults(&c);
+	CHECK(set("backend", "cuda") == 0 && set("pool_size", "1000MiB") == 0 &&
+	      set("page_size", "3MiB") == 0 && kv_config_finish(&c, err, sizeof(err)) != 0);
+	kv_config_defaults(&c);
+	CHECK(set("backend", "cuda") == 0 && set("pool_size", "960MiB") == 0 &&
+	      set("page_size", "3MiB") == 0 && kv_config_finish(&c, err, sizeof(err)) == 0);
+	CHECK(c.segment_bytes == 12u << 20);
 
 	/* A reload copies the reloadable keys and reports the others. */
 	kv_config_defaults(&a);
