@@ -22,6 +22,10 @@
 
 #define KV_MAX_DEVICES 16
 
+/* The daemon's exit status when a device's context is lost for good (a
+ * sticky CUDA error): see kvcached(8). */
+#define KV_EXIT_DEVICE_LOST 3
+
 struct kv_backend;
 
 /* One copy of a batch: device offset <-> host pointer (H2D, D2H) or device
@@ -79,7 +83,29 @@ struct kv_backend {
 	uint32_t *epoch[KV_MAX_DEVICES];
 	/* Readable (an eventfd) while copy_async batches are waiting in reap(). */
 	int completion_fd;
+	/* cuda: each device's UUID (cuDeviceGetUuid), which Hello sends so that
+	 * a worker with its own CUDA_VISIBLE_DEVICES finds its GPU; host: none. */
+	int has_uuid;
+	unsigned char uuid[KV_MAX_DEVICES][16];
 };
+
+/* The bytes of device dev's segments, and the most of any device (the range a
+ * client reserves per device). Devices differ when the cuda backend sized a
+ * device from what was free (kv_backend_cuda_create). */
+static inline uint64_t kv_backend_dev_bytes(const struct kv_backend *be, uint32_t dev)
+{
+	return be->segment_bytes * be->segments[dev];
+}
+
+static inline uint64_t kv_backend_max_dev_bytes(const struct kv_backend *be)
+{
+	uint64_t m = 0;
+
+	for (uint32_t i = 0; i < be->devices; i++)
+		if (kv_backend_dev_bytes(be, i) > m)
+			m = kv_backend_dev_bytes(be, i);
+	return m;
+}
 
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.
  * Returns 0 and *out, or -errno. */
@@ -89,10 +115,13 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
  * backend"): one device per entry of devs (CUDA ordinals as this process sees
  * them; NULL or ndev 0 = every visible device, at most KV_MAX_DEVICES), each
  * with floor(bytes_per_dev / seg_bytes) segments of seg_bytes, seg_bytes a
- * multiple of the device's VMM granularity (2 MiB on current GPUs). Every
- * segment is allocated, exported and zeroed here. Returns 0 and *out, or
+ * multiple of the device's VMM granularity (2 MiB on current GPUs). A device
+ * with less free memory than that gets as many segments as fit (a warning
+ * says so): after a restart, memory of the previous daemon that workers still
+ * map is not free until they remap. Every segment is allocated, exported and
+ * zeroed here. Returns 0 and *out, or
  * -errno with a description in err: -ENOTSUP when built without CUDA,
- * -ENODEV without a driver or device, -ENOMEM when the memory is not free. */
+ * -ENODEV without a driver or device, -ENOMEM when not one segment is free. */
 int kv_backend_cuda_create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev,
 			   uint64_t seg_bytes, char *err, unsigned errlen, struct kv_backend **out);
 

@@ -37,6 +37,17 @@
  * one, the segment is left without memory and its epoch bumped; segment_fd
  * and copies try to allocate it again (and fail with -ENOMEM meanwhile).
  *
+ * A sticky error (kv_cu_sticky: an illegal address, an uncorrectable ECC
+ * error) leaves the device's context unusable for good, and with it every
+ * copy and segment: the backend logs it and ends the process with status
+ * KV_EXIT_DEVICE_LOST, so that the service manager starts a new daemon (what
+ * G2 and G3 hold survives as after a kill -9: the journal's warm restart).
+ *
+ * Copies name host memory by the address the device sees:
+ * cuMemHostGetDevicePointer of the arena, which equals the host address
+ * wherever CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 1 (every 64-bit Linux
+ * device so far) and is translated where it is not.
+ *
  * Threads: everything but the completion threads runs on the daemon's loop
  * thread. The lock protects the pending queues and the done list. The
  * completion threads and the driver's own threads start with every signal
@@ -63,6 +74,10 @@
 #include "fault.h"
 #include "log.h"
 
+/* What a device short of free memory keeps free beside its segments (streams,
+ * events, the driver's own needs). */
+#define KV_CUDA_SPARE (256ull << 20)
+
 struct cuda_seg {
 	CUmemGenericAllocationHandle h;  /* 0: no memory (a recreate failed) */
 	int fd;
@@ -76,6 +91,7 @@ struct pending {
 	CUevent ev;
 	uint64_t tag;
 	int res;
+	int fault;                     /* the 'device' fault point: a sticky error */
 };
 
 struct cuda_dev {
@@ -97,6 +113,7 @@ struct cuda_dev {
 struct host_region {
 	void *p;
 	uint64_t bytes;
+	CUdeviceptr dp;                /* the device's address of p */
 };
 
 struct cuda_backend {
@@ -118,6 +135,17 @@ struct cuda_backend {
 static CUresult use_ctx(struct cuda_dev *d)
 {
 	return kv_cu.cuCtxSetCurrent(d->ctx);
+}
+
+/* Ends the process on a sticky error r of device d (see the top). */
+static void check_lost(const struct cuda_dev *d, CUresult r, const char *what)
+{
+	if (!kv_cu_sticky(r))
+		return;
+	kv_err("cuda: device %d: %s: %s: the device's context is lost for good; exiting "
+	       "(status %d) so that the service manager starts kvcached again",
+	       d->ordinal, what, kv_cu_name(r), KV_EXIT_DEVICE_LOST);
+	_exit(KV_EXIT_DEVICE_LOST);
 }
 
 /* ---- completions -------------------------------------------------------- */
@@ -150,6 +178,9 @@ static void *completion_thread(void *arg)
 		p = d->head;
 		pthread_mutex_unlock(&cb->lock);
 		r = kv_cu.cuEventSynchronize(p->ev);
+		if (p->fault && r == CUDA_SUCCESS)
+			r = CUDA_ERROR_ILLEGAL_ADDRESS;
+		check_lost(d, r, "a copy batch");
 		if (r != CUDA_SUCCESS)
 			kv_err("cuda: device %d: copy batch %llu failed: %s", d->ordinal,
 			       (unsigned long long)p->tag, kv_cu_name(r));
@@ -345,6 +376,7 @@ static int cuda_copy(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t
 	if ((r = use_ctx(d)) != CUDA_SUCCESS ||
 	    (r = kv_cu.cuMemcpyDtoDAsync(a, b, len, d->sync_stream)) != CUDA_SUCCESS ||
 	    (r = kv_cu.cuStreamSynchronize(d->sync_stream)) != CUDA_SUCCESS) {
+		check_lost(d, r, "a copy");
 		kv_err("cuda: device %d: copy of %llu bytes: %s", d->ordinal,
 		       (unsigned long long)len, kv_cu_name(r));
 		return kv_cu_errno(r);
@@ -355,6 +387,7 @@ static int cuda_copy(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t
 static void *cuda_host_alloc(struct kv_backend *be, uint64_t bytes)
 {
 	struct cuda_backend *cb = (struct cuda_backend *)be;
+	CUdeviceptr dp;
 	void *p;
 	CUresult r;
 
@@ -381,7 +414,16 @@ static void *cuda_host_alloc(struct kv_backend *be, uint64_t bytes)
 		munmap(p, bytes);
 		return NULL;
 	}
-	cb->host[cb->nhost++] = (struct host_region){ .p = p, .bytes = bytes };
+	if ((r = kv_cu.cuMemHostGetDevicePointer(&dp, p, 0)) != CUDA_SUCCESS) {
+		kv_err("cuda: the device address of pinned host memory: %s", kv_cu_name(r));
+		kv_cu.cuMemHostUnregister(p);
+		munmap(p, bytes);
+		return NULL;
+	}
+	if (dp != (CUdeviceptr)(uintptr_t)p)
+		kv_info("cuda: the devices see the host arena at another address (%#llx for %p): "
+			"copies translate", (unsigned long long)dp, p);
+	cb->host[cb->nhost++] = (struct host_region){ .p = p, .bytes = bytes, .dp = dp };
 	return p;
 }
 
@@ -401,8 +443,9 @@ static void cuda_host_free(struct kv_backend *be, void *p, uint64_t bytes)
 	munmap(p, bytes);
 }
 
-/* Whether [p, p + len) lies in one host_alloc region. */
-static int host_ok(const struct cuda_backend *cb, const void *p, uint64_t len)
+/* The device's address of [p, p + len), which must lie in one host_alloc
+ * region; 0 if it does not. */
+static CUdeviceptr host_addr(const struct cuda_backend *cb, const void *p, uint64_t len)
 {
 	uintptr_t a = (uintptr_t)p;
 	size_t i;
@@ -411,7 +454,7 @@ static int host_ok(const struct cuda_backend *cb, const void *p, uint64_t len)
 		uintptr_t lo = (uintptr_t)cb->host[i].p;
 
 		if (a >= lo && a - lo <= cb->host[i].bytes && len <= cb->host[i].bytes - (a - lo))
-			return 1;
+			return cb->host[i].dp + (a - lo);
 	}
 	return 0;
 }
@@ -476,15 +519,13 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 	if (batch_room(cb, n) < 0)
 		return -ENOMEM;
 	for (i = 0; i < n; i++) {
-		CUdeviceptr a = dev_addr(cb, d, c[i].dev_off, c[i].len), s = 0;
+		CUdeviceptr a = dev_addr(cb, d, c[i].dev_off, c[i].len), h = 0, s = 0;
 
-		if (!a || (dir != KV_COPY_D2D && !host_ok(cb, c[i].host, c[i].len)) ||
+		if (!a || (dir != KV_COPY_D2D && !(h = host_addr(cb, c[i].host, c[i].len))) ||
 		    (dir == KV_COPY_D2D && !(s = dev_addr(cb, d, c[i].src_off, c[i].len))))
 			return -EINVAL;
-		cb->bdst[i] = dir == KV_COPY_D2H ? (CUdeviceptr)(uintptr_t)c[i].host : a;
-		cb->bsrc[i] = dir == KV_COPY_D2H   ? a
-			      : dir == KV_COPY_H2D ? (CUdeviceptr)(uintptr_t)c[i].host
-						   : s;
+		cb->bdst[i] = dir == KV_COPY_D2H ? h : a;
+		cb->bsrc[i] = dir == KV_COPY_D2H ? a : dir == KV_COPY_H2D ? h : s;
 		cb->bsize[i] = c[i].len;
 	}
 	/* The fault point fails the copy it hits and the batch with it, after
@@ -524,6 +565,7 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		}
 	}
 	started = enqueue(cb, d, m, &r);
+	check_lost(d, r, "enqueueing copies");
 	if (r != CUDA_SUCCESS) {
 		kv_err("cuda: device %d: enqueueing copy %u of %u: %s", d->ordinal, started, n,
 		       kv_cu_name(r));
@@ -533,6 +575,7 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 	}
 	p->tag = tag;
 	p->res = res;
+	p->fault = kv_fault(KV_FAULT_DEVICE) != 0;
 	p->next = NULL;
 	r = kv_cu.cuEventRecord(p->ev, d->copy_stream);
 	pthread_mutex_lock(&cb->lock);
@@ -686,7 +729,7 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 	uint64_t sb = cb->be.segment_bytes, gmin = 0, grec = 0, nseg;
 	size_t free_b = 0, total_b = 0, g;
 	CUmemAllocationProp prop;
-	char name[96] = "";
+	char name[96] = "", uuid[KV_CU_UUID_STR];
 	int vmm = 0, fdh = 0, uva = 0;
 	uint32_t s;
 
@@ -733,12 +776,26 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 			(unsigned long long)bytes_per_dev, (unsigned long long)sb);
 		return -EINVAL;
 	}
+	CU_TRY(kv_cu.cuDeviceGetUuid((CUuuid *)cb->be.uuid[i], d->dev), "cuDeviceGetUuid");
 	CU_TRY(kv_cu.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
 	if (nseg * sb > free_b) {
-		kv_errf(err, errlen, "CUDA device %d (%s) has %llu MiB free of %llu; the pool "
-			"needs %llu MiB", ordinal, name, (unsigned long long)(free_b >> 20),
-			(unsigned long long)(total_b >> 20), (unsigned long long)(nseg * sb >> 20));
-		return -ENOMEM;
+		/* Memory a previous daemon exported lives on while workers
+		 * still map it (until they reconnect and remap): start with
+		 * what is free rather than fail, and so restart, in a loop. */
+		if (free_b < sb) {
+			kv_errf(err, errlen, "CUDA device %d (%s) has %llu MiB free of %llu, not "
+				"one segment of %llu MiB", ordinal, name,
+				(unsigned long long)(free_b >> 20), (unsigned long long)(total_b >> 20),
+				(unsigned long long)(sb >> 20));
+			return -ENOMEM;
+		}
+		kv_warn("cuda: CUDA device %d (%s) has %llu MiB free of %llu: its pool is %llu "
+			"of %llu segments (%llu MiB); memory still mapped by workers of an "
+			"earlier kvcached, or used by other processes, is not free", ordinal, name,
+			(unsigned long long)(free_b >> 20), (unsigned long long)(total_b >> 20),
+			(unsigned long long)((free_b - KV_CUDA_SPARE) / sb), (unsigned long long)nseg,
+			(unsigned long long)((free_b - KV_CUDA_SPARE) / sb * sb >> 20));
+		nseg = (free_b - (free_b / sb > 1 ? KV_CUDA_SPARE : 0)) / sb;
 	}
 	cb->be.segments[i] = (uint32_t)nseg;
 	cb->be.epoch[i] = calloc(nseg, sizeof(uint32_t));
@@ -769,8 +826,9 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 		return -EAGAIN;
 	}
 	d->thread_started = 1;
-	kv_info("cuda: device %u = CUDA device %d (%s): %llu segments of %llu MiB, "
-		"granularity %llu KiB, %llu of %llu MiB free before", i, ordinal, name,
+	kv_cu_uuid_str(cb->be.uuid[i], uuid);
+	kv_info("cuda: device %u = CUDA device %d (%s, %s): %llu segments of %llu MiB, "
+		"granularity %llu KiB, %llu of %llu MiB free before", i, ordinal, name, uuid,
 		(unsigned long long)nseg, (unsigned long long)(sb >> 20),
 		(unsigned long long)(gmin >> 10), (unsigned long long)(free_b >> 20),
 		(unsigned long long)(total_b >> 20));
@@ -785,10 +843,18 @@ const char *kv_backend_cuda_error(void)
 	return last_err;
 }
 
+/* Loads the driver (the daemon's first CUDA call: config's percentages, or
+ * the backend) and counts the devices. An NVSwitch machine's driver says
+ * CUDA_ERROR_SYSTEM_NOT_READY until its Fabric Manager is up: wait for it
+ * for a minute (the unit's start timeout is 90 s), then fail, and the unit
+ * restarts the daemon. */
 static int device_count(char *err, unsigned errlen)
 {
-	int r = kv_cu_load(), n = 0;
+	int r, n = 0;
 	CUresult cr;
+
+	kv_cu_ready_wait_s = 60;
+	r = kv_cu_load();
 
 	if (r < 0) {
 		kv_errf(err, errlen, "%s", kv_cu_error());
@@ -883,6 +949,7 @@ static int create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev, uint64
 	cb->be.ops = &cuda_ops;
 	cb->be.name = "cuda";
 	cb->be.segment_bytes = seg_bytes;
+	cb->be.has_uuid = 1;
 	cb->be.completion_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (cb->be.completion_fd < 0) {
 		r = -errno;

@@ -10,6 +10,7 @@ static const char *const point_names[KV_FAULT_NPOINTS] = {
 	[KV_FAULT_G3_WRITE] = "g3_write",
 	[KV_FAULT_G3_READ] = "g3_read",
 	[KV_FAULT_G3_INDEX] = "g3_index",
+	[KV_FAULT_DEVICE] = "device",
 };
 
 static const struct {

@@ -17,6 +17,7 @@ enum kv_fault_point {
 	KV_FAULT_G3_WRITE,   /* a slot write to the disk tier */
 	KV_FAULT_G3_READ,    /* a slot read from the disk tier */
 	KV_FAULT_G3_INDEX,   /* an append to the disk tier's index journal */
+	KV_FAULT_DEVICE,     /* cuda: a copy batch ends in a sticky error (the daemon exits 3) */
 	KV_FAULT_NPOINTS
 };
 

@@ -59,13 +59,24 @@ static uint64_t resolve(uint64_t v, uint64_t total)
 	return v ? v : 1;   /* a percentage is never "none" */
 }
 
+/* G1 of every device: what the backend made, which is less than pool_size
+ * where the cuda backend found less free. */
+static uint64_t pool_total(const struct kv_backend *be)
+{
+	uint64_t t = 0;
+
+	for (uint32_t i = 0; i < be->devices; i++)
+		t += kv_backend_dev_bytes(be, i);
+	return t;
+}
+
 void kv_tenant_apply(struct kv_daemon *d, uint32_t id)
 {
 	struct kv_ns_table *t = kv_pools_nstab(d->pools);
 	const struct kv_ns_conf *c = kv_nsconf_find(&d->cfg, kv_ns_name(t, id));
 	struct kv_ns_limits lim = { 0 };
 	uint64_t total[KV_NS_TIERS] = {
-		d->cfg.pool_bytes * d->be->devices, d->cfg.tiers.host_bytes,
+		pool_total(d->be), d->cfg.tiers.host_bytes,
 		d->cfg.tiers.disk_path[0] ? d->cfg.tiers.disk_bytes : 0,
 	};
 

@@ -13,6 +13,7 @@
 #define KV_STR(x) KV_STR_(x)
 
 struct kv_cu_api kv_cu;
+unsigned kv_cu_ready_wait_s;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_rc = -ENODEV;
@@ -34,6 +35,7 @@ static const struct {
 	{ CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" },
 	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED" },
 	{ CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED" },
+	{ CUDA_ERROR_SYSTEM_NOT_READY, "CUDA_ERROR_SYSTEM_NOT_READY" },
 	{ CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN" },
 };
 
@@ -50,6 +52,40 @@ const char *kv_cu_name(CUresult r)
 			return names[i].name;
 	snprintf(buf, sizeof(buf), "CUDA error %d", (int)r);
 	return buf;
+}
+
+bool kv_cu_sticky(CUresult r)
+{
+	switch (r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+	case CUDA_ERROR_ASSERT:
+		return true;
+	default:
+		return false;
+	}
+}
+
+void kv_cu_uuid_str(const unsigned char u[16], char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+	char *o = out + 4;
+
+	memcpy(out, "GPU-", 4);
+	for (int i = 0; i < 16; i++) {
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*o++ = '-';
+		*o++ = hex[u[i] >> 4];
+		*o++ = hex[u[i] & 15];
+	}
+	*o = 0;
 }
 
 int kv_cu_errno(CUresult r)
@@ -108,6 +144,14 @@ static void load(void)
 	KV_CU_OPTIONAL(KV_CU_LOAD_OPT_)
 #undef KV_CU_LOAD_OPT_
 	r = kv_cu.cuInit(0);
+	for (unsigned waited = 0; r == CUDA_ERROR_SYSTEM_NOT_READY && waited < kv_cu_ready_wait_s;
+	     waited++) {
+		if (!waited)
+			fprintf(stderr, "cuInit: CUDA_ERROR_SYSTEM_NOT_READY (is the Fabric Manager "
+				"up?): trying again each second for %u s\n", kv_cu_ready_wait_s);
+		sleep(1);
+		r = kv_cu.cuInit(0);
+	}
 	if (r != CUDA_SUCCESS) {
 		const char *s = NULL;
 

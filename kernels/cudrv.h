@@ -27,7 +27,7 @@
 #define KV_CU_FUNCS(X)                                                                     \
 	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)              \
 	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)      \
-	X(cuDeviceTotalMem) X(cuDeviceCanAccessPeer)                                        \
+	X(cuDeviceTotalMem) X(cuDeviceCanAccessPeer) X(cuDeviceGetUuid)                     \
 	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                            \
 	X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent)         \
 	X(cuCtxPopCurrent) X(cuCtxSynchronize)                                              \
@@ -56,6 +56,12 @@ struct kv_cu_api {
 };
 #undef KV_CU_MEMBER_
 
+/* How long kv_cu_load() keeps calling cuInit while it says
+ * CUDA_ERROR_SYSTEM_NOT_READY (an NVSwitch machine whose Fabric Manager is
+ * not up yet), once a second; 0 (the default) gives up at once. Set before
+ * the first kv_cu_load(): the daemon waits, a worker does not. */
+extern unsigned kv_cu_ready_wait_s;
+
 /* Filled by kv_cu_load(); use only after it returned 0. */
 extern struct kv_cu_api kv_cu;
 
@@ -75,6 +81,16 @@ bool kv_cu_loaded(void);
 
 /* The name of a CUDA result ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUDA error N". */
 const char *kv_cu_name(CUresult r);
+
+/* Whether r is a sticky error: the context that got it is unusable for
+ * good (an illegal address, an uncorrectable ECC error, a failed launch):
+ * only a new process gets a working one. */
+bool kv_cu_sticky(CUresult r);
+
+/* A device UUID as nvidia-smi prints it, "GPU-" and 36 characters, into out
+ * (at least KV_CU_UUID_STR bytes). */
+#define KV_CU_UUID_STR 41
+void kv_cu_uuid_str(const unsigned char uuid[16], char *out);
 
 /* A CUDA result as -errno: -ENOMEM, -EINVAL, -ENODEV, -ENOTSUP, -EPERM,
  * -EEXIST, else -EIO. 0 for CUDA_SUCCESS. */
