@@ -82,6 +82,7 @@ struct kvc_conn {
 	/* Reconnection (see the top of this file). */
 	bool reconnect;                /* $KVCACHE_RECONNECT is not "0" */
 	char *path, *ns, *client_name;
+	int cuda_device;               /* kvc_options.cuda_device - 1 */
 	_Atomic uint64_t restarts;
 	uint64_t next_try_ms;          /* CLOCK_MONOTONIC */
 	uint32_t backoff_ms;
@@ -561,6 +562,11 @@ static const char *check_hello(const Kvcached__Response *resp, const void *arg)
 		return "the daemon's page, segment or device size is invalid";
 	if (h->devices == 0 || h->devices > MAX_DEVICES)
 		return "the daemon's device count is invalid";
+	if (h->n_device_uuid && h->n_device_uuid != h->devices)
+		return "the daemon sent device UUIDs for another number of devices";
+	for (size_t i = 0; i < h->n_device_uuid; i++)
+		if (h->device_uuid[i].len != 16)
+			return "the daemon sent a device UUID that is not 16 bytes";
 	if (h->max_frame < 64 || h->max_batch == 0 || h->max_batch > MAX_BATCH)
 		return "the daemon's max_frame or max_batch is invalid";
 	return NULL;
@@ -607,6 +613,15 @@ static int open_session(kvc_conn *c)
 	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &map);
 	if (r < 0)
 		goto fail;
+	if (h->n_device_uuid) {
+		unsigned char uuid[MAX_DEVICES][16];
+
+		for (size_t i = 0; i < h->n_device_uuid; i++)
+			memcpy(uuid[i], h->device_uuid[i].data, 16);
+		kvc_map_set_devices(map, uuid, c->cuda_device);
+	} else {
+		kvc_map_set_devices(map, NULL, c->cuda_device);
+	}
 	c->hello = (struct kvc_hello){
 		.version = h->version,
 		.page_bytes = h->page_bytes,
@@ -787,6 +802,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	c->ns = dup_or_empty(opt ? opt->ns : NULL);
 	c->client_name = dup_or_empty(opt && opt->client_name ? opt->client_name
 							      : program_invocation_short_name);
+	c->cuda_device = opt && opt->cuda_device > 0 ? opt->cuda_device - 1 : -1;
 	if (!c->path || !c->ns || !c->client_name) {
 		r = -ENOMEM;
 		goto out;

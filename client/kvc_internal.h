@@ -122,6 +122,12 @@ struct kvc_map;
 int kvc_map_new(const char *backend, uint32_t devices, uint64_t device_bytes,
 		uint64_t segment_bytes, struct kvc_map **out);
 
+/* cuda: the daemon devices' UUIDs (Hello; NULL from a daemon that sent
+ * none), by which the map finds each one's GPU in this process, and the
+ * device that gets access besides (kvc_options.cuda_device - 1; -1: none).
+ * Before the first segment. Nothing on the host backend. */
+void kvc_map_set_devices(struct kvc_map *m, const unsigned char (*uuid)[16], int cuda_device);
+
 /* What the last failed kvc_map_segment() found beyond its return value (a
  * CUDA error, the devices involved), or "". Same thread rules as
  * kvc_map_segment(). */
@@ -168,6 +174,8 @@ struct kvc_map_cu;
 int kvc_map_cu_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_bytes,
 		   struct kvc_map_cu **out);
 void kvc_map_cu_free(struct kvc_map_cu *m);
+void kvc_map_cu_set_devices(struct kvc_map_cu *m, const unsigned char (*uuid)[16],
+			    int cuda_device);
 void kvc_map_cu_unmap_all(struct kvc_map_cu *m);
 int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint64_t offset,
 		       uint64_t bytes, int fd);

@@ -71,7 +71,16 @@ enum kvc_hash_algo {
 struct kvc_options {
 	const char *ns;           /* namespace (tenant); NULL or "" = the caller's own "uid-<uid>" */
 	const char *client_name;  /* shown by `kvctl clients`; NULL = program name */
+	/* cuda backend: blocks of each daemon device are mapped for the GPU
+	 * they live on, found by its UUID (whatever CUDA_VISIBLE_DEVICES says),
+	 * whatever context is current. 0 (the default): that alone.
+	 * KVC_CUDA_DEVICE(n): CUDA device n of this process gets access too,
+	 * for a worker that reads another GPU's blocks over peer access
+	 * (without it, the call that maps them fails with -ENODEV). */
+	int cuda_device;
 };
+
+#define KVC_CUDA_DEVICE(n) ((n) + 1)
 
 /* Resolves the daemon socket path the way the daemon, kvctl and kvbench do:
  * $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock for root, else

@@ -210,6 +210,12 @@ const char *kvc_map_error(const struct kvc_map *m)
 	return m && m->cu ? kvc_map_cu_error(m->cu) : "";
 }
 
+void kvc_map_set_devices(struct kvc_map *m, const unsigned char (*uuid)[16], int cuda_device)
+{
+	if (m->cu)
+		kvc_map_cu_set_devices(m->cu, uuid, cuda_device);
+}
+
 bool kvc_map_is_cuda(const struct kvc_map *m)
 {
 	return m && m->cu;

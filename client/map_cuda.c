@@ -10,14 +10,18 @@
  * the allocation alive. A segment sent again (fresh memory after a change of
  * namespace) is unmapped and the new memory mapped at the same address.
  *
- * The worker's device is the device of the CUDA context current on the
- * calling thread when the first segment of a daemon device arrives (an engine
- * has made its device current by then); without one, the device the segment
- * lives on, whose primary context is then retained until kvc_close(). A
- * worker whose device cannot access the segment's memory (another GPU
- * without peer access) gets -ENODEV, and kvc_last_error() says which
- * devices. The driver is loaded at the first segment, not at connect, so a
- * process may connect, fork, and use CUDA in the child.
+ * Which GPU a daemon device is: the one of this process whose UUID the
+ * daemon sent in Hello (so CUDA_VISIBLE_DEVICES may differ between daemon and
+ * worker); from a daemon that sent none, the ordinal the segment's allocation
+ * names. Access is granted to that GPU always, whatever context is current
+ * on the calling thread (a PyTorch thread may have none), and also to the
+ * device kvc_options.cuda_device names, if any, which must then have peer
+ * access to it. A daemon device this process does not see, or a named device
+ * that cannot reach it, gets -ENODEV and kvc_last_error() says which. The
+ * calls run in the current context, or else in the primary context of the
+ * accessing device, retained until kvc_close(). The driver is loaded at the
+ * first segment, not at connect, so a process may connect, fork, and use
+ * CUDA in the child.
  *
  * Lock-free readers see a device once its state is published with a release
  * store, after the reservation exists, and a segment flag only after its
@@ -39,7 +43,8 @@
 
 struct cu_dev {
 	CUdeviceptr base;         /* device_bytes reserved */
-	CUdevice access;          /* the worker's device: gets read/write access */
+	CUdevice own;             /* the GPU the daemon device is */
+	CUdevice access;          /* read/write access: own, or kvc_options.cuda_device */
 	CUcontext retained;       /* primary context of access we retained, or NULL */
 	uint64_t *size;           /* bytes mapped per segment (0: none) */
 	atomic_uchar mapped[];    /* per segment index: 1 once mapped */
@@ -50,6 +55,9 @@ struct kvc_map_cu {
 	uint64_t device_bytes;
 	uint64_t segment_bytes;
 	size_t nseg;
+	int cuda_device;          /* kvc_options.cuda_device - 1: -1 = own device */
+	int has_uuid;
+	unsigned char (*uuid)[16];  /* per daemon device, if has_uuid */
 	char err[256];
 	_Atomic(struct cu_dev *) dev[];
 };
@@ -78,6 +86,13 @@ int kvc_map_cu_new(uint32_t devices, uint64_t device_bytes, uint64_t segment_byt
 	m->device_bytes = device_bytes;
 	m->segment_bytes = segment_bytes;
 	m->nseg = (size_t)(device_bytes / segment_bytes);
+	m->cuda_device = -1;
+	m->has_uuid = 0;
+	m->uuid = calloc(devices, sizeof(*m->uuid));
+	if (!m->uuid) {
+		free(m);
+		return -ENOMEM;
+	}
 	m->err[0] = 0;
 	for (i = 0; i < devices; i++)
 		atomic_init(&m->dev[i], NULL);
@@ -116,20 +131,67 @@ void kvc_map_cu_unmap_all(struct kvc_map_cu *m)
 void kvc_map_cu_free(struct kvc_map_cu *m)
 {
 	kvc_map_cu_unmap_all(m);
+	if (m)
+		free(m->uuid);
 	free(m);
 }
 
-/* Sets up device dev for a segment with allocation properties prop (its
- * location: an ordinal of this process): picks the worker's device, reserves
- * the range, aligned to the allocation granularity. Called with no context
- * pushed; leaves d->retained (if any) unpushed. */
-static int dev_setup(struct kvc_map_cu *m, const CUmemAllocationProp *prop, struct cu_dev **out)
+void kvc_map_cu_set_devices(struct kvc_map_cu *m, const unsigned char (*uuid)[16],
+			    int cuda_device)
 {
-	int owner = prop->location.id;
+	if (uuid) {
+		memcpy(m->uuid, uuid, m->devices * sizeof(*m->uuid));
+		m->has_uuid = 1;
+	}
+	m->cuda_device = cuda_device;
+}
+
+/* The GPU of this process that daemon device dev is: by UUID, else the
+ * ordinal its allocation names (prop). */
+static int find_own(struct kvc_map_cu *m, uint32_t dev, const CUmemAllocationProp *prop,
+		    CUdevice *own)
+{
+	char want[KV_CU_UUID_STR];
+	const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+	CUresult r;
+	int n = 0;
+
+	if (!m->has_uuid) {
+		if ((r = kv_cu.cuDeviceGet(own, prop->location.id)) != CUDA_SUCCESS) {
+			set_err(m, "daemon device %u is CUDA device %d of the daemon, which this "
+				"process does not have: %s", dev, prop->location.id, kv_cu_name(r));
+			return -ENODEV;
+		}
+		return 0;
+	}
+	if ((r = kv_cu.cuDeviceGetCount(&n)) != CUDA_SUCCESS)
+		n = 0;
+	for (int i = 0; i < n; i++) {
+		CUuuid u;
+
+		if (kv_cu.cuDeviceGet(own, i) == CUDA_SUCCESS &&
+		    kv_cu.cuDeviceGetUuid(&u, *own) == CUDA_SUCCESS &&
+		    !memcmp(u.bytes, m->uuid[dev], 16))
+			return 0;
+	}
+	kv_cu_uuid_str(m->uuid[dev], want);
+	set_err(m, "daemon device %u is %s, which is not among the %d CUDA devices this "
+		"process sees (CUDA_VISIBLE_DEVICES=%s)", dev, want, n, vis ? vis : "unset");
+	return -ENODEV;
+}
+
+/* Sets up daemon device dev for a segment with allocation properties prop:
+ * finds its GPU and the accessing one, reserves the range, aligned to the
+ * allocation granularity. Called with no context pushed; leaves d->retained
+ * (if any) unpushed. */
+static int dev_setup(struct kvc_map_cu *m, uint32_t dev, const CUmemAllocationProp *prop,
+		     struct cu_dev **out)
+{
 	struct cu_dev *d;
 	CUcontext cur = NULL;
 	size_t i, gran = 0;
-	CUresult r;
+	CUresult r = CUDA_SUCCESS;
+	int can = 0, err;
 
 	d = calloc(1, sizeof(*d) + m->nseg * sizeof(d->mapped[0]));
 	if (!d || !(d->size = calloc(m->nseg, sizeof(*d->size)))) {
@@ -138,16 +200,29 @@ static int dev_setup(struct kvc_map_cu *m, const CUmemAllocationProp *prop, stru
 	}
 	for (i = 0; i < m->nseg; i++)
 		atomic_init(&d->mapped[i], 0);
-	if (kv_cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
-	    kv_cu.cuCtxGetDevice(&d->access) == CUDA_SUCCESS) {
-		/* The engine's device. */
-	} else if ((r = kv_cu.cuDeviceGet(&d->access, owner)) != CUDA_SUCCESS ||
-		   (r = kv_cu.cuDevicePrimaryCtxRetain(&d->retained, d->access)) != CUDA_SUCCESS) {
+	if ((err = find_own(m, dev, prop, &d->own)) < 0)
+		goto fail;
+	d->access = d->own;
+	if (m->cuda_device >= 0 && (r = kv_cu.cuDeviceGet(&d->access, m->cuda_device)) != CUDA_SUCCESS) {
+		set_err(m, "kvc_options.cuda_device names CUDA device %d, which this process does "
+			"not have: %s", m->cuda_device, kv_cu_name(r));
+		err = -ENODEV;
+		goto fail;
+	}
+	if (d->access != d->own &&
+	    (kv_cu.cuDeviceCanAccessPeer(&can, d->access, d->own) != CUDA_SUCCESS || !can)) {
+		set_err(m, "kvc_options.cuda_device names CUDA device %d, which cannot access "
+			"daemon device %u (CUDA device %d here) without peer access; name that "
+			"device or none", m->cuda_device, dev, (int)d->own);
+		err = -ENODEV;
+		goto fail;
+	}
+	if ((kv_cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) &&
+	    (r = kv_cu.cuDevicePrimaryCtxRetain(&d->retained, d->access)) != CUDA_SUCCESS) {
 		set_err(m, "no CUDA context is current and device %d's primary context cannot "
-			"be retained: %s", owner, kv_cu_name(r));
-		free(d->size);
-		free(d);
-		return kv_cu_errno(r);
+			"be retained: %s", (int)d->access, kv_cu_name(r));
+		err = kv_cu_errno(r);
+		goto fail;
 	}
 	if (d->retained)
 		kv_cu.cuCtxPushCurrent(d->retained);
@@ -162,12 +237,15 @@ static int dev_setup(struct kvc_map_cu *m, const CUmemAllocationProp *prop, stru
 			(unsigned long long)(m->device_bytes >> 20), kv_cu_name(r));
 		if (d->retained)
 			kv_cu.cuDevicePrimaryCtxRelease(d->access);
-		free(d->size);
-		free(d);
-		return kv_cu_errno(r);
+		err = kv_cu_errno(r);
+		goto fail;
 	}
 	*out = d;
 	return 0;
+fail:
+	free(d->size);
+	free(d);
+	return err;
 }
 
 /* Consumes fd. */
@@ -176,12 +254,11 @@ int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint6
 {
 	CUmemGenericAllocationHandle h = 0;
 	CUmemAllocationProp prop;
-	CUmemAccessDesc acc;
+	CUmemAccessDesc acc[2];
 	struct cu_dev *d;
 	CUcontext ctx;
 	CUresult cr = CUDA_SUCCESS;
-	CUdevice owner;
-	int r, pushed = 0, can = 0;
+	int r, pushed = 0;
 
 	if (dev >= m->devices || index >= m->nseg || offset != (uint64_t)index * m->segment_bytes ||
 	    bytes == 0 || bytes > m->segment_bytes) {
@@ -225,22 +302,17 @@ int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint6
 		r = kv_cu_errno(cr);
 		goto out;
 	}
+	if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+		set_err(m, "segment %u of device %u is not device memory", index, dev);
+		r = -EPROTO;
+		goto out;
+	}
 	d = atomic_load_explicit(&m->dev[dev], memory_order_relaxed);
 	if (!d) {
-		r = dev_setup(m, &prop, &d);
+		r = dev_setup(m, dev, &prop, &d);
 		if (r < 0)
 			goto out;
 		atomic_store_explicit(&m->dev[dev], d, memory_order_release);
-	}
-	if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-	    (kv_cu.cuDeviceGet(&owner, prop.location.id) != CUDA_SUCCESS ||
-	     (owner != d->access &&
-	      (kv_cu.cuDeviceCanAccessPeer(&can, d->access, owner) != CUDA_SUCCESS || !can)))) {
-		set_err(m, "segment %u of daemon device %u is memory of CUDA device %d, which this "
-			"worker's device %d cannot access (no peer access); use the pool of "
-			"your own device", index, dev, prop.location.id, (int)d->access);
-		r = -ENODEV;
-		goto out;
 	}
 	if (d->retained)
 		pushed = kv_cu.cuCtxPushCurrent(d->retained) == CUDA_SUCCESS;
@@ -251,21 +323,24 @@ int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint6
 		kv_cu.cuMemUnmap(d->base + offset, d->size[index]);
 		d->size[index] = 0;
 	}
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = (int)d->access;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	memset(acc, 0, sizeof(acc));
+	for (int i = 0; i < 2; i++) {
+		acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		acc[i].location.id = i ? (int)d->access : (int)d->own;
+		acc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	}
 	cr = kv_cu.cuMemMap(d->base + offset, bytes, 0, h, 0);
 	if (cr == CUDA_SUCCESS) {
-		cr = kv_cu.cuMemSetAccess(d->base + offset, bytes, &acc, 1);
+		cr = kv_cu.cuMemSetAccess(d->base + offset, bytes, acc,
+					  d->access == d->own ? 1 : 2);
 		if (cr != CUDA_SUCCESS)
 			kv_cu.cuMemUnmap(d->base + offset, bytes);
 	}
 	if (pushed)
 		kv_cu.cuCtxPopCurrent(&ctx);
 	if (cr != CUDA_SUCCESS) {
-		set_err(m, "mapping segment %u of device %u for CUDA device %d: %s", index, dev,
-			(int)d->access, kv_cu_name(cr));
+		set_err(m, "mapping segment %u of device %u (CUDA device %d here): %s", index, dev,
+			(int)d->own, kv_cu_name(cr));
 		r = kv_cu_errno(cr);
 		goto out;
 	}
@@ -319,6 +394,12 @@ void kvc_map_cu_free(struct kvc_map_cu *m)
 void kvc_map_cu_unmap_all(struct kvc_map_cu *m)
 {
 	(void)m;
+}
+
+void kvc_map_cu_set_devices(struct kvc_map_cu *m, const unsigned char (*uuid)[16],
+			    int cuda_device)
+{
+	(void)m, (void)uuid, (void)cuda_device;
 }
 
 int kvc_map_cu_segment(struct kvc_map_cu *m, uint32_t dev, uint32_t index, uint64_t offset,

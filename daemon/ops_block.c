@@ -64,8 +64,15 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 	r->version = KV_PROTO_VERSION;
 	r->page_bytes = d->cfg.page_bytes;
 	r->segment_bytes = d->be->segment_bytes;
-	r->device_bytes = d->be->segment_bytes * d->be->segments[0];
+	r->device_bytes = kv_backend_max_dev_bytes(d->be);
 	r->devices = d->be->devices;
+	if (d->be->has_uuid) {
+		if (!(r->device_uuid = q_alloc(q, d->be->devices * sizeof(*r->device_uuid))))
+			return;
+		for (uint32_t i = 0; i < d->be->devices; i++)
+			r->device_uuid[i] = (ProtobufCBinaryData){ 16, d->be->uuid[i] };
+		r->n_device_uuid = d->be->devices;
+	}
 	r->backend = (char *)d->be->name;
 	r->max_frame = d->cfg.max_frame;
 	r->max_batch = d->cfg.max_batch;

@@ -257,9 +257,10 @@ class Connection:
     reference it held (sealed blocks stay cached for others)."""
 
     def __init__(self, socket: Optional[str] = None, namespace: Optional[str] = None,
-                 client_name: Optional[str] = None):
+                 client_name: Optional[str] = None, cuda_device: Optional[int] = None):
         self._c = ctypes.c_void_p()
-        opt = _native.Options(_enc(namespace), _enc(client_name))
+        opt = _native.Options(_enc(namespace), _enc(client_name),
+                              0 if cuda_device is None else cuda_device + 1)
         r = _lib.kvc_connect(_enc(socket), ctypes.byref(opt), ctypes.byref(self._c))
         if r < 0:
             raise KvError(r, call="connect")
@@ -484,12 +485,17 @@ class Connection:
 
 
 def connect(socket: Optional[str] = None, namespace: Optional[str] = None,
-            client_name: Optional[str] = None) -> Connection:
+            client_name: Optional[str] = None,
+            cuda_device: Optional[int] = None) -> Connection:
     """Connects to kvcached and says Hello. socket: None for default_socket();
     namespace: None for the caller's own ("uid-<uid>"), or one the operator
-    granted; client_name: shown by ``kvctl clients``. Raises KvError
-    (``EACCES`` for a namespace this uid may not open)."""
-    return Connection(socket, namespace, client_name)
+    granted; client_name: shown by ``kvctl clients``. cuda_device (cuda
+    backend): None maps each device's blocks for the GPU they live on, found
+    by UUID whatever CUDA_VISIBLE_DEVICES says and whatever context is
+    current; an ordinal of this process gives that GPU access too (peer
+    access; ``ENODEV`` without it). Raises KvError (``EACCES`` for a
+    namespace this uid may not open)."""
+    return Connection(socket, namespace, client_name, cuda_device)
 
 
 # -- block hashes --

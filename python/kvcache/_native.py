@@ -13,7 +13,8 @@ class Hash(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("ns", ctypes.c_char_p), ("client_name", ctypes.c_char_p)]
+    _fields_ = [("ns", ctypes.c_char_p), ("client_name", ctypes.c_char_p),
+                ("cuda_device", ctypes.c_int)]
 
 
 class PoolDesc(ctypes.Structure):
