@@ -198,10 +198,10 @@ int kvc_swap_in(kvc_conn *c, uint64_t swap, kvc_block *out, size_t max);
 /* The block's address in this process, or NULL for a handle whose pool or
  * segment this connection has not seen. Valid until kvc_close(). Lock-free.
  * With a daemon on the cuda backend it is a CUDA device pointer, readable and
- * writable from the worker's device (that of the context current when the
- * block's first segment arrived); finish writing a block (synchronize the
- * stream) before sealing or copying it, since other processes and the daemon
- * read it from then on. */
+ * writable from the GPU the block lives on (and from kvc_options.cuda_device,
+ * if named), whatever context is current; finish writing a block (synchronize
+ * the stream) before sealing or copying it, since other processes and the
+ * daemon read it from then on. */
 void *kvc_block_ptr(kvc_conn *c, kvc_block b);
 
 /* Bytes of one block of the pool, or 0 for an unknown pool. */
