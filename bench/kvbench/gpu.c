@@ -22,59 +22,6 @@
 
 #if !KV_HAVE_CUDA
 
-static int attr(CUdevice dev, CUdevice_attribute a)
-{
-	int v = -1;
-
-	return kv_cu.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : -1;
-}
-
-/* (h0): what the cuda backend and the client rely on, per device. */
-static void probe(int n)
-{
-	printf("(h0) the driver and devices: driver %d.%d, cuMemcpyBatchAsync %s\n",
-	       kv_cu.driver_version / 1000, kv_cu.driver_version % 1000 / 10,
-	       kv_cu.cuMemcpyBatchAsync ? "yes" : "no");
-	for (int i = 0; i < n; i++) {
-		CUmemAllocationProp prop;
-		size_t gmin = 0, grec = 0, total = 0;
-		char name[128] = "", uuid[KV_CU_UUID_STR] = "?";
-		CUuuid u;
-		CUdevice dev;
-
-		if (kv_cu.cuDeviceGet(&dev, i) != CUDA_SUCCESS)
-			continue;
-		kv_cu.cuDeviceGetName(name, sizeof(name), dev);
-		if (kv_cu.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS)
-			kv_cu_uuid_str((const unsigned char *)u.bytes, uuid);
-		kv_cu.cuDeviceTotalMem(&total, dev);
-		memset(&prop, 0, sizeof(prop));
-		prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		prop.location.id = i;
-		prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-		kv_cu.cuMemGetAllocationGranularity(&gmin, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-		kv_cu.cuMemGetAllocationGranularity(&grec, &prop,
-						    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-		printf("  device %d: %s, %s, sm_%d%d, %zu MiB\n", i, name, uuid,
-		       attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR), total >> 20);
-		printf("    VMM %d, POSIX fd export %d, unified addressing %d, host pointer for "
-		       "registered memory %d, GPUDirect RDMA %d\n",
-		       attr(dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED));
-		printf("    VMM granularity %zu KiB minimum, %zu KiB recommended; %d copy "
-		       "engines; PCI %04x:%02x:%02x\n", gmin >> 10, grec >> 10,
-		       attr(dev, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
-		       attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
-	}
-}
-
 void kvbench_gpu(bool quick)
 {
 	(void)quick;
