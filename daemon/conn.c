@@ -42,6 +42,10 @@ struct kv_conn {
 	int send_blocked;          /* sendmsg failed for want of a resource;
 				    * the sweep tries again */
 	int resume;                /* the sweep is to run its input again */
+	int lingering;             /* no more input: closes once its output is
+				    * sent, or frame_timeout after linger_ms */
+	const char *linger_why;    /* what conn_close() logs then (static) */
+	uint64_t linger_ms;
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
 	size_t in_len, in_cap;
@@ -73,7 +77,7 @@ static uint64_t mono_ms(void)
  * frame waits for a tier. */
 static int conn_held(const struct kv_conn *c)
 {
-	return c->paused || c->parked || c->fds_held;
+	return c->paused || c->parked || c->fds_held || c->lingering;
 }
 
 /* Whether the peer has read everything sent on the socket: then no fd we
@@ -145,10 +149,25 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 		}
 		if (c->send_blocked)
 			return now + SEND_RETRY_MS;
+		if (c->lingering && !out_queued(c)) {
+			conn_close(c, c->linger_why);
+			return 0;
+		}
 		if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
 			c->paused = 0;
 			c->resume = !conn_held(c);
 		}
+	}
+	if (c->lingering) {
+		if (!timeout)
+			return c->send_blocked ? now + SEND_RETRY_MS : 0;
+		if (now < c->linger_ms + timeout)
+			return c->send_blocked ? now + SEND_RETRY_MS : c->linger_ms + timeout;
+		snprintf(why, sizeof(why), "%s; its replies not read within frame_timeout (%llu ms)",
+			 c->linger_why ? c->linger_why : "end of input",
+			 (unsigned long long)timeout);
+		conn_close(c, why);
+		return 0;
 	}
 	if (c->fds_held) {
 		conn_fds_refresh(c);
@@ -307,6 +326,9 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 			conn_close(c, "peer hung up");
 		} else if ((r = conn_flush(c)) < 0) {
 			conn_close(c, strerror(-r));
+		} else if (c->lingering) {
+			if (!out_queued(c))
+				conn_close(c, c->linger_why);
 		} else if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
 			c->paused = 0;
 			if (!c->parked)
@@ -329,7 +351,30 @@ static int conn_reply(struct kv_conn *c, const Kvcached__Response *rs)
 	return 0;
 }
 
-/* Replies EPROTO (best effort) and closes the connection. */
+/* No more input is read from c (the peer has shut its side, or broke the
+ * protocol); it closes once what is queued for it has been sent, so that
+ * every request before is answered, or once frame_timeout has passed if the
+ * peer does not read. why (a static string, or NULL) is logged then. */
+static void conn_linger(struct kv_conn *c, const char *why)
+{
+	int r = conn_flush(c);
+
+	if (r < 0 || !out_queued(c)) {
+		conn_close(c, r < 0 ? strerror(-r) : why);
+		return;
+	}
+	c->lingering = 1;
+	c->linger_why = why;
+	c->linger_ms = mono_ms();
+	c->partial_ms = 0;
+	if (c->win.armed)
+		kv_loop_cancel(conn_loop(c), &c->win);
+	if (c->cs->d->cfg.frame_timeout_ms)
+		conns_arm(c->cs, c->linger_ms + c->cs->d->cfg.frame_timeout_ms);
+}
+
+/* Replies EPROTO, after every reply queued before it, and closes the
+ * connection once they have been sent. what is a static string. */
 static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
 {
 	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
@@ -340,9 +385,11 @@ static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
 	err.index = -1;
 	rs.id = id;
 	rs.error = &err;
-	if (conn_reply(c, &rs) == 0)
-		conn_flush(c);
-	conn_close(c, what);
+	if (conn_reply(c, &rs) < 0) {
+		conn_close(c, what);
+		return;
+	}
+	conn_linger(c, what);
 }
 
 /* ---- input ------------------------------------------------------------ */
@@ -402,8 +449,7 @@ static int conn_frames(struct kv_conn *c)
 		kv_hist_since(&d->op_hist[kv_ops_index(rq->op_case)], t0);
 		kv_arena_reset(&d->arena);
 		if (out == KV_OP_CLOSE) {
-			conn_flush(c);
-			conn_close(c, "protocol error");
+			conn_linger(c, "protocol error");
 			return -1;
 		}
 		if (out == KV_OP_NOMEM) {
@@ -484,7 +530,12 @@ static void conn_input(struct kv_conn *c)
 			return;
 		}
 		if (n == 0) {
-			conn_close(c, c->in_len ? "EOF inside a frame" : NULL);
+			/* A peer that shut its side after whole requests
+			 * (shutdown(SHUT_WR)) still gets every reply. */
+			if (c->in_len)
+				conn_close(c, "EOF inside a frame");
+			else
+				conn_linger(c, NULL);
 			return;
 		}
 		c->in_len += (size_t)n;
@@ -512,7 +563,7 @@ static void on_readable(struct kv_loop_watch *w, int res, int more)
 			if (!conn_held(c))
 				conn_input(c);
 			/* A multishot poll can end (overflow); arm it again. */
-			if (!c->closing && !more &&
+			if (!c->closing && !c->lingering && !more &&
 			    kv_loop_poll(conn_loop(c), &c->win, c->fd, POLLIN, 1) < 0)
 				conn_close(c, "cannot poll");
 		}
