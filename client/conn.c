@@ -42,6 +42,7 @@
 
 #include "frame.h"
 #include "kvassert.h"
+#include "kvtext.h"
 
 #define RBUF_MIN (64u * 1024)
 #define FDQ_MAX 1024u               /* unclaimed fds before we call it a flood */
@@ -769,6 +770,28 @@ static char *dup_or_empty(const char *s)
 	return strdup(s ? s : "");
 }
 
+/* A copy of s with each byte that is not part of valid UTF-8 as '?' (the
+ * daemon refuses a request whose strings are not UTF-8; a client name is
+ * free text, and the program's name may be any bytes). */
+static char *dup_text(const char *s)
+{
+	char *t = strdup(s);
+	size_t i = 0, n, len;
+
+	if (!t)
+		return NULL;
+	len = strlen(t);
+	while (i < len) {
+		n = kv_utf8_len((const unsigned char *)t + i, len - i);
+		if (!n) {
+			t[i] = '?';
+			n = 1;
+		}
+		i += n;
+	}
+	return t;
+}
+
 /* Returns 0 or a negative error; *out untouched on failure. */
 KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
 {
@@ -780,6 +803,8 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 
 	if (!out)
 		return -EINVAL;
+	if (opt && opt->ns && !kv_utf8_ok(opt->ns))
+		return KVC_EINVAL;   /* the daemon would refuse the Hello */
 	if (!path) {
 		r = kvc_default_socket(def, sizeof(def));
 		if (r < 0)
@@ -800,8 +825,8 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	c->reconnect = !env || strcmp(env, "0");
 	c->path = strdup(path);
 	c->ns = dup_or_empty(opt ? opt->ns : NULL);
-	c->client_name = dup_or_empty(opt && opt->client_name ? opt->client_name
-							      : program_invocation_short_name);
+	c->client_name = dup_text(opt && opt->client_name ? opt->client_name
+							  : program_invocation_short_name);
 	c->cuda_device = opt && opt->cuda_device > 0 ? opt->cuda_device - 1 : -1;
 	if (!c->path || !c->ns || !c->client_name) {
 		r = -ENOMEM;
@@ -888,6 +913,13 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *mo
 
 	pthread_mutex_lock(&c->lock);
 	c->err[0] = '\0';
+	if (!kv_utf8_ok(rec.name) || !kv_utf8_ok(rec.dtype) || !kv_utf8_ok(rec.model)) {
+		/* The daemon closes a connection that sends a string that is
+		 * not UTF-8 (a protocol error); a caller's mistake is EINVAL. */
+		r = KVC_EINVAL;
+		set_err(c, "the pool's name, dtype or model is not valid UTF-8");
+		goto out;
+	}
 	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
 		goto out;
 	if ((r = register_rec(c, &rec)) < 0)

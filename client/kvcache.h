@@ -69,8 +69,10 @@ enum kvc_hash_algo {
 };
 
 struct kvc_options {
-	const char *ns;           /* namespace (tenant); NULL or "" = the caller's own "uid-<uid>" */
-	const char *client_name;  /* shown by `kvctl clients`; NULL = program name */
+	const char *ns;           /* namespace (tenant, UTF-8); NULL or "" = the caller's own
+	                           * "uid-<uid>" */
+	const char *client_name;  /* shown by `kvctl clients`; NULL = program name; bytes
+	                           * that are not UTF-8 are sent as '?' */
 	/* cuda backend: blocks of each daemon device are mapped for the GPU
 	 * they live on, found by its UUID (whatever CUDA_VISIBLE_DEVICES says),
 	 * whatever context is current. 0 (the default): that alone.
@@ -89,7 +91,8 @@ struct kvc_options {
 int kvc_default_socket(char *buf, size_t len);
 
 /* Connects and says Hello. path NULL = kvc_default_socket(). opt may be NULL.
- * On success *out owns the socket and every mapping; free with kvc_close(). */
+ * On success *out owns the socket and every mapping; free with kvc_close().
+ * KVC_EINVAL for a namespace that is not UTF-8. */
 int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out);
 
 /* Closes the connection and unmaps everything; the daemon releases every
@@ -127,7 +130,9 @@ struct kvc_pool_desc {
 };
 
 /* Registers (or joins) a pool. Returns the pool id (>= 0) or an error;
- * KVC_EEXIST when the name exists with another layout. */
+ * KVC_EEXIST when the name exists with another layout; KVC_EINVAL when the
+ * name, dtype or model is not UTF-8 (nothing is sent) or the daemon refuses
+ * it (control characters, too long). */
 int kvc_register_pool(kvc_conn *c, const struct kvc_pool_desc *d);
 
 /* kvc_register_pool() naming the model the pool caches, for KV events: their

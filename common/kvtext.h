@@ -39,6 +39,23 @@ static inline size_t kv_utf8_len(const unsigned char *s, size_t avail)
 	return n;
 }
 
+/* Whether s is valid UTF-8 (what proto3 requires of a string). */
+static inline int kv_utf8_ok(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t left = strlen(s);
+
+	while (left) {
+		size_t n = kv_utf8_len(p, left);
+
+		if (!n)
+			return 0;
+		p += n;
+		left -= n;
+	}
+	return 1;
+}
+
 /* Whether s is valid UTF-8 without control characters (C0 and DEL). */
 static inline int kv_text_ok(const char *s)
 {

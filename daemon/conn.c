@@ -17,6 +17,7 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "ops.h"
+#include "pbcheck.h"
 
 /* The input buffer: READ_CHUNK when a frame starts, then grown by half of
  * what has arrived (so a frame announced as 4 MiB but never sent costs only
@@ -44,7 +45,7 @@ struct kv_conn {
 	int resume;                /* the sweep is to run its input again */
 	int lingering;             /* no more input: closes once its output is
 				    * sent, or frame_timeout after linger_ms */
-	const char *linger_why;    /* what conn_close() logs then (static) */
+	char linger_why[160];      /* what conn_close() logs then; "" nothing */
 	uint64_t linger_ms;
 	struct kv_loop_watch win, wout;
 	uint8_t *in;
@@ -138,7 +139,7 @@ static size_t out_queued(const struct kv_conn *c)
 static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 {
 	uint64_t timeout = c->cs->d->cfg.frame_timeout_ms;
-	char why[160];
+	char why[256];
 	int r;
 
 	if (c->send_blocked) {
@@ -150,7 +151,7 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 		if (c->send_blocked)
 			return now + SEND_RETRY_MS;
 		if (c->lingering && !out_queued(c)) {
-			conn_close(c, c->linger_why);
+			conn_close(c, c->linger_why[0] ? c->linger_why : NULL);
 			return 0;
 		}
 		if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
@@ -164,7 +165,7 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 		if (now < c->linger_ms + timeout)
 			return c->send_blocked ? now + SEND_RETRY_MS : c->linger_ms + timeout;
 		snprintf(why, sizeof(why), "%s; its replies not read within frame_timeout (%llu ms)",
-			 c->linger_why ? c->linger_why : "end of input",
+			 c->linger_why[0] ? c->linger_why : "end of input",
 			 (unsigned long long)timeout);
 		conn_close(c, why);
 		return 0;
@@ -328,7 +329,7 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 			conn_close(c, strerror(-r));
 		} else if (c->lingering) {
 			if (!out_queued(c))
-				conn_close(c, c->linger_why);
+				conn_close(c, c->linger_why[0] ? c->linger_why : NULL);
 		} else if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
 			c->paused = 0;
 			if (!c->parked)
@@ -354,7 +355,7 @@ static int conn_reply(struct kv_conn *c, const Kvcached__Response *rs)
 /* No more input is read from c (the peer has shut its side, or broke the
  * protocol); it closes once what is queued for it has been sent, so that
  * every request before is answered, or once frame_timeout has passed if the
- * peer does not read. why (a static string, or NULL) is logged then. */
+ * peer does not read. why (or NULL: nothing) is logged then. */
 static void conn_linger(struct kv_conn *c, const char *why)
 {
 	int r = conn_flush(c);
@@ -364,7 +365,7 @@ static void conn_linger(struct kv_conn *c, const char *why)
 		return;
 	}
 	c->lingering = 1;
-	c->linger_why = why;
+	snprintf(c->linger_why, sizeof(c->linger_why), "%s", why ? why : "");
 	c->linger_ms = mono_ms();
 	c->partial_ms = 0;
 	if (c->win.armed)
@@ -374,7 +375,7 @@ static void conn_linger(struct kv_conn *c, const char *why)
 }
 
 /* Replies EPROTO, after every reply queued before it, and closes the
- * connection once they have been sent. what is a static string. */
+ * connection once they have been sent. */
 static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
 {
 	Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
@@ -400,6 +401,7 @@ static int conn_frames(struct kv_conn *c)
 {
 	struct kv_daemon *d = c->cs->d;
 	size_t off = 0;
+	char why[160];
 
 	while (c->in_len - off >= KV_FRAME_HDR && !conn_held(c)) {
 		Kvcached__Request *rq;
@@ -421,6 +423,17 @@ static int conn_frames(struct kv_conn *c)
 		if (!rq) {
 			kv_arena_reset(&d->arena);
 			conn_proto_error(c, 0, "undecodable request");
+			return -1;
+		}
+		/* Strings are UTF-8 (proto3) and hold no NUL (C strings): a
+		 * strict parser would refuse what the daemon echoes otherwise,
+		 * and "pool\0x" would silently be "pool". */
+		if (!kv_pb_strings_ok(&kvcached__request__descriptor, c->in + off + KV_FRAME_HDR,
+				      len, why, sizeof(why))) {
+			uint64_t id = rq->id;
+
+			kv_arena_reset(&d->arena);
+			conn_proto_error(c, id, why);
 			return -1;
 		}
 		/* Fresh counts of what the peer has read, for the limits on

@@ -182,6 +182,87 @@ static void replies_before_bad_frame(void)
 	}
 }
 
+/* Sends rq with the first 'X' of its packed bytes replaced by b. */
+static void send_patched(int fd, const Kvcached__Request *rq, uint8_t b)
+{
+	uint8_t buf[512];
+	size_t n = frame(buf, rq);
+	uint8_t *x = memchr(buf + KV_FRAME_HDR, 'X', n - KV_FRAME_HDR);
+
+	CHECK(x != NULL);
+	*x = b;
+	send_all(fd, buf, n);
+}
+
+/* test_strings_at_the_door: a string with a NUL inside ("pool\0zzz" used to
+ * join pool "pool", "\0abc" to be namespace "default") or that is not UTF-8
+ * (echoed back, strict proto3 parsers then could not read Stats or
+ * ListClients for anyone) is a protocol error: EPROTO naming the field. The C
+ * client sends neither: EINVAL for a namespace or pool name, '?' in a
+ * client name. */
+static void strings_at_the_door(kvc_conn *bystander)
+{
+	static const struct {
+		const char *name;
+		uint8_t b;
+		int in_hello;    /* the namespace (1), the client name (2), a pool name (0) */
+	} cases[] = {
+		{ "NUL in a pool name", 0, 0 },
+		{ "invalid UTF-8 in a pool name", 0xff, 0 },
+		{ "NUL in a namespace", 0, 1 },
+		{ "invalid UTF-8 in a namespace", 0xc0, 1 },
+		{ "NUL in a client name", 0, 2 },
+		{ "invalid UTF-8 in a client name", 0x80, 2 },
+	};
+	struct kvc_options o = { .ns = "bad\xff" };
+	kvc_conn *c;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Hello h = KVCACHED__HELLO__INIT;
+		Kvcached__RegisterPool rp = KVCACHED__REGISTER_POOL__INIT;
+		uint8_t buf[256];
+		int fd = raw_connect();
+
+		h.min_version = h.max_version = 1;
+		rq.id = 7;
+		rq.op_case = KVCACHED__REQUEST__OP_HELLO;
+		rq.hello = &h;
+		if (cases[i].in_hello) {
+			if (cases[i].in_hello == 1)
+				h.namespace_ = "Xabc";
+			else
+				h.client_name = "nameXzzz";
+			send_patched(fd, &rq, cases[i].b);
+			expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, cases[i].name);
+			continue;
+		}
+		send_all(fd, buf, hello(buf, 1, 1));
+		{
+			Kvcached__Response *rs = recv_resp(fd);
+
+			CHECK(rs && !rs->error);
+			kvcached__response__free_unpacked(rs, NULL);
+		}
+		rp.name = "poolXzzz";
+		rp.block_bytes = 8192;
+		rp.block_tokens = 16;
+		rp.dtype = "fp16";
+		rq.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
+		rq.register_pool = &rp;
+		send_patched(fd, &rq, cases[i].b);
+		expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, cases[i].name);
+	}
+	/* No pool "pool" (of 8 KiB blocks) came of it: one of 4 KiB is new. */
+	{
+		struct kvc_pool_desc d = { .name = "pool", .block_bytes = 4096,
+					   .block_tokens = 16, .dtype = "fp16" };
+
+		CHECK(kvc_register_pool(bystander, &d) >= 0);
+	}
+	CHECK_EQ(kvc_connect(NULL, &o, &c), KVC_EINVAL);
+}
+
 /* The name the daemon shows for a client that called itself name. */
 static void shown_name(const char *name, char *out, size_t len)
 {
@@ -350,6 +431,7 @@ int main(void)
 
 	half_close();
 	replies_before_bad_frame();
+	strings_at_the_door(c);
 	bystander_ok(c, pool, &held);
 	client_names();
 	pool_names(c);
