@@ -586,14 +586,14 @@ static void unref_copies(struct kv_block **copy, size_t n)
 
 void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 {
-	struct kv_block **copy;
+	struct kv_block **copy, **tmp;
 	size_t i, n = m->n_blocks;
 	char why[512];
 	int r;
 
 	if (kv_op_resolve(q, NULL, m->blocks, n, 0) < 0)
 		return;
-	if (!(copy = q_alloc(q, n * sizeof(*copy))))
+	if (!(copy = q_alloc(q, n * sizeof(*copy))) || !(tmp = q_alloc(q, n * sizeof(*tmp))))
 		return;
 	if (kv_refmap_reserve(&q->ss->refs, n) < 0) {
 		q->out = KV_OP_NOMEM;
@@ -602,23 +602,46 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 	/* Allocate every copy first so that ENOSPC leaves the caller's blocks
 	 * and references as they were (cached blocks evicted on the way stay
 	 * evicted: they were only a cache). A block written only through this
-	 * reference needs no copy. */
+	 * reference needs no copy. The copies of one pool are one allocation,
+	 * so that an ENOSPC names what the whole Cow needs of it, not of one
+	 * block with the others it took for itself counted as held. */
 	for (i = 0; i < n; i++) {
 		struct kv_block *b = q->blk[i];
 
 		copy[i] = NULL;
 		if (b->state == KV_BLOCK_WRITABLE && b->ref == 1)
+			copy[i] = b;   /* marks "no copy" until the loop below */
+	}
+	for (i = 0; i < n; i++) {
+		struct kv_pool *p = kv_block_pool(q->blk[i]);
+		uint32_t k = 0, j;
+
+		if (copy[i])
 			continue;
-		if ((r = kv_pool_alloc(kv_block_pool(b), 1, &copy[i], why, sizeof(why))) < 0) {
-			unref_copies(copy, i);
-			if (r == -ENOSPC && park_for_copies(q, kv_block_pool(b), 1))
+		for (j = (uint32_t)i; j < n; j++)
+			if (!copy[j] && kv_block_pool(q->blk[j]) == p)
+				tmp[k++] = q->blk[j];
+		r = kv_pool_alloc(p, k, tmp, why, sizeof(why));
+		if (r < 0) {
+			for (j = 0; j < n; j++)
+				if (copy[j] == q->blk[j])
+					copy[j] = NULL;
+			unref_copies(copy, n);
+			if (r == -ENOSPC && park_for_copies(q, p, k))
 				return;
 			if (r == -ENOSPC)
 				kv_op_count_enospc(q);
-			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
+			kv_op_fail(q, kv_op_errno_code(r), -1, "copy-on-write of %zu blocks: %s", n,
+				   why);
 			return;
 		}
+		for (j = (uint32_t)i, k = 0; j < n; j++)
+			if (!copy[j] && kv_block_pool(q->blk[j]) == p)
+				copy[j] = tmp[k++];
 	}
+	for (i = 0; i < n; i++)
+		if (copy[i] == q->blk[i])
+			copy[i] = NULL;
 	if (kv_op_want_segments(q, copy, n) < 0) {
 		unref_copies(copy, n);
 		return;

@@ -76,6 +76,31 @@ int main(void)
 		CHECK_EQ(kvc_release(c, x, 40), 0);
 	}
 	CHECK_EQ(kvt_check(), 0);
+
+	/* test_cow_enospc_numbers: a Cow of 6 sealed blocks with room for 2
+	 * says what the Cow needs (6) and what the pool holds without the 2
+	 * copies it took and gave back (it said 1 block and 58 writable). */
+	{
+		kvc_hash hs[6];
+		kvc_block s[6], y[6];
+
+		CHECK_EQ(kvc_alloc(c, pool, NB - 8, x), NB - 8);
+		CHECK_EQ(kvc_alloc(c, pool, 6, s), 6);
+		for (i = 0; i < 6; i++)
+			hs[i] = kvt_hash(3000 + (uint64_t)i);
+		CHECK_EQ(kvc_seal(c, pool, s, hs, 6, s), 6);
+		CHECK_EQ(kvc_cow(c, s, 6, y), KVC_ENOSPC);
+		fprintf(stderr, "Cow ENOSPC says: %s\n", kvc_last_error(c));
+		CHECK(strstr(kvc_last_error(c), "cannot get 6 more blocks") != NULL);
+		CHECK(strstr(kvc_last_error(c), "holds 56 writable + 6 sealed") != NULL);
+		CHECK_EQ(kvt_check(), 0);
+		/* The caller's blocks are as they were: 2 copies fit. */
+		CHECK_EQ(kvc_cow(c, s, 2, y), 2);
+		CHECK_EQ(kvc_release(c, y, 2), 0);
+		CHECK_EQ(kvc_release(c, s + 2, 4), 0);
+		CHECK_EQ(kvc_release(c, x, NB - 8), 0);
+	}
+	CHECK_EQ(kvt_check(), 0);
 	kvc_close(c);
 	kvt_stop(&d);
 	return 0;
