@@ -2,12 +2,14 @@
 #include "listener.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -59,6 +61,7 @@ void kv_listener_init(struct kv_listener *l, struct kv_conns *conns, const char 
 	l->admin = admin;
 	l->w.cb = on_accept;
 	l->emfile_log.interval_ms = 1000;
+	l->lock_fd = -1;
 }
 
 /* The gid of a group name or number; -1 for "". Returns 0 or -ENOENT. */
@@ -83,13 +86,105 @@ static int group_id(const char *name, gid_t *gid)
 	return 0;
 }
 
+/* Takes "<path>.lock" (flock, held while l is bound): two daemons started
+ * together on one path would otherwise both find it free, and the second's
+ * replacing the file would leave the first listening on a socket nobody can
+ * reach. Returns 0 or -errno (logged). */
+static int bind_lock(struct kv_listener *l, const char *path)
+{
+	char lock[sizeof(l->path) + 8];
+	int fd;
+
+	snprintf(lock, sizeof(lock), "%s.lock", path);
+	fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		int r = -errno;
+
+		kv_err("%s socket: cannot open %s: %s", l->what, lock, strerror(-r));
+		return r;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int r = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
+
+		kv_err("%s socket %s: another daemon holds %s (%s)", l->what, path, lock,
+		       strerror(errno));
+		close(fd);
+		return r;
+	}
+	l->lock_fd = fd;
+	return 0;
+}
+
+/* Whether a live daemon listens on path. A daemon killed a moment ago may
+ * still accept connections (its io_uring lets go of the socket after the
+ * process is gone): what counts is whether the listener's process, which
+ * SO_PEERCRED names, still exists. */
+static int listener_live(const struct sockaddr_un *sa, pid_t *pid)
+{
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), r, live;
+	struct ucred cr = { 0 };
+	socklen_t crlen = sizeof(cr);
+
+	*pid = 0;
+	if (probe < 0)
+		return 0;
+	r = connect(probe, (const struct sockaddr *)sa, sizeof(*sa));
+	live = r == 0 && (getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
+			  cr.pid <= 0 || kill(cr.pid, 0) == 0 || errno != ESRCH);
+	close(probe);
+	if (r == 0)
+		*pid = cr.pid;
+	return live;
+}
+
+/* Binds fd at path, then sets its group and mode; or, where a private
+ * directory beside path can hold it (the path is short enough), binds it
+ * there first and renames it over path, so that it is never reachable
+ * with the mode the umask gave it. *st: the bound file. Returns 0 or -errno. */
+static int bind_at(int fd, const char *path, gid_t gid, unsigned mode, struct stat *st)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char tmpdir[sizeof(sa.sun_path)], *slash;
+	int r = 0, n;
+
+	snprintf(tmpdir, sizeof(tmpdir), "%s", path);
+	slash = strrchr(tmpdir, '/');
+	if (slash)
+		slash[1] = 0;
+	else
+		tmpdir[0] = 0;
+	n = snprintf(sa.sun_path, sizeof(sa.sun_path), "%s.kvcached-XXXXXX/s", tmpdir);
+	if (n > 0 && (size_t)n < sizeof(sa.sun_path)) {
+		sa.sun_path[n - 2] = 0;
+		if (!mkdtemp(sa.sun_path))
+			return -errno;
+		snprintf(tmpdir, sizeof(tmpdir), "%s", sa.sun_path);
+		sa.sun_path[n - 2] = '/';
+	} else {
+		tmpdir[0] = 0;
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	}
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    (gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1, gid) < 0) ||
+	    chmod(sa.sun_path, mode) < 0 || (tmpdir[0] && rename(sa.sun_path, path) < 0) ||
+	    stat(path, st) < 0)
+		r = -errno;
+	if (tmpdir[0]) {
+		if (r < 0)
+			unlink(sa.sun_path);
+		rmdir(tmpdir);
+	}
+	return r;
+}
+
 int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, const char *group)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char dir[sizeof(sa.sun_path)], *slash;
 	struct stat st;
 	gid_t gid;
-	int fd, probe, r;
+	pid_t pid;
+	int fd, r;
 
 	if (l->activated)
 		return 0;
@@ -109,45 +204,37 @@ int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, con
 		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
 			kv_warn("mkdir %s: %s", dir, strerror(errno));
 	}
-	/* A socket file left by a daemon that died is removed; one that a live
-	 * daemon listens on is not. A daemon killed a moment ago may still
-	 * accept connections (its io_uring lets go of the socket after the
-	 * process is gone): what counts is whether the listener's process,
-	 * which SO_PEERCRED names, still exists. */
-	probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (probe >= 0) {
-		struct ucred cr = { 0 };
-		socklen_t crlen = sizeof(cr);
-		int live;
-
-		r = connect(probe, (struct sockaddr *)&sa, sizeof(sa));
-		live = r == 0 && (getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
-				  cr.pid <= 0 || kill(cr.pid, 0) == 0 || errno != ESRCH);
-		close(probe);
-		if (live) {
-			kv_err("another daemon (pid %d) listens on %s", (int)cr.pid, path);
-			return -EADDRINUSE;
-		}
-		if (r == 0)
-			kv_info("%s: its listener, pid %d, is gone: replaced", path, (int)cr.pid);
-	}
-	unlink(path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || stat(path, &st) < 0 ||
-	    (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0 ||
-	    listen(fd, 512) < 0) {
-		r = -errno;
-		kv_err("cannot listen on %s: %s", path, strerror(errno));
-		close(fd);
+	if ((r = bind_lock(l, path)) < 0)
 		return r;
+	/* Under the lock: a socket file left by a daemon that died is
+	 * replaced; one a live daemon listens on is not. */
+	if (listener_live(&sa, &pid)) {
+		kv_err("another daemon (pid %d) listens on %s", (int)pid, path);
+		r = -EADDRINUSE;
+		goto err;
+	}
+	if (pid)
+		kv_info("%s: its listener, pid %d, is gone: replaced", path, (int)pid);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		r = -errno;
+		goto err;
+	}
+	unlink(path);   /* a socket file of a daemon that died: bind wants none */
+	if ((r = bind_at(fd, path, gid, mode, &st)) < 0 || (listen(fd, 512) < 0 && (r = -errno))) {
+		kv_err("cannot listen on %s: %s", path, strerror(-r));
+		close(fd);
+		goto err;
 	}
 	l->fd = fd;
 	snprintf(l->path, sizeof(l->path), "%s", path);
 	l->dev = st.st_dev;
 	l->ino = st.st_ino;
 	return 0;
+err:
+	close(l->lock_fd);
+	l->lock_fd = -1;
+	return r;
 }
 
 int kv_listener_start(struct kv_listener *l)
@@ -169,6 +256,9 @@ void kv_listener_close(struct kv_listener *l)
 	if (l->path[0] && stat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
 		unlink(l->path);
 	l->path[0] = 0;
+	if (l->lock_fd >= 0)
+		close(l->lock_fd);   /* after the unlink: a new daemon may bind now */
+	l->lock_fd = -1;
 }
 
 const char *kv_listener_name(const struct kv_listener *l, char *buf, size_t len)

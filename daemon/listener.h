@@ -17,6 +17,7 @@ struct kv_listener {
 	int activated;             /* from systemd: never unlinked here */
 	char path[108];            /* the file we bound, "" if none */
 	uint64_t dev, ino;         /* of that file, to unlink only our own */
+	int lock_fd;               /* flock of "<path>.lock" while bound; -1 */
 	struct kv_loop_watch w;
 	struct kv_ratelimit emfile_log;
 };
@@ -26,8 +27,9 @@ void kv_listener_init(struct kv_listener *l, struct kv_conns *conns, const char 
 		      int admin, int fd);
 /* Binds l to path with mode and group (a name or a number; "" keeps ours),
  * unless it came from systemd. A socket file left by a daemon that died is
- * replaced; one a live daemon answers on is not (-EADDRINUSE). Returns 0 or
- * -errno (logged). */
+ * replaced; one a live daemon answers on, or whose "<path>.lock" another
+ * daemon holds, is not (-EADDRINUSE). The socket is reachable at path only
+ * with its mode and group set. Returns 0 or -errno (logged). */
 int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, const char *group);
 /* Starts accepting. Returns 0 or -errno. */
 int kv_listener_start(struct kv_listener *l);

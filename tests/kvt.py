@@ -82,13 +82,14 @@ def wait_for(cond, timeout=10.0, step=0.02):
 
 
 class Daemon:
-    """kvcached on dir/w.sock and dir/w-admin.sock, logging to dir/log."""
+    """kvcached on dir/w.sock and dir/w-admin.sock, logging to dir/log (or
+    to dir/<log>)."""
 
-    def __init__(self, d, *args, env=None, wait=True, argv0=None):
+    def __init__(self, d, *args, env=None, wait=True, argv0=None, log="log"):
         self.dir = d
         self.sock = os.path.join(d, "w.sock")
         self.admin = os.path.join(d, "w-admin.sock")
-        self.log = os.path.join(d, "log")
+        self.log = os.path.join(d, log)
         e = dict(os.environ)
         e.pop("KVCACHED_SOCKET", None)
         e.pop("KVCACHED_ADMIN_SOCKET", None)
