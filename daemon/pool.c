@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "events.h"
 #include "kvassert.h"
@@ -37,10 +40,33 @@ struct kv_events *kv_pools_events(const struct kv_pools *ps)
 	return ps->ev;
 }
 
+/* The index's bucket seed: unpredictable to peers, so that no client can
+ * pick hashes that collide in one bucket. The kernel's random bytes; early in
+ * boot, before its pool is ready, those it gives without waiting
+ * (GRND_INSECURE) or the 16 it gave this process at exec (AT_RANDOM), mixed
+ * with the pid and clock, never the clock alone. */
+static uint64_t index_seed(void)
+{
+	uint64_t seed = 0, mix[4];
+	const void *at;
+
+	if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) == sizeof(seed))
+		return seed;
+#ifdef GRND_INSECURE
+	if (getrandom(&seed, sizeof(seed), GRND_INSECURE) == sizeof(seed))
+		return seed;
+#endif
+	memset(mix, 0, sizeof(mix));
+	if ((at = (const void *)getauxval(AT_RANDOM)))
+		memcpy(mix, at, 16);
+	mix[2] = (uint64_t)getpid();
+	mix[3] = kv_mono_ms();
+	return XXH3_64bits(mix, sizeof(mix));
+}
+
 int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools **out)
 {
 	struct kv_pools *ps = calloc(1, sizeof(*ps));
-	uint64_t seed = 0;
 	uint32_t d;
 	int r;
 
@@ -65,11 +91,7 @@ int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools 
 		if (r < 0)
 			goto err;
 	}
-	/* The bucket seed need not be secret from the daemon's peers' point of
-	 * view forever, only unpredictable: fall back to the clock. */
-	if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != sizeof(seed))
-		seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
-	r = kv_index_init(&ps->index, seed);
+	r = kv_index_init(&ps->index, index_seed());
 	if (r < 0)
 		goto err;
 	*out = ps;
