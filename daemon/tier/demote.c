@@ -88,7 +88,7 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 			break;
 		}
 		op->start_ns = kv_hist_now_ns();
-		r = t->be->ops->copy_async(t->be, dev, KV_COPY_D2H, c, op->n, (uint64_t)(uintptr_t)op);
+		r = tier_copy_async(t, dev, KV_COPY_D2H, c, op->n, op);
 		if (r < 0) {
 			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
 			t->lv[L2].st.io_errors++;

@@ -85,7 +85,7 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 			      .len = tb->pool->block_bytes };
 	tb_busy_set(tb, BUSY_UP);
 	op->start_ns = kv_hist_now_ns();
-	r = t->be->ops->copy_async(t->be, op->dev, KV_COPY_H2D, &c, 1, (uint64_t)(uintptr_t)op);
+	r = tier_copy_async(t, op->dev, KV_COPY_H2D, &c, 1, op);
 	if (r < 0) {
 		free(op);
 		kv_block_unref(b);
@@ -145,6 +145,8 @@ static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 {
 	kv_assert(!tb->run[L2] && tb->run[L3] && tb->g3_ok &&
 		  !(tb->busy & (BUSY_DOWN | BUSY_WB | BUSY_READ | BUSY_UP)));
+	if (t->stopping)
+		return -ESHUTDOWN;
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
 		return -ENOSPC;
 	tb_busy_set(tb, BUSY_READ);

@@ -76,8 +76,8 @@ static int swap_copy_start(struct kv_tiers *t, struct kv_swap *sw, int kind,
 			.len = sw->pool->block_bytes };
 		sw->h[i] = kv_block_handle(blocks[i]);
 	}
-	r = t->be->ops->copy_async(t->be, op->dev, kind == OP_SWAP_OUT ? KV_COPY_D2H : KV_COPY_H2D,
-				   c, sw->n, (uint64_t)(uintptr_t)op);
+	r = tier_copy_async(t, op->dev, kind == OP_SWAP_OUT ? KV_COPY_D2H : KV_COPY_H2D, c, sw->n,
+			    op);
 	free(c);
 	if (r < 0)
 		free(op);

@@ -4,6 +4,7 @@
 #include "tier_int.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +90,7 @@ void kv_tiers_disk_done(struct kv_tiers *t)
 /* Every watermark: G2's write-back, then each device's demotion. */
 void kv_tiers_kick(struct kv_tiers *t)
 {
-	if (!t->lv[L2].on)
+	if (!t->lv[L2].on || t->stopping)
 		return;
 	if (t->lv[L3].on)
 		tier_writeback_kick(t);
@@ -99,6 +100,14 @@ void kv_tiers_kick(struct kv_tiers *t)
 		tier_journal_step(t);
 		kv_journal_flush(&t->jr);
 	}
+}
+
+int tier_copy_async(struct kv_tiers *t, uint32_t dev, enum kv_copy_dir dir,
+		    const struct kv_copy *c, uint32_t n, void *op)
+{
+	if (t->stopping)
+		return -ESHUTDOWN;
+	return t->be->ops->copy_async(t->be, dev, dir, c, n, (uint64_t)(uintptr_t)op);
 }
 
 void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done)
@@ -235,27 +244,40 @@ void kv_tiers_destroy(struct kv_tiers *t)
 {
 	if (!t)
 		return;
-	/* Let what is in flight finish (disk I/O and the checksums the worker
-	 * computes before a write or after a read), so that nothing points at
-	 * freed memory and the journal records every write that completed. */
-	while (t->lv[L3].on) {
+	/* Nothing new starts from here (a completion below would otherwise
+	 * start a write-back or a demotion, whose I/O would outlive the ring
+	 * and the arena); what is in flight finishes (copies, disk I/O and the
+	 * checksums the worker computes before a write or after a read), so
+	 * that nothing points at freed memory and the journal records every
+	 * write that completed. */
+	t->stopping = 1;
+	for (;;) {
 		struct io_uring_cqe *cqe;
 
-		kv_worker_wait_idle(&t->wk);
-		if (!kv_worker_reap(&t->wk) && !t->disk.inflight)
-			break;
-		kv_disk_flush(&t->disk);
-		if (t->disk.inflight) {
-			if (io_uring_wait_cqe(&t->disk.ring, &cqe) < 0)
-				break;
-			kv_disk_reap(&t->disk);
+		if (t->lv[L3].on) {
+			kv_worker_wait_idle(&t->wk);
+			kv_worker_reap(&t->wk);
+			kv_disk_flush(&t->disk);
+			if (t->disk.inflight) {
+				if (io_uring_wait_cqe(&t->disk.ring, &cqe) < 0)
+					break;
+				kv_disk_reap(&t->disk);
+				continue;
+			}
 		}
+		if (t->lv[L2].on && t->lv[L2].st.inflight) {
+			struct pollfd pf = { .fd = t->be->completion_fd, .events = POLLIN };
+
+			if (poll(&pf, 1, 100) < 0 && errno != EINTR)
+				break;
+			kv_tiers_copies_done(t);
+			continue;
+		}
+		break;
 	}
 	/* The journal is written on this thread again from here on. */
 	kv_journal_detach(&t->jr);
 	kv_worker_stop(&t->wk);
-	if (t->lv[L2].on)
-		kv_tiers_copies_done(t);
 	while (!kv_list_empty(&t->swaps)) {
 		struct kv_swap *sw = kv_container_of(kv_list_front(&t->swaps), struct kv_swap, all);
 

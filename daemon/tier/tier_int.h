@@ -207,6 +207,10 @@ struct kv_tiers {
 	uint64_t tick, next_swap;
 	uint64_t down_bytes[KV_MAX_DEVICES];  /* demotion copies in flight */
 	uint8_t demoting[KV_MAX_DEVICES], writing_back;
+	/* kv_tiers_destroy() has begun: no copy or disk I/O starts (the
+	 * watermarks do nothing, new ones fail with -ESHUTDOWN); what is in
+	 * flight finishes. */
+	uint8_t stopping;
 	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
@@ -220,6 +224,9 @@ struct kv_tiers {
 /* tier.c: runs job on the worker thread (run(), then done() from the loop
  * later), or both right away when the worker could not start. */
 void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done);
+/* The backend's copy_async, refused (-ESHUTDOWN) once the tiers stop. */
+int tier_copy_async(struct kv_tiers *t, uint32_t dev, enum kv_copy_dir dir,
+		    const struct kv_copy *c, uint32_t n, void *op);
 
 /* adopt.c: a step of the journal's compaction while the loop runs, begun
  * when the file holds more than twice what is live. */

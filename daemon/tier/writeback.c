@@ -37,6 +37,8 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 	struct slot_hdr h;
 
 	kv_assert(!tb->busy && !tb->dead && !tb->run[L3] && !tb->g3_ok);
+	if (t->stopping)
+		return -ESHUTDOWN;
 	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
 		return -ENOSPC;
 	slot_hdr_fill(t, tb, &h, 0);
