@@ -94,7 +94,7 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "where logs go: auto (the journal when stderr is connected to it), stderr, journal",
 	  "auto|stderr|journal" },
 	{ "drain_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(drain_timeout_ms), KV_CFG_RELOAD,
-	  0, 86400000, "30s",
+	  0, KV_DRAIN_TIMEOUT_MAX_MS, "30s",
 	  "on SIGTERM, how long clients may keep working before the daemon exits (0: at once)",
 	  NULL },
 	{ "status_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(status_interval_ms), KV_CFG_RELOAD,

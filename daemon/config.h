@@ -39,6 +39,9 @@
  * segment_size on that backend is a multiple of this. */
 #define KV_CUDA_SEGMENT_ALIGN (2u << 20)
 
+/* The longest drain, from drain_timeout or an admin's Drain (a day). */
+#define KV_DRAIN_TIMEOUT_MAX_MS 86400000ull
+
 /* A [namespace NAME] section (nsconf.c): who may open the namespace, and its
  * limits. Sizes may be percentages of the tier (PCT_BIT set, in hundredths
  * of a percent) until tenant.c resolves them against the tiers' sizes. */

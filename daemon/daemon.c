@@ -32,6 +32,13 @@ uint64_t kv_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+uint64_t kv_daemon_wall_ms(uint64_t mono)
+{
+	uint64_t now = kv_mono_ms(), wall = kv_now_ms();
+
+	return mono >= now ? wall + (mono - now) : wall - (now - mono);
+}
+
 static void pool_gone(void *ctx, struct kv_pool *p)
 {
 	struct kv_daemon *d = ctx;
@@ -140,7 +147,7 @@ int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 	d->diskw.cb = on_disk;
 	kv_list_init(&d->sessions);
 	kv_arena_init(&d->arena);
-	d->start_ms = kv_now_ms();
+	d->start_mono_ms = kv_mono_ms();
 	if ((r = backend_create(d, cfg)) < 0)
 		return r;
 	r = kv_pools_create(d->be, cfg->page_bytes, &d->pools);

@@ -64,7 +64,7 @@ struct kv_daemon {
 	uint64_t next_session;
 	struct kv_arena arena;     /* per request: reset after each reply */
 	void *scratch;             /* max_batch block pointers for ops */
-	uint64_t start_ms;
+	uint64_t start_mono_ms;       /* kv_mono_ms() at start: uptime */
 	uint64_t requests, enospc;
 	/* Service time per operation: from a whole frame in the buffer to its
 	 * reply queued (conn.c); a parked request counts its last run only. */
@@ -84,7 +84,8 @@ struct kv_daemon {
 	uint64_t fd_limit, fd_reserved;
 	/* lifecycle.c */
 	int draining;
-	uint64_t drain_deadline_ms;   /* wall clock */
+	uint64_t drain_deadline_ms;   /* kv_mono_ms(); kv_daemon_wall_ms() for peers */
+	uint64_t drain_timeout_ms;    /* the one this drain runs with */
 	int flushing;                 /* stopping: writing dirty G2 back to G3 */
 	int sigfd;
 	uint64_t watchdog_usec;
@@ -133,5 +134,9 @@ uint64_t kv_daemon_fds_max(const struct kv_daemon *d);
 
 /* Milliseconds of the wall clock (what operators compare with dates). */
 uint64_t kv_now_ms(void);
+/* The wall clock time (ms since the epoch) of mono, a kv_mono_ms() value:
+ * deadlines are kept on the monotonic clock, so that setting the clock
+ * neither ends nor extends them, and shown to peers as wall clock. */
+uint64_t kv_daemon_wall_ms(uint64_t mono);
 
 #endif

@@ -22,7 +22,7 @@ static void status_line(struct kv_daemon *d, char *buf, size_t len)
 
 	kv_pools_pages(d->pools, &total, &nfree, &page_bytes);
 	if (d->draining) {
-		uint64_t now = kv_now_ms();
+		uint64_t now = kv_mono_ms();
 		uint64_t left = d->drain_deadline_ms > now ? d->drain_deadline_ms - now : 0;
 
 		snprintf(buf, len, "draining: %" PRIu32 " client%s left, exiting in %" PRIu64 " s at "
@@ -95,11 +95,11 @@ static void on_drain_timeout(struct kv_loop_watch *w, int res, int more)
 
 		kv_tiers_stats(d->tiers, st);
 		kv_warn("drain timeout (%" PRIu64 " ms): %" PRIu64 " dirty host-tier blocks not "
-			"written back to disk yet; exiting", d->cfg.drain_timeout_ms,
+			"written back to disk yet; exiting", d->drain_timeout_ms,
 			st[KV_TIER_G2].dirty);
 	} else {
 		kv_warn("drain timeout (%" PRIu64 " ms): %" PRIu32 " client%s still connected, "
-			"holding %" PRIu64 " references; exiting", d->cfg.drain_timeout_ms, clients,
+			"holding %" PRIu64 " references; exiting", d->drain_timeout_ms, clients,
 			clients == 1 ? "" : "s", kv_sessions_refs(d));
 	}
 	kv_loop_stop(&d->loop);
@@ -112,8 +112,14 @@ int kv_daemon_drain(struct kv_daemon *d, uint64_t timeout_ms, const char *why)
 
 	if (d->draining)
 		return -EALREADY;
+	/* An admin's Drain may ask for any uint64: no longer than the
+	 * configuration allows (a day), so that neither the deadline nor the
+	 * timer's nanoseconds overflow. */
+	if (timeout_ms > KV_DRAIN_TIMEOUT_MAX_MS)
+		timeout_ms = KV_DRAIN_TIMEOUT_MAX_MS;
 	d->draining = 1;
-	d->drain_deadline_ms = kv_now_ms() + timeout_ms;
+	d->drain_timeout_ms = timeout_ms;
+	d->drain_deadline_ms = kv_mono_ms() + timeout_ms;
 	if (d->worker_name)
 		d->worker_name(d, name, sizeof(name));
 	kv_info("%s: draining: the worker socket %s no longer accepts; %" PRIu32 " client%s may "

@@ -115,7 +115,7 @@ static void one_info(FILE *f, const struct expo *x, const struct fam *fm, uint32
 static void one_uptime(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
 {
 	(void)k;
-	fprintf(f, "%s %.3f\n", fm->name, (double)(kv_now_ms() - x->d->start_ms) / 1000.0);
+	fprintf(f, "%s %.3f\n", fm->name, (double)(kv_mono_ms() - x->d->start_mono_ms) / 1000.0);
 }
 
 /* The daemon-wide figures, by index (struct fam.off of their rows). */

@@ -284,7 +284,7 @@ int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32
  * releasing and sealing what a client holds goes on. */
 static void refuse_draining(struct req *q, const char *what)
 {
-	uint64_t now = kv_now_ms();
+	uint64_t now = kv_mono_ms();
 	uint64_t left = q->d->drain_deadline_ms > now ? q->d->drain_deadline_ms - now : 0;
 
 	kv_op_fail(q, KVCACHED__ERROR_CODE__ESHUTDOWN, -1,

@@ -224,7 +224,7 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 	kv_pools_pages(d->pools, &total, &nfree, &page_bytes);
 	r->version = (char *)KV_VERSION;
 	r->backend = (char *)d->be->name;
-	r->uptime_ms = kv_now_ms() - d->start_ms;
+	r->uptime_ms = kv_mono_ms() - d->start_mono_ms;
 	r->page_bytes = page_bytes;
 	r->segment_bytes = d->be->segment_bytes;
 	r->pages_total = total;
@@ -234,7 +234,7 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 	r->requests = d->requests;
 	r->enospc = d->enospc;
 	r->draining = d->draining;
-	r->drain_deadline_ms = d->draining ? d->drain_deadline_ms : 0;
+	r->drain_deadline_ms = d->draining ? kv_daemon_wall_ms(d->drain_deadline_ms) : 0;
 	r->reloads = d->reloads;
 	r->reload_failures = d->reload_failures;
 	r->clients = kv_sessions_clients(d);
@@ -421,7 +421,7 @@ void kv_op_drain(struct req *q, const Kvcached__Drain *m)
 	r->already = kv_daemon_drain(d, m->timeout_ms ? m->timeout_ms : d->cfg.drain_timeout_ms,
 				     why) == -EALREADY;
 	r->clients = kv_sessions_clients(d);
-	r->deadline_ms = d->drain_deadline_ms;
+	r->deadline_ms = kv_daemon_wall_ms(d->drain_deadline_ms);
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_DRAIN;
 	q->rs->drain = r;
 }
