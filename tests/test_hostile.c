@@ -1038,6 +1038,58 @@ static void case_fds(void)
 	kvt_stop(&dm);
 }
 
+/* test_drain_timeout_overflow: an admin's Drain with timeout_ms UINT64_MAX
+ * (now + timeout and timeout * 10^6 overflowed: the deadline came out in the
+ * past and the timer short) drains for a day at most, and the daemon keeps
+ * draining (it used to exit at once). */
+static void case_drain_overflow(void)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Drain dr = KVCACHED__DRAIN__INIT;
+	Kvcached__Response *rs;
+	struct timespec ts;
+	uint64_t now;
+	struct raw r;
+
+	kvc_conn *c;
+	kvc_block b;
+
+	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "2MiB", NULL);
+	c = kvt_connect(NULL);   /* a worker that holds a block keeps it draining */
+	CHECK_EQ(kvc_alloc(c, kvt_pool(c, "p", BLOCK), 1, &b), 1);
+	memset(&r, 0, sizeof(r));
+	r.fd = raw_connect_path(admin_path());
+	raw_hello(&r);
+	dr.timeout_ms = UINT64_MAX;
+	rq.op_case = KVCACHED__REQUEST__OP_DRAIN;
+	rq.drain = &dr;
+	rs = raw_call(&r, &rq);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_DRAIN);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	fprintf(stderr, "Drain UINT64_MAX: deadline in %lld s\n",
+		(long long)(rs->drain->deadline_ms - now) / 1000);
+	CHECK(rs->drain->deadline_ms > now + 86390000ull);
+	CHECK(rs->drain->deadline_ms < now + 86410000ull);
+	kvcached__response__free_unpacked(rs, NULL);
+	/* Still there, draining, after another round trip on the loop. */
+	{
+		Kvcached__Request sq = KVCACHED__REQUEST__INIT;
+		Kvcached__Stats st = KVCACHED__STATS__INIT;
+
+		sq.op_case = KVCACHED__REQUEST__OP_STATS;
+		sq.stats = &st;
+		rs = raw_call(&r, &sq);
+		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS);
+		CHECK(rs->stats->drain_deadline_ms > now + 86390000ull);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	CHECK(kvt_alive(&dm));
+	raw_close(&r);
+	kvc_close(c);
+	kvt_stop(&dm);
+}
+
 int main(void)
 {
 	if (!RSS_MEANINGFUL)
@@ -1048,5 +1100,6 @@ int main(void)
 	case_partial();
 	case_output();
 	case_fds();
+	case_drain_overflow();
 	return 0;
 }
