@@ -113,6 +113,47 @@ static void check_ids(struct kv_pools *ps, struct checker *c)
 	}
 }
 
+/* Each device's heap of pools (evict.c): exactly the pools of the device
+ * with blocks on their LRU, each where its heap_ix says, keyed by its LRU's
+ * back, in heap order. */
+static void check_heaps(struct kv_pools *ps, struct checker *c)
+{
+	uint32_t i, d, on = 0, want = 0;
+
+	for (d = 0; d < ps->ndev; d++) {
+		struct kv_pool **h = ps->heap[d];
+
+		for (i = 0; i < ps->nheap[d]; i++) {
+			const struct kv_pool *p = h[i];
+
+			if (p->device != d || p->heap_ix != i || kv_list_empty(&p->lru) ||
+			    p->heap_tick != kv_container_of(kv_list_back(&p->lru), struct kv_block,
+							    node)->tick) {
+				bad(c, "device %u: heap entry %u (pool %u) is misplaced or keyed by "
+				    "another block than its LRU's oldest", d, i, p->id);
+				return;
+			}
+			if (i > 0 && (h[(i - 1) / 2]->heap_prio > p->heap_prio ||
+				      (h[(i - 1) / 2]->heap_prio == p->heap_prio &&
+				       h[(i - 1) / 2]->heap_tick > p->heap_tick))) {
+				bad(c, "device %u: heap out of order at %u", d, i);
+				return;
+			}
+		}
+		on += ps->nheap[d];
+	}
+	for (i = 0; i < ps->npools; i++) {
+		const struct kv_pool *p = pool_at(ps, i);
+
+		if (p && !kv_list_empty(&p->lru))
+			want++;
+		if (p && kv_list_empty(&p->lru) && p->heap_ix != UINT32_MAX)
+			bad(c, "pool %u: in the heap with an empty LRU", p->id);
+	}
+	if (on != want)
+		bad(c, "%u pools in the heaps, %u have cached blocks on their LRU", on, want);
+}
+
 int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, const char *msg),
 		   void *ctx, uint64_t *blocks, uint64_t tier_entries)
 {
@@ -125,6 +166,7 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 	memset(ns_used, 0, sizeof(ns_used));
 	memset(ns_cached, 0, sizeof(ns_cached));
 	check_ids(ps, &c);
+	check_heaps(ps, &c);
 	for (i = 0; i < ps->npools; i++) {
 		struct kv_pool *p = pool_at(ps, i);
 		uint64_t counts[4] = { 0 }, runs = 0;

@@ -44,6 +44,7 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 
 	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
+	pool_lru_changed(p);
 	b->run->nlru--;
 	kv_index_remove(&p->pools->index, &b->ix);
 	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
@@ -320,32 +321,151 @@ int pool_quota_room(struct kv_pool *p, uint32_t n, int may_evict, char *why, siz
 	return -EDQUOT;
 }
 
+/* ---- the heap of pools by their oldest cached block ------------------------
+ * Per device, the pools whose LRU is not empty, in a binary min-heap by
+ * (priority of their namespace, tick of their LRU's back). Ticks are unique
+ * (one counter for all pools), so the order is total. A pool's key changes
+ * only when its LRU's back does (its oldest block leaves, or the LRU empties
+ * or fills), and priorities when a reload changes them (nst.prio_epoch:
+ * every heap is rebuilt then, on the next search). */
+
+static int heap_less(const struct kv_pool *a, const struct kv_pool *b)
+{
+	return a->heap_prio != b->heap_prio ? a->heap_prio < b->heap_prio
+					    : a->heap_tick < b->heap_tick;
+}
+
+static void heap_put(struct kv_pool **h, uint32_t i, struct kv_pool *p)
+{
+	h[i] = p;
+	p->heap_ix = i;
+}
+
+static void heap_sift(struct kv_pool **h, uint32_t n, uint32_t i)
+{
+	struct kv_pool *p = h[i];
+
+	while (i > 0 && heap_less(p, h[(i - 1) / 2])) {
+		heap_put(h, i, h[(i - 1) / 2]);
+		i = (i - 1) / 2;
+	}
+	for (;;) {
+		uint32_t c = 2 * i + 1;
+
+		if (c >= n)
+			break;
+		if (c + 1 < n && heap_less(h[c + 1], h[c]))
+			c++;
+		if (!heap_less(h[c], p))
+			break;
+		heap_put(h, i, h[c]);
+		i = c;
+	}
+	heap_put(h, i, p);
+}
+
+static void heap_key(struct kv_pool *p)
+{
+	struct kv_list *n = kv_list_back(&p->lru);
+
+	p->heap_tick = kv_container_of(n, struct kv_block, node)->tick;
+	p->heap_prio = pool_ns(p)->lim.priority;
+}
+
+void pool_heap_remove(struct kv_pool *p)
+{
+	struct kv_pools *ps = p->pools;
+	struct kv_pool **h = ps->heap[p->device];
+	uint32_t i = p->heap_ix, last;
+
+	if (i == UINT32_MAX)
+		return;
+	last = --ps->nheap[p->device];
+	p->heap_ix = UINT32_MAX;
+	if (i != last) {
+		heap_put(h, i, h[last]);
+		heap_sift(h, last, i);
+	}
+}
+
+void pool_lru_changed(struct kv_pool *p)
+{
+	struct kv_pools *ps = p->pools;
+	uint32_t dev = p->device;
+	uint64_t tick;
+
+	if (kv_list_empty(&p->lru)) {
+		pool_heap_remove(p);
+		return;
+	}
+	tick = kv_container_of(kv_list_back(&p->lru), struct kv_block, node)->tick;
+	if (p->heap_ix == UINT32_MAX) {
+		heap_key(p);
+		heap_put(ps->heap[dev], ps->nheap[dev]++, p);
+	} else if (tick != p->heap_tick || pool_ns(p)->lim.priority != p->heap_prio) {
+		heap_key(p);
+	} else {
+		return;
+	}
+	heap_sift(ps->heap[dev], ps->nheap[dev], p->heap_ix);
+}
+
+/* Every key taken again and every heap rebuilt: priorities changed. */
+static void heap_rebuild(struct kv_pools *ps)
+{
+	for (uint32_t d = 0; d < ps->ndev; d++) {
+		struct kv_pool **h = ps->heap[d];
+		uint32_t n = ps->nheap[d], i;
+
+		for (i = 0; i < n; i++)
+			heap_key(h[i]);
+		for (i = n / 2; i-- > 0;)
+			heap_sift(h, n, i);
+	}
+	ps->heap_epoch = ps->nst.prio_epoch;
+}
+
 /* The block demotion takes next on device dev: the lowest priority first,
- * then the oldest; never from a namespace at or below its G1 reserve. */
+ * then the oldest; never from a namespace at or below its G1 reserve. The
+ * heap's top, unless its namespace is at its reserve: then the heap is
+ * searched best first (a second heap of its indices, in scratch), so the
+ * cost grows with the pools passed over, not with all of them. */
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev)
 {
-	struct kv_block *oldest = NULL;
-	uint32_t i, best_prio = 0;
+	struct kv_pool **h = ps->heap[dev];
+	uint32_t n = ps->nheap[dev], *q = ps->scratch, nq = 0;
 
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = pool_at(ps, i);
-		struct kv_list *n;
-		struct kv_block *b;
-		struct kv_ns *m;
+	if (ps->heap_epoch != ps->nst.prio_epoch)
+		heap_rebuild(ps);
+	if (n)
+		q[nq++] = 0;
+	while (nq) {
+		uint32_t i = q[0], j = 0, c, k;
+		struct kv_pool *p = h[i];
+		const struct kv_ns *m = pool_ns(p);
 
-		if (!q || q->device != dev || !(n = kv_list_back(&q->lru)))
-			continue;
-		m = pool_ns(q);
-		if (m->used[0] < m->lim.reserve + q->block_bytes)
-			continue;
-		b = kv_container_of(n, struct kv_block, node);
-		if (!oldest || m->lim.priority < best_prio ||
-		    (m->lim.priority == best_prio && b->tick < oldest->tick)) {
-			oldest = b;
-			best_prio = m->lim.priority;
+		if (m->used[0] >= m->lim.reserve + p->block_bytes)
+			return kv_container_of(kv_list_back(&p->lru), struct kv_block, node);
+		/* Pop i from q (a min-heap of indices into h), push its children. */
+		q[0] = q[--nq];
+		for (;;) {
+			c = 2 * j + 1;
+			if (c >= nq)
+				break;
+			if (c + 1 < nq && heap_less(h[q[c + 1]], h[q[c]]))
+				c++;
+			if (!heap_less(h[q[c]], h[q[j]]))
+				break;
+			k = q[c], q[c] = q[j], q[j] = k;
+			j = c;
+		}
+		for (c = 2 * i + 1; c <= 2 * i + 2 && c < n; c++) {
+			for (j = nq++, q[j] = c; j > 0 && heap_less(h[q[j]], h[q[(j - 1) / 2]]);
+			     j = (j - 1) / 2)
+				k = q[j], q[j] = q[(j - 1) / 2], q[(j - 1) / 2] = k;
 		}
 	}
-	return oldest;
+	return NULL;
 }
 
 uint64_t kv_pools_evict_all(struct kv_pools *ps, int pool_id)

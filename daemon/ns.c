@@ -104,6 +104,8 @@ void kv_ns_set_limits(struct kv_ns_table *t, uint32_t id, const struct kv_ns_lim
 
 	kv_assert(n);
 	t->reserve_unused -= unused_reserve(n);
+	if (n->lim.priority != lim->priority)
+		t->prio_epoch++;
 	n->lim = *lim;
 	t->reserve_unused += unused_reserve(n);
 }

@@ -56,6 +56,9 @@ struct kv_ns_table {
 	/* G1 bytes that namespaces' reserves hold back from the others: the sum
 	 * over namespaces of max(0, reserve - used[G1]). */
 	uint64_t reserve_unused;
+	/* Bumped when a namespace's priority changes (evict.c orders pools
+	 * by it). */
+	uint32_t prio_epoch;
 };
 
 /* A valid namespace name: 1..63 bytes of [A-Za-z0-9._:-]. */

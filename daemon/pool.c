@@ -85,12 +85,19 @@ int kv_pools_create(struct kv_backend *be, uint64_t page_bytes, struct kv_pools 
 	kv_list_init(&ps->hole.idle);
 	for (d = 0; d < KV_MAX_POOLS; d++)
 		ps->pool[d] = &ps->hole;
+	ps->hole.heap_ix = UINT32_MAX;
 	kv_list_init(&ps->idle);
 	for (d = 0; d < be->devices; d++) {
 		r = kv_pages_init(&ps->dev[d], d, be->segments[d], be->segment_bytes, page_bytes);
 		if (r < 0)
 			goto err;
+		r = -ENOMEM;
+		if (!(ps->heap[d] = calloc(KV_MAX_POOLS, sizeof(*ps->heap[d]))))
+			goto err;
 	}
+	r = -ENOMEM;
+	if (!(ps->scratch = calloc(KV_MAX_POOLS + 1, sizeof(*ps->scratch))))
+		goto err;
 	r = kv_index_init(&ps->index, index_seed());
 	if (r < 0)
 		goto err;
@@ -121,8 +128,11 @@ void kv_pools_destroy(struct kv_pools *ps)
 		return;
 	for (i = 0; i < ps->npools; i++)
 		pool_free(pool_at(ps, i));
-	for (i = 0; i < ps->ndev; i++)
+	for (i = 0; i < ps->ndev; i++) {
 		kv_pages_fini(&ps->dev[i]);
+		free(ps->heap[i]);
+	}
+	free(ps->scratch);
 	kv_index_fini(&ps->index);
 	free(ps);
 }
@@ -286,6 +296,7 @@ int kv_pool_register(struct kv_pools *ps, uint32_t ns, const struct kv_pool_desc
 	kv_list_init(&p->demoting);
 	kv_list_init(&p->runs);
 	kv_list_init(&p->idle);
+	p->heap_ix = UINT32_MAX;
 	p->pools = ps;
 	p->holds = 1;  /* the caller's */
 	ps->pool[p->id] = p;
@@ -331,6 +342,7 @@ static void pool_destroy(struct kv_pools *ps, struct kv_pool *p)
 	uint32_t ns = p->ns;
 
 	kv_assert(!p->holds && !pool_in_use(p) && !kv_list_linked(&p->idle));
+	kv_assert(p->heap_ix == UINT32_MAX);   /* no block on its LRU */
 	if (p->spare)
 		pool_run_release(p->spare);
 	/* An empty run is always the spare: nothing else is left. */
@@ -685,10 +697,12 @@ int kv_block_ref(struct kv_block *b)
 			b->demoting = 0;
 			p->n.demoting--;
 			b->run->ndemoting--;
+			kv_list_del(&b->node);
 		} else {
 			b->run->nlru--;
+			kv_list_del(&b->node);
+			pool_lru_changed(p);
 		}
-		kv_list_del(&b->node);
 		b->state = KV_BLOCK_SEALED;
 		pool_cached_add(p, -1);
 		p->n.sealed++;
@@ -710,6 +724,7 @@ void kv_block_unref(struct kv_block *b)
 		b->state = KV_BLOCK_CACHED;
 		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
+		pool_lru_changed(p);
 		b->run->nlru++;
 		p->n.sealed--;
 		pool_cached_add(p, 1);
@@ -823,6 +838,7 @@ void kv_block_demote_begin(struct kv_block *b)
 
 	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
 	kv_list_del(&b->node);
+	pool_lru_changed(p);
 	b->run->nlru--;
 	b->run->ndemoting++;
 	kv_list_push_front(&p->demoting, &b->node);
@@ -847,6 +863,7 @@ int kv_block_demote_end(struct kv_block *b, int ok)
 		 * the oldest block across pools relies on. */
 		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
+		pool_lru_changed(p);
 		b->run->nlru++;
 		kv_block_assert_state(b);
 		return 0;

@@ -158,6 +158,10 @@ struct kv_pool {
 	uint32_t holds;            /* kv_pool_hold()s not put back */
 	uint32_t check_holds;      /* scratch: the holds the checker's caller knows of */
 	struct kv_list idle;       /* on the pools' idle list (see the lifecycle) */
+	/* In its device's heap of pools with cached blocks (evict.c): where,
+	 * or UINT32_MAX; and the key it is there by. */
+	uint32_t heap_ix, heap_prio;
+	uint64_t heap_tick;
 };
 
 struct kv_pools;

@@ -24,6 +24,15 @@ struct kv_pools {
 	struct kv_index index;
 	uint64_t tick;
 	struct kv_events *ev;      /* kv_pools_set_events() */
+	/* Per device, the pools with blocks on their LRU, in a binary heap by
+	 * (their namespace's priority, the tick of their LRU's back): the
+	 * block demotion takes next is found from the top instead of by a
+	 * walk over every pool (evict.c). heap[d] has room for every pool;
+	 * scratch for the search (KV_MAX_POOLS + 1). */
+	struct kv_pool **heap[KV_MAX_DEVICES];
+	uint32_t nheap[KV_MAX_DEVICES];
+	uint32_t heap_epoch;       /* nst.prio_epoch the keys were taken at */
+	uint32_t *scratch;
 };
 
 /* The live pool of id i < npools, or NULL for a free id. */
@@ -44,6 +53,13 @@ static inline void pool_cached_add(struct kv_pool *p, int d)
 	p->n.cached += (uint64_t)(int64_t)d;
 	p->pools->nst.ns[p->ns - 1].cached += (uint64_t)((int64_t)d * (int64_t)p->block_bytes);
 }
+
+/* ---- evict.c ---- */
+/* p's LRU changed (a block put on or taken off it): its place in its
+ * device's heap follows. O(log pools), O(1) when its back stays. */
+void pool_lru_changed(struct kv_pool *p);
+/* p leaves its heap (it is being freed; its LRU is empty). */
+void pool_heap_remove(struct kv_pool *p);
 
 /* ---- pool.c ---- */
 /* Gives an empty run's pages back to the device. */

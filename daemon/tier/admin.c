@@ -276,6 +276,29 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 			problems++;
 		}
 	}
+	/* The levels' lists: in tick order (the oldest is their back), each
+	 * copy on the list that matches its pool's list. */
+	for (l = 0; l < 2; l++)
+		for (int clean = 0; clean <= (l == L2); clean++) {
+			const struct kv_list *head = clean ? &t->lv[l].clean : &t->lv[l].lru;
+			const struct kv_list *n;
+			uint64_t newer = UINT64_MAX;
+
+			kv_list_for_each(n, head) {
+				const struct tblock *tb = kv_container_of(n, struct tblock, all[l]);
+
+				if (tb->tick >= newer || (l == L2 && !clean != !tb->g3_ok) ||
+				    !tb->run[l]) {
+					snprintf(msg, sizeof(msg), "tier G%d: the %s list is out of tick "
+						 "order or holds a block that is not %s", l + 2,
+						 clean ? "clean" : "idle", clean ? "clean" : "idle here");
+					report(ctx, msg);
+					problems++;
+					break;
+				}
+				newer = tb->tick;
+			}
+		}
 	/* Per pool id: state only for a live pool, and for that pool. */
 	for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {
 		const struct kv_pool *p = kv_pool_get(t->ps, id);

@@ -237,10 +237,11 @@ void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d)
 
 static void tb_unlist(struct tblock *tb)
 {
-	if (kv_list_linked(&tb->lru[L2]))
-		kv_list_del(&tb->lru[L2]);
-	if (kv_list_linked(&tb->lru[L3]))
-		kv_list_del(&tb->lru[L3]);
+	for (int l = L2; l <= L3; l++)
+		if (kv_list_linked(&tb->lru[l])) {
+			kv_list_del(&tb->lru[l]);
+			kv_list_del(&tb->all[l]);
+		}
 }
 
 static unsigned tb_media(const struct tblock *tb)
@@ -285,11 +286,15 @@ void tb_set_idle(struct kv_tiers *t, struct tblock *tb)
 	kv_assert(!tb->busy && !tb->dead);
 	tb_unlist(tb);
 	tb->tick = ++t->tick;
-	if (tb->run[L2])
+	if (tb->run[L2]) {
 		kv_list_push_front(tb->g3_ok ? &tb->run[L2]->tp->clean : &tb->run[L2]->tp->lru,
 				   &tb->lru[L2]);
-	if (tb->run[L3] && tb->g3_ok)
+		kv_list_push_front(tb->g3_ok ? &t->lv[L2].clean : &t->lv[L2].lru, &tb->all[L2]);
+	}
+	if (tb->run[L3] && tb->g3_ok) {
 		kv_list_push_front(&tb->run[L3]->tp->lru, &tb->lru[L3]);
+		kv_list_push_front(&t->lv[L3].lru, &tb->all[L3]);
+	}
 	tb_assert_state(tb);
 	tb_ev_sync(t, tb);
 }
@@ -390,6 +395,8 @@ struct tblock *tb_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash
 	memcpy(tb->ix.hash, hash, KV_HASH_BYTES);
 	kv_list_init(&tb->lru[L2]);
 	kv_list_init(&tb->lru[L3]);
+	kv_list_init(&tb->all[L2]);
+	kv_list_init(&tb->all[L3]);
 	kv_list_init(&tb->waiters);
 	return tb;
 }
@@ -431,6 +438,9 @@ const char *tb_state_problem(const struct tblock *tb)
 	if (kv_list_linked(&tb->lru[L2]) != (idle && tb->run[L2]) ||
 	    kv_list_linked(&tb->lru[L3]) != (idle && tb->run[L3]))
 		return "tblock: on an LRU list while busy, or idle and on none";
+	if (kv_list_linked(&tb->all[L2]) != kv_list_linked(&tb->lru[L2]) ||
+	    kv_list_linked(&tb->all[L3]) != kv_list_linked(&tb->lru[L3]))
+		return "tblock: on its pool's LRU and not its level's, or the reverse";
 	if (!kv_list_empty(&tb->waiters) && !(tb->busy & (BUSY_READ | BUSY_UP)))
 		return "tblock: lookups wait on it with no promotion under way";
 	if (tb->failed && !(tb->busy & BUSY_WAKE))
@@ -476,21 +486,9 @@ void tb_drop_g3(struct kv_tiers *t, struct tblock *tb)
 
 struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean)
 {
-	struct tblock *victim = NULL;
-	uint32_t i;
+	struct kv_list *n = kv_list_back(clean ? &t->lv[l].clean : &t->lv[l].lru);
 
-	for (i = 0; i < kv_pools_end(t->ps); i++) {
-		struct tpool *tp = t->lv[l].tp[i];
-		struct kv_list *n;
-		struct tblock *b;
-
-		if (!tp || !(n = kv_list_back(clean ? &tp->clean : &tp->lru)))
-			continue;
-		b = kv_container_of(n, struct tblock, lru[l]);
-		if (!victim || b->tick < victim->tick)
-			victim = b;
-	}
-	return victim;
+	return n ? kv_container_of(n, struct tblock, all[l]) : NULL;
 }
 
 /* Frees one idle copy in tier l, own pool first, then the oldest of any

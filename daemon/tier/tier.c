@@ -163,6 +163,10 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	t->disk.fd = t->disk.efd = -1;
 	t->jr.fd = t->jr.newfd = -1;
 	kv_list_init(&t->dormant);
+	for (int l = 0; l < 2; l++) {
+		kv_list_init(&t->lv[l].lru);
+		kv_list_init(&t->lv[l].clean);
+	}
 	kv_list_init(&t->swaps);
 	kv_list_init(&t->space_waiters);
 	*out = t;

@@ -66,6 +66,11 @@ struct level {
 	struct kv_pages pages;
 	uint32_t limit_pages;     /* G3 shrinks to what it holds on ENOSPC */
 	struct tpool *tp[KV_MAX_POOLS];
+	/* Every idle copy of the level across pools (tblock.all), newest
+	 * first: in tick order, so the oldest is the back, found in O(1) (it
+	 * was a walk over every pool per eviction). G2: lru holds the dirty
+	 * copies and clean the clean ones, as each tpool's lists do. */
+	struct kv_list lru, clean;
 	struct kv_tier_stats st;
 };
 
@@ -128,7 +133,8 @@ struct tblock {
 	uint8_t indexed;
 	uint8_t ev;                /* media announced in KV events (tb_ev_sync()) */
 	uint64_t tick;
-	struct kv_list lru[2];
+	struct kv_list lru[2];     /* on its tpool's list of each level */
+	struct kv_list all[2];     /* on the level's list (struct level) */
 	struct kv_list waiters;    /* parked lookups */
 	uint64_t dst;              /* promotion: the G1 block being filled */
 	struct kv_disk_op dop;
