@@ -8,6 +8,7 @@
 
 #include "events.h"
 #include "hist.h"
+#include "kvtext.h"
 #include "ops.h"
 #include "session.h"
 #include "tier.h"
@@ -41,19 +42,32 @@ void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u)
 	}
 }
 
-/* A label value with \, " and newline escaped. */
+/* A label value with \, " and newline escaped (the exposition format's
+ * only escapes). The names that reach here are checked text already (pool
+ * names, namespaces); should anything else slip in, other control
+ * characters and bytes that are not UTF-8 are written as '?', so that no
+ * value can forge a line or break a strict scraper. */
 static void label(FILE *f, const char *name, const char *v, int first)
 {
+	size_t left = strlen(v), n;
+
 	fprintf(f, "%s%s=\"", first ? "" : ",", name);
-	for (; *v; v++) {
-		if (*v == '\\')
+	for (; left; v += n, left -= n) {
+		const unsigned char c = (unsigned char)*v;
+
+		n = kv_utf8_len((const unsigned char *)v, left);
+		if (c == '\\')
 			fputs("\\\\", f);
-		else if (*v == '"')
+		else if (c == '"')
 			fputs("\\\"", f);
-		else if (*v == '\n')
+		else if (c == '\n')
 			fputs("\\n", f);
+		else if (!n || c < 0x20 || c == 0x7f)
+			fputc('?', f);
 		else
-			fputc(*v, f);
+			fwrite(v, 1, n, f);
+		if (!n)
+			n = 1;
 	}
 	fputc('"', f);
 }
