@@ -101,9 +101,34 @@ struct kvc_conn {
 	int *fdq;                      /* [fdq_head, fdq_head + fdq_len): unclaimed fds */
 	size_t fdq_cap, fdq_head, fdq_len;
 
-	char err[512];                 /* kvc_last_error(): the daemon sends at most 511 bytes */
+	/* The last call's message, whichever thread made it: the daemon
+	 * sends at most 511 bytes. Threads read their own (err_unlock()). */
+	char err[512];
+	uint64_t serial;               /* this connection among those of the process: > 0 */
 	struct pool_slot pools[KVC_MAX_POOLS];
 };
+
+/* kvc_last_error() gives each thread the message of its own call: a thread
+ * sharing c with others must not read c->err, which belongs to c->lock and
+ * which the next call, of any thread, clears. A call copies it here before
+ * it unlocks; kvc_last_error() returns this copy when it is of c (the
+ * thread's last call that took a lock was on c), else a copy of c->err made
+ * under the lock (the last call on c, as with one thread). Connections are
+ * told apart by serial, not by address, which a closed one passes on. */
+static _Thread_local struct {
+	uint64_t conn;                 /* the serial of the connection; 0 = none */
+	char msg[sizeof(((kvc_conn *)0)->err)];
+} thread_err;
+
+static atomic_uint_fast64_t conn_serials;
+
+/* Ends a call: its message to the calling thread, then c->lock unlocked. */
+static void err_unlock(kvc_conn *c)
+{
+	thread_err.conn = c->serial;
+	memcpy(thread_err.msg, c->err, strlen(c->err) + 1);
+	pthread_mutex_unlock(&c->lock);
+}
 
 static void set_err(kvc_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -497,7 +522,7 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 		}
 	}
 out:
-	pthread_mutex_unlock(&c->lock);
+	err_unlock(c);
 	return r;
 }
 
@@ -790,6 +815,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	if (!c)
 		return -ENOMEM;
 	c->fd = -1;
+	c->serial = atomic_fetch_add(&conn_serials, 1) + 1;
 	r = -pthread_mutex_init(&c->lock, NULL);
 	if (r < 0) {
 		free(c);
@@ -930,7 +956,7 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *mo
 			      memory_order_relaxed);
 	r = c->recs[i].app;
 out:
-	pthread_mutex_unlock(&c->lock);
+	err_unlock(c);
 	return r;
 }
 
@@ -1003,9 +1029,17 @@ bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index)
 	return c && kvc_map_is_mapped(conn_map(c), dev, index);
 }
 
+/* The calling thread's copy (see thread_err): valid until the thread's next
+ * call into the library. */
 KVC_PUBLIC const char *kvc_last_error(kvc_conn *c)
 {
-	return c ? c->err : "";
+	if (!c)
+		return "";
+	if (thread_err.conn != c->serial) {
+		pthread_mutex_lock(&c->lock);
+		err_unlock(c);
+	}
+	return thread_err.msg;
 }
 
 static const char *const kvc_errors[] = {
