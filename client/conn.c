@@ -4,10 +4,14 @@
  * it changes struct kvc_conn, which is private here, under one lock.
  *
  * One request is in flight per connection; c->lock serializes calls and owns
- * everything below it in struct kvc_conn except the pool table and the map,
- * which kvc_block_ptr() reads without the lock: pool slots are published with
- * release stores (device before block_bytes, block_bytes != 0 meaning
- * "registered"), segments by the map module (see map.c).
+ * everything below it in struct kvc_conn except the pool table and the
+ * session, which kvc_block_ptr() and the argument checks read without the
+ * lock: pool slots are published with release stores (device before
+ * block_bytes, block_bytes != 0 meaning "registered"); a session (what one
+ * daemon's HelloReply said, and the map of its segments) is built whole and
+ * then published with one release store, never changed after, and kept
+ * until kvc_close() once a reconnection replaces it, since a reader may still
+ * hold it; segments are published by the map module (see map.c).
  *
  * Connection states:
  *
@@ -70,14 +74,22 @@ struct pool_rec {
 	size_t layout_len;
 };
 
+/* One daemon's session: immutable once published (its map's segments
+ * excepted, which the map module publishes itself). */
+struct session {
+	struct kvc_hello hello;
+	struct kvc_map *map;
+};
+
 struct kvc_conn {
 	pthread_mutex_t lock;
 	int fd;
 	atomic_bool broken;
 	bool gone;                     /* broken because the daemon went away */
+	bool in_hello;                 /* a Hello is in flight: no segments, the Hello's
+	                                * frame limit */
 	uint64_t next_id;
-	struct kvc_hello hello;        /* max_frame 0 until the HelloReply */
-	_Atomic(struct kvc_map *) map; /* NULL until the HelloReply */
+	_Atomic(struct session *) sess;  /* NULL until the first HelloReply */
 
 	/* Reconnection (see the top of this file). */
 	bool reconnect;                /* $KVCACHE_RECONNECT is not "0" */
@@ -86,7 +98,7 @@ struct kvc_conn {
 	_Atomic uint64_t restarts;
 	uint64_t next_try_ms;          /* CLOCK_MONOTONIC */
 	uint32_t backoff_ms;
-	struct kvc_map **retired;      /* maps of earlier daemons, freed by kvc_close() */
+	struct session **retired;      /* earlier daemons' sessions, freed by kvc_close() */
 	size_t nretired;
 	struct pool_rec *recs;
 	size_t nrecs;
@@ -147,9 +159,26 @@ static void conn_break(kvc_conn *c)
 		shutdown(c->fd, SHUT_RDWR);
 }
 
+/* The current session, or NULL before the first HelloReply. */
+static struct session *conn_sess(const kvc_conn *c)
+{
+	return atomic_load_explicit((_Atomic(struct session *) *)&c->sess,
+				    memory_order_acquire);
+}
+
 static struct kvc_map *conn_map(const kvc_conn *c)
 {
-	return atomic_load_explicit((_Atomic(struct kvc_map *) *)&c->map, memory_order_acquire);
+	struct session *s = conn_sess(c);
+
+	return s ? s->map : NULL;
+}
+
+static void session_free(struct session *s)
+{
+	if (!s)
+		return;
+	kvc_map_free(s->map);
+	free(s);
 }
 
 static uint64_t mono_ms(void)
@@ -186,7 +215,9 @@ static int send_all(int fd, const uint8_t *p, size_t len)
 
 static uint32_t frame_max(const kvc_conn *c)
 {
-	return c->hello.max_frame ? c->hello.max_frame : KVC_HELLO_MAX_FRAME;
+	struct session *s = c->in_hello ? NULL : conn_sess(c);
+
+	return s ? s->hello.max_frame : KVC_HELLO_MAX_FRAME;
 }
 
 /* Returns 0, KVC_E2BIG (nothing sent, c intact) or -errno (c broken). */
@@ -368,7 +399,7 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 	for (i = 0; i < resp->n_segments; i++) {
 		const Kvcached__Segment *s = resp->segments[i];
 		int fd = fdq_pop(c), e;
-		struct kvc_map *m = conn_map(c);
+		struct kvc_map *m = c->in_hello ? NULL : conn_map(c);
 
 		if (!m) {
 			close(fd);
@@ -381,8 +412,8 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 			if (e == -EPROTO)
 				set_err(c, "segment %u of device %u does not fit the device range",
 					s->index, s->device);
-			else if (*kvc_map_error(conn_map(c)))
-				set_err(c, "%s", kvc_map_error(conn_map(c)));
+			else if (*kvc_map_error(m))
+				set_err(c, "%s", kvc_map_error(m));
 			else
 				set_err(c, "mapping segment %u of device %u: %s", s->index,
 					s->device, kvc_strerror(e));
@@ -598,19 +629,18 @@ static const char *check_hello(const Kvcached__Response *resp, const void *arg)
 }
 
 /* Connects c (lock held, or not yet shared) to c->path: a fresh socket, the
- * Hello, a new map. On success the old map, if any, is retired (its mappings
- * replaced by zero pages: stale pointers read zeros, never the new daemon's
- * memory or a fault) and c is OPEN. Returns 0 or a negative error; c is
- * left as it was on failure. */
+ * Hello, a new session. On success the old session, if any, is retired (its
+ * map's memory replaced by zero pages: stale pointers read zeros, never the
+ * new daemon's memory or a fault) and c is OPEN. Returns 0 or a negative
+ * error; c is left as it was on failure. */
 static int open_session(kvc_conn *c)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Hello hello = KVCACHED__HELLO__INIT;
 	Kvcached__Response *resp = NULL;
 	const Kvcached__HelloReply *h;
-	struct kvc_map *map = NULL, *old = conn_map(c);
+	struct session *sess = NULL, *old = conn_sess(c), **rt;
 	int fd = -1, r, oldfd = c->fd;
-	struct kvc_hello oldhello = c->hello;
 
 	r = connect_unix(c->path, &fd);
 	if (r < 0)
@@ -620,7 +650,6 @@ static int open_session(kvc_conn *c)
 		close(fdq_pop(c));
 	c->rpos = c->rlen = 0;
 	c->fd = fd;
-	c->hello.max_frame = 0;
 	atomic_store(&c->broken, false);
 	hello.min_version = KV_PROTO_VERSION;
 	hello.max_version = KV_PROTO_VERSION;
@@ -628,14 +657,23 @@ static int open_session(kvc_conn *c)
 	hello.client_name = c->client_name;
 	req.op_case = KVCACHED__REQUEST__OP_HELLO;
 	req.hello = &hello;
-	/* No map yet: a Hello reply that names segments is a protocol
-	 * violation (take_segments() refuses it). */
-	atomic_store_explicit(&c->map, NULL, memory_order_release);
+	/* A Hello reply that names segments is a protocol violation
+	 * (take_segments() refuses it). */
+	c->in_hello = true;
 	r = call_locked(c, &req, check_hello, NULL, &resp);
+	c->in_hello = false;
 	if (r < 0)
 		goto fail;
 	h = resp->hello;
-	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &map);
+	r = -ENOMEM;
+	if (old) {
+		if (!(rt = realloc(c->retired, (c->nretired + 1) * sizeof(*rt))))
+			goto fail;
+		c->retired = rt;
+	}
+	if (!(sess = calloc(1, sizeof(*sess))))
+		goto fail;
+	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &sess->map);
 	if (r < 0)
 		goto fail;
 	if (h->n_device_uuid) {
@@ -643,11 +681,11 @@ static int open_session(kvc_conn *c)
 
 		for (size_t i = 0; i < h->n_device_uuid; i++)
 			memcpy(uuid[i], h->device_uuid[i].data, 16);
-		kvc_map_set_devices(map, uuid, c->cuda_device);
+		kvc_map_set_devices(sess->map, uuid, c->cuda_device);
 	} else {
-		kvc_map_set_devices(map, NULL, c->cuda_device);
+		kvc_map_set_devices(sess->map, NULL, c->cuda_device);
 	}
-	c->hello = (struct kvc_hello){
+	sess->hello = (struct kvc_hello){
 		.version = h->version,
 		.page_bytes = h->page_bytes,
 		.segment_bytes = h->segment_bytes,
@@ -657,35 +695,23 @@ static int open_session(kvc_conn *c)
 		.max_batch = h->max_batch,
 		.session_id = h->session_id,
 	};
-	snprintf(c->hello.backend, sizeof(c->hello.backend), "%s", h->backend ? h->backend : "");
+	snprintf(sess->hello.backend, sizeof(sess->hello.backend), "%s",
+		 h->backend ? h->backend : "");
 	kvcached__response__free_unpacked(resp, NULL);
 	if (old) {
-		struct kvc_map **rt = realloc(c->retired, (c->nretired + 1) * sizeof(*rt));
-
-		if (!rt) {
-			kvc_map_free(map);
-			close(fd);
-			c->fd = oldfd;
-			c->hello = oldhello;
-			atomic_store(&c->broken, true);
-			atomic_store_explicit(&c->map, old, memory_order_release);
-			return -ENOMEM;
-		}
-		c->retired = rt;
 		c->retired[c->nretired++] = old;
-		kvc_map_retire(old);
+		kvc_map_retire(old->map);
 	}
-	atomic_store_explicit(&c->map, map, memory_order_release);
+	atomic_store_explicit(&c->sess, sess, memory_order_release);
 	if (oldfd >= 0)
 		close(oldfd);
 	return 0;
 fail:
 	kvcached__response__free_unpacked(resp, NULL);
+	session_free(sess);
 	close(fd);
 	c->fd = oldfd;
-	c->hello = oldhello;
 	atomic_store(&c->broken, true);
-	atomic_store_explicit(&c->map, old, memory_order_release);
 	return r;
 }
 
@@ -854,9 +880,9 @@ KVC_PUBLIC void kvc_close(kvc_conn *c)
 		close(c->fd);
 	while (c->fdq_len)
 		close(fdq_pop(c));
-	kvc_map_free(conn_map(c));
+	session_free(conn_sess(c));
 	for (i = 0; i < c->nretired; i++)
-		kvc_map_free(c->retired[i]);
+		session_free(c->retired[i]);
 	for (i = 0; i < c->nrecs; i++) {
 		free(c->recs[i].name);
 		free(c->recs[i].dtype);
@@ -982,36 +1008,40 @@ KVC_PUBLIC void *kvc_block_ptr(kvc_conn *c, kvc_block b)
 {
 	uint32_t pool = KVC_BLOCK_POOL(b), dev;
 	uint64_t bb, off, seg, s, last;
-	struct kvc_map *map;
+	const struct kvc_hello *h;
+	struct session *sess;
 	char *base;
 
-	if (!c || !(map = conn_map(c)))
+	/* One session's geometry and map: those of the same daemon. */
+	if (!c || !(sess = conn_sess(c)))
 		return NULL;
+	h = &sess->hello;
 	bb = atomic_load_explicit(&c->pools[pool].block_bytes, memory_order_acquire);
 	if (!bb)
 		return NULL;
 	dev = atomic_load_explicit(&c->pools[pool].device, memory_order_relaxed);
 	/* page < 2^20, page_bytes <= 2^50, slot < 2^12: no overflow below. */
-	if (bb > c->hello.device_bytes)
+	if (bb > h->device_bytes)
 		return NULL;
-	off = (uint64_t)KVC_BLOCK_PAGE(b) * c->hello.page_bytes +
-	      (uint64_t)KVC_BLOCK_SLOT(b) * bb;
-	if (off > c->hello.device_bytes - bb)
+	off = (uint64_t)KVC_BLOCK_PAGE(b) * h->page_bytes + (uint64_t)KVC_BLOCK_SLOT(b) * bb;
+	if (off > h->device_bytes - bb)
 		return NULL;
-	seg = c->hello.segment_bytes;
+	seg = h->segment_bytes;
 	last = (off + bb - 1) / seg;
 	for (s = off / seg; s <= last; s++)
-		if (!kvc_map_is_mapped(map, dev, (uint32_t)s))
+		if (!kvc_map_is_mapped(sess->map, dev, (uint32_t)s))
 			return NULL;
-	base = kvc_map_base(map, dev);
+	base = kvc_map_base(sess->map, dev);
 	return base ? base + off : NULL;
 }
 
 /* --- accessors and errors ------------------------------------------------ */
 
+/* The current session's: a reconnection publishes a new one; the old one
+ * stays readable until kvc_close(). */
 const struct kvc_hello *kvc_conn_hello(const kvc_conn *c)
 {
-	return &c->hello;
+	return &conn_sess(c)->hello;
 }
 
 int kvc_conn_fd(const kvc_conn *c)
