@@ -105,6 +105,11 @@ struct kvc_conn {
 	/* The caller's pool id -> the daemon's, -1 for none (then the id is
 	 * passed through as it is). */
 	_Atomic int32_t pool_app[KVC_MAX_POOLS];
+	/* The caller's pool id -> the pool's block bytes, 0 for none: set when
+	 * the pool is registered and kept, like the id, across reconnections,
+	 * so that kvc_pool_block_bytes() (lock-free) never sees a pool go
+	 * while a reconnection registers the pools again. */
+	_Atomic uint64_t app_bytes[KVC_MAX_POOLS];
 
 	uint8_t *rbuf;                 /* [rpos, rpos + rlen): received, unparsed */
 	size_t rcap, rpos, rlen;
@@ -980,26 +985,20 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *mo
 	pool_slot_set(c, c->recs[i].daemon, d->device, d->block_bytes);
 	atomic_store_explicit(&c->pool_app[c->recs[i].app], (int32_t)c->recs[i].daemon,
 			      memory_order_relaxed);
+	atomic_store_explicit(&c->app_bytes[c->recs[i].app], c->recs[i].block_bytes,
+			      memory_order_relaxed);
 	r = c->recs[i].app;
 out:
 	err_unlock(c);
 	return r;
 }
 
-/* The daemon's id of the caller's pool (itself when unknown). Lock-free. */
-static uint32_t pool_daemon(kvc_conn *c, uint32_t app)
-{
-	int32_t d = atomic_load_explicit(&c->pool_app[app], memory_order_relaxed);
-
-	return d >= 0 ? (uint32_t)d : app;
-}
-
+/* Lock-free. */
 KVC_PUBLIC uint64_t kvc_pool_block_bytes(kvc_conn *c, int pool)
 {
 	if (!c || pool < 0 || (unsigned)pool >= KVC_MAX_POOLS)
 		return 0;
-	return atomic_load_explicit(&c->pools[pool_daemon(c, (uint32_t)pool)].block_bytes,
-				    memory_order_acquire);
+	return atomic_load_explicit(&c->app_bytes[pool], memory_order_relaxed);
 }
 
 /* Lock-free: reads only the pool slot and the map, both published with
