@@ -96,6 +96,8 @@ struct kvc_conn {
 	char *path, *ns, *client_name;
 	int cuda_device;               /* kvc_options.cuda_device - 1 */
 	_Atomic uint64_t restarts;
+	bool sess_done;                /* the current session is complete (Hello, pools
+	                                * registered): replacing it is a restart */
 	uint64_t next_try_ms;          /* CLOCK_MONOTONIC */
 	uint32_t backoff_ms;
 	struct session **retired;      /* earlier daemons' sessions, freed by kvc_close() */
@@ -705,6 +707,13 @@ static int open_session(kvc_conn *c)
 	kvcached__response__free_unpacked(resp, NULL);
 	if (old) {
 		c->retired[c->nretired++] = old;
+		/* kvc_restarts() moves before the old memory goes: a thread
+		 * that reads zeros through a pointer from before and then
+		 * asks sees that it moved. Not for a session whose
+		 * reconnection failed half-way: it served nothing. */
+		if (c->sess_done)
+			atomic_fetch_add(&c->restarts, 1);
+		c->sess_done = false;
 		kvc_map_retire(old->map);
 	}
 	atomic_store_explicit(&c->sess, sess, memory_order_release);
@@ -815,7 +824,7 @@ static int reconnect(kvc_conn *c)
 	c->gone = false;
 	c->backoff_ms = 0;
 	c->next_try_ms = 0;
-	atomic_fetch_add(&c->restarts, 1);
+	c->sess_done = true;
 	c->err[0] = '\0';
 	return 0;
 }
@@ -867,6 +876,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	r = open_session(c);
 	if (r < 0)
 		goto out;
+	c->sess_done = true;
 	*out = c;
 	c = NULL;
 	r = 0;

@@ -111,7 +111,10 @@ void kvc_close(kvc_conn *c);
  * disk tier after a restart) serves lookups again.
  *
  * kvc_restarts() counts the reconnections of c: compare it with the value
- * seen when a block table was filled to learn that its handles are gone.
+ * seen when a block table was filled to learn that its handles are gone. It
+ * moves as a reconnection lets the old daemon's memory go (before its call
+ * returns): a thread that reads zeros through a pointer from before and then
+ * asks sees that it moved.
  * A connection broken by a protocol error does not reconnect; nor does any
  * when the environment has KVCACHE_RECONNECT=0 at kvc_connect() time. */
 uint64_t kvc_restarts(kvc_conn *c);
