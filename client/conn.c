@@ -4,10 +4,14 @@
  * it changes struct kvc_conn, which is private here, under one lock.
  *
  * One request is in flight per connection; c->lock serializes calls and owns
- * everything below it in struct kvc_conn except the pool table and the map,
- * which kvc_block_ptr() reads without the lock: pool slots are published with
- * release stores (device before block_bytes, block_bytes != 0 meaning
- * "registered"), segments by the map module (see map.c).
+ * everything below it in struct kvc_conn except the pool table and the
+ * session, which kvc_block_ptr() and the argument checks read without the
+ * lock: pool slots are published with release stores (device before
+ * block_bytes, block_bytes != 0 meaning "registered"); a session (what one
+ * daemon's HelloReply said, and the map of its segments) is built whole and
+ * then published with one release store, never changed after, and kept
+ * until kvc_close() once a reconnection replaces it, since a reader may still
+ * hold it; segments are published by the map module (see map.c).
  *
  * Connection states:
  *
@@ -71,29 +75,44 @@ struct pool_rec {
 	size_t layout_len;
 };
 
+/* One daemon's session: immutable once published (its map's segments
+ * excepted, which the map module publishes itself). */
+struct session {
+	struct kvc_hello hello;
+	struct kvc_map *map;
+};
+
 struct kvc_conn {
 	pthread_mutex_t lock;
 	int fd;
 	atomic_bool broken;
 	bool gone;                     /* broken because the daemon went away */
+	bool in_hello;                 /* a Hello is in flight: no segments, the Hello's
+	                                * frame limit */
 	uint64_t next_id;
-	struct kvc_hello hello;        /* max_frame 0 until the HelloReply */
-	_Atomic(struct kvc_map *) map; /* NULL until the HelloReply */
+	_Atomic(struct session *) sess;  /* NULL until the first HelloReply */
 
 	/* Reconnection (see the top of this file). */
 	bool reconnect;                /* $KVCACHE_RECONNECT is not "0" */
 	char *path, *ns, *client_name;
 	int cuda_device;               /* kvc_options.cuda_device - 1 */
 	_Atomic uint64_t restarts;
+	bool sess_done;                /* the current session is complete (Hello, pools
+	                                * registered): replacing it is a restart */
 	uint64_t next_try_ms;          /* CLOCK_MONOTONIC */
 	uint32_t backoff_ms;
-	struct kvc_map **retired;      /* maps of earlier daemons, freed by kvc_close() */
+	struct session **retired;      /* earlier daemons' sessions, freed by kvc_close() */
 	size_t nretired;
 	struct pool_rec *recs;
 	size_t nrecs;
 	/* The caller's pool id -> the daemon's, -1 for none (then the id is
 	 * passed through as it is). */
 	_Atomic int32_t pool_app[KVC_MAX_POOLS];
+	/* The caller's pool id -> the pool's block bytes, 0 for none: set when
+	 * the pool is registered and kept, like the id, across reconnections,
+	 * so that kvc_pool_block_bytes() (lock-free) never sees a pool go
+	 * while a reconnection registers the pools again. */
+	_Atomic uint64_t app_bytes[KVC_MAX_POOLS];
 
 	uint8_t *rbuf;                 /* [rpos, rpos + rlen): received, unparsed */
 	size_t rcap, rpos, rlen;
@@ -102,9 +121,34 @@ struct kvc_conn {
 	int *fdq;                      /* [fdq_head, fdq_head + fdq_len): unclaimed fds */
 	size_t fdq_cap, fdq_head, fdq_len;
 
-	char err[512];                 /* kvc_last_error(): the daemon sends at most 511 bytes */
+	/* The last call's message, whichever thread made it: the daemon
+	 * sends at most 511 bytes. Threads read their own (err_unlock()). */
+	char err[512];
+	uint64_t serial;               /* this connection among those of the process: > 0 */
 	struct pool_slot pools[KVC_MAX_POOLS];
 };
+
+/* kvc_last_error() gives each thread the message of its own call: a thread
+ * sharing c with others must not read c->err, which belongs to c->lock and
+ * which the next call, of any thread, clears. A call copies it here before
+ * it unlocks; kvc_last_error() returns this copy when it is of c (the
+ * thread's last call that took a lock was on c), else a copy of c->err made
+ * under the lock (the last call on c, as with one thread). Connections are
+ * told apart by serial, not by address, which a closed one passes on. */
+static _Thread_local struct {
+	uint64_t conn;                 /* the serial of the connection; 0 = none */
+	char msg[sizeof(((kvc_conn *)0)->err)];
+} thread_err;
+
+static atomic_uint_fast64_t conn_serials;
+
+/* Ends a call: its message to the calling thread, then c->lock unlocked. */
+static void err_unlock(kvc_conn *c)
+{
+	thread_err.conn = c->serial;
+	memcpy(thread_err.msg, c->err, strlen(c->err) + 1);
+	pthread_mutex_unlock(&c->lock);
+}
 
 static void set_err(kvc_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -123,9 +167,26 @@ static void conn_break(kvc_conn *c)
 		shutdown(c->fd, SHUT_RDWR);
 }
 
+/* The current session, or NULL before the first HelloReply. */
+static struct session *conn_sess(const kvc_conn *c)
+{
+	return atomic_load_explicit((_Atomic(struct session *) *)&c->sess,
+				    memory_order_acquire);
+}
+
 static struct kvc_map *conn_map(const kvc_conn *c)
 {
-	return atomic_load_explicit((_Atomic(struct kvc_map *) *)&c->map, memory_order_acquire);
+	struct session *s = conn_sess(c);
+
+	return s ? s->map : NULL;
+}
+
+static void session_free(struct session *s)
+{
+	if (!s)
+		return;
+	kvc_map_free(s->map);
+	free(s);
 }
 
 static uint64_t mono_ms(void)
@@ -162,7 +223,9 @@ static int send_all(int fd, const uint8_t *p, size_t len)
 
 static uint32_t frame_max(const kvc_conn *c)
 {
-	return c->hello.max_frame ? c->hello.max_frame : KVC_HELLO_MAX_FRAME;
+	struct session *s = c->in_hello ? NULL : conn_sess(c);
+
+	return s ? s->hello.max_frame : KVC_HELLO_MAX_FRAME;
 }
 
 /* Returns 0, KVC_E2BIG (nothing sent, c intact) or -errno (c broken). */
@@ -344,7 +407,7 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 	for (i = 0; i < resp->n_segments; i++) {
 		const Kvcached__Segment *s = resp->segments[i];
 		int fd = fdq_pop(c), e;
-		struct kvc_map *m = conn_map(c);
+		struct kvc_map *m = c->in_hello ? NULL : conn_map(c);
 
 		if (!m) {
 			close(fd);
@@ -357,8 +420,8 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 			if (e == -EPROTO)
 				set_err(c, "segment %u of device %u does not fit the device range",
 					s->index, s->device);
-			else if (*kvc_map_error(conn_map(c)))
-				set_err(c, "%s", kvc_map_error(conn_map(c)));
+			else if (*kvc_map_error(m))
+				set_err(c, "%s", kvc_map_error(m));
 			else
 				set_err(c, "mapping segment %u of device %u: %s", s->index,
 					s->device, kvc_strerror(e));
@@ -498,7 +561,7 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 		}
 	}
 out:
-	pthread_mutex_unlock(&c->lock);
+	err_unlock(c);
 	return r;
 }
 
@@ -574,19 +637,18 @@ static const char *check_hello(const Kvcached__Response *resp, const void *arg)
 }
 
 /* Connects c (lock held, or not yet shared) to c->path: a fresh socket, the
- * Hello, a new map. On success the old map, if any, is retired (its mappings
- * replaced by zero pages: stale pointers read zeros, never the new daemon's
- * memory or a fault) and c is OPEN. Returns 0 or a negative error; c is
- * left as it was on failure. */
+ * Hello, a new session. On success the old session, if any, is retired (its
+ * map's memory replaced by zero pages: stale pointers read zeros, never the
+ * new daemon's memory or a fault) and c is OPEN. Returns 0 or a negative
+ * error; c is left as it was on failure. */
 static int open_session(kvc_conn *c)
 {
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Hello hello = KVCACHED__HELLO__INIT;
 	Kvcached__Response *resp = NULL;
 	const Kvcached__HelloReply *h;
-	struct kvc_map *map = NULL, *old = conn_map(c);
+	struct session *sess = NULL, *old = conn_sess(c), **rt;
 	int fd = -1, r, oldfd = c->fd;
-	struct kvc_hello oldhello = c->hello;
 
 	r = connect_unix(c->path, &fd);
 	if (r < 0)
@@ -596,7 +658,6 @@ static int open_session(kvc_conn *c)
 		close(fdq_pop(c));
 	c->rpos = c->rlen = 0;
 	c->fd = fd;
-	c->hello.max_frame = 0;
 	atomic_store(&c->broken, false);
 	hello.min_version = KV_PROTO_VERSION;
 	hello.max_version = KV_PROTO_VERSION;
@@ -604,14 +665,23 @@ static int open_session(kvc_conn *c)
 	hello.client_name = c->client_name;
 	req.op_case = KVCACHED__REQUEST__OP_HELLO;
 	req.hello = &hello;
-	/* No map yet: a Hello reply that names segments is a protocol
-	 * violation (take_segments() refuses it). */
-	atomic_store_explicit(&c->map, NULL, memory_order_release);
+	/* A Hello reply that names segments is a protocol violation
+	 * (take_segments() refuses it). */
+	c->in_hello = true;
 	r = call_locked(c, &req, check_hello, NULL, &resp);
+	c->in_hello = false;
 	if (r < 0)
 		goto fail;
 	h = resp->hello;
-	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &map);
+	r = -ENOMEM;
+	if (old) {
+		if (!(rt = realloc(c->retired, (c->nretired + 1) * sizeof(*rt))))
+			goto fail;
+		c->retired = rt;
+	}
+	if (!(sess = calloc(1, sizeof(*sess))))
+		goto fail;
+	r = kvc_map_new(h->backend, h->devices, h->device_bytes, h->segment_bytes, &sess->map);
 	if (r < 0)
 		goto fail;
 	if (h->n_device_uuid) {
@@ -619,11 +689,11 @@ static int open_session(kvc_conn *c)
 
 		for (size_t i = 0; i < h->n_device_uuid; i++)
 			memcpy(uuid[i], h->device_uuid[i].data, 16);
-		kvc_map_set_devices(map, uuid, c->cuda_device);
+		kvc_map_set_devices(sess->map, uuid, c->cuda_device);
 	} else {
-		kvc_map_set_devices(map, NULL, c->cuda_device);
+		kvc_map_set_devices(sess->map, NULL, c->cuda_device);
 	}
-	c->hello = (struct kvc_hello){
+	sess->hello = (struct kvc_hello){
 		.version = h->version,
 		.page_bytes = h->page_bytes,
 		.segment_bytes = h->segment_bytes,
@@ -633,35 +703,30 @@ static int open_session(kvc_conn *c)
 		.max_batch = h->max_batch,
 		.session_id = h->session_id,
 	};
-	snprintf(c->hello.backend, sizeof(c->hello.backend), "%s", h->backend ? h->backend : "");
+	snprintf(sess->hello.backend, sizeof(sess->hello.backend), "%s",
+		 h->backend ? h->backend : "");
 	kvcached__response__free_unpacked(resp, NULL);
 	if (old) {
-		struct kvc_map **rt = realloc(c->retired, (c->nretired + 1) * sizeof(*rt));
-
-		if (!rt) {
-			kvc_map_free(map);
-			close(fd);
-			c->fd = oldfd;
-			c->hello = oldhello;
-			atomic_store(&c->broken, true);
-			atomic_store_explicit(&c->map, old, memory_order_release);
-			return -ENOMEM;
-		}
-		c->retired = rt;
 		c->retired[c->nretired++] = old;
-		kvc_map_retire(old);
+		/* kvc_restarts() moves before the old memory goes: a thread
+		 * that reads zeros through a pointer from before and then
+		 * asks sees that it moved. Not for a session whose
+		 * reconnection failed half-way: it served nothing. */
+		if (c->sess_done)
+			atomic_fetch_add(&c->restarts, 1);
+		c->sess_done = false;
+		kvc_map_retire(old->map);
 	}
-	atomic_store_explicit(&c->map, map, memory_order_release);
+	atomic_store_explicit(&c->sess, sess, memory_order_release);
 	if (oldfd >= 0)
 		close(oldfd);
 	return 0;
 fail:
 	kvcached__response__free_unpacked(resp, NULL);
+	session_free(sess);
 	close(fd);
 	c->fd = oldfd;
-	c->hello = oldhello;
 	atomic_store(&c->broken, true);
-	atomic_store_explicit(&c->map, old, memory_order_release);
 	return r;
 }
 
@@ -760,7 +825,7 @@ static int reconnect(kvc_conn *c)
 	c->gone = false;
 	c->backoff_ms = 0;
 	c->next_try_ms = 0;
-	atomic_fetch_add(&c->restarts, 1);
+	c->sess_done = true;
 	c->err[0] = '\0';
 	return 0;
 }
@@ -815,6 +880,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	if (!c)
 		return -ENOMEM;
 	c->fd = -1;
+	c->serial = atomic_fetch_add(&conn_serials, 1) + 1;
 	r = -pthread_mutex_init(&c->lock, NULL);
 	if (r < 0) {
 		free(c);
@@ -835,6 +901,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	r = open_session(c);
 	if (r < 0)
 		goto out;
+	c->sess_done = true;
 	*out = c;
 	c = NULL;
 	r = 0;
@@ -853,9 +920,9 @@ KVC_PUBLIC void kvc_close(kvc_conn *c)
 		close(c->fd);
 	while (c->fdq_len)
 		close(fdq_pop(c));
-	kvc_map_free(conn_map(c));
+	session_free(conn_sess(c));
 	for (i = 0; i < c->nretired; i++)
-		kvc_map_free(c->retired[i]);
+		session_free(c->retired[i]);
 	for (i = 0; i < c->nrecs; i++) {
 		free(c->recs[i].name);
 		free(c->recs[i].dtype);
@@ -960,26 +1027,20 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *mo
 	pool_slot_set(c, c->recs[i].daemon, d->device, d->block_bytes);
 	atomic_store_explicit(&c->pool_app[c->recs[i].app], (int32_t)c->recs[i].daemon,
 			      memory_order_relaxed);
+	atomic_store_explicit(&c->app_bytes[c->recs[i].app], c->recs[i].block_bytes,
+			      memory_order_relaxed);
 	r = c->recs[i].app;
 out:
-	pthread_mutex_unlock(&c->lock);
+	err_unlock(c);
 	return r;
 }
 
-/* The daemon's id of the caller's pool (itself when unknown). Lock-free. */
-static uint32_t pool_daemon(kvc_conn *c, uint32_t app)
-{
-	int32_t d = atomic_load_explicit(&c->pool_app[app], memory_order_relaxed);
-
-	return d >= 0 ? (uint32_t)d : app;
-}
-
+/* Lock-free. */
 KVC_PUBLIC uint64_t kvc_pool_block_bytes(kvc_conn *c, int pool)
 {
 	if (!c || pool < 0 || (unsigned)pool >= KVC_MAX_POOLS)
 		return 0;
-	return atomic_load_explicit(&c->pools[pool_daemon(c, (uint32_t)pool)].block_bytes,
-				    memory_order_acquire);
+	return atomic_load_explicit(&c->app_bytes[pool], memory_order_relaxed);
 }
 
 /* Lock-free: reads only the pool slot and the map, both published with
@@ -988,36 +1049,40 @@ KVC_PUBLIC void *kvc_block_ptr(kvc_conn *c, kvc_block b)
 {
 	uint32_t pool = KVC_BLOCK_POOL(b), dev;
 	uint64_t bb, off, seg, s, last;
-	struct kvc_map *map;
+	const struct kvc_hello *h;
+	struct session *sess;
 	char *base;
 
-	if (!c || !(map = conn_map(c)))
+	/* One session's geometry and map: those of the same daemon. */
+	if (!c || !(sess = conn_sess(c)))
 		return NULL;
+	h = &sess->hello;
 	bb = atomic_load_explicit(&c->pools[pool].block_bytes, memory_order_acquire);
 	if (!bb)
 		return NULL;
 	dev = atomic_load_explicit(&c->pools[pool].device, memory_order_relaxed);
 	/* page < 2^20, page_bytes <= 2^50, slot < 2^12: no overflow below. */
-	if (bb > c->hello.device_bytes)
+	if (bb > h->device_bytes)
 		return NULL;
-	off = (uint64_t)KVC_BLOCK_PAGE(b) * c->hello.page_bytes +
-	      (uint64_t)KVC_BLOCK_SLOT(b) * bb;
-	if (off > c->hello.device_bytes - bb)
+	off = (uint64_t)KVC_BLOCK_PAGE(b) * h->page_bytes + (uint64_t)KVC_BLOCK_SLOT(b) * bb;
+	if (off > h->device_bytes - bb)
 		return NULL;
-	seg = c->hello.segment_bytes;
+	seg = h->segment_bytes;
 	last = (off + bb - 1) / seg;
 	for (s = off / seg; s <= last; s++)
-		if (!kvc_map_is_mapped(map, dev, (uint32_t)s))
+		if (!kvc_map_is_mapped(sess->map, dev, (uint32_t)s))
 			return NULL;
-	base = kvc_map_base(map, dev);
+	base = kvc_map_base(sess->map, dev);
 	return base ? base + off : NULL;
 }
 
 /* --- accessors and errors ------------------------------------------------ */
 
+/* The current session's: a reconnection publishes a new one; the old one
+ * stays readable until kvc_close(). */
 const struct kvc_hello *kvc_conn_hello(const kvc_conn *c)
 {
-	return &c->hello;
+	return &conn_sess(c)->hello;
 }
 
 int kvc_conn_fd(const kvc_conn *c)
@@ -1035,9 +1100,17 @@ bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index)
 	return c && kvc_map_is_mapped(conn_map(c), dev, index);
 }
 
+/* The calling thread's copy (see thread_err): valid until the thread's next
+ * call into the library. */
 KVC_PUBLIC const char *kvc_last_error(kvc_conn *c)
 {
-	return c ? c->err : "";
+	if (!c)
+		return "";
+	if (thread_err.conn != c->serial) {
+		pthread_mutex_lock(&c->lock);
+		err_unlock(c);
+	}
+	return thread_err.msg;
 }
 
 static const char *const kvc_errors[] = {

@@ -33,7 +33,8 @@
 
 /* --- conn.c --------------------------------------------------------------- */
 
-/* What the daemon said in its HelloReply. Immutable after kvc_connect(). */
+/* What the daemon said in its HelloReply: one per daemon session, immutable
+ * (a reconnection makes a new one). */
 struct kvc_hello {
 	uint32_t version;
 	uint64_t page_bytes;
@@ -89,7 +90,8 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
  * or a negative error. */
 int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *model);
 
-/* The HelloReply values; valid until kvc_close(). */
+/* The current session's HelloReply values; valid (unchanged) until
+ * kvc_close(), while a reconnection may make another one current. Lock-free. */
 const struct kvc_hello *kvc_conn_hello(const kvc_conn *c);
 
 /* The socket, for tests that write raw bytes. Still owned by c. */

@@ -20,6 +20,7 @@
  * Threads: a kvc_conn may be shared by threads; calls on it are serialized by
  * an internal mutex (one request in flight per connection; use one connection
  * per thread for parallelism). kvc_block_ptr() takes no lock.
+ * kvc_last_error() answers for the calling thread's own calls.
  *
  * Handles: a kvc_block is an opaque 64-bit value (generation, pool, page and
  * slot). A handle is valid while this connection holds a reference on it;
@@ -113,7 +114,10 @@ void kvc_close(kvc_conn *c);
  * disk tier after a restart) serves lookups again.
  *
  * kvc_restarts() counts the reconnections of c: compare it with the value
- * seen when a block table was filled to learn that its handles are gone.
+ * seen when a block table was filled to learn that its handles are gone. It
+ * moves as a reconnection lets the old daemon's memory go (before its call
+ * returns): a thread that reads zeros through a pointer from before and then
+ * asks sees that it moved.
  * A connection broken by a protocol error does not reconnect; nor does any
  * when the environment has KVCACHE_RECONNECT=0 at kvc_connect() time. */
 uint64_t kvc_restarts(kvc_conn *c);
@@ -212,8 +216,10 @@ void *kvc_block_ptr(kvc_conn *c, kvc_block b);
 /* Bytes of one block of the pool, or 0 for an unknown pool. */
 uint64_t kvc_pool_block_bytes(kvc_conn *c, int pool);
 
-/* The daemon's message for the last failed call on c ("" if none). Valid
- * until the next call on c. */
+/* The daemon's message for the calling thread's last failed call on c (""
+ * if none): threads sharing c each get their own call's. Valid until this
+ * thread's next call into the library. (When the thread's last call was on
+ * another connection, the last message on c, whichever thread's.) */
 const char *kvc_last_error(kvc_conn *c);
 
 /* A static description of an error code returned by this library. */

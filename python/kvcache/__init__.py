@@ -312,7 +312,7 @@ class Connection:
 
     @property
     def last_error(self) -> str:
-        """The daemon's message for the last failed call ("" if none)."""
+        """The daemon's message for this thread's last failed call ("" if none)."""
         m = _lib.kvc_last_error(self._h())
         return (m or b"").decode("utf-8", "replace")
 
