@@ -685,11 +685,16 @@ static int open_session(kvc_conn *c)
 	if (r < 0)
 		goto fail;
 	if (h->n_device_uuid) {
-		unsigned char uuid[MAX_DEVICES][16];
+		/* Checked above: 16 bytes per device (or none: an old daemon).
+		 * On the heap: a caller's thread may have a small stack. */
+		unsigned char (*uuid)[16] = malloc(h->n_device_uuid * sizeof(*uuid));
 
+		if (!uuid)
+			goto fail;
 		for (size_t i = 0; i < h->n_device_uuid; i++)
 			memcpy(uuid[i], h->device_uuid[i].data, 16);
 		kvc_map_set_devices(sess->map, uuid, c->cuda_device);
+		free(uuid);
 	} else {
 		kvc_map_set_devices(sess->map, NULL, c->cuda_device);
 	}
