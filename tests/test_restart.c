@@ -197,6 +197,18 @@ int main(void)
 	CHECK_EQ(kvc_swap_in(c, swap, &b, 1), KVC_ENOENT);
 	CHECK_EQ(kvc_alloc(c, pool, 1, &b), 1);
 	CHECK(kvc_block_ptr(c, b) != NULL);
+	/* test_swap_ids_after_restart: a swap of the new daemon does not take
+	 * the old one's id (both daemons counted from 1: an old id named the
+	 * new swap, and a thread sharing the connection took another's blocks). */
+	{
+		uint64_t fresh;
+		kvc_block back;
+
+		CHECK_EQ(kvc_swap_out(c, &b, 1, &fresh), 0);
+		CHECK(fresh != swap);
+		CHECK_EQ(kvc_swap_in(c, swap, &back, 1), KVC_ENOENT);
+		CHECK_EQ(kvc_swap_in(c, fresh, &b, 1), 1);
+	}
 	CHECK_EQ(kvc_release(c, &b, 1), 0);
 
 	/* The workers' lookups after the last restart found chains on disk. */

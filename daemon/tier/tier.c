@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -169,6 +171,14 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	}
 	kv_list_init(&t->swaps);
 	kv_list_init(&t->space_waiters);
+	/* Swap ids start anywhere below 2^52 (exact in a double, for JSON):
+	 * a client that reconnected to a new daemon must not find its old
+	 * ids naming the new daemon's swaps (one connection, shared by
+	 * threads, holds both), as block handles do not (their generations
+	 * start at random too). */
+	if (getrandom(&t->next_swap, sizeof(t->next_swap), GRND_NONBLOCK) != sizeof(t->next_swap))
+		t->next_swap = (uint64_t)getpid() << 32 ^ kv_mono_ms();
+	t->next_swap &= (1ull << 52) - 1;
 	*out = t;
 	if (!cfg->host_bytes) {
 		if (cfg->disk_path[0]) {
