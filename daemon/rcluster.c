@@ -953,10 +953,6 @@ static void rc_exchange(struct kv_rc *rc)
 
 			if (node->state == RC_UP)
 				rc_fill(rc, node);
-			if (node->state != RC_DOWN && now >= node->deadline)
-				rc_node_fail(rc, node, node->state == RC_CONNECTING ?
-					     "connect: timed out after %u ms" :
-					     "no reply within %u ms", rc->lim.timeout_ms);
 			if (node->state == RC_DOWN) {
 				rc->pfd[j].fd = -1;
 				continue;
@@ -980,7 +976,7 @@ static void rc_exchange(struct kv_rc *rc)
 		na = k;
 		if (!na)
 			break;
-		ms = (int)((first - now + 999999u) / 1000000u);
+		ms = first > now ? (int)((first - now + 999999u) / 1000000u) : 0;
 		rv = poll(rc->pfd, na, ms);
 		if (rv < 0 && errno != EINTR) {
 			for (j = 0; j < na; j++)
@@ -1001,6 +997,18 @@ static void rc_exchange(struct kv_rc *rc)
 				rc_write(rc, node);
 			if (node->state == RC_UP && (ev & (POLLIN | POLLHUP | POLLERR)))
 				rc_read(rc, node);
+		}
+		/* Timed out: silent through a poll() that waited until its
+		 * deadline. (Not merely past the deadline: time this thread spent
+		 * on other nodes, or off the CPU, is not the node's silence.) */
+		now = now_ns();
+		for (j = 0; rv >= 0 && j < na; j++) {
+			struct rc_node *node = rc->active[j];
+
+			if (node->state != RC_DOWN && !rc->pfd[j].revents && now >= node->deadline)
+				rc_node_fail(rc, node, node->state == RC_CONNECTING ?
+					     "connect: timed out after %u ms" :
+					     "no reply within %u ms", rc->lim.timeout_ms);
 		}
 		/* Done: every reply in. */
 		for (j = k = 0; j < na; j++) {
