@@ -150,7 +150,8 @@ void kv_rc_get_limits(const struct kv_rc *rc, struct kv_rc_limits *l);
 /* Returns 0, or -EINVAL for a zero or absurd value (rc unchanged). */
 int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l);
 
-/* How many masters own slots in the current map (0: none loaded yet). */
+/* How many masters owned slots in the map at its last load (0: none
+ * loaded yet); MOVED updates since are not counted. */
 unsigned kv_rc_masters(const struct kv_rc *rc);
 
 /* CRC16-XMODEM (poly 0x1021, init 0), Redis Cluster's key hash. */
