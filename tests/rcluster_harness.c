@@ -414,6 +414,8 @@ void kvt_rc_start(struct kvt_rc *c, int masters, int replicas, const struct kvt_
 		atexit(at_exit);
 		signal(SIGTERM, on_signal);
 		signal(SIGINT, on_signal);
+		signal(SIGHUP, on_signal);
+		signal(SIGPIPE, on_signal);  /* a test piped into head(1) */
 	}
 	for (k = 0; k < sizeof(live) / sizeof(live[0]) && live[k]; k++)
 		;

@@ -11,8 +11,9 @@
  * instead of checking.
  *
  * The servers die with the test: they are killed (and the directory
- * removed) when the test exits, fails a check, or gets SIGTERM/SIGINT
- * (meson's timeout), and by PR_SET_PDEATHSIG if it is killed outright.
+ * removed) when the test exits, fails a check, or gets SIGTERM (meson's
+ * timeout), SIGINT, SIGHUP or SIGPIPE; by PR_SET_PDEATHSIG if it is killed
+ * outright (the directory then stays).
  * A test that forks keeps the cleanup in the process that started them.
  *
  * Binaries: redis-server and redis-cli from PATH, or $KVT_REDIS_SERVER and
