@@ -1,0 +1,1517 @@
+/* The Redis Cluster client of the G4 tier; rcluster.h has the contract.
+ *
+ * Nodes. Every node the client knows (seeds, masters of the slot map,
+ * targets of redirects) has a struct rc_node, found by host and port; the
+ * table holds at most max_nodes. A slot-map load drops the nodes it no
+ * longer names (seeds stay). owner[slot] points at the master of each slot,
+ * or NULL where the map says nothing. A node's connection:
+ *
+ *        connect() started                writable, SO_ERROR 0
+ *   DOWN ----------------> CONNECTING ----------------------> UP
+ *    ^                          |                               |
+ *    +--- failure: close, backoff (retry_at), keys errors ------+
+ *
+ *   DOWN:       c == NULL; retry_at says when a connect may be tried
+ *               (backoff_ms 0: never failed, or a round succeeded since).
+ *   CONNECTING: c != NULL, its non-blocking connect in flight.
+ *   UP:         c != NULL; between calls nothing is queued, nothing is owed
+ *               (every command sent was answered), so the next call's
+ *               replies are its own.
+ * rc_check() asserts this at the start and end of every call.
+ *
+ * A call. Each key is an op; ops are queued on the node that owns their
+ * slot, and one exchange drives every such node at once: connect where
+ * needed (AUTH first on a new connection), append commands while the
+ * output buffer is under RC_OBUF_HIGH (so a large batch does not sit twice
+ * in memory), send, read, hand each reply to the op it answers (replies
+ * come in order on a connection). An op's queue is walked by two cursors:
+ * send (the next op to append) and recv (the next op owed a reply). A node
+ * leaves the exchange when recv reaches the end (success: its backoff is
+ * reset), or when it fails: then every op from recv on is an error. A
+ * redirected op is marked again and queued in the next exchange, on the
+ * node the redirect named; at most max_redirects + 1 exchanges per call.
+ *
+ * Waiting. The only blocking call is poll(), with the earliest deadline of
+ * the nodes in the exchange; a node's deadline is timeout_ms after its last
+ * progress (connect started, bytes sent or received). Sockets are
+ * non-blocking; writes use send(MSG_NOSIGNAL), so a closed peer is an
+ * error, not a SIGPIPE.
+ *
+ * Replies are built by this module's reader functions (struct rc_reply, not
+ * hiredis' redisReply), so that hostile lengths fail the reply instead of
+ * the process: each reply may take at most max_value + RC_REPLY_SLACK bytes
+ * of objects, array headers included (hiredis would calloc() what any
+ * "*N" asks), and the bytes waiting in the reader may not pass that either.
+ * A GET's value is malloc'd once, by the reader, and handed to the caller. */
+#include "rcluster.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#define RC_DEFAULT_TIMEOUT_MS 200
+#define RC_HOST_MAX 255
+#define RC_READ_CHUNK (64 * 1024)
+#define RC_OBUF_HIGH (256 * 1024)
+#define RC_REFRESH_FANOUT 3
+#define RC_REPLY_SLACK (16u << 20)
+#define RC_MAX_NODES_CAP 65535u
+#define RC_MAX_VALUE_CAP (1u << 30)  /* sds ranges are ints in hiredis 0.14 */
+
+enum rc_state { RC_DOWN, RC_CONNECTING, RC_UP };
+enum rc_kind { RC_GET, RC_SET, RC_DEL, RC_SLOTS };
+
+/* A reply as this module's reader functions build it. */
+struct rc_reply {
+	int type;                  /* REDIS_REPLY_* */
+	long long integer;
+	size_t len;                /* bytes of str, or elements of an array */
+	char *str;                 /* malloc'd, len + 1 bytes, NUL-terminated */
+	struct rc_reply **element;
+};
+
+/* A nil array (*-1), told apart from a nil string ($-1). */
+#define RC_REPLY_NIL_ARRAY 100
+
+static const char *rc_type_name(int type)
+{
+	switch (type) {
+	case REDIS_REPLY_STRING: return "a string";
+	case REDIS_REPLY_ARRAY: return "an array";
+	case REDIS_REPLY_INTEGER: return "an integer";
+	case REDIS_REPLY_NIL: return "a nil";
+	case REDIS_REPLY_STATUS: return "a status";
+	case REDIS_REPLY_ERROR: return "an error";
+	case RC_REPLY_NIL_ARRAY: return "a nil array";
+	default: return "an unknown type";
+	}
+}
+
+struct rc_node;
+
+struct rc_op {
+	struct rc_op *next;        /* in its node's queue */
+	struct rc_node *node;      /* where it goes next; NULL: by the slot map */
+	size_t idx;                /* the key's index; RC_SLOTS: the candidate's */
+	uint16_t slot;
+	uint8_t asking;            /* send ASKING before it */
+	uint8_t asking_seen;       /* ASKING's reply has been read */
+	uint8_t again;             /* redirected: goes in the next exchange */
+	uint8_t redirects;
+	int status;
+	void *data;                /* RC_GET hit: the value; RC_SLOTS: the reply */
+	size_t len;
+};
+
+struct rc_node {
+	char *host;
+	int port;
+	unsigned seed : 1, ever_up : 1, reused : 1, retried : 1, mark : 1;
+	enum rc_state state;
+	redisContext *c;
+	uint64_t retry_at;         /* ns */
+	unsigned backoff_ms;
+	char why[160];             /* why it last failed */
+	struct kv_rc *rc;
+
+	/* During an exchange. */
+	struct rc_op *head, *tail, *send, *recv;
+	uint64_t deadline;         /* ns */
+	int auth_pending, replies;
+	size_t budget;             /* bytes the reply being read has taken */
+};
+
+struct rc_call {
+	int kind;
+	const struct kv_rc_key *keys;
+	const struct kv_rc_val *vals;
+	char ttl[24];              /* "" for none */
+};
+
+struct kv_rc {
+	struct kv_rc_limits lim;
+	char *user, *password;
+	struct rc_node **nodes;
+	unsigned nnodes, cap;
+	struct rc_node **active;   /* cap entries: the nodes of an exchange */
+	struct pollfd *pfd;        /* cap entries */
+	int have_map, refresh_due;
+	unsigned nmasters;         /* owners in the map at its last load */
+	uint64_t last_refresh;     /* ns */
+	unsigned refresh_rr;
+	struct rc_call *call;      /* the call in progress */
+	char *rbuf;                /* RC_READ_CHUNK */
+	struct kv_rc_stats st;
+	char err[256];
+	struct {
+		unsigned skip, count;
+		int armed;
+	} fault[KV_RC_FAULT_N];
+	struct rc_node *owner[KV_RC_SLOTS];
+	struct rc_node *scratch[KV_RC_SLOTS];  /* a map being parsed */
+};
+
+/* ---- CRC16 and slots ---- */
+
+static const uint16_t crc16tab[256] = {
+	0x0000, 0x1021, 0x2042, 0x3063, 0x4084, 0x50a5, 0x60c6, 0x70e7,
+	0x8108, 0x9129, 0xa14a, 0xb16b, 0xc18c, 0xd1ad, 0xe1ce, 0xf1ef,
+	0x1231, 0x0210, 0x3273, 0x2252, 0x52b5, 0x4294, 0x72f7, 0x62d6,
+	0x9339, 0x8318, 0xb37b, 0xa35a, 0xd3bd, 0xc39c, 0xf3ff, 0xe3de,
+	0x2462, 0x3443, 0x0420, 0x1401, 0x64e6, 0x74c7, 0x44a4, 0x5485,
+	0xa56a, 0xb54b, 0x8528, 0x9509, 0xe5ee, 0xf5cf, 0xc5ac, 0xd58d,
+	0x3653, 0x2672, 0x1611, 0x0630, 0x76d7, 0x66f6, 0x5695, 0x46b4,
+	0xb75b, 0xa77a, 0x9719, 0x8738, 0xf7df, 0xe7fe, 0xd79d, 0xc7bc,
+	0x48c4, 0x58e5, 0x6886, 0x78a7, 0x0840, 0x1861, 0x2802, 0x3823,
+	0xc9cc, 0xd9ed, 0xe98e, 0xf9af, 0x8948, 0x9969, 0xa90a, 0xb92b,
+	0x5af5, 0x4ad4, 0x7ab7, 0x6a96, 0x1a71, 0x0a50, 0x3a33, 0x2a12,
+	0xdbfd, 0xcbdc, 0xfbbf, 0xeb9e, 0x9b79, 0x8b58, 0xbb3b, 0xab1a,
+	0x6ca6, 0x7c87, 0x4ce4, 0x5cc5, 0x2c22, 0x3c03, 0x0c60, 0x1c41,
+	0xedae, 0xfd8f, 0xcdec, 0xddcd, 0xad2a, 0xbd0b, 0x8d68, 0x9d49,
+	0x7e97, 0x6eb6, 0x5ed5, 0x4ef4, 0x3e13, 0x2e32, 0x1e51, 0x0e70,
+	0xff9f, 0xefbe, 0xdfdd, 0xcffc, 0xbf1b, 0xaf3a, 0x9f59, 0x8f78,
+	0x9188, 0x81a9, 0xb1ca, 0xa1eb, 0xd10c, 0xc12d, 0xf14e, 0xe16f,
+	0x1080, 0x00a1, 0x30c2, 0x20e3, 0x5004, 0x4025, 0x7046, 0x6067,
+	0x83b9, 0x9398, 0xa3fb, 0xb3da, 0xc33d, 0xd31c, 0xe37f, 0xf35e,
+	0x02b1, 0x1290, 0x22f3, 0x32d2, 0x4235, 0x5214, 0x6277, 0x7256,
+	0xb5ea, 0xa5cb, 0x95a8, 0x8589, 0xf56e, 0xe54f, 0xd52c, 0xc50d,
+	0x34e2, 0x24c3, 0x14a0, 0x0481, 0x7466, 0x6447, 0x5424, 0x4405,
+	0xa7db, 0xb7fa, 0x8799, 0x97b8, 0xe75f, 0xf77e, 0xc71d, 0xd73c,
+	0x26d3, 0x36f2, 0x0691, 0x16b0, 0x6657, 0x7676, 0x4615, 0x5634,
+	0xd94c, 0xc96d, 0xf90e, 0xe92f, 0x99c8, 0x89e9, 0xb98a, 0xa9ab,
+	0x5844, 0x4865, 0x7806, 0x6827, 0x18c0, 0x08e1, 0x3882, 0x28a3,
+	0xcb7d, 0xdb5c, 0xeb3f, 0xfb1e, 0x8bf9, 0x9bd8, 0xabbb, 0xbb9a,
+	0x4a75, 0x5a54, 0x6a37, 0x7a16, 0x0af1, 0x1ad0, 0x2ab3, 0x3a92,
+	0xfd2e, 0xed0f, 0xdd6c, 0xcd4d, 0xbdaa, 0xad8b, 0x9de8, 0x8dc9,
+	0x7c26, 0x6c07, 0x5c64, 0x4c45, 0x3ca2, 0x2c83, 0x1ce0, 0x0cc1,
+	0xef1f, 0xff3e, 0xcf5d, 0xdf7c, 0xaf9b, 0xbfba, 0x8fd9, 0x9ff8,
+	0x6e17, 0x7e36, 0x4e55, 0x5e74, 0x2e93, 0x3eb2, 0x0ed1, 0x1ef0,
+};
+
+uint16_t kv_rc_crc16(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint16_t crc = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		crc = (uint16_t)(crc << 8) ^ crc16tab[((crc >> 8) ^ b[i]) & 0xff];
+	return crc;
+}
+
+unsigned kv_rc_keyslot(const void *key, size_t len)
+{
+	const char *k = key, *open, *close;
+
+	open = len ? memchr(k, '{', len) : NULL;
+	if (open) {
+		size_t rest = len - (size_t)(open - k) - 1;
+
+		close = rest ? memchr(open + 1, '}', rest) : NULL;
+		if (close && close > open + 1)
+			return kv_rc_crc16(open + 1, (size_t)(close - open - 1)) & (KV_RC_SLOTS - 1);
+	}
+	return kv_rc_crc16(k, len) & (KV_RC_SLOTS - 1);
+}
+
+/* ---- small helpers ---- */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t ms_ns(unsigned ms)
+{
+	return (uint64_t)ms * 1000000u;
+}
+
+/* Records the first error of a call. */
+__attribute__((format(printf, 2, 3)))
+static void rc_error(struct kv_rc *rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (rc->err[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(rc->err, sizeof(rc->err), fmt, ap);
+	va_end(ap);
+}
+
+/* Whether fault point p fires now. */
+static int rc_fault(struct kv_rc *rc, enum kv_rc_fault p)
+{
+	if (!rc->fault[p].armed)
+		return 0;
+	if (rc->fault[p].skip) {
+		rc->fault[p].skip--;
+		return 0;
+	}
+	if (rc->fault[p].count != UINT_MAX && --rc->fault[p].count == 0)
+		rc->fault[p].armed = 0;
+	return 1;
+}
+
+void kv_rc_fault(struct kv_rc *rc, enum kv_rc_fault point, unsigned skip, unsigned count)
+{
+	if (!rc || point >= KV_RC_FAULT_N)
+		return;
+	rc->fault[point].skip = skip;
+	rc->fault[point].count = count;
+	rc->fault[point].armed = count != 0;
+}
+
+/* ---- replies ---- */
+
+static void rc_reply_free(void *p)
+{
+	struct rc_reply *r = p;
+	size_t i;
+
+	if (!r)
+		return;
+	if (r->type == REDIS_REPLY_ARRAY && r->element) {
+		for (i = 0; i < r->len; i++)
+			rc_reply_free(r->element[i]);
+		free(r->element);
+	}
+	free(r->str);
+	free(r);
+}
+
+/* Counts extra bytes against the reply being read; 0 when they fit. */
+static int rc_reply_charge(const redisReadTask *task, size_t extra)
+{
+	struct rc_node *node = task->privdata;
+	size_t cap = node->rc->lim.max_value + RC_REPLY_SLACK;
+
+	if (!task->parent)
+		node->budget = 0;  /* a new reply */
+	if (extra > cap || node->budget > cap - extra)
+		return -1;
+	node->budget += extra;
+	return 0;
+}
+
+/* Hooks r into its parent array, if any. The reader only gives an index
+ * below the count the parent was created with. */
+static void *rc_reply_link(const redisReadTask *task, struct rc_reply *r)
+{
+	if (task->parent) {
+		struct rc_reply *parent = task->parent->obj;
+
+		assert(parent->type == REDIS_REPLY_ARRAY && (size_t)task->idx < parent->len);
+		parent->element[task->idx] = r;
+	}
+	return r;
+}
+
+static void *rc_reply_string(const redisReadTask *task, char *str, size_t len)
+{
+	struct rc_reply *r;
+
+	if (rc_reply_charge(task, sizeof(*r) + len + 1))
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->str = malloc(len + 1);
+	if (!r->str) {
+		free(r);
+		return NULL;
+	}
+	memcpy(r->str, str, len);
+	r->str[len] = 0;
+	r->len = len;
+	r->type = task->type;  /* STRING, STATUS or ERROR */
+	return rc_reply_link(task, r);
+}
+
+static void *rc_reply_array(const redisReadTask *task, int elements)
+{
+	struct rc_reply *r;
+
+	if (elements < 0 ||
+	    rc_reply_charge(task, sizeof(*r) + (size_t)elements * sizeof(r->element[0])))
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	if (elements > 0) {
+		r->element = calloc((size_t)elements, sizeof(r->element[0]));
+		if (!r->element) {
+			free(r);
+			return NULL;
+		}
+	}
+	r->type = REDIS_REPLY_ARRAY;
+	r->len = (size_t)elements;
+	return rc_reply_link(task, r);
+}
+
+static void *rc_reply_integer(const redisReadTask *task, long long v)
+{
+	struct rc_reply *r;
+
+	if (rc_reply_charge(task, sizeof(*r)))
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->type = REDIS_REPLY_INTEGER;
+	r->integer = v;
+	return rc_reply_link(task, r);
+}
+
+static void *rc_reply_nil(const redisReadTask *task)
+{
+	struct rc_reply *r;
+
+	if (rc_reply_charge(task, sizeof(*r)))
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	/* *-1 is not $-1: no GET answers with it. */
+	r->type = task->type == REDIS_REPLY_ARRAY ? RC_REPLY_NIL_ARRAY : REDIS_REPLY_NIL;
+	return rc_reply_link(task, r);
+}
+
+static redisReplyObjectFunctions rc_reply_fns = {
+	.createString = rc_reply_string,
+	.createArray = rc_reply_array,
+	.createInteger = rc_reply_integer,
+	.createNil = rc_reply_nil,
+	.freeObject = rc_reply_free,
+};
+
+/* ---- nodes ---- */
+
+static void rc_node_close(struct rc_node *node)
+{
+	if (node->c)
+		redisFree(node->c);
+	node->c = NULL;
+	node->state = RC_DOWN;
+}
+
+static void rc_node_free(struct rc_node *node)
+{
+	if (!node)
+		return;
+	rc_node_close(node);
+	free(node->host);
+	free(node);
+}
+
+/* The node host:port (host len bytes, not NUL-terminated), added if new.
+ * NULL when the table is full or memory is short. */
+static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t len, int port)
+{
+	struct rc_node *node;
+	unsigned i;
+
+	for (i = 0; i < rc->nnodes; i++) {
+		node = rc->nodes[i];
+		if (node->port == port && strlen(node->host) == len && !memcmp(node->host, host, len))
+			return node;
+	}
+	if (rc->nnodes >= rc->lim.max_nodes)
+		return NULL;
+	if (rc->nnodes == rc->cap) {
+		unsigned cap = rc->cap ? rc->cap * 2 : 16;
+		struct rc_node **nodes, **active;
+		struct pollfd *pfd;
+
+		nodes = realloc(rc->nodes, cap * sizeof(*nodes));
+		if (!nodes)
+			return NULL;
+		rc->nodes = nodes;
+		active = realloc(rc->active, cap * sizeof(*active));
+		if (!active)
+			return NULL;
+		rc->active = active;
+		pfd = realloc(rc->pfd, cap * sizeof(*pfd));
+		if (!pfd)
+			return NULL;
+		rc->pfd = pfd;
+		rc->cap = cap;
+	}
+	node = calloc(1, sizeof(*node));
+	if (!node)
+		return NULL;
+	node->host = strndup(host, len);
+	if (!node->host) {
+		free(node);
+		return NULL;
+	}
+	node->port = port;
+	node->rc = rc;
+	rc->nodes[rc->nnodes++] = node;
+	return node;
+}
+
+/* Parses "host:port" or "[host]:port" (len bytes). Returns 0 with *host,
+ * *hlen, *port, or -EINVAL. An empty host is allowed (redirects use it for
+ * "the node that answered"). */
+static int rc_parse_addr(const char *s, size_t len, const char **host, size_t *hlen, int *port)
+{
+	const char *colon = NULL;
+	size_t i;
+	long p = 0;
+
+	for (i = len; i > 0; i--) {
+		if (s[i - 1] == ':') {
+			colon = s + i - 1;
+			break;
+		}
+	}
+	if (!colon || colon == s + len - 1 || len - (size_t)(colon - s) - 1 > 5)
+		return -EINVAL;
+	for (i = (size_t)(colon - s) + 1; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -EINVAL;
+		p = p * 10 + (s[i] - '0');
+	}
+	if (p < 1 || p > 65535)
+		return -EINVAL;
+	*host = s;
+	*hlen = (size_t)(colon - s);
+	if (*hlen >= 2 && s[0] == '[' && s[*hlen - 1] == ']') {
+		*host = s + 1;
+		*hlen -= 2;
+	}
+	if (*hlen > RC_HOST_MAX || memchr(*host, 0, *hlen))
+		return -EINVAL;
+	*port = (int)p;
+	return 0;
+}
+
+/* Whether the reader holds bytes or a reply begun: a connection that is
+ * owed nothing must have neither. (A reader that ran out of bytes between
+ * two replies has ridx 0 with a task of no type yet; one that has read a
+ * reply's type byte or an array header has not.) */
+static int rc_leftover(const redisContext *c)
+{
+	const redisReader *r = c->reader;
+
+	return r->pos != r->len || r->reply || (r->ridx >= 0 && r->rstack[0].type >= 0);
+}
+
+/* What must hold between calls (the header's state drawing). */
+__attribute__((unused))
+static int rc_check(const struct kv_rc *rc)
+{
+	unsigned i;
+
+	if (rc->nnodes > rc->lim.max_nodes || rc->nnodes > rc->cap)
+		return 0;
+	for (i = 0; i < rc->nnodes; i++) {
+		const struct rc_node *node = rc->nodes[i];
+
+		if ((node->c != NULL) != (node->state != RC_DOWN) || node->state == RC_CONNECTING)
+			return 0;
+		if (node->head || node->send || node->recv || node->auth_pending)
+			return 0;
+		if (node->state == RC_UP && (sdslen(node->c->obuf) || rc_leftover(node->c)))
+			return 0;
+	}
+	return 1;
+}
+
+/* ---- one exchange with many nodes ---- */
+
+static void rc_backoff(struct kv_rc *rc, struct rc_node *node)
+{
+	unsigned b = node->backoff_ms;
+
+	b = b ? (b >= rc->lim.backoff_max_ms / 2 ? rc->lim.backoff_max_ms : b * 2)
+	      : rc->lim.backoff_min_ms;
+	node->backoff_ms = b;
+	node->retry_at = now_ns() + ms_ns(b);
+}
+
+static void rc_op_fail(struct rc_op *op)
+{
+	op->status = KV_RC_ERROR;
+	op->again = 0;
+}
+
+/* Gives the node up for this call: closes the connection, starts (or
+ * lengthens) its backoff, errs every op still owed a reply and asks for a
+ * new slot map. */
+__attribute__((format(printf, 3, 4)))
+static void rc_node_fail(struct kv_rc *rc, struct rc_node *node, const char *fmt, ...)
+{
+	struct rc_op *op;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(node->why, sizeof(node->why), fmt, ap);
+	va_end(ap);
+	rc_error(rc, "%s:%d: %s", node->host, node->port, node->why);
+	if (node->state == RC_CONNECTING)
+		rc->st.connect_failures++;
+	rc_node_close(node);
+	rc_backoff(rc, node);
+	for (op = node->recv; op; op = op->next)
+		rc_op_fail(op);
+	node->send = node->recv = NULL;
+	node->auth_pending = 0;
+	rc->refresh_due = 1;
+}
+
+static void rc_connect(struct kv_rc *rc, struct rc_node *node);
+
+/* A connection kept from an earlier call turned out closed before it
+ * answered anything of this one (the server restarted, or closed it while
+ * idle): opens it again, once, at once, and sends everything again.
+ * Returns 1 if it did, 0 where the failure is to count. */
+static int rc_node_retry(struct kv_rc *rc, struct rc_node *node)
+{
+	struct rc_op *op;
+
+	if (!node->reused || node->retried || node->replies)
+		return 0;
+	rc_node_close(node);
+	node->retried = 1;
+	node->reused = 0;
+	node->send = node->recv = node->head;
+	for (op = node->head; op; op = op->next)
+		op->asking_seen = 0;
+	node->auth_pending = 0;
+	rc_connect(rc, node);
+	return 1;
+}
+
+/* Starts a non-blocking connect. On failure the node is failed. */
+static void rc_connect(struct kv_rc *rc, struct rc_node *node)
+{
+	redisContext *c;
+
+	assert(node->state == RC_DOWN);
+	node->state = RC_CONNECTING;  /* so that a failure counts as one to connect */
+	if (rc_fault(rc, KV_RC_FAULT_CONNECT)) {
+		rc_node_fail(rc, node, "connect: %s (fault injected)", strerror(ECONNREFUSED));
+		return;
+	}
+	c = redisConnectNonBlock(node->host, node->port);
+	if (!c || c->err) {
+		rc_node_fail(rc, node, "connect: %s", c ? c->errstr : "out of memory");
+		if (c)
+			redisFree(c);
+		return;
+	}
+	/* Swap the reader's object functions before it has read anything. */
+	c->reader->fn = &rc_reply_fns;
+	c->reader->privdata = node;
+	node->c = c;
+	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
+}
+
+/* The connect finished: checks how. */
+static void rc_connected(struct kv_rc *rc, struct rc_node *node)
+{
+	int err = 0;
+	socklen_t len = sizeof(err);
+
+	if (getsockopt(node->c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+		err = errno;
+	if (err) {
+		rc_node_fail(rc, node, "connect: %s", strerror(err));
+		return;
+	}
+	node->state = RC_UP;
+	if (node->ever_up)
+		rc->st.reconnects++;
+	node->ever_up = 1;
+	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
+	if (rc->password) {
+		const char *argv[3] = { "AUTH", rc->user, rc->password };
+		size_t lens[3] = { 4, rc->user ? strlen(rc->user) : 0, strlen(rc->password) };
+		int argc = 3;
+
+		if (!rc->user) {
+			argv[1] = rc->password;
+			lens[1] = lens[2];
+			argc = 2;
+		}
+		if (redisAppendCommandArgv(node->c, argc, argv, lens) != REDIS_OK) {
+			rc_node_fail(rc, node, "out of memory");
+			return;
+		}
+		node->auth_pending = 1;
+	}
+}
+
+/* Appends op's command(s) to the node's output buffer. */
+static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
+{
+	const struct rc_call *call = rc->call;
+	const char *argv[5];
+	size_t lens[5];
+	int argc = 2;
+
+	if (op->asking && redisAppendCommand(node->c, "ASKING") != REDIS_OK)
+		return -ENOMEM;
+	switch (call->kind) {
+	case RC_GET:
+	case RC_DEL:
+		argv[0] = call->kind == RC_GET ? "GET" : "DEL";
+		lens[0] = 3;
+		break;
+	case RC_SET:
+		argv[0] = "SET";
+		lens[0] = 3;
+		argv[2] = call->vals[op->idx].data ? call->vals[op->idx].data : "";
+		lens[2] = call->vals[op->idx].len;
+		argc = 3;
+		if (call->ttl[0]) {
+			argv[3] = "EX";
+			lens[3] = 2;
+			argv[4] = call->ttl;
+			lens[4] = strlen(call->ttl);
+			argc = 5;
+		}
+		break;
+	default:
+		argv[0] = "CLUSTER";
+		lens[0] = 7;
+		argv[1] = "SLOTS";
+		lens[1] = 5;
+		break;
+	}
+	if (call->kind != RC_SLOTS) {
+		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
+		lens[1] = call->keys[op->idx].len;
+	}
+	return redisAppendCommandArgv(node->c, argc, argv, lens) == REDIS_OK ? 0 : -ENOMEM;
+}
+
+/* Appends commands while the output buffer has room. */
+static void rc_fill(struct kv_rc *rc, struct rc_node *node)
+{
+	while (node->send && sdslen(node->c->obuf) < RC_OBUF_HIGH) {
+		if (rc_append(rc, node, node->send)) {
+			rc_node_fail(rc, node, "out of memory");
+			return;
+		}
+		node->send = node->send->next;
+	}
+}
+
+static void rc_write(struct kv_rc *rc, struct rc_node *node)
+{
+	sds obuf = node->c->obuf;
+	int fault = rc_fault(rc, KV_RC_FAULT_WRITE);
+	ssize_t n;
+
+	n = fault ? (errno = ECONNRESET, -1) : send(node->c->fd, obuf, sdslen(obuf), MSG_NOSIGNAL);
+	if (n < 0) {
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+		    !rc_node_retry(rc, node))
+			rc_node_fail(rc, node, "send: %s%s", strerror(errno),
+				     fault ? " (fault injected)" : "");
+		return;
+	}
+	rc->st.bytes_out += (uint64_t)n;
+	sdsrange(obuf, (int)n, -1);
+	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
+}
+
+/* An error reply to op: follows MOVED and ASK, else errs the op. */
+static void rc_error_reply(struct kv_rc *rc, struct rc_node *node, struct rc_op *op,
+			   const struct rc_reply *r)
+{
+	int moved = !strncmp(r->str, "MOVED ", 6), ask = !strncmp(r->str, "ASK ", 4);
+	const char *p, *host;
+	struct rc_node *to;
+	size_t hlen;
+	char *end;
+	long slot;
+	int port;
+
+	if ((!moved && !ask) || rc->call->kind == RC_SLOTS)
+		goto err;
+	p = r->str + (moved ? 6 : 4);
+	errno = 0;
+	slot = strtol(p, &end, 10);
+	if (errno || end == p || *end != ' ' || slot != op->slot)
+		goto err;
+	p = end + 1;
+	if (rc_parse_addr(p, r->len - (size_t)(p - r->str), &host, &hlen, &port))
+		goto err;
+	if (hlen == 0) {  /* the endpoint is the node that answered */
+		host = node->host;
+		hlen = strlen(node->host);
+	}
+	to = rc_node_get(rc, host, hlen, port);
+	if (!to) {
+		rc_error(rc, "%s:%d: %.*s: no room for another node (max_nodes %u)", node->host,
+			 node->port, (int)(r->len > 100 ? 100 : r->len), r->str, rc->lim.max_nodes);
+		rc_op_fail(op);
+		return;
+	}
+	if (op->redirects >= rc->lim.max_redirects) {
+		rc_error(rc, "%s:%d: %.*s: more than %u redirects", node->host, node->port,
+			 (int)(r->len > 100 ? 100 : r->len), r->str, rc->lim.max_redirects);
+		rc_op_fail(op);
+		return;
+	}
+	op->redirects++;
+	op->node = to;
+	op->again = 1;
+	op->asking = (uint8_t)ask;
+	if (moved) {
+		rc->owner[slot] = to;
+		rc->refresh_due = 1;
+		rc->st.redirects_moved++;
+	} else {
+		rc->st.redirects_ask++;
+	}
+	return;
+err:
+	rc_error(rc, "%s:%d: %.*s", node->host, node->port, (int)(r->len > 160 ? 160 : r->len),
+		 r->str);
+	rc_op_fail(op);
+}
+
+/* Hands reply r (consumed) to what it answers. */
+static void rc_reply(struct kv_rc *rc, struct rc_node *node, struct rc_reply *r)
+{
+	struct rc_op *op = node->recv;
+	int kind = rc->call->kind;
+
+	node->replies++;
+	if (node->auth_pending) {
+		node->auth_pending = 0;
+		if (r->type != REDIS_REPLY_STATUS) {
+			/* Counted as a connection that did not come up. */
+			rc->st.connect_failures++;
+			rc_node_fail(rc, node, "AUTH refused: %.100s",
+				     r->type == REDIS_REPLY_ERROR ? r->str : "(not a status reply)");
+		}
+		goto out;
+	}
+	if (!op || op == node->send) {
+		rc_node_fail(rc, node, "a reply to no command");
+		goto out;
+	}
+	if (op->asking && !op->asking_seen) {
+		/* Whatever ASKING got, the command's own reply decides. */
+		op->asking_seen = 1;
+		goto out;
+	}
+	node->recv = op->next;
+	op->again = 0;
+	if (r->type == REDIS_REPLY_ERROR) {
+		rc_error_reply(rc, node, op, r);
+		goto out;
+	}
+	op->status = KV_RC_ERROR;
+	switch (kind) {
+	case RC_GET:
+		if (r->type == REDIS_REPLY_STRING) {
+			op->status = KV_RC_HIT;
+			op->data = r->str;
+			op->len = r->len;
+			r->str = NULL;
+		} else if (r->type == REDIS_REPLY_NIL) {
+			op->status = KV_RC_MISS;
+		}
+		break;
+	case RC_SET:
+		if (r->type == REDIS_REPLY_STATUS && r->len == 2 && !memcmp(r->str, "OK", 2))
+			op->status = KV_RC_OK;
+		break;
+	case RC_DEL:
+		if (r->type == REDIS_REPLY_INTEGER && (r->integer == 0 || r->integer == 1))
+			op->status = r->integer ? KV_RC_OK : KV_RC_MISS;
+		break;
+	default:
+		op->status = KV_RC_OK;
+		op->data = r;
+		r = NULL;
+		break;
+	}
+	if (op->status == KV_RC_ERROR)
+		rc_error(rc, "%s:%d: a reply of the wrong kind (%s)", node->host, node->port,
+			 rc_type_name(r->type));
+out:
+	rc_reply_free(r);
+}
+
+static void rc_read(struct kv_rc *rc, struct rc_node *node)
+{
+	int fault = rc_fault(rc, KV_RC_FAULT_READ);
+	redisReader *reader;
+	ssize_t n;
+	void *r;
+
+	n = fault ? (errno = ECONNRESET, -1) : read(node->c->fd, rc->rbuf, RC_READ_CHUNK);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0) {
+		if (!rc_node_retry(rc, node))
+			rc_node_fail(rc, node, "read: %s%s", n ? strerror(errno) : "connection closed",
+				     fault ? " (fault injected)" : "");
+		return;
+	}
+	rc->st.bytes_in += (uint64_t)n;
+	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
+	reader = node->c->reader;
+	if (redisReaderFeed(reader, rc->rbuf, (size_t)n) != REDIS_OK) {
+		rc_node_fail(rc, node, "reply: %s", reader->errstr);
+		return;
+	}
+	while (node->state == RC_UP) {
+		r = NULL;
+		if (redisReaderGetReply(reader, &r) != REDIS_OK) {
+			rc_node_fail(rc, node, "reply: %s", reader->errstr);
+			return;
+		}
+		if (!r)
+			break;
+		rc_reply(rc, node, r);
+	}
+	if (node->state == RC_UP &&
+	    reader->len - reader->pos > rc->lim.max_value + (size_t)RC_REPLY_SLACK)
+		rc_node_fail(rc, node, "a reply larger than max_value (%zu bytes)", rc->lim.max_value);
+}
+
+/* Whether a connection kept from an earlier call is still open and quiet:
+ * a server sends nothing unasked, so bytes waiting mean it is out of step. */
+static int rc_idle_ok(const struct rc_node *node)
+{
+	char b;
+	ssize_t n = recv(node->c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+	return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* Drives every node that has ops queued until each has its replies or has
+ * failed. */
+static void rc_exchange(struct kv_rc *rc)
+{
+	unsigned i, na = 0;
+	uint64_t now = now_ns();
+
+	for (i = 0; i < rc->nnodes; i++) {
+		struct rc_node *node = rc->nodes[i];
+
+		if (!node->head)
+			continue;
+		node->send = node->recv = node->head;
+		node->replies = 0;
+		node->retried = 0;
+		if (node->state == RC_UP && !rc_idle_ok(node))
+			rc_node_close(node);  /* closed or out of step: a new one, no backoff */
+		node->reused = node->state == RC_UP;
+		if (node->state == RC_DOWN) {
+			if (node->backoff_ms && now < node->retry_at) {
+				rc_error(rc, "%s:%d: down, next try in %llu ms (%s)", node->host,
+					 node->port,
+					 (unsigned long long)((node->retry_at - now) / 1000000u),
+					 node->why);
+				for (struct rc_op *op = node->head; op; op = op->next)
+					rc_op_fail(op);
+				node->send = node->recv = NULL;
+				rc->refresh_due = 1;
+				continue;
+			}
+			rc_connect(rc, node);
+			if (node->state == RC_DOWN)
+				continue;
+		}
+		node->deadline = now + ms_ns(rc->lim.timeout_ms);
+		rc->st.rounds++;
+		rc->active[na++] = node;
+	}
+
+	while (na) {
+		uint64_t first = UINT64_MAX;
+		unsigned j, k;
+		int ms, rv;
+
+		now = now_ns();
+		for (j = 0; j < na; j++) {
+			struct rc_node *node = rc->active[j];
+
+			if (node->state == RC_UP)
+				rc_fill(rc, node);
+			if (node->state == RC_DOWN) {
+				rc->pfd[j].fd = -1;
+				continue;
+			}
+			rc->pfd[j].fd = node->c->fd;
+			rc->pfd[j].events = node->state == RC_CONNECTING ? POLLOUT :
+				POLLIN | (sdslen(node->c->obuf) ? POLLOUT : 0);
+			rc->pfd[j].revents = 0;
+			if (node->deadline < first)
+				first = node->deadline;
+		}
+		/* Drop the nodes that are done or failed. */
+		for (j = k = 0; j < na; j++) {
+			struct rc_node *node = rc->active[j];
+
+			if (node->state == RC_DOWN)
+				continue;
+			rc->active[k] = node;
+			rc->pfd[k++] = rc->pfd[j];
+		}
+		na = k;
+		if (!na)
+			break;
+		ms = first > now ? (int)((first - now + 999999u) / 1000000u) : 0;
+		rv = poll(rc->pfd, na, ms);
+		if (rv < 0 && errno != EINTR) {
+			for (j = 0; j < na; j++)
+				rc_node_fail(rc, rc->active[j], "poll: %s", strerror(errno));
+			break;
+		}
+		for (j = 0; rv > 0 && j < na; j++) {
+			struct rc_node *node = rc->active[j];
+			short ev = rc->pfd[j].revents;
+
+			if (!ev)
+				continue;
+			if (node->state == RC_CONNECTING) {
+				rc_connected(rc, node);
+				continue;
+			}
+			if ((ev & POLLOUT) && sdslen(node->c->obuf))
+				rc_write(rc, node);
+			if (node->state == RC_UP && (ev & (POLLIN | POLLHUP | POLLERR)))
+				rc_read(rc, node);
+		}
+		/* Timed out: silent through a poll() that waited until its
+		 * deadline. (Not merely past the deadline: time this thread spent
+		 * on other nodes, or off the CPU, is not the node's silence.) */
+		now = now_ns();
+		for (j = 0; rv >= 0 && j < na; j++) {
+			struct rc_node *node = rc->active[j];
+
+			if (node->state != RC_DOWN && !rc->pfd[j].revents && now >= node->deadline)
+				rc_node_fail(rc, node, node->state == RC_CONNECTING ?
+					     "connect: timed out after %u ms" :
+					     "no reply within %u ms", rc->lim.timeout_ms);
+		}
+		/* Done: every reply in. */
+		for (j = k = 0; j < na; j++) {
+			struct rc_node *node = rc->active[j];
+
+			if (node->state == RC_UP && !node->recv && !node->auth_pending) {
+				node->backoff_ms = 0;
+				if (rc_leftover(node->c))
+					rc_node_close(node);  /* more than was asked for */
+				continue;
+			}
+			rc->active[k++] = node;
+		}
+		na = k;
+	}
+}
+
+/* Queues op on node for the next exchange. */
+static void rc_queue(struct rc_node *node, struct rc_op *op)
+{
+	op->next = NULL;
+	op->asking_seen = 0;
+	op->status = KV_RC_ERROR;  /* until answered */
+	if (node->tail)
+		node->tail->next = op;
+	else
+		node->head = op;
+	node->tail = op;
+}
+
+static void rc_unqueue_all(struct kv_rc *rc)
+{
+	unsigned i;
+
+	for (i = 0; i < rc->nnodes; i++) {
+		struct rc_node *node = rc->nodes[i];
+
+		node->head = node->tail = node->send = node->recv = NULL;
+		node->auth_pending = 0;
+	}
+}
+
+/* ---- the slot map ---- */
+
+/* Parses a CLUSTER SLOTS reply from node into rc->scratch. Returns the
+ * number of slots covered, or -1 with the reason in why (nothing of the
+ * reply is trusted then). */
+static int rc_parse_slots(struct kv_rc *rc, struct rc_node *node, const struct rc_reply *r,
+			  char *why, size_t whylen)
+{
+	struct rc_node *last = NULL;
+	size_t i;
+	int covered = 0;
+
+	memset(rc->scratch, 0, sizeof(rc->scratch));
+	if (r->type != REDIS_REPLY_ARRAY) {
+		snprintf(why, whylen, "%s, not an array", rc_type_name(r->type));
+		return -1;
+	}
+	for (i = 0; i < r->len; i++) {
+		const struct rc_reply *e = r->element[i], *m, *h, *p;
+		const char *host;
+		size_t hlen;
+		long long s, start, end;
+
+		if (!e || e->type != REDIS_REPLY_ARRAY || e->len < 3 ||
+		    e->element[0]->type != REDIS_REPLY_INTEGER ||
+		    e->element[1]->type != REDIS_REPLY_INTEGER ||
+		    e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->len < 2) {
+			snprintf(why, whylen, "entry %zu: not [start, end, [host, port, ...], ...]", i);
+			return -1;
+		}
+		start = e->element[0]->integer;
+		end = e->element[1]->integer;
+		m = e->element[2];
+		h = m->element[0];
+		p = m->element[1];
+		if (start < 0 || end >= KV_RC_SLOTS || start > end) {
+			snprintf(why, whylen, "entry %zu: bad slot range %lld-%lld", i, start, end);
+			return -1;
+		}
+		if (h->type != REDIS_REPLY_STRING || h->len > RC_HOST_MAX ||
+		    memchr(h->str, 0, h->len) || p->type != REDIS_REPLY_INTEGER ||
+		    p->integer < 1 || p->integer > 65535) {
+			snprintf(why, whylen, "entry %zu: bad host or port", i);
+			return -1;
+		}
+		if (h->len == 1 && h->str[0] == '?')
+			continue;  /* endpoint unknown (Redis 7): those slots stay unknown */
+		host = h->len ? h->str : node->host;
+		hlen = h->len ? h->len : strlen(node->host);
+		if (!last || last->port != p->integer || strlen(last->host) != hlen ||
+		    memcmp(last->host, host, hlen))
+			last = rc_node_get(rc, host, hlen, (int)p->integer);
+		if (!last) {
+			snprintf(why, whylen, "entry %zu: more nodes than max_nodes (%u)", i,
+				 rc->lim.max_nodes);
+			return -1;
+		}
+		for (s = start; s <= end; s++) {
+			if (!rc->scratch[s])
+				covered++;
+			rc->scratch[s] = last;
+		}
+	}
+	if (!covered)
+		snprintf(why, whylen, "no slot covered");
+	return covered;
+}
+
+/* Drops the nodes the map no longer names (seeds stay). Only between
+ * exchanges: no op points at a node then. */
+static void rc_gc_nodes(struct kv_rc *rc)
+{
+	unsigned i, k;
+
+	for (i = 0; i < rc->nnodes; i++)
+		rc->nodes[i]->mark = 0;
+	for (i = 0; i < KV_RC_SLOTS; i++)
+		if (rc->owner[i])
+			rc->owner[i]->mark = 1;
+	rc->nmasters = 0;
+	for (i = k = 0; i < rc->nnodes; i++) {
+		struct rc_node *node = rc->nodes[i];
+
+		rc->nmasters += node->mark;
+		if (node->mark || node->seed)
+			rc->nodes[k++] = node;
+		else
+			rc_node_free(node);
+	}
+	rc->nnodes = k;
+}
+
+/* Loads a slot map when one is due: CLUSTER SLOTS to up to
+ * RC_REFRESH_FANOUT nodes not in backoff (the connected first, taken in
+ * turns), the first that gives a valid map wins. */
+static void rc_refresh(struct kv_rc *rc)
+{
+	struct rc_op ops[RC_REFRESH_FANOUT];
+	struct rc_call call = { .kind = RC_SLOTS };
+	struct rc_call *saved = rc->call;
+	uint64_t now = now_ns();
+	unsigned i, n = 0, pass, start;
+	int loaded = 0;
+	char why[96];
+
+	if (rc->have_map && (!rc->refresh_due || now - rc->last_refresh < ms_ns(rc->lim.refresh_min_ms)))
+		return;
+	if (!rc->nnodes)
+		return;
+	rc->last_refresh = now;
+	start = rc->refresh_rr++ % rc->nnodes;
+	memset(ops, 0, sizeof(ops));
+	for (pass = 0; pass < 2 && n < RC_REFRESH_FANOUT; pass++) {
+		for (i = 0; i < rc->nnodes && n < RC_REFRESH_FANOUT; i++) {
+			struct rc_node *node = rc->nodes[(start + i) % rc->nnodes];
+
+			if ((pass == 0) != (node->state == RC_UP) || node->head)
+				continue;
+			if (node->state == RC_DOWN && node->backoff_ms && now < node->retry_at)
+				continue;
+			ops[n].idx = n;
+			ops[n].node = node;
+			rc_queue(node, &ops[n]);
+			n++;
+		}
+	}
+	if (!n) {
+		rc_error(rc, "no node to ask for the slot map: all %u in backoff", rc->nnodes);
+		return;
+	}
+	rc->call = &call;
+	rc_exchange(rc);
+	rc_unqueue_all(rc);
+	rc->call = saved;
+	for (i = 0; i < n; i++) {
+		struct rc_reply *r = ops[i].data;
+		int covered;
+
+		if (ops[i].status != KV_RC_OK || !r || loaded)
+			goto next;
+		covered = rc_parse_slots(rc, ops[i].node, r, why, sizeof(why));
+		if (covered <= 0) {
+			rc_error(rc, "%s:%d: CLUSTER SLOTS: %s", ops[i].node->host, ops[i].node->port,
+				 why);
+			goto next;
+		}
+		memcpy(rc->owner, rc->scratch, sizeof(rc->owner));
+		rc->have_map = 1;
+		rc->refresh_due = 0;
+		rc->st.refreshes++;
+		loaded = 1;
+next:
+		rc_reply_free(r);
+		ops[i].data = NULL;
+	}
+	if (loaded)
+		rc_gc_nodes(rc);
+}
+
+/* ---- calls ---- */
+
+static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op **opsp)
+{
+	struct rc_op *ops;
+	unsigned round;
+	size_t i;
+
+	if (n > INT_MAX || (n && !call->keys))
+		return -EINVAL;
+	if (!n) {
+		*opsp = NULL;
+		return 0;
+	}
+	for (i = 0; i < n; i++)
+		if (!call->keys[i].data && call->keys[i].len)
+			return -EINVAL;
+	ops = calloc(n, sizeof(*ops));
+	if (!ops)
+		return -ENOMEM;
+	assert(rc_check(rc));
+	rc->err[0] = 0;
+	rc_refresh(rc);
+	rc->call = call;
+	for (i = 0; i < n; i++) {
+		ops[i].idx = i;
+		ops[i].slot = (uint16_t)kv_rc_keyslot(call->keys[i].data, call->keys[i].len);
+		ops[i].again = 1;
+		ops[i].status = KV_RC_ERROR;
+		if (call->kind == RC_SET && call->vals[i].len > rc->lim.max_value) {
+			rc_error(rc, "a value of %zu bytes: more than max_value", call->vals[i].len);
+			ops[i].again = 0;
+		}
+	}
+	for (round = 0; round <= rc->lim.max_redirects; round++) {
+		int queued = 0;
+
+		for (i = 0; i < n; i++) {
+			struct rc_op *op = &ops[i];
+			struct rc_node *node;
+
+			if (!op->again)
+				continue;
+			node = op->node ? op->node : rc->owner[op->slot];
+			if (!node) {
+				rc_error(rc, "slot %u: no node known to serve it", op->slot);
+				rc->refresh_due = 1;
+				rc_op_fail(op);
+				continue;
+			}
+			op->node = node;
+			rc_queue(node, op);
+			queued = 1;
+		}
+		if (!queued)
+			break;
+		rc_exchange(rc);
+		rc_unqueue_all(rc);
+	}
+	for (i = 0; i < n; i++)
+		if (ops[i].again)
+			rc_op_fail(&ops[i]);  /* left over after the last round */
+	rc->call = NULL;
+	assert(rc_check(rc));
+	*opsp = ops;
+	return 0;
+}
+
+int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out)
+{
+	struct rc_call call = { .kind = RC_GET, .keys = keys };
+	struct rc_op *ops;
+	int hits = 0, rv;
+	size_t i;
+
+	if (!rc || (n && !out))
+		return -EINVAL;
+	rv = rc_run(rc, &call, n, &ops);
+	if (rv)
+		return rv;
+	rc->st.keys_get += n;
+	for (i = 0; i < n; i++) {
+		out[i].status = ops[i].status;
+		out[i].data = ops[i].status == KV_RC_HIT ? ops[i].data : NULL;
+		out[i].len = ops[i].status == KV_RC_HIT ? ops[i].len : 0;
+		if (ops[i].status == KV_RC_HIT) {
+			hits++;
+			rc->st.hits++;
+		} else if (ops[i].status == KV_RC_MISS) {
+			rc->st.misses++;
+		} else {
+			rc->st.errors++;
+		}
+	}
+	free(ops);
+	return hits;
+}
+
+int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+	      const struct kv_rc_val *vals, unsigned ttl_s, int *status)
+{
+	struct rc_call call = { .kind = RC_SET, .keys = keys, .vals = vals };
+	struct rc_op *ops;
+	int stored = 0, rv;
+	size_t i;
+
+	if (!rc || (n && (!vals || !status)))
+		return -EINVAL;
+	for (i = 0; i < n; i++)
+		if (!vals[i].data && vals[i].len)
+			return -EINVAL;
+	if (ttl_s)
+		snprintf(call.ttl, sizeof(call.ttl), "%u", ttl_s);
+	rv = rc_run(rc, &call, n, &ops);
+	if (rv)
+		return rv;
+	rc->st.keys_set += n;
+	for (i = 0; i < n; i++) {
+		status[i] = ops[i].status;
+		if (ops[i].status == KV_RC_OK)
+			stored++;
+		else
+			rc->st.errors++;
+	}
+	free(ops);
+	return stored;
+}
+
+int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status)
+{
+	struct rc_call call = { .kind = RC_DEL, .keys = keys };
+	struct rc_op *ops;
+	int deleted = 0, rv;
+	size_t i;
+
+	if (!rc || (n && !status))
+		return -EINVAL;
+	rv = rc_run(rc, &call, n, &ops);
+	if (rv)
+		return rv;
+	for (i = 0; i < n; i++) {
+		status[i] = ops[i].status;
+		if (ops[i].status == KV_RC_OK)
+			deleted++;
+		else if (ops[i].status == KV_RC_ERROR)
+			rc->st.errors++;
+	}
+	free(ops);
+	return deleted;
+}
+
+void kv_rc_val_free(struct kv_rc_val *v)
+{
+	if (!v)
+		return;
+	free(v->data);
+	v->data = NULL;
+	v->len = 0;
+}
+
+void kv_rc_vals_free(size_t n, struct kv_rc_val *v)
+{
+	size_t i;
+
+	for (i = 0; v && i < n; i++)
+		kv_rc_val_free(&v[i]);
+}
+
+/* ---- the handle ---- */
+
+static const struct kv_rc_limits rc_defaults = {
+	.timeout_ms = RC_DEFAULT_TIMEOUT_MS,
+	.backoff_min_ms = 100,
+	.backoff_max_ms = 5000,
+	.max_redirects = 3,
+	.refresh_min_ms = 100,
+	.max_nodes = 1024,
+	.max_value = 512u << 20,
+};
+
+int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
+{
+	if (!rc || !l || !l->timeout_ms || l->timeout_ms > 600000 || !l->backoff_min_ms ||
+	    l->backoff_max_ms < l->backoff_min_ms || l->backoff_max_ms > 3600000 ||
+	    l->max_redirects > 100 || l->refresh_min_ms > 3600000 || !l->max_nodes ||
+	    l->max_nodes > RC_MAX_NODES_CAP || l->max_nodes < rc->nnodes || !l->max_value ||
+	    l->max_value > RC_MAX_VALUE_CAP)
+		return -EINVAL;
+	rc->lim = *l;
+	return 0;
+}
+
+void kv_rc_get_limits(const struct kv_rc *rc, struct kv_rc_limits *l)
+{
+	*l = rc->lim;
+}
+
+int kv_rc_new(const char *seeds, const char *user, const char *password, unsigned timeout_ms,
+	      struct kv_rc **out, char *err, size_t errlen)
+{
+	struct kv_rc *rc;
+	const char *p, *end;
+	int rv = -ENOMEM;
+
+	if (err && errlen)
+		err[0] = 0;
+	if (!seeds || !out || timeout_ms > 600000) {
+		if (err && errlen)
+			snprintf(err, errlen, "%s", !seeds ? "no seeds" : "timeout_ms out of range");
+		return -EINVAL;
+	}
+	rc = calloc(1, sizeof(*rc));
+	if (!rc)
+		return -ENOMEM;
+	rc->lim = rc_defaults;
+	if (timeout_ms)
+		rc->lim.timeout_ms = timeout_ms;
+	rc->rbuf = malloc(RC_READ_CHUNK);
+	if (!rc->rbuf)
+		goto fail;
+	if (password) {
+		rc->password = strdup(password);
+		if (!rc->password || (user && !(rc->user = strdup(user))))
+			goto fail;
+	}
+	for (p = seeds; *p; p = *end ? end + 1 : end) {
+		const char *host;
+		struct rc_node *node;
+		size_t len, hlen;
+		int port;
+
+		end = strchr(p, ',');
+		if (!end)
+			end = p + strlen(p);
+		while (p < end && (*p == ' ' || *p == '\t'))
+			p++;
+		len = (size_t)(end - p);
+		while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+			len--;
+		if (!len)
+			continue;
+		if (rc_parse_addr(p, len, &host, &hlen, &port) || !hlen) {
+			if (err && errlen)
+				snprintf(err, errlen, "bad seed \"%.*s\": want host:port", (int)len, p);
+			rv = -EINVAL;
+			goto fail;
+		}
+		node = rc_node_get(rc, host, hlen, port);
+		if (!node) {
+			if (rc->nnodes >= rc->lim.max_nodes) {
+				if (err && errlen)
+					snprintf(err, errlen, "more than %u seeds", rc->lim.max_nodes);
+				rv = -EINVAL;
+			}
+			goto fail;
+		}
+		node->seed = 1;
+	}
+	if (!rc->nnodes) {
+		if (err && errlen)
+			snprintf(err, errlen, "no seeds in \"%.100s\"", seeds);
+		rv = -EINVAL;
+		goto fail;
+	}
+	*out = rc;
+	return 0;
+fail:
+	kv_rc_free(rc);
+	return rv;
+}
+
+void kv_rc_free(struct kv_rc *rc)
+{
+	unsigned i;
+
+	if (!rc)
+		return;
+	for (i = 0; i < rc->nnodes; i++)
+		rc_node_free(rc->nodes[i]);
+	free(rc->nodes);
+	free(rc->active);
+	free(rc->pfd);
+	free(rc->rbuf);
+	free(rc->user);
+	if (rc->password) {
+		explicit_bzero(rc->password, strlen(rc->password));
+		free(rc->password);
+	}
+	free(rc);
+}
+
+const char *kv_rc_last_error(const struct kv_rc *rc)
+{
+	return rc->err;
+}
+
+void kv_rc_stats(const struct kv_rc *rc, struct kv_rc_stats *st)
+{
+	*st = rc->st;
+}
+
+unsigned kv_rc_masters(const struct kv_rc *rc)
+{
+	return rc->nmasters;
+}

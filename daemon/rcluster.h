@@ -1,0 +1,175 @@
+/* A Redis Cluster client for the G4 tier (docs/g4.md): batched GET, SET and
+ * DEL of binary keys over the masters of a cluster, with bounded waits.
+ *
+ * Mechanism only: it knows slots, nodes and redirects, nothing of blocks,
+ * pools or the protocol. The tier runs it on one I/O thread of its own
+ * (worker.h) and hands results to the loop.
+ *
+ * Threads: a struct kv_rc is used by one thread at a time (no locks inside);
+ * every call is synchronous and returns within a bounded time:
+ *   - a connection attempt waits at most timeout_ms;
+ *   - a node that sends or accepts nothing for timeout_ms during a call is
+ *     given up for that call (the wait restarts with every byte that moves,
+ *     so a large batch on a slow link is not cut short while it flows);
+ *   - a node that failed (refused, timed out, closed, bad reply, failed
+ *     AUTH) is not tried again until its backoff has passed: backoff_min_ms,
+ *     doubling up to backoff_max_ms, reset by a round that succeeds. Its keys
+ *     are errors meanwhile, at no cost, so a cluster that is down turns every
+ *     call into quick errors.
+ * Names (not IP literals) in seeds or redirects are resolved by hiredis with
+ * getaddrinfo(), which no timeout bounds: give IP addresses where that
+ * matters. Nodes learned from CLUSTER SLOTS are what the cluster announces
+ * (IP addresses unless it is set to announce hostnames).
+ *
+ * A call groups its keys per master and sends each master its commands
+ * pipelined, all masters at once (one poll() loop), then follows redirects
+ * in further rounds (at most max_redirects per key): -MOVED updates that
+ * slot's owner, asks for a new slot map at the next call and retries the key
+ * there; -ASK sends ASKING and the command to the node named, for that key
+ * only. -TRYAGAIN, -CLUSTERDOWN and every other error reply is an error for
+ * that key (no waiting, no retry). A reply of an unexpected type is an error
+ * for its key; a reply that breaks the protocol, or is larger than
+ * max_value, drops the connection, as do bytes nobody asked for. (RESP has
+ * no request ids: a server that slips an extra reply into a pipeline
+ * shifts the answers of the keys after it, so the tier checks what it
+ * reads: STYLE.md, data that leaves memory carries a checksum.) A connection that was idle since an
+ * earlier call and turns out closed is opened again once, at once; any other
+ * connection failure errs the node's unanswered keys of this call, starts
+ * its backoff and asks for a new slot map, which the next call fetches from
+ * another node (CLUSTER SLOTS, sent to up to three nodes not in backoff at
+ * once; at most one fetch per refresh_min_ms).
+ *
+ * AUTH: with a password, every new connection starts with AUTH user pass
+ * (user given) or AUTH pass; a refused AUTH is an error for the node's keys,
+ * with the server's words in kv_rc_last_error(), and backs the node off.
+ *
+ * Not here: TLS (hiredis 0.14, the Debian 12 library, has none: a G4 on an
+ * untrusted network needs a tunnel or a newer hiredis), reads from replicas,
+ * RESP3, pub/sub. hiredis 0.14 aborts when malloc fails inside it (command
+ * formatting, connection setup); replies are built by this module, which
+ * fails the call instead.
+ *
+ * Built only when hiredis is found (KV_HAVE_HIREDIS in kvconfig.h). */
+#ifndef KV_RCLUSTER_H
+#define KV_RCLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_RC_SLOTS 16384
+
+/* Per-key results. */
+enum {
+	KV_RC_ERROR = -1,  /* no answer, or an error: the caller treats it as a miss */
+	KV_RC_OK = 0,      /* set: stored; del: deleted */
+	KV_RC_HIT = 1,     /* get: data and len hold the value */
+	KV_RC_MISS = 2,    /* get, del: no such key */
+};
+
+/* Binary-safe: any bytes, NULs included. */
+struct kv_rc_key {
+	const void *data;
+	size_t len;
+};
+
+/* A value: what kv_rc_get() fills in (data malloc'd, owned by the caller,
+ * released with kv_rc_val_free()), or what kv_rc_set() stores (data the
+ * caller's, only read; status unused). */
+struct kv_rc_val {
+	void *data;
+	size_t len;
+	int status;   /* KV_RC_HIT, KV_RC_MISS or KV_RC_ERROR */
+};
+
+struct kv_rc_stats {
+	uint64_t rounds;           /* pipelined exchanges with one node */
+	uint64_t keys_get, keys_set;
+	uint64_t hits, misses;     /* gets */
+	uint64_t errors;           /* keys (get, set, del) that ended KV_RC_ERROR */
+	uint64_t redirects_moved, redirects_ask;
+	uint64_t refreshes;        /* slot maps loaded */
+	uint64_t reconnects;       /* connections made to a node that had one before */
+	uint64_t connect_failures; /* connections that did not come up (AUTH included) */
+	uint64_t bytes_in, bytes_out;
+};
+
+/* Every limit, with its default. */
+struct kv_rc_limits {
+	unsigned timeout_ms;       /* connect; silence during a call (200) */
+	unsigned backoff_min_ms;   /* first wait after a node failed (100) */
+	unsigned backoff_max_ms;   /* the doubling stops there (5000) */
+	unsigned max_redirects;    /* MOVED/ASK followed per key per call (3) */
+	unsigned refresh_min_ms;   /* at most one slot-map fetch per (100) */
+	unsigned max_nodes;        /* nodes known at once, seeds included (1024, at most 65535) */
+	size_t max_value;          /* larger replies drop the connection (512 MiB) */
+};
+
+struct kv_rc;
+
+/* A client for the cluster reachable through seeds: "host:port" items
+ * separated by commas ("[v6addr]:port" for IPv6). user NULL: no user name;
+ * password NULL: no AUTH (user is then ignored). timeout_ms 0: 200. Nothing
+ * is connected until the first call. The strings are copied.
+ * Returns 0 and *out, or -EINVAL (a bad seed list or timeout, the reason in
+ * err) or -ENOMEM; *out is untouched on failure. */
+int kv_rc_new(const char *seeds, const char *user, const char *password, unsigned timeout_ms,
+	      struct kv_rc **out, char *err, size_t errlen);
+/* Closes every connection and frees rc. NULL: nothing. */
+void kv_rc_free(struct kv_rc *rc);
+
+/* Batches of n 0 return 0 at once, sending nothing.
+ *
+ * Reads out[i] for keys[i], i < n. Each out[i] gets a status: KV_RC_HIT
+ * (data malloc'd, len bytes, plus a NUL after them that len does not count),
+ * KV_RC_MISS or KV_RC_ERROR (data NULL, len 0). A node that is down makes
+ * its keys errors; the other nodes' keys are answered. Returns the number of
+ * hits, or -EINVAL/-ENOMEM (before anything is sent; out untouched). */
+int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out);
+/* SET keys[i] vals[i] (EX ttl_s unless ttl_s is 0: no expiry); status[i]
+ * gets KV_RC_OK or KV_RC_ERROR. Returns the number stored, or -EINVAL/-ENOMEM
+ * (nothing sent, status untouched). */
+int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+	      const struct kv_rc_val *vals, unsigned ttl_s, int *status);
+/* DEL keys[i]; status[i] gets KV_RC_OK (deleted), KV_RC_MISS (absent) or
+ * KV_RC_ERROR. Returns the number deleted, or -EINVAL/-ENOMEM. */
+int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status);
+
+/* Frees what kv_rc_get() put in v (NULL or an empty value: nothing) and
+ * leaves v empty. */
+void kv_rc_val_free(struct kv_rc_val *v);
+/* The same for n values. */
+void kv_rc_vals_free(size_t n, struct kv_rc_val *v);
+
+/* The first error of the last call, or "" if it had none: "host:port: what"
+ * (a refused connection, a timeout, an AUTH the server refused with its
+ * words, an error reply). Valid until the next call on rc. */
+const char *kv_rc_last_error(const struct kv_rc *rc);
+
+void kv_rc_stats(const struct kv_rc *rc, struct kv_rc_stats *st);
+void kv_rc_get_limits(const struct kv_rc *rc, struct kv_rc_limits *l);
+/* Returns 0, or -EINVAL for a zero or absurd value (rc unchanged). */
+int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l);
+
+/* How many masters owned slots in the map at its last load (0: none
+ * loaded yet); MOVED updates since are not counted. */
+unsigned kv_rc_masters(const struct kv_rc *rc);
+
+/* CRC16-XMODEM (poly 0x1021, init 0), Redis Cluster's key hash. */
+uint16_t kv_rc_crc16(const void *p, size_t n);
+/* The slot of a key: CRC16 of the bytes between the first '{' and the
+ * first '}' after it when there is at least one, else of the whole key;
+ * mod 16384. */
+unsigned kv_rc_keyslot(const void *key, size_t len);
+
+/* Fault points for tests: the point passes skip calls, then fails count
+ * (UINT_MAX: every one from then on; 0 disarms it); a failure looks like the
+ * real one (a refused connection, a reset on send, a reset on read). */
+enum kv_rc_fault {
+	KV_RC_FAULT_CONNECT,
+	KV_RC_FAULT_WRITE,
+	KV_RC_FAULT_READ,
+	KV_RC_FAULT_N
+};
+void kv_rc_fault(struct kv_rc *rc, enum kv_rc_fault point, unsigned skip, unsigned count);
+
+#endif
