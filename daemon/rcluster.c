@@ -1,5 +1,10 @@
 /* The Redis Cluster client of the G4 tier; rcluster.h has the contract.
  *
+ * One file past 1,500 lines: the node table, the slot map, the exchange
+ * loop, redirects and the reply reader share one set of private structures
+ * (struct rc_node, rc_op, rc_reply) and invariants (rc_check()); split, each
+ * part would need the others' internals in a header of its own.
+ *
  * Nodes. Every node the client knows (seeds, masters of the slot map,
  * targets of redirects) has a struct rc_node, found by host and port; the
  * table holds at most max_nodes. A slot-map load drops the nodes it no
