@@ -89,30 +89,40 @@ static int group_id(const char *name, gid_t *gid)
 /* Takes "<path>.lock" (flock, held while l is bound): two daemons started
  * together on one path would otherwise both find it free, and the second's
  * replacing the file would leave the first listening on a socket nobody can
- * reach. Returns 0 or -errno (logged). */
+ * reach. The file is removed when l closes; so a lock taken on a file that
+ * was removed meanwhile (its holder closed between our open and our flock)
+ * is taken again on the file now at the path. Returns 0 or -errno (logged). */
 static int bind_lock(struct kv_listener *l, const char *path)
 {
-	char lock[sizeof(l->path) + 8];
-	int fd;
+	struct stat a, b;
+	int fd, tries;
 
-	snprintf(lock, sizeof(lock), "%s.lock", path);
-	fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0) {
-		int r = -errno;
+	snprintf(l->lock_path, sizeof(l->lock_path), "%s.lock", path);
+	for (tries = 0; tries < 16; tries++) {
+		fd = open(l->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (fd < 0) {
+			int r = -errno;
 
-		kv_err("%s socket: cannot open %s: %s", l->what, lock, strerror(-r));
-		return r;
-	}
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		int r = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
+			kv_err("%s socket: cannot open %s: %s", l->what, l->lock_path, strerror(-r));
+			return r;
+		}
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			int r = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
 
-		kv_err("%s socket %s: another daemon holds %s (%s)", l->what, path, lock,
-		       strerror(errno));
+			kv_err("%s socket %s: another daemon holds %s (%s)", l->what, path,
+			       l->lock_path, strerror(errno));
+			close(fd);
+			return r;
+		}
+		if (fstat(fd, &a) == 0 && stat(l->lock_path, &b) == 0 && a.st_dev == b.st_dev &&
+		    a.st_ino == b.st_ino) {
+			l->lock_fd = fd;
+			return 0;
+		}
 		close(fd);
-		return r;
 	}
-	l->lock_fd = fd;
-	return 0;
+	kv_err("%s socket %s: %s keeps changing under us", l->what, path, l->lock_path);
+	return -EADDRINUSE;
 }
 
 /* Whether a live daemon listens on path. A daemon killed a moment ago may
@@ -256,8 +266,13 @@ void kv_listener_close(struct kv_listener *l)
 	if (l->path[0] && stat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
 		unlink(l->path);
 	l->path[0] = 0;
-	if (l->lock_fd >= 0)
-		close(l->lock_fd);   /* after the unlink: a new daemon may bind now */
+	/* After the socket: a new daemon may bind once the lock is free. The
+	 * file goes first, while we hold it (bind_lock() checks that the file
+	 * it locked is still the one at the path). */
+	if (l->lock_fd >= 0) {
+		unlink(l->lock_path);
+		close(l->lock_fd);
+	}
 	l->lock_fd = -1;
 }
 

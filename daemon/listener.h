@@ -17,7 +17,8 @@ struct kv_listener {
 	int activated;             /* from systemd: never unlinked here */
 	char path[108];            /* the file we bound, "" if none */
 	uint64_t dev, ino;         /* of that file, to unlink only our own */
-	int lock_fd;               /* flock of "<path>.lock" while bound; -1 */
+	int lock_fd;               /* flock of lock_path while bound; -1 */
+	char lock_path[116];       /* "<path>.lock" */
 	struct kv_loop_watch w;
 	struct kv_ratelimit emfile_log;
 };
@@ -35,7 +36,7 @@ int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, con
 int kv_listener_start(struct kv_listener *l);
 /* Stops l accepting: its watch is cancelled, its fd closed, and the file it
  * bound removed if it is still ours (a newer daemon may have bound the path
- * meanwhile). Idempotent. */
+ * meanwhile), then its lock file. Idempotent. */
 void kv_listener_close(struct kv_listener *l);
 /* Where l listens, for the log. */
 const char *kv_listener_name(const struct kv_listener *l, char *buf, size_t len);
