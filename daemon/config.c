@@ -132,6 +132,24 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  NULL },
 	{ "writeback_high", 0, KV_CFG_PERCENT, KV_CFG_FIELD(tiers.g2_high), 0, 0, 100, "25",
 	  "... until this percentage is", NULL },
+	/* G4, a Redis Cluster shared by a fleet (docs/g4.md); not reloadable. */
+	{ "remote_seeds", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_seeds), 0, 0, 0, "",
+	  "G4: Redis Cluster nodes to learn the cluster from, host:port[,host:port...] (default: "
+	  "none, no G4; needs host_tier_size and disk_path)", NULL },
+	{ "remote_prefix", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_prefix), 0, 0, 0, "kvc",
+	  "G4: the prefix of every key kvcached writes", NULL },
+	{ "remote_ttl", 0, KV_CFG_DURATION, KV_CFG_FIELD(tiers.remote_ttl_ms), 0, 1000,
+	  2592000000ull, "1h", "G4: how long a block stays in the cluster after it was written",
+	  NULL },
+	{ "remote_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(tiers.remote_timeout_ms), 0, 1, 60000,
+	  "200ms", "G4: how long a cluster node may stay silent before its keys are misses", NULL },
+	{ "remote_user", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_user), 0, 0, 0, "",
+	  "G4: the ACL user kvcached authenticates as (default: none)", NULL },
+	{ "remote_password_file", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_password_file), 0,
+	  0, 0, "", "G4: a file holding the password (default: no AUTH)", NULL },
+	{ "remote_max_inflight", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.remote_max_inflight), 0,
+	  1048576, 0, "64MiB", "G4: block bytes queued for the cluster at most; past it blocks are "
+	  "not written (counted)", NULL },
 	/* Prometheus over HTTP (http.h, docs/operations.md "Scraping metrics
 	 * over HTTP"). */
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",

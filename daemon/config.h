@@ -59,6 +59,7 @@ struct kv_ns_conf {
 	uint32_t priority;
 	uint64_t ttl_ms;
 	int events;                   /* KV_NS_EVENTS_*: 0 = events_token_ids decides */
+	int remote;                   /* remote = yes: the G4 tier (docs/g4.md) */
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice

@@ -35,6 +35,7 @@ struct kv_ns_limits {
 	uint64_t reserve;             /* G1 others' allocations never take it below */
 	uint32_t priority;            /* eviction across namespaces: lower goes first */
 	uint64_t ttl_ms;              /* a cached prefix older than this is not served */
+	int remote;                   /* its sealed blocks go to G4 and are found there */
 };
 
 struct kv_ns {

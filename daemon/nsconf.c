@@ -11,6 +11,7 @@
  *   ttl = 1h                   # a cached prefix older than this is not served
  *   events = hashes            # KV events of its pools: off, hashes, tokens
  *                              # (default: events_token_ids decides)
+ *   remote = yes               # the G4 tier on Redis Cluster (docs/g4.md)
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -187,8 +188,17 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			}
 		return fail(err, errlen, "events: '%s' is not off, hashes or tokens", value);
 	}
+	if (!strcmp(key, "remote")) {
+		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1"))
+			n->remote = 1;
+		else if (!strcmp(value, "no") || !strcmp(value, "false") || !strcmp(value, "0"))
+			n->remote = 0;
+		else
+			return fail(err, errlen, "remote: '%s' is not yes or no", value);
+		return 0;
+	}
 	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
-		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events)", name, key);
+		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote)", name, key);
 }
 
 int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
@@ -254,5 +264,7 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 		if (n->events)
 			fprintf(f, "events = %s\n", n->events == KV_NS_EVENTS_OFF ? "off"
 				: n->events == KV_NS_EVENTS_HASHES ? "hashes" : "tokens");
+		if (n->remote)
+			fprintf(f, "remote = yes\n");
 	}
 }

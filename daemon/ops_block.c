@@ -449,7 +449,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	size_t n = m->hashes.len / HASH, k;
 	uint32_t old_pins = q->ss->npins;
 	struct kv_ns *ns;
-	int parked = 0;
+	int parked = 0, expired = 0;
 
 	if (!p)
 		return;
@@ -476,6 +476,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 				kv_tiers_forget(q->d->tiers, p, m->hashes.data + k * HASH);
 			else
 				kv_pools_drop_cached(kv_container_of(e, struct kv_block, ix));
+			expired = 1;
 			break;
 		}
 		if (e->kind == KV_ENTRY_TIER) {
@@ -489,6 +490,18 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			continue;
 		}
 		q->blk[k] = kv_container_of(e, struct kv_block, ix);
+	}
+	/* The rest of the chain may be in G4 (another node's work): ask, and
+	 * park until the answer is in G2 (the rerun promotes it). */
+	if (!parked && !expired && k < n) {
+		int r = kv_tiers_remote_fetch(q->d->tiers, p, m->hashes.data + k * HASH, n - k,
+					      &q->ss->waiter);
+
+		if (r == -ENOMEM) {
+			q->out = KV_OP_NOMEM;
+			return;
+		}
+		parked = r == 0;
 	}
 	if (parked) {
 		/* While the request waits for the rest of the chain, the blocks

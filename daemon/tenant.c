@@ -86,6 +86,7 @@ void kv_tenant_apply(struct kv_daemon *d, uint32_t id)
 		lim.reserve = resolve(c->reserve, total[0]);
 		lim.priority = c->priority;
 		lim.ttl_ms = c->ttl_ms;
+		lim.remote = c->remote;
 	}
 	kv_ns_set_limits(t, id, &lim);
 }

@@ -54,12 +54,20 @@ struct kv_tiers_config {
 	unsigned queue_depth;      /* G3 I/Os in flight */
 	unsigned g1_low, g1_high;  /* percent free of a device: demotion starts, stops */
 	unsigned g2_low, g2_high;  /* percent free of G2: write-back starts, stops */
+	/* G4 on Redis Cluster (docs/g4.md); remote_seeds "" = none. */
+	char remote_seeds[512];    /* host:port[,host:port...] */
+	char remote_prefix[64];    /* of every key */
+	char remote_user[64];      /* ACL user; "" = none (AUTH with the password alone) */
+	char remote_password_file[256];
+	uint64_t remote_ttl_ms, remote_timeout_ms;
+	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
 };
 
 /* A parked request: wake() runs it again. */
 struct kv_waiter {
 	struct kv_list link;
 	void (*wake)(struct kv_waiter *w);
+	uint64_t remote_mark;      /* kv_tiers_remote_fetch() */
 };
 
 enum { KV_TIER_G1, KV_TIER_G2, KV_TIER_G3, KV_NTIERS };
@@ -83,6 +91,20 @@ enum {
 };
 
 struct kv_tiers;
+
+/* G4 (tier/remote.c, docs/g4.md). */
+struct kv_g4_stats {
+	uint64_t fetches;          /* lookups that asked the cluster */
+	uint64_t hits, misses;     /* blocks found, and the first not found of a fetch */
+	uint64_t errors;           /* blocks the cluster did not answer for (down, slow) */
+	uint64_t checksum_failures;/* values that did not check out: misses */
+	uint64_t bytes_in, bytes_out;
+	uint64_t writes, write_errors;
+	uint64_t dropped;          /* blocks not written: remote_max_inflight was full */
+	uint64_t inflight_bytes;
+	uint64_t redirects, reconnects, connect_failures;
+	struct kv_hist hist;       /* fetch latency, from the ask to the answer on the loop */
+};
 
 void kv_tiers_config_defaults(struct kv_tiers_config *c);
 
@@ -203,6 +225,20 @@ uint64_t kv_tiers_entries(const struct kv_tiers *t);
  * check_holds, as sessions' are (kv_pools_check). */
 void kv_tiers_count_refs(struct kv_tiers *t);
 int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg), void *ctx);
+
+/* G4. A Lookup whose chain misses from hashes[0] on (n hashes) asks the
+ * cluster for them: 0 when a fetch started and w is queued on it (the
+ * caller parks; when w is woken, the blocks found are tier blocks in G2 and
+ * w->remote_mark names the first that was not, so that the rerun does not
+ * ask for it again), -ENOENT when there is nothing to ask (no G4, the
+ * namespace does not use it, or w->remote_mark says it was just asked:
+ * then the mark is cleared), -ENOMEM. */
+int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			  size_t n, struct kv_waiter *w);
+/* The mark of (p, hash) that kv_tiers_remote_fetch() leaves in a waiter. */
+uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash);
+/* G4's counters; 0 (st untouched) when there is no G4. */
+int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st);
 
 /* The media (1 << KV_MEDIUM_G1 ... G3, events.h) holding the copies of the
  * block behind index entry e, as KV events announce them: G1 for a G1 block;

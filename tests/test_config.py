@@ -84,6 +84,14 @@ ALL = {
     "demote_high": "30%",
     "writeback_low": "15%",
     "writeback_high": "40%",
+    # G4: an empty seed list keeps it off whatever the build.
+    "remote_seeds": "",
+    "remote_prefix": "fleet-a",
+    "remote_ttl": "30m",
+    "remote_timeout": "500ms",
+    "remote_user": "kvcached",
+    "remote_password_file": "",
+    "remote_max_inflight": "32MiB",
     "metrics_listen": "127.0.0.1:0",
     # KV events: an empty endpoint keeps them off whatever the build.
     "events_endpoint": "",

@@ -323,6 +323,7 @@ void tb_free(struct kv_tiers *t, struct tblock *tb)
 
 void tb_dealloc(struct tblock *tb)
 {
+	free(tb->g4_buf);
 	kv_pool_put(tb->pool);
 	free(tb);
 }

@@ -82,6 +82,7 @@ void kv_tiers_disk_done(struct kv_tiers *t)
 	if (t->lv[L3].on) {
 		kv_disk_reap(&t->disk);
 		kv_worker_reap(&t->wk);
+		tier_remote_reap(t);
 	}
 	/* Lookups waiting for staging room first: demotion must not take
 	 * the slots that promotions just gave back. */
@@ -181,9 +182,10 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	t->next_swap &= (1ull << 52) - 1;
 	*out = t;
 	if (!cfg->host_bytes) {
-		if (cfg->disk_path[0]) {
-			snprintf(err, errlen, "disk_path needs a host tier (host_tier_size) to stage "
-					      "its I/O through");
+		if (cfg->disk_path[0] || cfg->remote_seeds[0]) {
+			snprintf(err, errlen, "%s needs a host tier (host_tier_size) to stage "
+					      "its I/O through", cfg->disk_path[0] ? "disk_path"
+										: "remote_seeds");
 			goto err_inval;
 		}
 		return 0;
@@ -217,6 +219,9 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 		if (r < 0)
 			goto err;
 	}
+	r = tier_remote_open(t, err, errlen);
+	if (r < 0)
+		goto err;
 	return 0;
 err_inval:
 	r = -EINVAL;
@@ -289,6 +294,7 @@ void kv_tiers_destroy(struct kv_tiers *t)
 		}
 		break;
 	}
+	tier_remote_close(t);
 	/* The journal is written on this thread again from here on. */
 	kv_journal_detach(&t->jr);
 	kv_worker_stop(&t->wk);

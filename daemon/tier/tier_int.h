@@ -141,6 +141,9 @@ struct tblock {
 	uint64_t dop_ns;           /* when dop was submitted (hist.h) */
 	struct kv_job job;         /* the checksum of a write-back or a read (worker.h) */
 	uint32_t job_crc;
+	uint8_t g4_ok;             /* in G4 (written, or fetched from there) */
+	uint8_t g4_want;           /* its write-back copies it for G4 (g4_buf) */
+	uint8_t *g4_buf;           /* header and payload for G4, made by that job */
 };
 
 enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
@@ -217,6 +220,7 @@ struct kv_tiers {
 	 * watermarks do nothing, new ones fail with -ESHUTDOWN); what is in
 	 * flight finishes. */
 	uint8_t stopping;
+	struct kv_g4 *g4;          /* remote.c; NULL: no G4 */
 	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
@@ -350,6 +354,21 @@ void tier_journal_compact(struct kv_tiers *t);
  * runs a previous daemon left wait on t->dormant for their pools. Returns 0
  * or -errno with err set; kv_tiers_destroy() frees what was opened. */
 int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen);
+
+/* remote.c: G4 */
+/* Connects nothing yet: starts the client's threads when remote_seeds is
+ * set (G3 is open). Returns 0 or -errno with err set. */
+int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen);
+/* Stops the threads (what is queued runs) and frees G4. */
+void tier_remote_close(struct kv_tiers *t);
+/* The done()s of G4's finished jobs (from kv_tiers_disk_done()). */
+void tier_remote_reap(struct kv_tiers *t);
+/* Whether tb's write-back copies it for G4 too (reserves the room). */
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb);
+/* Worker thread, slot busy: header and payload into tb->g4_buf. */
+void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
+/* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
+void tier_remote_queue(struct kv_tiers *t, struct tblock *tb);
 
 /* tier.c */
 /* Runs every waiter on waiters (moved off it first: a wake may park again). */

@@ -20,12 +20,18 @@ static void writeback_sum(struct kv_job *j)
 	memcpy(&h, slot, sizeof(h));
 	slot_hdr_seal(&h, kv_crc32c(0, slot + HDR_BYTES, h.payload_len));
 	memcpy(slot, &h, sizeof(h));
+	if (tb->g4_want)
+		tier_remote_copy(tb, slot);
 }
 
 static void writeback_summed(struct kv_job *j)
 {
 	struct tblock *tb = kv_container_of(j, struct tblock, job);
 
+	if (tb->g4_want) {
+		tb->g4_want = 0;
+		tier_remote_queue(tb->t, tb);
+	}
 	kv_disk_submit(&tb->t->disk, &tb->dop);
 }
 
@@ -50,6 +56,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->wb_bytes += tb->run[L2]->slot_bytes;
 	t->lv[L3].st.inflight++;
+	tb->g4_want = (uint8_t)tier_remote_want(t, tb);
 	tb->dop_ns = kv_hist_now_ns();
 	tier_offload(t, &tb->job, writeback_sum, writeback_summed);
 	return 0;

@@ -1,0 +1,569 @@
+/* G4: sealed blocks in a Redis Cluster that a fleet of nodes shares
+ * (docs/g4.md). The cluster client (rcluster.h) runs on two threads of the
+ * tier's own, each with its own connections: one reads (lookups wait on it),
+ * one writes (so that write-back never delays a lookup). Both hand their
+ * results to the loop through the disk tier's eventfd (G4 needs G3: blocks
+ * are written to the cluster when they are written back to disk, from the
+ * G2 slot the write-back holds busy).
+ *
+ * Key:   <prefix>:<namespace>:<layout id, hex>:<hash, hex>
+ * Value: struct slot_hdr (as at the start of a G3 slot: magic, version,
+ *        namespace, layout, hash, length, CRC32C of payload and header),
+ *        then the payload. A value that does not check out is a miss and a
+ *        checksum failure, never served (Redis replies carry no request id:
+ *        a server that shifts its replies is caught here too).
+ *
+ * Write: tier_writeback_start() asks remote_want() whether the block goes
+ * to G4 too (G4 on, the namespace has remote = yes, the block did not come
+ * from G4, room under remote_max_inflight: reserved then); the write-back's
+ * checksum job, on the tier's worker thread while the slot is busy, copies
+ * header and payload into a buffer of their own (remote_copy()); back on
+ * the loop the buffer joins the pending writes, which go out as one batch
+ * per write job (pipelined to every master at once), one job at a time.
+ *
+ * Read: a Lookup whose chain misses from block k on asks G4 for blocks
+ * k..k+63 (kv_tiers_remote_fetch(): one job, one batched round); the read
+ * thread checks each value; on the loop the leading run of good values
+ * becomes tier blocks with a G2 copy (dirty: not on G3), and the parked
+ * request runs again and promotes them the usual way. The waiter's
+ * remote_mark then names the first block G4 did not give, so the rerun does
+ * not ask again for what just missed. A cluster that is down costs a lookup
+ * the client's timeout once, then nothing while its backoff lasts. */
+#include "tier_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "crc32c.h"
+#include "kvconfig.h"
+#include "log.h"
+
+#if KV_HAVE_HIREDIS
+#include "rcluster.h"
+
+#define FETCH_MAX 64          /* blocks one lookup asks G4 for */
+#define WRITE_BATCH 256       /* writes one job sends */
+#define KEY_MAX 200
+
+struct g4_write {
+	struct g4_write *next;
+	char key[KEY_MAX];
+	size_t keylen;
+	uint8_t *buf;             /* header + payload */
+	size_t len;
+};
+
+struct g4_fetch {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct kv_pool *pool;     /* held */
+	struct kv_list waiters;
+	uint32_t n, good;         /* asked; leading values that checked out */
+	uint64_t start_ns;
+	struct slot_hdr want;     /* the header every value must carry, hash aside */
+	uint8_t hash[FETCH_MAX][KV_HASH_BYTES];
+	char key[FETCH_MAX][KEY_MAX];
+	struct kv_rc_key keys[FETCH_MAX];
+	struct kv_rc_val vals[FETCH_MAX];
+	uint32_t bad_sum, errors, misses;
+	struct kv_rc_stats rc;    /* the client's counters after this job */
+};
+
+struct g4_wjob {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct g4_write *list;
+	uint32_t n, ok;
+	struct kv_rc_stats rc;
+};
+
+struct kv_g4 {
+	struct kv_rc *rd, *wr;    /* each used by its own thread only */
+	struct kv_worker rw, ww;
+	unsigned ttl_s;
+	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
+	struct g4_write *pending, **pending_tail;
+	uint32_t npending;
+	int writing;              /* a write job is under way */
+	struct kv_g4_stats st;
+	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
+};
+
+static uint64_t hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
+{
+	const char *ns = kv_pools_ns_name(t->ps, p->ns);
+
+	return XXH3_64bits(ns, strlen(ns));
+}
+
+static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t *hash, char *key)
+{
+	int n = snprintf(key, KEY_MAX, "%s:%s:%016llx:", t->cfg.remote_prefix,
+			 kv_pools_ns_name(t->ps, p->ns),
+			 (unsigned long long)t->layout_id[p->id]);
+
+	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++)
+		n += snprintf(key + n, KEY_MAX - (size_t)n, "%02x", hash[i]);
+	return (size_t)n;
+}
+
+static int ns_remote(struct kv_tiers *t, const struct kv_pool *p)
+{
+	const struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
+
+	return m && m->lim.remote;
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+static int read_password(const char *path, char *buf, size_t len, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "re");
+	size_t n;
+
+	if (!f) {
+		snprintf(err, errlen, "remote_password_file %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	n = fread(buf, 1, len - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = 0;
+	return 0;
+}
+
+int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
+{
+	const struct kv_tiers_config *c = &t->cfg;
+	char pw[256] = "", e[256];
+	struct kv_g4 *g;
+	int r;
+
+	if (!c->remote_seeds[0])
+		return 0;
+	if (!t->lv[L3].on) {
+		snprintf(err, errlen, "remote_seeds: G4 needs G3 (disk_path): blocks go to the "
+				      "cluster when they are written back to disk");
+		return -EINVAL;
+	}
+	if (c->remote_password_file[0] &&
+	    (r = read_password(c->remote_password_file, pw, sizeof(pw), err, errlen)) < 0)
+		return r;
+	if (!(g = calloc(1, sizeof(*g))))
+		return -ENOMEM;
+	g->pending_tail = &g->pending;
+	g->ttl_s = (unsigned)(c->remote_ttl_ms / 1000);
+	g->max_inflight = c->remote_max_inflight;
+	t->g4 = g;
+	r = kv_rc_new(c->remote_seeds, c->remote_user[0] ? c->remote_user : NULL,
+		      pw[0] ? pw : NULL, (unsigned)c->remote_timeout_ms, &g->rd, e, sizeof(e));
+	if (r == 0)
+		r = kv_rc_new(c->remote_seeds, c->remote_user[0] ? c->remote_user : NULL,
+			      pw[0] ? pw : NULL, (unsigned)c->remote_timeout_ms, &g->wr, e,
+			      sizeof(e));
+	memset(pw, 0, sizeof(pw));
+	if (r < 0) {
+		snprintf(err, errlen, "remote_seeds: %s", e);
+		return r;
+	}
+	if ((r = kv_worker_start(&g->rw, t->disk.efd)) < 0 ||
+	    (r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
+		snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
+		return r;
+	}
+	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us", c->remote_seeds, c->remote_prefix,
+		g->ttl_s);
+	return 0;
+}
+
+void tier_remote_close(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+
+	if (!g)
+		return;
+	/* Runs what is queued (reads and writes finish; their done()s see
+	 * t->stopping and make nothing new). */
+	kv_worker_stop(&g->rw);
+	kv_worker_stop(&g->ww);
+	while (g->pending) {
+		struct g4_write *w = g->pending;
+
+		g->pending = w->next;
+		free(w->buf);
+		free(w);
+	}
+	kv_rc_free(g->rd);
+	kv_rc_free(g->wr);
+	free(g);
+	t->g4 = NULL;
+}
+
+void tier_remote_reap(struct kv_tiers *t)
+{
+	if (t->g4) {
+		kv_worker_reap(&t->g4->rw);
+		kv_worker_reap(&t->g4->ww);
+	}
+}
+
+/* ---- writes ------------------------------------------------------------- */
+
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+{
+	struct kv_g4 *g = t->g4;
+	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
+
+	if (!g || t->stopping || tb->g4_ok || !ns_remote(t, tb->pool))
+		return 0;
+	if (g->inflight + len > g->max_inflight) {
+		g->st.dropped++;
+		return 0;
+	}
+	g->inflight += len;
+	return 1;
+}
+
+void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
+{
+	struct slot_hdr h;
+	size_t len;
+
+	memcpy(&h, slot, sizeof(h));
+	len = sizeof(h) + h.payload_len;
+	tb->g4_buf = malloc(len);
+	if (!tb->g4_buf)
+		return;
+	memcpy(tb->g4_buf, &h, sizeof(h));
+	memcpy(tb->g4_buf + sizeof(h), slot + HDR_BYTES, h.payload_len);
+}
+
+static void write_run(struct kv_job *j)
+{
+	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
+	struct kv_g4 *g = w->t->g4;
+	struct kv_rc_key *keys = calloc(w->n, sizeof(*keys));
+	struct kv_rc_val *vals = calloc(w->n, sizeof(*vals));
+	int *status = calloc(w->n, sizeof(*status));
+	struct g4_write *x;
+	uint32_t i = 0;
+
+	if (keys && vals && status) {
+		for (x = w->list; x; x = x->next, i++) {
+			keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
+			vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
+		}
+		if (kv_rc_set(g->wr, w->n, keys, vals, g->ttl_s, status) >= 0)
+			for (i = 0; i < w->n; i++)
+				w->ok += status[i] == KV_RC_OK;
+	}
+	free(keys);
+	free(vals);
+	free(status);
+	kv_rc_stats(g->wr, &w->rc);
+}
+
+static void write_flush(struct kv_tiers *t);
+
+static void write_done(struct kv_job *j)
+{
+	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
+	struct kv_g4 *g = w->t->g4;
+
+	g->st.writes += w->ok;
+	g->st.write_errors += w->n - w->ok;
+	g->wr_st = w->rc;
+	while (w->list) {
+		struct g4_write *x = w->list;
+
+		w->list = x->next;
+		g->st.bytes_out += x->len;
+		g->inflight -= x->len;
+		free(x->buf);
+		free(x);
+	}
+	g->writing = 0;
+	write_flush(w->t);
+	free(w);
+}
+
+/* Hands what is pending to the write thread, one job at a time, so that
+ * writes wait in one list and go out together. */
+static void write_flush(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_wjob *w;
+
+	if (g->writing || !g->pending || t->stopping)
+		return;
+	if (!(w = calloc(1, sizeof(*w))))
+		return;   /* tried again with the next write */
+	w->t = t;
+	w->list = g->pending;
+	while (g->pending && w->n < WRITE_BATCH) {
+		w->n++;
+		g->npending--;
+		if (w->n == WRITE_BATCH || !g->pending->next) {
+			struct g4_write *last = g->pending;
+
+			g->pending = last->next;
+			last->next = NULL;
+			break;
+		}
+		g->pending = g->pending->next;
+	}
+	if (!g->pending)
+		g->pending_tail = &g->pending;
+	g->writing = 1;
+	w->job.run = write_run;
+	w->job.done = write_done;
+	kv_worker_submit(&g->ww, &w->job);
+}
+
+void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
+{
+	struct kv_g4 *g = t->g4;
+	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
+	struct g4_write *w;
+
+	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
+		free(tb->g4_buf);
+		tb->g4_buf = NULL;
+		g->inflight -= len;
+		g->st.dropped++;
+		return;
+	}
+	w->keylen = key_of(t, tb->pool, tb->ix.hash, w->key);
+	w->buf = tb->g4_buf;
+	w->len = len;
+	tb->g4_buf = NULL;
+	tb->g4_ok = 1;   /* written once */
+	*g->pending_tail = w;
+	g->pending_tail = &w->next;
+	g->npending++;
+	write_flush(t);
+}
+
+/* ---- reads -------------------------------------------------------------- */
+
+/* The read thread: the values, and which of them check out. */
+static void fetch_run(struct kv_job *j)
+{
+	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
+	uint32_t i;
+
+	if (kv_rc_get(f->t->g4->rd, f->n, f->keys, f->vals) < 0) {
+		f->errors = f->n;
+		kv_rc_stats(f->t->g4->rd, &f->rc);
+		return;
+	}
+	kv_rc_stats(f->t->g4->rd, &f->rc);
+	for (i = 0; i < f->n; i++) {
+		struct kv_rc_val *v = &f->vals[i];
+		struct slot_hdr h, want = f->want;
+
+		if (v->status != KV_RC_HIT) {
+			f->errors += v->status == KV_RC_ERROR;
+			f->misses += v->status == KV_RC_MISS;
+			break;
+		}
+		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
+		if (v->len != sizeof(h) + want.payload_len) {
+			f->bad_sum++;
+			break;
+		}
+		memcpy(&h, v->data, sizeof(h));
+		slot_hdr_seal(&want, kv_crc32c(0, (const uint8_t *)v->data + sizeof(h),
+					       want.payload_len));
+		if (memcmp(&h, &want, sizeof(h))) {
+			f->bad_sum++;
+			break;
+		}
+		f->good++;
+	}
+}
+
+static void fetch_done(struct kv_job *j)
+{
+	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
+	struct kv_tiers *t = f->t;
+	struct kv_g4 *g = t->g4;
+	struct kv_list *pos;
+	uint32_t i, made = 0;
+	uint64_t mark;
+
+	g->st.hits += f->good;
+	g->st.misses += f->misses;
+	g->st.errors += f->errors;
+	g->st.checksum_failures += f->bad_sum;
+	g->rd_st = f->rc;
+	if (f->bad_sum)
+		kv_warn("G4: a value for pool '%s' did not check out (header or CRC32C); treated "
+			"as a miss", f->pool->name);
+	kv_hist_since(&g->st.hist, f->start_ns);
+	for (i = 0; i < f->good && !t->stopping; i++) {
+		struct tblock *tb;
+		uint8_t *slot;
+
+		g->st.bytes_in += f->vals[i].len;
+		if (kv_pool_find_entry(f->pool, f->hash[i])) {
+			made++;   /* here already (sealed or fetched meanwhile) */
+			continue;
+		}
+		if (!(tb = tb_new(t, f->pool, f->hash[i], kv_mono_ms())))
+			break;
+		if (slot_alloc(t, L2, f->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
+			tb_dealloc(tb);
+			break;
+		}
+		/* The copy into the slot is the loop's (one block at a time, at
+		 * most FETCH_MAX per lookup); the checks ran on the thread. */
+		slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
+		memset(slot, 0, HDR_BYTES);
+		memcpy(slot, f->vals[i].data, sizeof(struct slot_hdr));
+		memcpy(slot + HDR_BYTES, (const uint8_t *)f->vals[i].data + sizeof(struct slot_hdr),
+		       f->vals[i].len - sizeof(struct slot_hdr));
+		tb->g4_ok = 1;
+		tb_index(t, tb);
+		t->lv[L2].st.blocks++;
+		g2_dirty_add(t, tb, 1);
+		tb_set_idle(t, tb);
+		made++;
+	}
+	mark = made < f->n ? kv_tiers_remote_mark(f->pool, f->hash[made]) : 0;
+	kv_list_for_each(pos, &f->waiters)
+		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
+	tier_wake_all(&f->waiters);
+	kv_rc_vals_free(f->n, f->vals);
+	kv_pool_put(f->pool);
+	free(f);
+}
+
+uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
+{
+	uint8_t k[4 + KV_HASH_BYTES];
+
+	memcpy(k, &p->id, 4);
+	memcpy(k + 4, hash, KV_HASH_BYTES);
+	return XXH3_64bits(k, sizeof(k)) | 1;
+}
+
+int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			  size_t n, struct kv_waiter *w)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_fetch *f;
+	uint32_t i;
+
+	if (!g || t->stopping || !n || !ns_remote(t, p) || !t->layout_id[p->id])
+		return -ENOENT;
+	if (w->remote_mark == kv_tiers_remote_mark(p, hashes)) {
+		w->remote_mark = 0;   /* asked already: a miss this time */
+		return -ENOENT;
+	}
+	if (!(f = calloc(1, sizeof(*f))))
+		return -ENOMEM;
+	f->t = t;
+	f->pool = p;
+	kv_pool_hold(p);
+	kv_list_init(&f->waiters);
+	f->n = n < FETCH_MAX ? (uint32_t)n : FETCH_MAX;
+	f->want = (struct slot_hdr){ .magic = SLOT_MAGIC, .version = SLOT_VERSION,
+				     .ns = hdr_ns(t, p), .layout = t->layout_id[p->id],
+				     .payload_len = p->block_bytes };
+	for (i = 0; i < f->n; i++) {
+		memcpy(f->hash[i], hashes + (size_t)i * KV_HASH_BYTES, KV_HASH_BYTES);
+		f->keys[i].data = f->key[i];
+		f->keys[i].len = key_of(t, p, f->hash[i], f->key[i]);
+	}
+	f->start_ns = kv_hist_now_ns();
+	g->st.fetches++;
+	kv_list_push_back(&f->waiters, &w->link);
+	f->job.run = fetch_run;
+	f->job.done = fetch_done;
+	kv_worker_submit(&g->rw, &f->job);
+	return 0;
+}
+
+int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
+{
+	if (!t->g4)
+		return 0;
+	*st = t->g4->st;
+	st->inflight_bytes = t->g4->inflight;
+	st->redirects = t->g4->rd_st.redirects_moved + t->g4->rd_st.redirects_ask +
+			t->g4->wr_st.redirects_moved + t->g4->wr_st.redirects_ask;
+	st->reconnects = t->g4->rd_st.reconnects + t->g4->wr_st.reconnects;
+	st->connect_failures = t->g4->rd_st.connect_failures + t->g4->wr_st.connect_failures;
+	return 1;
+}
+
+#else /* no hiredis: no G4 */
+
+int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
+{
+	if (!t->cfg.remote_seeds[0])
+		return 0;
+	snprintf(err, errlen, "remote_seeds: this kvcached was built without hiredis (no G4)");
+	return -ENOTSUP;
+}
+
+void tier_remote_close(struct kv_tiers *t)
+{
+	(void)t;
+}
+
+void tier_remote_reap(struct kv_tiers *t)
+{
+	(void)t;
+}
+
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+{
+	(void)t;
+	(void)tb;
+	return 0;
+}
+
+void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
+{
+	(void)tb;
+	(void)slot;
+}
+
+void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
+{
+	(void)t;
+	(void)tb;
+}
+
+uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
+{
+	(void)p;
+	(void)hash;
+	return 0;
+}
+
+int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			  size_t n, struct kv_waiter *w)
+{
+	(void)t;
+	(void)p;
+	(void)hashes;
+	(void)n;
+	(void)w;
+	return -ENOENT;
+}
+
+int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
+{
+	(void)t;
+	(void)st;
+	return 0;
+}
+
+#endif
