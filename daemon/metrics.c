@@ -93,7 +93,7 @@ static void pool_labels(FILE *f, const struct kv_daemon *d, const struct kv_pool
  * one starts: family << 32 | item, item 0 being the header, item k + 1 the
  * pool, tier or namespace k (namespaces: their id, from 1). */
 
-enum fam_kind { F_ONE, F_POOL, F_TIER, F_NS, F_OP };
+enum fam_kind { F_ONE, F_POOL, F_TIER, F_NS, F_OP, F_G4 };
 
 /* What a page is written from, gathered once per page. */
 struct expo {
@@ -103,6 +103,8 @@ struct expo {
 	int nt;                          /* tiers shown */
 	uint64_t pages_total, pages_free, page_bytes;
 	struct kv_queue_stats q;         /* what waits in the connections */
+	struct kv_g4_stats g4;
+	int g4on;                        /* G4 configured: its families have samples */
 };
 
 struct fam {
@@ -131,6 +133,22 @@ static void one_uptime(FILE *f, const struct expo *x, const struct fam *fm, uint
 	(void)k;
 	fprintf(f, "%s %.3f\n", fm->name, (double)(kv_mono_ms() - x->d->start_mono_ms) / 1000.0);
 }
+
+static void g4_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	fprintf(f, "%s %" PRIu64 "\n", fm->name,
+		*(const uint64_t *)((const char *)&x->g4 + fm->off));
+}
+
+static void g4_hist(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	kv_hist_write(f, fm->name, "", &x->g4.hist);
+}
+
+#define G4(name, type, help, field)                                                 \
+	{ name, type, help, F_G4, g4_u64, offsetof(struct kv_g4_stats, field) }
 
 /* The daemon-wide figures, by index (struct fam.off of their rows). */
 enum { V_PAGE_BYTES, V_PAGES_TOTAL, V_PAGES_FREE, V_SESSIONS, V_DRAINING, V_REQUESTS, V_ENOSPC,
@@ -388,6 +406,34 @@ static const struct fam fams[] = {
 	TIER("kvcached_tier_queued_ios", "gauge",
 	     "Disk I/Os waiting for room in the disk ring (G3; disk_queue_depth are in flight).",
 	     queued),
+	G4("kvcached_g4_fetches_total", "counter", "Lookups that asked G4 (the Redis Cluster).",
+	   fetches),
+	G4("kvcached_g4_hits_total", "counter", "Blocks found in G4 and checked.", hits),
+	G4("kvcached_g4_misses_total", "counter", "G4 fetches that ended on a block not there.",
+	   misses),
+	G4("kvcached_g4_errors_total", "counter",
+	   "Blocks G4 did not answer for (a node down, slow or refusing): misses.", errors),
+	G4("kvcached_g4_checksum_failures_total", "counter",
+	   "G4 values that did not check out (header, CRC32C): misses, never served.",
+	   checksum_failures),
+	G4("kvcached_g4_read_bytes_total", "counter", "Bytes of values read from G4.", bytes_in),
+	G4("kvcached_g4_written_bytes_total", "counter", "Bytes of values written to G4.",
+	   bytes_out),
+	G4("kvcached_g4_writes_total", "counter", "Blocks written to G4.", writes),
+	G4("kvcached_g4_write_errors_total", "counter", "Blocks G4 did not take.", write_errors),
+	G4("kvcached_g4_dropped_total", "counter",
+	   "Blocks not written to G4: remote_max_inflight was full.", dropped),
+	G4("kvcached_g4_inflight_bytes", "gauge", "Bytes of writes to G4 queued or under way.",
+	   inflight_bytes),
+	G4("kvcached_g4_redirects_total", "counter", "MOVED and ASK redirects followed.",
+	   redirects),
+	G4("kvcached_g4_reconnects_total", "counter", "Connections to a G4 node made again.",
+	   reconnects),
+	G4("kvcached_g4_connect_failures_total", "counter",
+	   "Connections to a G4 node that did not come up (AUTH included).", connect_failures),
+	{ "kvcached_g4_fetch_duration_seconds", "histogram",
+	  "G4 fetches, from the lookup's ask to the answer on the daemon's loop.", F_G4, g4_hist,
+	  0 },
 	{ "kvcached_parked_requests", "gauge",
 	  "Requests waiting for a tier (a promotion, G2 staging room, a swap copy).", F_ONE,
 	  one_queue, offsetof(struct kv_queue_stats, parked) },
@@ -448,6 +494,8 @@ static int next_item(const struct expo *x, const struct fam *fm, uint32_t *k)
 			if (x->d->op_hist[*k].count)
 				return 1;
 		return 0;
+	case F_G4:
+		return *k == 0 && x->g4on;
 	}
 	return 0;
 }
@@ -469,6 +517,7 @@ ssize_t kv_metrics_page(const struct kv_daemon *d, uint64_t *pos, size_t limit, 
 	kv_metrics_ns_usage(d, x.u);
 	kv_pools_pages(d->pools, &x.pages_total, &x.pages_free, &x.page_bytes);
 	kv_tiers_stats(d->tiers, x.st);
+	x.g4on = kv_tiers_remote_stats(d->tiers, &x.g4);
 	if (d->queue_stats)
 		d->queue_stats(d, &x.q);
 	x.nt = kv_tiers_on(d->tiers) ? KV_NTIERS : 1;

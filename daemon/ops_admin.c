@@ -238,6 +238,29 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 	r->reloads = d->reloads;
 	r->reload_failures = d->reload_failures;
 	r->clients = kv_sessions_clients(d);
+	{
+		struct kv_g4_stats g;
+		Kvcached__RemoteInfo *ri;
+
+		if (kv_tiers_remote_stats(d->tiers, &g) && (ri = q_alloc(q, sizeof(*ri)))) {
+			kvcached__remote_info__init(ri);
+			ri->fetches = g.fetches;
+			ri->hits = g.hits;
+			ri->misses = g.misses;
+			ri->errors = g.errors;
+			ri->checksum_failures = g.checksum_failures;
+			ri->bytes_in = g.bytes_in;
+			ri->bytes_out = g.bytes_out;
+			ri->writes = g.writes;
+			ri->write_errors = g.write_errors;
+			ri->dropped = g.dropped;
+			ri->inflight_bytes = g.inflight_bytes;
+			ri->redirects = g.redirects;
+			ri->reconnects = g.reconnects;
+			ri->connect_failures = g.connect_failures;
+			r->remote = ri;
+		}
+	}
 	if (stats_tiers(q, r) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;

@@ -202,6 +202,7 @@ static void json_tier(struct json *j, const Kvcached__TierInfo *t)
 
 static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
 {
+	const Kvcached__RemoteInfo *g = s->remote;
 	size_t i;
 
 	json_key(j, "tiers");
@@ -209,6 +210,45 @@ static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
 	for (i = 0; i < s->n_tiers; i++)
 		json_tier(j, s->tiers[i]);
 	json_close(j, ']');
+	if (!g)
+		return;
+	json_key(j, "g4");
+	json_open(j, '{');
+	json_u64(j, "fetches", g->fetches);
+	json_u64(j, "hits", g->hits);
+	json_u64(j, "misses", g->misses);
+	json_u64(j, "errors", g->errors);
+	json_u64(j, "checksum_failures", g->checksum_failures);
+	json_u64(j, "bytes_in", g->bytes_in);
+	json_u64(j, "bytes_out", g->bytes_out);
+	json_u64(j, "writes", g->writes);
+	json_u64(j, "write_errors", g->write_errors);
+	json_u64(j, "dropped", g->dropped);
+	json_u64(j, "inflight_bytes", g->inflight_bytes);
+	json_u64(j, "redirects", g->redirects);
+	json_u64(j, "reconnects", g->reconnects);
+	json_u64(j, "connect_failures", g->connect_failures);
+	json_close(j, '}');
+}
+
+/* G4, when configured: one line of what it did. */
+static void g4_line(const Kvcached__StatsReply *s)
+{
+	const Kvcached__RemoteInfo *g = s->remote;
+	char *in, *out;
+
+	if (!g)
+		return;
+	in = fmt_bytes(g->bytes_in);
+	out = fmt_bytes(g->bytes_out);
+	printf("\nG4 (Redis Cluster): %" PRIu64 " fetches, %" PRIu64 " blocks hit, %" PRIu64
+	       " misses, %" PRIu64 " errors, %" PRIu64 " checksum failures; %" PRIu64
+	       " written (%" PRIu64 " failed, %" PRIu64 " dropped); %s in, %s out; %" PRIu64
+	       " redirects, %" PRIu64 " reconnects\n", g->fetches, g->hits, g->misses, g->errors,
+	       g->checksum_failures, g->writes, g->write_errors, g->dropped, in, out,
+	       g->redirects, g->reconnects);
+	free(in);
+	free(out);
 }
 
 static void tiers_table(const Kvcached__StatsReply *s)
@@ -340,6 +380,7 @@ int cmd_status(kvc_conn *c, const struct args *a)
 		kv_line("pools", "%zu", s->n_pools);
 		if (s->n_tiers)
 			tiers_table(s);
+		g4_line(s);
 
 		for (i = 0; i < s->n_pools; i++) {
 			const Kvcached__PoolInfo *p = s->pools[i];
