@@ -112,6 +112,17 @@ def tiers_of(d, hashes):
     return where
 
 
+def settled(d):
+    """Waits until no tier copy or disk I/O is in flight: an Evict starts
+    the copies and returns (on a busy machine a G1 -> G2 copy may still run
+    when the next Evict looks at G2)."""
+    def idle():
+        r = d.kvctl("-o", "json", "status")
+        assert r.returncode == 0, r.stderr
+        return all(t["inflight"] == 0 for t in json.loads(r.stdout)["tiers"])
+    assert kvt.wait_for(idle, 60), "tier copies still in flight after 60 s"
+
+
 def full_blocks(model, prompt):
     n = len(model.tok.encode(prompt))
     return (n - 1) // 16 * 16
@@ -141,6 +152,7 @@ def test_d_prefix_back_from_g2_and_g3(model, reference):
         # G1 -> G2: every cached block demoted.
         r = d.kvctl("evict", "--tier", "g1", "--all")
         assert r.returncode == 0, r.stderr
+        settled(d)
         with Engine(model, d.sock) as e:
             (o,) = e.generate([PROMPT], NEW, keep_logits=True, stop_at_eog=False)
         assert o.hit_tokens == full_blocks(model, PROMPT)
@@ -157,6 +169,7 @@ def test_d_prefix_back_from_g2_and_g3(model, reference):
         for tier in ("g1", "g2"):
             r = d.kvctl("evict", "--tier", tier, "--all")
             assert r.returncode == 0, r.stderr
+            settled(d)
         chain = [h.hex() for h in kvcache.hash_chain(model.tok.encode(PROMPT), 16)]
         where = tiers_of(d, chain)
         assert all(where[h] == {"G3"} for h in chain), where
