@@ -60,6 +60,7 @@ struct kv_ns_conf {
 	uint64_t ttl_ms;
 	int events;                   /* KV_NS_EVENTS_*: 0 = events_token_ids decides */
 	int remote;                   /* remote = yes: the G4 tier (docs/g4.md) */
+	uint64_t quota_g4;            /* quota_g4: bytes per remote_ttl; 0 = none */
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice

@@ -423,6 +423,8 @@ static const struct fam fams[] = {
 	G4("kvcached_g4_write_errors_total", "counter", "Blocks G4 did not take.", write_errors),
 	G4("kvcached_g4_dropped_total", "counter",
 	   "Blocks not written to G4: remote_max_inflight was full.", dropped),
+	G4("kvcached_g4_throttled_total", "counter",
+	   "Blocks not written to G4: remote_write_rate or the namespace's quota_g4.", throttled),
 	G4("kvcached_g4_inflight_bytes", "gauge", "Bytes of writes to G4 queued or under way.",
 	   inflight_bytes),
 	G4("kvcached_g4_redirects_total", "counter", "MOVED and ASK redirects followed.",

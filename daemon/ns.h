@@ -36,6 +36,7 @@ struct kv_ns_limits {
 	uint32_t priority;            /* eviction across namespaces: lower goes first */
 	uint64_t ttl_ms;              /* a cached prefix older than this is not served */
 	int remote;                   /* its sealed blocks go to G4 and are found there */
+	uint64_t quota_g4;            /* bytes it may write to G4 per remote_ttl; 0 = no limit */
 };
 
 struct kv_ns {
@@ -49,6 +50,7 @@ struct kv_ns {
 	uint64_t lookups, hits;       /* blocks asked for and found (any tier) */
 	uint64_t quota_refusals;      /* EQUOTA replies */
 	uint64_t enospc;              /* ENOSPC replies to allocations (alloc, cow, swap in) */
+	uint64_t g4_bytes, g4_since;  /* written to G4 since g4_since (kv_mono_ms(), tier/remote.c) */
 };
 
 struct kv_ns_table {

@@ -12,6 +12,7 @@
  *   events = hashes            # KV events of its pools: off, hashes, tokens
  *                              # (default: events_token_ids decides)
  *   remote = yes               # the G4 tier on Redis Cluster (docs/g4.md)
+ *   quota_g4 = 10GiB           # what it may write there per remote_ttl
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -188,6 +189,15 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			}
 		return fail(err, errlen, "events: '%s' is not off, hashes or tokens", value);
 	}
+	if (!strcmp(key, "quota_g4")) {
+		if (!value[0] || !strcmp(value, "0") || !strcmp(value, "none")) {
+			n->quota_g4 = 0;
+			return 0;
+		}
+		if (kv_parse_size(value, &n->quota_g4) < 0)
+			return fail(err, errlen, "quota_g4: '%s' is not a size (64GiB)", value);
+		return 0;
+	}
 	if (!strcmp(key, "remote")) {
 		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1"))
 			n->remote = 1;
@@ -198,7 +208,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		return 0;
 	}
 	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
-		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote)", name, key);
+		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4)", name, key);
 }
 
 int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
@@ -266,5 +276,7 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 				: n->events == KV_NS_EVENTS_HASHES ? "hashes" : "tokens");
 		if (n->remote)
 			fprintf(f, "remote = yes\n");
+		if (n->quota_g4)
+			fprintf(f, "quota_g4 = %llu\n", (unsigned long long)n->quota_g4);
 	}
 }

@@ -254,6 +254,7 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 			ri->writes = g.writes;
 			ri->write_errors = g.write_errors;
 			ri->dropped = g.dropped;
+			ri->throttled = g.throttled;
 			ri->inflight_bytes = g.inflight_bytes;
 			ri->redirects = g.redirects;
 			ri->reconnects = g.reconnects;

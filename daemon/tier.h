@@ -61,6 +61,7 @@ struct kv_tiers_config {
 	char remote_password_file[256];
 	uint64_t remote_ttl_ms, remote_timeout_ms;
 	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
+	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
 };
 
 /* A parked request: wake() runs it again. */
@@ -101,6 +102,7 @@ struct kv_g4_stats {
 	uint64_t bytes_in, bytes_out;
 	uint64_t writes, write_errors;
 	uint64_t dropped;          /* blocks not written: remote_max_inflight was full */
+	uint64_t throttled;        /* blocks not written: remote_write_rate or quota_g4 */
 	uint64_t inflight_bytes;
 	uint64_t redirects, reconnects, connect_failures;
 	struct kv_hist hist;       /* fetch latency, from the ask to the answer on the loop */

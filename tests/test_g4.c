@@ -6,6 +6,7 @@
  *              finds it in G4, and its worker reads the same bytes;
  *   isolation: the same pool in another namespace of B sees none of it, and
  *              a namespace without remote = yes does not even ask;
+ *   quota:     a namespace's quota_g4 lets three blocks of eight through;
  *   corrupt:   a value changed in Redis is a miss and a checksum failure: the
  *              chain stops before it, never a wrong byte;
  *   failover:  a master killed: lookups meanwhile find fewer blocks or none,
@@ -78,7 +79,7 @@ static void admin(kvc_conn *c, Kvcached__Request *rq)
 
 /* Node A: seals the chain (block i holds seed 1000 + i), releases it,
  * demotes it and writes it back, so that it goes to G4; waits for that. */
-static void seal_chain(const char *ns)
+static void seal_chain(const char *ns, int expect)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
 	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
@@ -102,7 +103,7 @@ static void seal_chain(const char *ns)
 	{
 		Kvcached__Response *rs = stats_of(ns);
 
-		want = rs->stats->remote->writes + N;
+		want = rs->stats->remote->writes + (uint64_t)expect;
 		kvcached__response__free_unpacked(rs, NULL);
 	}
 	ev.tier = KVCACHED__TIER__TIER_G1;
@@ -116,10 +117,11 @@ static void seal_chain(const char *ns)
 	for (int tries = 0;; tries++) {
 		Kvcached__Response *rs = stats_of(ns);
 		uint64_t w = rs->stats->remote->writes, e = rs->stats->remote->write_errors;
+		uint64_t in = rs->stats->remote->inflight_bytes;
 
 		kvcached__response__free_unpacked(rs, NULL);
 		CHECK_EQ(e, 0);
-		if (w >= want)
+		if (w >= want && !in)
 			break;
 		CHECK(tries < 60000);
 		usleep(1000);
@@ -202,7 +204,10 @@ static void write_conf(void)
 	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
 	fprintf(f, "[namespace g4a]\nusers = %u\nremote = yes\n\n", uid);
 	fprintf(f, "[namespace g4b]\nusers = %u\nremote = yes\n\n", uid);
-	fprintf(f, "[namespace plain]\nusers = %u\n", uid);
+	fprintf(f, "[namespace plain]\nusers = %u\n\n", uid);
+	/* Three blocks' worth per remote_ttl (a value: header + payload). */
+	fprintf(f, "[namespace g4q]\nusers = %u\nremote = yes\nquota_g4 = %u\n", uid,
+		3 * (BB + 80));
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
@@ -222,7 +227,7 @@ int main(void)
 
 	/* shared */
 	use(&a);
-	seal_chain("g4a");
+	seal_chain("g4a", N);
 	CHECK(kvt_rc_wait_replicated(&rc, 30000) == 0);
 	use(&b);
 	k = lookup_chain("g4a");
@@ -246,6 +251,29 @@ int main(void)
 	CHECK_EQ(lookup_chain("plain"), 0);
 	remote_counts("plain", &f2, &h2, &bad, &e2);
 	CHECK_EQ(f2, fetches);   /* no G4 for it: nothing asked */
+
+	/* quota: g4q may write three blocks; the other five are throttled */
+	use(&a);
+	{
+		Kvcached__Response *rs = stats_of("g4q");
+		uint64_t w0 = rs->stats->remote->writes, t0 = rs->stats->remote->throttled;
+
+		kvcached__response__free_unpacked(rs, NULL);
+		seal_chain("g4q", 3);
+		rs = stats_of("g4q");
+		fprintf(stderr, "quota: %llu written, %llu throttled\n",
+			(unsigned long long)(rs->stats->remote->writes - w0),
+			(unsigned long long)(rs->stats->remote->throttled - t0));
+		CHECK_EQ(rs->stats->remote->writes - w0, 3);
+		CHECK_EQ(rs->stats->remote->throttled - t0, N - 3);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	/* Which three went depends on the order of the write-backs (the oldest
+	 * first: the chain's tail); B finds at most those, every byte right. */
+	use(&b);
+	k = lookup_chain("g4q");
+	fprintf(stderr, "quota: node B found %d\n", k);
+	CHECK(k <= 3);
 
 	/* corrupt: block 5's value; a node that has nothing (B2) finds 0..4 */
 	corrupt(5);

@@ -224,6 +224,7 @@ static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
 	json_u64(j, "writes", g->writes);
 	json_u64(j, "write_errors", g->write_errors);
 	json_u64(j, "dropped", g->dropped);
+	json_u64(j, "throttled", g->throttled);
 	json_u64(j, "inflight_bytes", g->inflight_bytes);
 	json_u64(j, "redirects", g->redirects);
 	json_u64(j, "reconnects", g->reconnects);
@@ -243,9 +244,10 @@ static void g4_line(const Kvcached__StatsReply *s)
 	out = fmt_bytes(g->bytes_out);
 	printf("\nG4 (Redis Cluster): %" PRIu64 " fetches, %" PRIu64 " blocks hit, %" PRIu64
 	       " misses, %" PRIu64 " errors, %" PRIu64 " checksum failures; %" PRIu64
-	       " written (%" PRIu64 " failed, %" PRIu64 " dropped); %s in, %s out; %" PRIu64
-	       " redirects, %" PRIu64 " reconnects\n", g->fetches, g->hits, g->misses, g->errors,
-	       g->checksum_failures, g->writes, g->write_errors, g->dropped, in, out,
+	       " written (%" PRIu64 " failed, %" PRIu64 " dropped, %" PRIu64 " throttled); %s in, "
+	       "%s out; %" PRIu64 " redirects, %" PRIu64 " reconnects\n", g->fetches, g->hits,
+	       g->misses, g->errors, g->checksum_failures, g->writes, g->write_errors, g->dropped,
+	       g->throttled, in, out,
 	       g->redirects, g->reconnects);
 	free(in);
 	free(out);

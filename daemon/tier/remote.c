@@ -88,6 +88,7 @@ struct kv_g4 {
 	struct g4_write *pending, **pending_tail;
 	uint32_t npending;
 	int writing;              /* a write job is under way */
+	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
 	struct kv_g4_stats st;
 	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
 };
@@ -158,6 +159,8 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 	g->pending_tail = &g->pending;
 	g->ttl_s = (unsigned)(c->remote_ttl_ms / 1000);
 	g->max_inflight = c->remote_max_inflight;
+	g->tokens = c->remote_write_rate;
+	g->tokens_ms = kv_mono_ms();
 	t->g4 = g;
 	r = kv_rc_new(c->remote_seeds, c->remote_user[0] ? c->remote_user : NULL,
 		      pw[0] ? pw : NULL, (unsigned)c->remote_timeout_ms, &g->rd, e, sizeof(e));
@@ -213,15 +216,51 @@ void tier_remote_reap(struct kv_tiers *t)
 
 /* ---- writes ------------------------------------------------------------- */
 
+/* Whether len bytes may go out now under remote_write_rate (a token bucket
+ * of one second's worth) and the namespace's quota_g4 (bytes per remote_ttl,
+ * so about what it may hold in the cluster: every key expires after it);
+ * takes them if so. */
+static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
+{
+	struct kv_g4 *g = t->g4;
+	uint64_t now = kv_mono_ms(), rate = t->cfg.remote_write_rate;
+
+	if (rate) {
+		g->tokens += (now - g->tokens_ms) * rate / 1000;
+		if (g->tokens > rate)
+			g->tokens = rate;
+		g->tokens_ms = now;
+		if (g->tokens < len)
+			return 0;
+	}
+	if (m->lim.quota_g4) {
+		if (now - m->g4_since >= t->cfg.remote_ttl_ms) {
+			m->g4_since = now;
+			m->g4_bytes = 0;
+		}
+		if (m->g4_bytes + len > m->lim.quota_g4)
+			return 0;
+		m->g4_bytes += len;
+	}
+	if (rate)
+		g->tokens -= len;
+	return 1;
+}
+
 int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
 {
 	struct kv_g4 *g = t->g4;
 	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
+	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
 
-	if (!g || t->stopping || tb->g4_ok || !ns_remote(t, tb->pool))
+	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote)
 		return 0;
 	if (g->inflight + len > g->max_inflight) {
 		g->st.dropped++;
+		return 0;
+	}
+	if (!write_allowed(t, m, len)) {
+		g->st.throttled++;
 		return 0;
 	}
 	g->inflight += len;
