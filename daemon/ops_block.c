@@ -425,23 +425,14 @@ static void unpin(struct kv_session *ss, uint32_t n)
 	ss->npins -= n;
 }
 
-static int pin(struct kv_session *ss, struct kv_block *b)
+/* Drops the pins taken after the first keep (this run's, when keep is
+ * the count it started with). */
+static void unpin_after(struct kv_session *ss, uint32_t keep)
 {
-	if (ss->npins == ss->pins_cap) {
-		uint32_t cap = ss->pins_cap ? 2 * ss->pins_cap : 16;
-		void *np = realloc(ss->pins, cap * sizeof(*ss->pins));
-
-		if (!np)
-			return -ENOMEM;
-		ss->pins = np;
-		ss->pins_cap = cap;
-	}
-	/* A block with the most references it may have is not pinned: being
-	 * held, it is not demoted either. */
-	if (kv_block_ref(b) == 0)
-		ss->pins[ss->npins++] = b;
-	return 0;
+	while (ss->npins > keep)
+		kv_block_unref(ss->pins[--ss->npins]);
 }
+
 
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
@@ -459,6 +450,23 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			   "lookup of %zu hash bytes: must be a multiple of %d, at most %u hashes",
 			   m->hashes.len, HASH, q->d->cfg.max_batch);
 		return;
+	}
+	/* The chain's blocks in G1 are pinned before any promotion starts: a
+	 * promotion makes its room in G1 by demotion, which must not take a
+	 * block of this very chain (with room for one, two blocks of a chain
+	 * took turns there forever: the promotion of one demoted the other,
+	 * found by fuzz_dispatch). While the request waits, the pins keep them
+	 * in G1, or it could chase its own chain forever. */
+	for (k = 0; k < n; k++) {
+		struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + k * HASH);
+
+		if (!e || kv_pool_expired(p, e))
+			break;
+		if (e->kind == KV_ENTRY_BLOCK &&
+		    kv_session_pin(q->ss, kv_container_of(e, struct kv_block, ix)) < 0) {
+			q->out = KV_OP_NOMEM;
+			return;
+		}
 	}
 	/* Blocks in lower tiers are promoted first: all of the chain's at once,
 	 * and the request parks on the first; when it runs again the next
@@ -504,22 +512,14 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		parked = r == 0;
 	}
 	if (parked) {
-		/* While the request waits for the rest of the chain, the blocks
-		 * it has found stay in G1: demotion would otherwise take them
-		 * and the request could chase its own chain forever. */
-		for (size_t i = 0; i < k; i++) {
-			struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + i * HASH);
-
-			if (e && e->kind == KV_ENTRY_BLOCK &&
-			    pin(q->ss, kv_container_of(e, struct kv_block, ix)) < 0) {
-				q->out = KV_OP_NOMEM;
-				return;
-			}
-		}
+		/* This run's pins stay; the last run's go. */
 		unpin(q->ss, old_pins);
 		q->out = KV_OP_PARK;
 		return;
 	}
+	/* Nothing started: this run's pins have done their work (the last
+	 * run's, if it parked, go once the references are taken). */
+	unpin_after(q->ss, old_pins);
 	/* A hit that would take a block past max_block_refs refuses the whole
 	 * lookup, before any reference is taken (a chain may list one block
 	 * many times: b->check counts them). */

@@ -11,6 +11,32 @@
 #include "kvtext.h"
 #include "log.h"
 
+int kv_session_pin(struct kv_session *ss, struct kv_block *b)
+{
+	if (ss->npins == ss->pins_cap) {
+		uint32_t cap = ss->pins_cap ? 2 * ss->pins_cap : 16;
+		void *np = realloc(ss->pins, cap * sizeof(*ss->pins));
+
+		if (!np)
+			return -ENOMEM;
+		ss->pins = np;
+		ss->pins_cap = cap;
+	}
+	/* A block with the most references it may have is not pinned: being
+	 * held, it is not demoted either. */
+	if (kv_block_ref(b) == 0)
+		ss->pins[ss->npins++] = b;
+	return 0;
+}
+
+/* kv_waiter.hold: a promoted block stays pinned until the parked request
+ * has run again (its lookup drops the pins it started with). Out of memory
+ * it is not pinned: the request may then promote it once more. */
+static void session_hold(struct kv_waiter *w, struct kv_block *b)
+{
+	(void)kv_session_pin(kv_container_of(w, struct kv_session, waiter), b);
+}
+
 void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct ucred *cred,
 		     int admin)
 {
@@ -21,6 +47,7 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	ss->connected_ms = kv_now_ms();
 	kv_refmap_init(&ss->refs);
 	kv_list_init(&ss->waiter.link);
+	ss->waiter.hold = session_hold;
 	kv_swap_owner_init(&ss->swaps);
 	kv_list_push_back(&d->sessions, &ss->link);
 	d->nsessions++;

@@ -68,6 +68,10 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
  * the peer's groups when it connected, however many). If the kernel cannot
  * say, or there is no memory for them, only the primary gid counts (logged). */
 void kv_session_peer_groups(struct kv_session *ss, int fd);
+/* Pins b for ss (one reference, in ss->pins, dropped by the lookup that
+ * runs next or when ss goes): 0, or -ENOMEM. A block at max_block_refs is
+ * not pinned (held, it is not demoted either). */
+int kv_session_pin(struct kv_session *ss, struct kv_block *b);
 /* Releases everything ss holds and takes it off d's list (CLOSED).
  * Idempotent. */
 void kv_session_release(struct kv_session *ss);

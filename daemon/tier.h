@@ -68,6 +68,11 @@ struct kv_tiers_config {
 struct kv_waiter {
 	struct kv_list link;
 	void (*wake)(struct kv_waiter *w);
+	/* Before wake(): a promotion the request waited for hands it the G1
+	 * block it brought up, to keep (one reference) until the request has
+	 * run again, so that demotion cannot take it back first (the request
+	 * may run later: its connection paused). NULL: none. */
+	void (*hold)(struct kv_waiter *w, struct kv_block *b);
 	uint64_t remote_mark;      /* kv_tiers_remote_fetch() */
 };
 

@@ -132,6 +132,20 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 		/* The prefix keeps its age (the TTL counts from its first seal). */
 		if (nb == b && b->state == KV_BLOCK_SEALED)
 			b->ix.born_ms = tb->ix.born_ms;
+		/* Each waiter keeps it in G1 until it has run again: woken
+		 * later than now, it would otherwise find it demoted again and
+		 * promote it again, for ever where G1 has room for one block
+		 * (fuzz_dispatch). */
+		{
+			struct kv_list *pos;
+
+			kv_list_for_each(pos, &tb->waiters) {
+				struct kv_waiter *w = kv_container_of(pos, struct kv_waiter, link);
+
+				if (w->hold)
+					w->hold(w, nb);
+			}
+		}
 		kv_block_unref(nb);
 		tb->dead = 1;
 		t->g1.promotions++;
