@@ -61,6 +61,8 @@ struct kv_ns_conf {
 	int events;                   /* KV_NS_EVENTS_*: 0 = events_token_ids decides */
 	int remote;                   /* remote = yes: the G4 tier (docs/g4.md) */
 	uint64_t quota_g4;            /* quota_g4: bytes per remote_ttl; 0 = none */
+	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
+	char remote_password_file[256];
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice

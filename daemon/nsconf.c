@@ -13,6 +13,8 @@
  *                              # (default: events_token_ids decides)
  *   remote = yes               # the G4 tier on Redis Cluster (docs/g4.md)
  *   quota_g4 = 10GiB           # what it may write there per remote_ttl
+ *   remote_user = tenant-a     # its own ACL user there (start only)
+ *   remote_password_file = /etc/kvcached/tenant-a.redis
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -189,6 +191,15 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			}
 		return fail(err, errlen, "events: '%s' is not off, hashes or tokens", value);
 	}
+	if (!strcmp(key, "remote_user") || !strcmp(key, "remote_password_file")) {
+		char *dst = key[7] == 'u' ? n->remote_user : n->remote_password_file;
+		size_t len = key[7] == 'u' ? sizeof(n->remote_user) : sizeof(n->remote_password_file);
+
+		if (strlen(value) >= len)
+			return fail(err, errlen, "%s: at most %zu bytes", key, len - 1);
+		memcpy(dst, value, strlen(value) + 1);
+		return 0;
+	}
 	if (!strcmp(key, "quota_g4")) {
 		if (!value[0] || !strcmp(value, "0") || !strcmp(value, "none")) {
 			n->quota_g4 = 0;
@@ -208,14 +219,29 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		return 0;
 	}
 	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
-		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4)", name, key);
+		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
+		    "remote_password_file)", name, key);
 }
+
+_Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_users) /
+		       sizeof(struct kv_remote_user) >= KV_CFG_MAX_NS,
+	       "a G4 user for every namespace section");
 
 int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 {
+	c->tiers.nremote_users = 0;
 	for (uint32_t i = 0; i < c->nns; i++) {
 		const struct kv_ns_conf *n = &c->ns[i];
 		uint64_t q = n->quota[0], r = n->reserve;
+
+		if (n->remote_user[0] || n->remote_password_file[0]) {
+			struct kv_remote_user *u = &c->tiers.remote_users[c->tiers.nremote_users++];
+
+			snprintf(u->ns, sizeof(u->ns), "%s", n->name);
+			snprintf(u->user, sizeof(u->user), "%s", n->remote_user);
+			snprintf(u->password_file, sizeof(u->password_file), "%s",
+				 n->remote_password_file);
+		}
 
 		/* Both sizes, or both percentages of G1: comparable here. */
 		if (q && r && !((q ^ r) & KV_CFG_PCT_BIT) && r > q)
@@ -278,5 +304,9 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 			fprintf(f, "remote = yes\n");
 		if (n->quota_g4)
 			fprintf(f, "quota_g4 = %llu\n", (unsigned long long)n->quota_g4);
+		if (n->remote_user[0])
+			fprintf(f, "remote_user = %s\n", n->remote_user);
+		if (n->remote_password_file[0])
+			fprintf(f, "remote_password_file = %s\n", n->remote_password_file);
 	}
 }

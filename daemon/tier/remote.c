@@ -50,6 +50,7 @@
 
 struct g4_write {
 	struct g4_write *next;
+	uint32_t cl;              /* the client (user) it goes out with */
 	char key[KEY_MAX];
 	size_t keylen;
 	uint8_t *buf;             /* header + payload */
@@ -59,6 +60,7 @@ struct g4_write {
 struct g4_fetch {
 	struct kv_job job;
 	struct kv_tiers *t;
+	uint32_t cl;
 	struct kv_pool *pool;     /* held */
 	struct kv_list waiters;
 	uint32_t n, good;         /* asked; leading values that checked out */
@@ -75,23 +77,43 @@ struct g4_fetch {
 struct g4_wjob {
 	struct kv_job job;
 	struct kv_tiers *t;
+	uint32_t cl;
 	struct g4_write *list;
 	uint32_t n, ok;
 	struct kv_rc_stats rc;
 };
 
-struct kv_g4 {
+/* A user the cluster is talked to as: the daemon's (remote_user), or a
+ * namespace's own ([namespace X] remote_user). Each has a client per
+ * thread, and its writes go out in jobs of their own. */
+struct g4_client {
+	char ns[64];              /* "" for the daemon's */
 	struct kv_rc *rd, *wr;    /* each used by its own thread only */
+	struct g4_write *pending, **pending_tail;
+	int writing;              /* a write job of this client is under way */
+	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
+};
+
+struct kv_g4 {
+	struct g4_client cl[65];
+	uint32_t ncl;
 	struct kv_worker rw, ww;
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
-	struct g4_write *pending, **pending_tail;
-	uint32_t npending;
-	int writing;              /* a write job is under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
 	struct kv_g4_stats st;
-	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
 };
+
+/* The client namespace ns talks to the cluster with. */
+static uint32_t client_of(struct kv_tiers *t, uint32_t ns)
+{
+	const char *name = kv_pools_ns_name(t->ps, ns);
+
+	for (uint32_t i = 1; i < t->g4->ncl; i++)
+		if (!strcmp(t->g4->cl[i].ns, name))
+			return i;
+	return 0;
+}
 
 static uint64_t hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
 {
@@ -137,10 +159,34 @@ static int read_password(const char *path, char *buf, size_t len, char *err, siz
 	return 0;
 }
 
+/* Client i of G4: as user (NULL: none) with the password in file (NULL:
+ * no AUTH). Returns 0 or -errno with err set. */
+static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const char *user,
+		       const char *file, char *err, size_t errlen)
+{
+	const struct kv_tiers_config *c = &t->cfg;
+	struct g4_client *cl = &t->g4->cl[i];
+	char pw[256] = "", e[256];
+	int r;
+
+	snprintf(cl->ns, sizeof(cl->ns), "%s", ns);
+	cl->pending_tail = &cl->pending;
+	if (file && file[0] && (r = read_password(file, pw, sizeof(pw), err, errlen)) < 0)
+		return r;
+	r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
+		      (unsigned)c->remote_timeout_ms, &cl->rd, e, sizeof(e));
+	if (r == 0)
+		r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
+			      (unsigned)c->remote_timeout_ms, &cl->wr, e, sizeof(e));
+	memset(pw, 0, sizeof(pw));
+	if (r < 0)
+		snprintf(err, errlen, "remote_seeds%s%s: %s", ns[0] ? ", namespace " : "", ns, e);
+	return r;
+}
+
 int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 {
 	const struct kv_tiers_config *c = &t->cfg;
-	char pw[256] = "", e[256];
 	struct kv_g4 *g;
 	int r;
 
@@ -151,35 +197,30 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 				      "cluster when they are written back to disk");
 		return -EINVAL;
 	}
-	if (c->remote_password_file[0] &&
-	    (r = read_password(c->remote_password_file, pw, sizeof(pw), err, errlen)) < 0)
-		return r;
 	if (!(g = calloc(1, sizeof(*g))))
 		return -ENOMEM;
-	g->pending_tail = &g->pending;
 	g->ttl_s = (unsigned)(c->remote_ttl_ms / 1000);
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
 	t->g4 = g;
-	r = kv_rc_new(c->remote_seeds, c->remote_user[0] ? c->remote_user : NULL,
-		      pw[0] ? pw : NULL, (unsigned)c->remote_timeout_ms, &g->rd, e, sizeof(e));
-	if (r == 0)
-		r = kv_rc_new(c->remote_seeds, c->remote_user[0] ? c->remote_user : NULL,
-			      pw[0] ? pw : NULL, (unsigned)c->remote_timeout_ms, &g->wr, e,
-			      sizeof(e));
-	memset(pw, 0, sizeof(pw));
-	if (r < 0) {
-		snprintf(err, errlen, "remote_seeds: %s", e);
+	/* Client 0 is the daemon's; then one per namespace with a user of
+	 * its own. */
+	g->ncl = 1;
+	if ((r = client_open(t, 0, "", c->remote_user, c->remote_password_file, err, errlen)) < 0)
 		return r;
-	}
+	for (unsigned i = 0; i < c->nremote_users; i++, g->ncl++)
+		if ((r = client_open(t, g->ncl, c->remote_users[i].ns, c->remote_users[i].user,
+				     c->remote_users[i].password_file, err, errlen)) < 0)
+			return r;
 	if ((r = kv_worker_start(&g->rw, t->disk.efd)) < 0 ||
 	    (r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
 		snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
 		return r;
 	}
-	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us", c->remote_seeds, c->remote_prefix,
-		g->ttl_s);
+	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us, %u namespace%s with a user of its "
+		"own", c->remote_seeds, c->remote_prefix, g->ttl_s, g->ncl - 1,
+		g->ncl == 2 ? "" : "s");
 	return 0;
 }
 
@@ -193,15 +234,19 @@ void tier_remote_close(struct kv_tiers *t)
 	 * t->stopping and make nothing new). */
 	kv_worker_stop(&g->rw);
 	kv_worker_stop(&g->ww);
-	while (g->pending) {
-		struct g4_write *w = g->pending;
+	for (uint32_t i = 0; i < g->ncl; i++) {
+		struct g4_client *cl = &g->cl[i];
 
-		g->pending = w->next;
-		free(w->buf);
-		free(w);
+		while (cl->pending) {
+			struct g4_write *w = cl->pending;
+
+			cl->pending = w->next;
+			free(w->buf);
+			free(w);
+		}
+		kv_rc_free(cl->rd);
+		kv_rc_free(cl->wr);
 	}
-	kv_rc_free(g->rd);
-	kv_rc_free(g->wr);
 	free(g);
 	t->g4 = NULL;
 }
@@ -296,17 +341,17 @@ static void write_run(struct kv_job *j)
 			keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
 			vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
 		}
-		if (kv_rc_set(g->wr, w->n, keys, vals, g->ttl_s, status) >= 0)
+		if (kv_rc_set(g->cl[w->cl].wr, w->n, keys, vals, g->ttl_s, status) >= 0)
 			for (i = 0; i < w->n; i++)
 				w->ok += status[i] == KV_RC_OK;
 	}
 	free(keys);
 	free(vals);
 	free(status);
-	kv_rc_stats(g->wr, &w->rc);
+	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
 }
 
-static void write_flush(struct kv_tiers *t);
+static void write_flush(struct kv_tiers *t, uint32_t cl);
 
 static void write_done(struct kv_job *j)
 {
@@ -315,7 +360,7 @@ static void write_done(struct kv_job *j)
 
 	g->st.writes += w->ok;
 	g->st.write_errors += w->n - w->ok;
-	g->wr_st = w->rc;
+	g->cl[w->cl].wr_st = w->rc;
 	while (w->list) {
 		struct g4_write *x = w->list;
 
@@ -325,42 +370,36 @@ static void write_done(struct kv_job *j)
 		free(x->buf);
 		free(x);
 	}
-	g->writing = 0;
-	write_flush(w->t);
+	g->cl[w->cl].writing = 0;
+	write_flush(w->t, w->cl);
 	free(w);
 }
 
-/* Hands what is pending to the write thread, one job at a time, so that
- * writes wait in one list and go out together. */
-static void write_flush(struct kv_tiers *t)
+/* Hands what client cl has pending to the write thread, one job of it at a
+ * time, so that its writes wait in one list and go out together. */
+static void write_flush(struct kv_tiers *t, uint32_t cl)
 {
-	struct kv_g4 *g = t->g4;
+	struct g4_client *c = &t->g4->cl[cl];
 	struct g4_wjob *w;
+	struct g4_write **tail;
 
-	if (g->writing || !g->pending || t->stopping)
+	if (c->writing || !c->pending || t->stopping)
 		return;
 	if (!(w = calloc(1, sizeof(*w))))
 		return;   /* tried again with the next write */
 	w->t = t;
-	w->list = g->pending;
-	while (g->pending && w->n < WRITE_BATCH) {
+	w->cl = cl;
+	w->list = c->pending;
+	for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
 		w->n++;
-		g->npending--;
-		if (w->n == WRITE_BATCH || !g->pending->next) {
-			struct g4_write *last = g->pending;
-
-			g->pending = last->next;
-			last->next = NULL;
-			break;
-		}
-		g->pending = g->pending->next;
-	}
-	if (!g->pending)
-		g->pending_tail = &g->pending;
-	g->writing = 1;
+	c->pending = *tail;
+	*tail = NULL;
+	if (!c->pending)
+		c->pending_tail = &c->pending;
+	c->writing = 1;
 	w->job.run = write_run;
 	w->job.done = write_done;
-	kv_worker_submit(&g->ww, &w->job);
+	kv_worker_submit(&t->g4->ww, &w->job);
 }
 
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
@@ -379,12 +418,12 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	w->keylen = key_of(t, tb->pool, tb->ix.hash, w->key);
 	w->buf = tb->g4_buf;
 	w->len = len;
+	w->cl = client_of(t, tb->pool->ns);
 	tb->g4_buf = NULL;
 	tb->g4_ok = 1;   /* written once */
-	*g->pending_tail = w;
-	g->pending_tail = &w->next;
-	g->npending++;
-	write_flush(t);
+	*g->cl[w->cl].pending_tail = w;
+	g->cl[w->cl].pending_tail = &w->next;
+	write_flush(t, w->cl);
 }
 
 /* ---- reads -------------------------------------------------------------- */
@@ -395,12 +434,14 @@ static void fetch_run(struct kv_job *j)
 	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
 	uint32_t i;
 
-	if (kv_rc_get(f->t->g4->rd, f->n, f->keys, f->vals) < 0) {
+	struct kv_rc *rc = f->t->g4->cl[f->cl].rd;
+
+	if (kv_rc_get(rc, f->n, f->keys, f->vals) < 0) {
 		f->errors = f->n;
-		kv_rc_stats(f->t->g4->rd, &f->rc);
+		kv_rc_stats(rc, &f->rc);
 		return;
 	}
-	kv_rc_stats(f->t->g4->rd, &f->rc);
+	kv_rc_stats(rc, &f->rc);
 	for (i = 0; i < f->n; i++) {
 		struct kv_rc_val *v = &f->vals[i];
 		struct slot_hdr h, want = f->want;
@@ -439,7 +480,7 @@ static void fetch_done(struct kv_job *j)
 	g->st.misses += f->misses;
 	g->st.errors += f->errors;
 	g->st.checksum_failures += f->bad_sum;
-	g->rd_st = f->rc;
+	g->cl[f->cl].rd_st = f->rc;
 	if (f->bad_sum)
 		kv_warn("G4: a value for pool '%s' did not check out (header or CRC32C); treated "
 			"as a miss", f->pool->name);
@@ -507,6 +548,7 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 	if (!(f = calloc(1, sizeof(*f))))
 		return -ENOMEM;
 	f->t = t;
+	f->cl = client_of(t, p->ns);
 	f->pool = p;
 	kv_pool_hold(p);
 	kv_list_init(&f->waiters);
@@ -534,10 +576,15 @@ int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
 		return 0;
 	*st = t->g4->st;
 	st->inflight_bytes = t->g4->inflight;
-	st->redirects = t->g4->rd_st.redirects_moved + t->g4->rd_st.redirects_ask +
-			t->g4->wr_st.redirects_moved + t->g4->wr_st.redirects_ask;
-	st->reconnects = t->g4->rd_st.reconnects + t->g4->wr_st.reconnects;
-	st->connect_failures = t->g4->rd_st.connect_failures + t->g4->wr_st.connect_failures;
+	st->redirects = st->reconnects = st->connect_failures = 0;
+	for (uint32_t i = 0; i < t->g4->ncl; i++) {
+		const struct g4_client *c = &t->g4->cl[i];
+
+		st->redirects += c->rd_st.redirects_moved + c->rd_st.redirects_ask +
+				 c->wr_st.redirects_moved + c->wr_st.redirects_ask;
+		st->reconnects += c->rd_st.reconnects + c->wr_st.reconnects;
+		st->connect_failures += c->rd_st.connect_failures + c->wr_st.connect_failures;
+	}
 	return 1;
 }
 
