@@ -147,6 +147,9 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "G4: the ACL user kvcached authenticates as (default: none)", NULL },
 	{ "remote_password_file", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_password_file), 0,
 	  0, 0, "", "G4: a file holding the password (default: no AUTH)", NULL },
+	{ "remote_write", 0, KV_CFG_CHOICE, KV_CFG_FIELD(tiers.remote_write), 0, 0, 0,
+	  "writeback", "G4: when blocks are written to the cluster: writeback (when they are "
+	  "written back to disk) or off (this node only reads)", "writeback|off" },
 	{ "remote_write_rate", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.remote_write_rate), 0, 0, 0,
 	  "0", "G4: bytes per second written to the cluster at most; past it blocks are not "
 	  "written (counted; 0: no limit)", NULL },

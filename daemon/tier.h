@@ -62,6 +62,7 @@ struct kv_tiers_config {
 	uint64_t remote_ttl_ms, remote_timeout_ms;
 	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
 	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
+	char remote_write[16];         /* "writeback" (at G3 write-back) or "off" (read only) */
 	/* [namespace X] remote_user / remote_password_file: the namespaces
 	 * that talk to the cluster as a user of their own (read at start). */
 	struct kv_remote_user {

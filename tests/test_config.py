@@ -93,6 +93,7 @@ ALL = {
     "remote_password_file": "",
     "remote_max_inflight": "32MiB",
     "remote_write_rate": "100MiB",
+    "remote_write": "off",
     "metrics_listen": "127.0.0.1:0",
     # KV events: an empty endpoint keeps them off whatever the build.
     "events_endpoint": "",

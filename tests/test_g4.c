@@ -53,15 +53,22 @@ static Kvcached__Response *stats_of(const char *ns)
 	return rs;
 }
 
-/* A daemon with G2 and G3 of its own and G4 on the cluster. */
-static void node_start(struct kvt_daemon *d)
+/* A daemon with G2 and G3 of its own and G4 on the cluster; write: its
+ * remote_write. */
+static void node_start_write(struct kvt_daemon *d, const char *write)
 {
-	char disk[160];
+	char disk[160], w[64];
 
 	snprintf(disk, sizeof(disk), "%s/g3-%d", tmp, ndaemons++);
-	kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB", "--page-size",
+	snprintf(w, sizeof(w), "--remote-write=%s", write);
+	kvt_start(d, conf_arg, w, "--pool-size", "4MiB", "--segment-size", "1MiB", "--page-size",
 		  "64KiB", "--host-tier-size", "2MiB", "--disk-path", disk, "--disk-size", "8MiB",
 		  NULL);
+}
+
+static void node_start(struct kvt_daemon *d)
+{
+	node_start_write(d, "writeback");
 }
 
 static void use(const struct kvt_daemon *d)
@@ -244,6 +251,23 @@ int main(void)
 	CHECK_EQ(lookup_chain("g4a"), N);
 	remote_counts("g4a", &f2, &h2, &bad, &e2);
 	CHECK_EQ(h2, hits);
+
+	/* read only: a node with remote_write = off finds the chain too, and
+	 * what it seals does not go to the cluster */
+	{
+		struct kvt_daemon r;
+		Kvcached__Response *rs;
+
+		node_start_write(&r, "off");
+		use(&r);
+		CHECK_EQ(lookup_chain("g4a"), N);
+		seal_chain("g4b", 0, 0);   /* a G4 namespace: still not written */
+		rs = stats_of("g4a");
+		CHECK_EQ(rs->stats->remote->writes, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		kvt_stop(&r);
+		use(&b);
+	}
 
 	/* isolation */
 	CHECK_EQ(lookup_chain("g4b"), 0);

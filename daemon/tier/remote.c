@@ -101,6 +101,7 @@ struct kv_g4 {
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
+	int read_only;             /* remote_write = off */
 	struct kv_g4_stats st;
 };
 
@@ -203,6 +204,7 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
+	g->read_only = !strcmp(c->remote_write, "off");
 	t->g4 = g;
 	/* Client 0 is the daemon's; then one per namespace with a user of
 	 * its own. */
@@ -298,7 +300,7 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
 	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
 
-	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote)
+	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote || g->read_only)
 		return 0;
 	if (g->inflight + len > g->max_inflight) {
 		g->st.dropped++;
