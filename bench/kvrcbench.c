@@ -72,6 +72,7 @@ struct rb_result {
 };
 
 static const char *benchmark_bin;
+static char bin_buf[4096];   /* benchmark_bin's, once the checks before it are done */
 static unsigned char *pool;
 static size_t pool_len;
 
@@ -94,29 +95,6 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* As the harness finds its programs: $env, else PATH. */
-static const char *find_bin(const char *env, const char *name)
-{
-	static char buf[3][4096];
-	static int next;
-	const char *path = getenv("PATH"), *p, *e;
-	char *out = buf[next++ % 3];
-
-	if (getenv(env) && *getenv(env))
-		return access(getenv(env), X_OK) == 0 ? getenv(env) : NULL;
-	for (p = path ? path : "/usr/bin:/bin"; *p; p = *e ? e + 1 : e) {
-		e = strchr(p, ':');
-		if (!e)
-			e = p + strlen(p);
-		if (e == p)
-			continue;
-		snprintf(out, sizeof(buf[0]), "%.*s/%s", (int)(e - p), p, name);
-		if (access(out, X_OK) == 0)
-			return out;
-	}
-	return NULL;
 }
 
 static size_t parse_size(const char *s)
@@ -596,13 +574,14 @@ int main(int argc, char **argv)
 
 	/* The harness exits 77 without them; a benchmark that cannot run says
 	 * so and exits 0, as a skipped test would not fail a run. */
-	if (!find_bin("KVT_REDIS_SERVER", "redis-server") ||
-	    !find_bin("KVT_REDIS_CLI", "redis-cli")) {
+	if (!kvt_rc_find_bin("KVT_REDIS_SERVER", "redis-server", bin_buf, sizeof(bin_buf)) ||
+	    !kvt_rc_find_bin("KVT_REDIS_CLI", "redis-cli", bin_buf, sizeof(bin_buf))) {
 		printf("kvrcbench: skipped: redis-server or redis-cli not found "
 		       "(Debian: redis-server, redis-tools)\n");
 		return 0;
 	}
-	benchmark_bin = find_bin("KVRCBENCH_REDIS_BENCHMARK", "redis-benchmark");
+	benchmark_bin = kvt_rc_find_bin("KVRCBENCH_REDIS_BENCHMARK", "redis-benchmark", bin_buf,
+					sizeof(bin_buf));
 	if (!benchmark_bin)
 		printf("kvrcbench: redis-benchmark not found: the client alone\n");
 

@@ -29,6 +29,7 @@
 static struct kvt_rc *live[4];
 static pid_t owner_pid;
 static const char *server_bin, *cli_bin;
+static char server_buf[4096], cli_buf[4096];
 
 static uint64_t now_ms(void)
 {
@@ -106,12 +107,9 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 
 /* ---- programs ---- */
 
-static const char *find_bin(const char *env, const char *name)
+const char *kvt_rc_find_bin(const char *env, const char *name, char *out, size_t len)
 {
-	static char buf[2][4096];
-	static int next;
 	const char *path = getenv("PATH"), *p, *e;
-	char *out = buf[next++ % 2];
 
 	if (getenv(env) && *getenv(env))
 		return access(getenv(env), X_OK) == 0 ? getenv(env) : NULL;
@@ -121,7 +119,7 @@ static const char *find_bin(const char *env, const char *name)
 			e = p + strlen(p);
 		if (e == p)
 			continue;
-		snprintf(out, sizeof(buf[0]), "%.*s/%s", (int)(e - p), p, name);
+		snprintf(out, len, "%.*s/%s", (int)(e - p), p, name);
 		if (access(out, X_OK) == 0)
 			return out;
 	}
@@ -389,8 +387,9 @@ void kvt_rc_start(struct kvt_rc *c, int masters, int replicas, const struct kvt_
 	int i, tries;
 	size_t off = 0;
 
-	server_bin = find_bin("KVT_REDIS_SERVER", "redis-server");
-	cli_bin = find_bin("KVT_REDIS_CLI", "redis-cli");
+	server_bin = kvt_rc_find_bin("KVT_REDIS_SERVER", "redis-server", server_buf,
+				     sizeof(server_buf));
+	cli_bin = kvt_rc_find_bin("KVT_REDIS_CLI", "redis-cli", cli_buf, sizeof(cli_buf));
 	if (!server_bin || !cli_bin)
 		SKIP("redis-server or redis-cli not found (Debian: redis-server, redis-tools)");
 	CHECK(masters >= 3 && replicas >= 0 && masters * (1 + replicas) <= KVT_RC_MAX);

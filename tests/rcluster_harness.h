@@ -67,6 +67,10 @@ void kvt_rc_start(struct kvt_rc *c, int masters, int replicas, const struct kvt_
 /* Kills every server and removes the directory. Twice: nothing. */
 void kvt_rc_stop(struct kvt_rc *c);
 
+/* The program name as the harness finds it: $env if set (NULL if that is
+ * not executable), else the first in PATH, written into out; NULL if none. */
+const char *kvt_rc_find_bin(const char *env, const char *name, char *out, size_t len);
+
 /* "127.0.0.1:port,..." of every node, running or not. */
 const char *kvt_rc_seeds(const struct kvt_rc *c);
 
