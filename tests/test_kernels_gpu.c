@@ -9,15 +9,8 @@
 #include "check.h"
 #include "crc32c.h"
 #include "fp8.h"
+#include "check_cuda.h"
 #include "kernels_cuda.h"
-
-#define CK(call) do { \
-	CUresult r_ = (call); \
-	if (r_ != CUDA_SUCCESS) { \
-		fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kv_cu_name(r_)); \
-		exit(1); \
-	} \
-} while (0)
 
 static uint64_t rs = 0x1234567887654321ull;
 

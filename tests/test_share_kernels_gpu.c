@@ -19,18 +19,11 @@
 
 #include "crc32c.h"
 #include "harness.h"
+#include "check_cuda.h"
 #include "kernels_cuda.h"
 
 #define BB 65536
 #define NB 24
-
-#define CK(call) do { \
-	CUresult r_ = (call); \
-	if (r_ != CUDA_SUCCESS) { \
-		fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kv_cu_name(r_)); \
-		exit(1); \
-	} \
-} while (0)
 
 struct gpu {
 	CUdevice dev;
