@@ -840,25 +840,17 @@ static char *dup_or_empty(const char *s)
 	return strdup(s ? s : "");
 }
 
-/* A copy of s with each byte that is not part of valid UTF-8 as '?' (the
- * daemon refuses a request whose strings are not UTF-8; a client name is
- * free text, and the program's name may be any bytes). */
+/* A copy of s as text, bytes that are not UTF-8 and control characters as
+ * '?' (the daemon refuses a request whose strings are not UTF-8, and shows
+ * control characters so; a client name is free text, and the program's
+ * name may be any bytes). */
 static char *dup_text(const char *s)
 {
-	char *t = strdup(s);
-	size_t i = 0, n, len;
+	size_t len = strlen(s);
+	char *t = malloc(len + 1);
 
-	if (!t)
-		return NULL;
-	len = strlen(t);
-	while (i < len) {
-		n = kv_utf8_len((const unsigned char *)t + i, len - i);
-		if (!n) {
-			t[i] = '?';
-			n = 1;
-		}
-		i += n;
-	}
+	if (t)
+		kv_text_clean(t, len, s);
 	return t;
 }
 

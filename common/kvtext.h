@@ -39,6 +39,35 @@ static inline size_t kv_utf8_len(const unsigned char *s, size_t avail)
 	return n;
 }
 
+/* Copies src into dst as text: at most cap bytes, cut between characters,
+ * each byte that is not part of valid UTF-8 and each control character (C0
+ * and DEL) as '?'; then a NUL (dst has cap + 1 bytes). Returns the length. */
+static inline size_t kv_text_clean(char *dst, size_t cap, const char *src)
+{
+	const unsigned char *s = (const unsigned char *)src;
+	size_t o = 0, left = strlen(src);
+
+	while (left) {
+		size_t n = kv_utf8_len(s, left);
+
+		if (n == 0 || (n == 1 && (*s < 0x20 || *s == 0x7f))) {
+			n = 1;
+			if (o + 1 > cap)
+				break;
+			dst[o++] = '?';
+		} else {
+			if (o + n > cap)
+				break;
+			memcpy(dst + o, s, n);
+			o += n;
+		}
+		s += n;
+		left -= n;
+	}
+	dst[o] = 0;
+	return o;
+}
+
 /* Whether s is valid UTF-8 (what proto3 requires of a string). */
 static inline int kv_utf8_ok(const char *s)
 {

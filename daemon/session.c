@@ -146,27 +146,7 @@ void kv_session_release(struct kv_session *ss)
 
 void kv_session_set_name(struct kv_session *ss, const char *name)
 {
-	const unsigned char *s = (const unsigned char *)name;
-	size_t o = 0, cap = sizeof(ss->name) - 1, left = strlen(name);
-
-	while (left) {
-		size_t n = kv_utf8_len(s, left);
-
-		if (n == 0 || (n == 1 && (*s < 0x20 || *s == 0x7f))) {
-			n = 1;
-			if (o + 1 > cap)
-				break;
-			ss->name[o++] = '?';
-		} else {
-			if (o + n > cap)
-				break;
-			memcpy(ss->name + o, s, n);
-			o += n;
-		}
-		s += n;
-		left -= n;
-	}
-	ss->name[o] = 0;
+	kv_text_clean(ss->name, sizeof(ss->name) - 1, name);
 }
 
 void kv_session_keep_pool(struct kv_session *ss, struct kv_pool *p)
