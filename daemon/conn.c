@@ -8,7 +8,6 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -66,14 +65,6 @@ static struct kv_loop *conn_loop(struct kv_conn *c)
 	return &c->cs->d->loop;
 }
 
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Input is left unread: the peer must read its replies first, or the first
  * frame waits for a tier. */
 static int conn_held(const struct kv_conn *c)
@@ -109,7 +100,7 @@ static void conns_tick(struct kv_loop_watch *w, int res, int more);
 static void conns_arm(struct kv_conns *cs, uint64_t due)
 {
 	struct kv_loop *loop = &cs->d->loop;
-	uint64_t now = mono_ms();
+	uint64_t now = kv_mono_ms();
 
 	if (cs->tick.armed) {
 		/* A later one is armed: cancel it; its completion sweeps. */
@@ -198,7 +189,7 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 static void conns_tick(struct kv_loop_watch *w, int res, int more)
 {
 	struct kv_conns *cs = kv_container_of(w, struct kv_conns, tick);
-	uint64_t now = mono_ms(), next = 0;
+	uint64_t now = kv_mono_ms(), next = 0;
 	struct kv_list *pos, *tmp;
 
 	(void)res;
@@ -299,7 +290,7 @@ static int conn_flush(struct kv_conn *c)
 				kv_warn("session %llu: sendmsg: %s; its replies wait",
 					(unsigned long long)ss->id, strerror((int)-n));
 			c->send_blocked = 1;
-			conns_arm(c->cs, mono_ms() + SEND_RETRY_MS);
+			conns_arm(c->cs, kv_mono_ms() + SEND_RETRY_MS);
 			return 0;
 		}
 		if (n < 0)
@@ -366,7 +357,7 @@ static void conn_linger(struct kv_conn *c, const char *why)
 	}
 	c->lingering = 1;
 	snprintf(c->linger_why, sizeof(c->linger_why), "%s", why ? why : "");
-	c->linger_ms = mono_ms();
+	c->linger_ms = kv_mono_ms();
 	c->partial_ms = 0;
 	if (c->win.armed)
 		kv_loop_cancel(conn_loop(c), &c->win);
@@ -450,7 +441,7 @@ static int conn_frames(struct kv_conn *c)
 				c->parked = 1;
 			} else {
 				c->fds_held = 1;
-				conns_arm(c->cs, mono_ms() + FDS_POLL_MS);
+				conns_arm(c->cs, kv_mono_ms() + FDS_POLL_MS);
 			}
 			break;
 		}
@@ -557,7 +548,7 @@ static void conn_input(struct kv_conn *c)
 	if (conn_held(c) || !c->in_len) {
 		c->partial_ms = 0;
 	} else if (!c->partial_ms) {
-		c->partial_ms = mono_ms();
+		c->partial_ms = kv_mono_ms();
 		if (c->cs->d->cfg.frame_timeout_ms)
 			conns_arm(c->cs, c->partial_ms + c->cs->d->cfg.frame_timeout_ms);
 	}
