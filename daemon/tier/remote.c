@@ -116,13 +116,6 @@ static uint32_t client_of(struct kv_tiers *t, uint32_t ns)
 	return 0;
 }
 
-static uint64_t hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
-{
-	const char *ns = kv_pools_ns_name(t->ps, p->ns);
-
-	return XXH3_64bits(ns, strlen(ns));
-}
-
 static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t *hash, char *key)
 {
 	int n = snprintf(key, KEY_MAX, "%s:%s:%016llx:", t->cfg.remote_prefix,
@@ -556,7 +549,7 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 	kv_list_init(&f->waiters);
 	f->n = n < FETCH_MAX ? (uint32_t)n : FETCH_MAX;
 	f->want = (struct slot_hdr){ .magic = SLOT_MAGIC, .version = SLOT_VERSION,
-				     .ns = hdr_ns(t, p), .layout = t->layout_id[p->id],
+				     .ns = slot_hdr_ns(t, p), .layout = t->layout_id[p->id],
 				     .payload_len = p->block_bytes };
 	for (i = 0; i < f->n; i++) {
 		memcpy(f->hash[i], hashes + (size_t)i * KV_HASH_BYTES, KV_HASH_BYTES);

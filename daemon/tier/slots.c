@@ -607,7 +607,7 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	return -ENOSPC;
 }
 
-static uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
+uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p)
 {
 	const char *ns = kv_pools_ns_name(t->ps, p->ns);
 

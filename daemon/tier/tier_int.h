@@ -271,6 +271,8 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);
 /* Frees slot s of r (occupied); the run goes when its last slot does. */
 void slot_put(struct kv_tiers *t, int l, struct srun *r, uint32_t s);
+/* The namespace field of p's slot headers: XXH3-64 of its namespace's name. */
+uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p);
 /* The header that tb's slot carries, with payload CRC32C crc. */
 void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, uint32_t crc);
 /* Puts the payload's crc in h and the header's own checksum (any thread). */
