@@ -219,8 +219,11 @@ static void send_batch(struct kv_events *ev, uint32_t t);
  * payload of a real daemon byte for byte against vLLM 0.33's own msgspec
  * encoding of what vLLM's decoder read from it. */
 #define LIT(s) s, sizeof(s) - 1
+/* msgspec sizes a struct's map header for the most fields it could write
+ * (the tag and every field): BlockStored's 16 take a map16 header even for
+ * the 8 written; BlockRemoved's 7 and AllBlocksCleared's 1 a fixmap. */
 static const char stored_head[] =
-	"\x88\xa4type\xab" "BlockStored\xac" "block_hashes";
+	"\xde\x00\x08\xa4type\xab" "BlockStored\xac" "block_hashes";
 static const char parent_key[] = "\xb1parent_block_hash";
 static const char tokens_key[] = "\xa9token_ids";
 static const char size_key[] = "\xaa" "block_size";
