@@ -153,6 +153,25 @@ def main():
         check(False, "too few prompt-embeds digests were accepted")
     except kvcache.KvError:
         pass
+    # Hostile descriptions are refused (-EINVAL), not read past or wrapped.
+    pe = digests(embeds, bs, nb)
+    for what, call in [
+            ("a multimodal item without an identifier",
+             lambda: kvcache.vllm_chain(tokens, bs, mm=[(None, 0, 4)])),
+            ("a multimodal item past 2**63",
+             lambda: kvcache.vllm_chain(tokens, bs, mm=[("x", 2**63, 1)])),
+            ("a multimodal item whose end wraps",
+             lambda: kvcache.vllm_chain(tokens, bs, mm=[("x", 2**62, 2**63)])),
+            ("a block start off the block grid with prompt embeddings",
+             lambda: kvcache.vllm_block(kcu.NONE_HASH, tokens[:bs], start=3, prompt_embeds=pe)),
+            ("a block past the prompt-embeds digests",
+             lambda: kvcache.vllm_block(kcu.NONE_HASH, tokens[:bs], start=bs * nb,
+                                        prompt_embeds=pe))]:
+        try:
+            call()
+            check(False, "accepted: " + what)
+        except kvcache.KvError:
+            pass
     if failures:
         print("%d failures" % len(failures), file=sys.stderr)
         return 1
