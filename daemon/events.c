@@ -1,6 +1,6 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 900 lines, on purpose: the encoder, the batches, the
+ * One file of about 960 lines, on purpose: the encoder, the batches, the
  * publisher and the replay server all work on struct kv_events's private
  * state (the pending event, the per-topic batches, the replay ring), which no
  * other module may see; a split would need an internal header exposing all of
@@ -229,8 +229,8 @@ static const char tokens_key[] = "\xa9token_ids";
 static const char size_key[] = "\xaa" "block_size";
 static const char removed_head[] =
 	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
-/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. */
-/* vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE (kv_events.py). */
+/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. The media
+ * are vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE (kv_events.py). */
 static const char *const stored_tail[KV_MEDIUMS] = {
 	"\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0",
 	"\xa7lora_id\xc0\xa6medium\xa3" "CPU\xa9lora_name\xc0",
