@@ -289,8 +289,10 @@ def workload(s):
     w = kvt.Worker(s.daemon.sock)
     kvt.check(w.ok(), "worker: %s" % w.hello)
     kvt.check(w.cmd("mpool p 16384 %s" % MODEL).startswith("ok"), "mpool")
-    for seed in range(1, 49):
-        kvt.check(w.cmd("chain %d 8" % seed).startswith("ok"), "chain %d" % seed)
+    # Token ids seed * 1000 + i: seed 0 gives fixint and uint8 ids, the
+    # others uint16 and uint32 ones, so every integer width msgspec picks.
+    for seed, n in [(0, 16), (100000, 2), (4294967, 2)] + [(i, 8) for i in range(1, 49)]:
+        kvt.check(w.cmd("chain %d %d" % (seed, n)).startswith("ok"), "chain %d" % seed)
         s.poll()
     for seed in range(1, 40, 3):
         w.cmd("lookup %d 8" % seed)
