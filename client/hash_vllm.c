@@ -159,7 +159,7 @@ static int check_extra(const struct kvc_vllm_extra *x)
 
 	if (!x)
 		return 0;
-	if ((x->lora_name && !x->lora_path) || (x->nmm && !x->mm) ||
+	if ((x->lora_name && !x->lora_path) || (x->nmm && !x->mm) || x->nmm > INT_MAX ||
 	    (x->nprompt_embeds && !x->prompt_embeds))
 		return -EINVAL;
 	for (i = 0; i < x->nmm; i++)
