@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "frame.h"
 #include "kvassert.h"
 #include "kvcached.pb-c.h"
@@ -473,7 +474,7 @@ static int conn_frames(struct kv_conn *c)
 			c->in_cap = 0;
 		}
 	}
-	kv_tiers_kick(d->tiers);
+	kv_cache_batch_done(d);
 	return 0;
 }
 
