@@ -657,14 +657,6 @@ struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash
 	return kv_index_find(&p->pools->index, p->id, hash);
 }
 
-uint64_t kv_mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e)
 {
 	uint64_t ttl = p->pools->nst.ns[p->ns - 1].lim.ttl_ms;
