@@ -178,8 +178,8 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
  * on dev, if the caller found that those would make room
  * (kv_pool_room_after_demotions(): demotions is 1), or a swap out of ns's
  * blocks on dev (its references go when the copy ends: a worker that swaps
- * a sequence out to make room for another allocates at once). -1 otherwise:
- * the allocation fails. Swaps of other namespaces never hold it up. */
+ * a sequence out to make room for another allocates at once). -ENOSPC
+ * otherwise: the allocation fails. Swaps of other namespaces never hold it up. */
 int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demotions,
 		       struct kv_waiter *w);
 
