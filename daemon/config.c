@@ -192,6 +192,17 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 
 const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
 
+/* The tiers' settings before the table's defaults apply (G2 off). */
+static void tiers_config_defaults(struct kv_tiers_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->queue_depth = 64;
+	c->g1_low = 10;
+	c->g1_high = 20;
+	c->g2_low = 10;
+	c->g2_high = 25;
+}
+
 const struct kv_cfg_key *kv_config_key(const char *name)
 {
 	size_t i, j;
@@ -484,7 +495,7 @@ void kv_config_defaults(struct kv_config *c)
 
 	memset(c, 0, sizeof(*c));
 	/* Fields of the tiers' that have no key get the tiers' defaults. */
-	kv_tiers_config_defaults(&c->tiers);
+	tiers_config_defaults(&c->tiers);
 	for (i = 0; i < kv_cfg_nkeys; i++) {
 		const struct kv_cfg_key *k = &kv_cfg_keys[i];
 

@@ -14,16 +14,6 @@
 
 #include "log.h"
 
-void kv_tiers_config_defaults(struct kv_tiers_config *c)
-{
-	memset(c, 0, sizeof(*c));
-	c->queue_depth = 64;
-	c->g1_low = 10;
-	c->g1_high = 20;
-	c->g2_low = 10;
-	c->g2_high = 25;
-}
-
 /* ---- completions ----------------------------------------- */
 
 void kv_tiers_copies_done(struct kv_tiers *t)
