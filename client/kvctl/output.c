@@ -236,6 +236,34 @@ void table_print(struct table *t)
 	t->ncell = t->cap = 0;
 }
 
+int listing_print(const struct args *a, struct listing *l)
+{
+	size_t i;
+
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_open(&j, '{');
+		if (l->json_doc) {
+			l->json_doc(&j, l->reply);
+		} else {
+			json_key(&j, l->key);
+			json_open(&j, '[');
+			for (i = 0; i < l->nrows; i++)
+				l->json_row(&j, l->reply, i);
+			json_close(&j, ']');
+		}
+		json_close(&j, '}');
+	} else if (l->nrows == 0) {
+		puts(l->none);
+	} else {
+		for (i = 0; i < l->nrows; i++)
+			l->table_row(&l->table, l->reply, i);
+		table_print(&l->table);
+	}
+	return 0;
+}
+
 /* ---- values --------------------------------------------------------------- */
 
 /* "512 B", "2 MiB", "1.5 GiB". */
