@@ -1,5 +1,5 @@
 /* The configuration table, its parsers and the INI file; see config.h. One
- * file of about 850 lines, most of it the table: every key's row, parser and
+ * file over 800 lines, most of it the table: every key's row, parser and
  * the rules between keys belong together. */
 #include "config.h"
 #include "kverr.h"

@@ -1,4 +1,7 @@
-/* Connections: framing, output, fds; see conn.h. */
+/* Connections: framing, output, fds; see conn.h. Over 800 lines, on
+ * purpose: input, output, the sweep and close all read and set the flags of
+ * struct kv_conn that conn.h's drawing ties together (conn_assert_state());
+ * a split would have to expose the struct and its rules to each part. */
 #include "conn.h"
 
 #include <errno.h>

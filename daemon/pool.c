@@ -1,5 +1,5 @@
 /* Pools, runs and blocks; see pool.h for the lifecycle and its invariants.
- * About 820 lines: the block state machine and the run and page bookkeeping
+ * Over 800 lines: the block state machine and the run and page bookkeeping
  * under it change together (evict.c holds the eviction policy). */
 #include "pool_int.h"
 
