@@ -15,22 +15,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend.h"
+#include "kvclock.h"
+#include "ns.h"
 #include "pool.h"
-#include "pool_int.h"
 
 #define BLOCKS 4     /* cached blocks per pool */
 #define PICKS 200000
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+/* The pools the bench registered, in the order of their ids (pool.h's
+ * interface has no walk over them: the walk below keeps its own list, as
+ * pool_int.h is the pool module's alone). */
+static struct kv_pool **pools;
+static uint32_t npools_reg;
 
 /* kv_pools_oldest_cached() as it was before the heap: every pool looked at. */
 static struct kv_block *walk(struct kv_pools *ps, uint32_t dev)
@@ -38,15 +36,15 @@ static struct kv_block *walk(struct kv_pools *ps, uint32_t dev)
 	struct kv_block *oldest = NULL;
 	uint32_t i, best_prio = 0;
 
-	for (i = 0; i < ps->npools; i++) {
-		struct kv_pool *q = pool_at(ps, i);
+	for (i = 0; i < npools_reg; i++) {
+		struct kv_pool *q = pools[i];
 		struct kv_list *n;
 		struct kv_block *b;
 		struct kv_ns *m;
 
 		if (!q || q->device != dev || !(n = kv_list_back(&q->lru)))
 			continue;
-		m = &ps->nst.ns[q->ns - 1];
+		m = kv_ns_get(kv_pools_nstab(ps), q->ns);
 		if (m->used[0] < m->lim.reserve + q->block_bytes)
 			continue;
 		b = kv_container_of(n, struct kv_block, node);
@@ -64,7 +62,7 @@ static struct kv_block *walk(struct kv_pools *ps, uint32_t dev)
 static double run(struct kv_pools *ps, struct kv_block *(*pick)(struct kv_pools *, uint32_t),
 		  uint64_t *same)
 {
-	uint64_t t0 = now_ns();
+	uint64_t t0 = kv_mono_ns();
 
 	for (int i = 0; i < PICKS; i++) {
 		struct kv_block *b = pick(ps, 0);
@@ -74,7 +72,7 @@ static double run(struct kv_pools *ps, struct kv_block *(*pick)(struct kv_pools 
 		kv_block_demote_begin(b);
 		kv_block_demote_end(b, 0);
 	}
-	return (double)(now_ns() - t0) / PICKS;
+	return (double)(kv_mono_ns() - t0) / PICKS;
 }
 
 int main(int argc, char **argv)
@@ -103,6 +101,12 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvoldest: cannot set up %u pools\n", npools);
 			return 1;
 		}
+		free(pools);
+		if (!(pools = calloc(npools, sizeof(*pools)))) {
+			fprintf(stderr, "kvoldest: out of memory\n");
+			return 1;
+		}
+		npools_reg = npools;
 		for (uint32_t i = 0; i < npools; i++) {
 			char name[32];
 			struct kv_pool_desc d = { .name = name, .block_bytes = 4096,
@@ -117,6 +121,7 @@ int main(int argc, char **argv)
 				fprintf(stderr, "kvoldest: pool %u: %s\n", i, err);
 				return 1;
 			}
+			pools[i] = p;
 			for (int k = 0; k < BLOCKS; k++) {
 				memcpy(h, &i, sizeof(i));
 				h[4] = (uint8_t)k;
@@ -131,5 +136,6 @@ int main(int argc, char **argv)
 		kv_pools_destroy(ps);
 		kv_backend_destroy(be);
 	}
+	free(pools);
 	return 0;
 }

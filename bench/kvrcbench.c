@@ -1,4 +1,4 @@
-/* kvrcbench: G4 fetch throughput, the Redis Cluster client (daemon/rcluster.c)
+/* kvrcbench: G4 fetch throughput, the Redis Cluster client (rcluster/rcluster.c)
  * beside redis-benchmark on the same cluster and the same value size (issue
  * 14). Figures, never assertions: it exits 0 whatever they are, 1 only when
  * something did not work (a value that came back wrong included).

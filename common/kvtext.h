@@ -39,9 +39,18 @@ static inline size_t kv_utf8_len(const unsigned char *s, size_t avail)
 	return n;
 }
 
+/* Whether the valid UTF-8 character of n bytes at s is a control character:
+ * C0, DEL or C1 (U+0080..U+009F, which terminals may read as escapes). */
+static inline int kv_text_control(const unsigned char *s, size_t n)
+{
+	return (n == 1 && (*s < 0x20 || *s == 0x7f)) || (n == 2 && s[0] == 0xc2 && s[1] < 0xa0);
+}
+
 /* Copies src into dst as text: at most cap bytes, cut between characters,
- * each byte that is not part of valid UTF-8 and each control character (C0
- * and DEL) as '?'; then a NUL (dst has cap + 1 bytes). Returns the length. */
+ * each byte that is not part of valid UTF-8 and each control character
+ * (kv_text_control()) as '?'; then a NUL (dst has cap + 1 bytes). Returns
+ * the length. The one cleaner of text for logs, metrics and terminals: the
+ * daemon's client names, the client library's, kvctl's output. */
 static inline size_t kv_text_clean(char *dst, size_t cap, const char *src)
 {
 	const unsigned char *s = (const unsigned char *)src;
@@ -50,8 +59,8 @@ static inline size_t kv_text_clean(char *dst, size_t cap, const char *src)
 	while (left) {
 		size_t n = kv_utf8_len(s, left);
 
-		if (n == 0 || (n == 1 && (*s < 0x20 || *s == 0x7f))) {
-			n = 1;
+		if (n == 0 || kv_text_control(s, n)) {
+			n = n ? n : 1;
 			if (o + 1 > cap)
 				break;
 			dst[o++] = '?';

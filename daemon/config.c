@@ -1,7 +1,8 @@
 /* The configuration table, its parsers and the INI file; see config.h. One
- * file of about 850 lines, most of it the table: every key's row, parser and
+ * file over 800 lines, most of it the table: every key's row, parser and
  * the rules between keys belong together. */
 #include "config.h"
+#include "kverr.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -194,17 +195,15 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 
 const size_t kv_cfg_nkeys = sizeof(kv_cfg_keys) / sizeof(kv_cfg_keys[0]);
 
-static int __attribute__((format(printf, 3, 4)))
-error(char *err, size_t errlen, const char *fmt, ...)
+/* The tiers' settings before the table's defaults apply (G2 off). */
+static void tiers_config_defaults(struct kv_tiers_config *c)
 {
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
+	memset(c, 0, sizeof(*c));
+	c->queue_depth = 64;
+	c->g1_low = 10;
+	c->g1_high = 20;
+	c->g2_low = 10;
+	c->g2_high = 25;
 }
 
 const struct kv_cfg_key *kv_config_key(const char *name)
@@ -344,7 +343,7 @@ static int bad_value(const struct kv_cfg_key *k, const char *value, char *err, s
 	char what[256];
 
 	allowed(k, what, sizeof(what));
-	return error(err, errlen, "%s: bad value '%s': allowed: %s", k->name, value, what);
+	return kv_einval(err, errlen, "%s: bad value '%s': allowed: %s", k->name, value, what);
 }
 
 int kv_config_set(struct kv_config *c, const struct kv_cfg_key *k, const char *value,
@@ -499,7 +498,7 @@ void kv_config_defaults(struct kv_config *c)
 
 	memset(c, 0, sizeof(*c));
 	/* Fields of the tiers' that have no key get the tiers' defaults. */
-	kv_tiers_config_defaults(&c->tiers);
+	tiers_config_defaults(&c->tiers);
 	for (i = 0; i < kv_cfg_nkeys; i++) {
 		const struct kv_cfg_key *k = &kv_cfg_keys[i];
 
@@ -587,7 +586,7 @@ int kv_config_load_file(struct kv_config *c, const char *path, char *err, size_t
 	x.f = fopen(path, "re");
 	if (!x.f) {
 		r = -errno;
-		error(err, errlen, "%s: %s", path, strerror(errno));
+		kv_errf(err, errlen, "%s: %s", path, strerror(errno));
 		return r;
 	}
 	r = ini_parse_stream(read_line, &x, on_key, &x);
@@ -595,10 +594,10 @@ int kv_config_load_file(struct kv_config *c, const char *path, char *err, size_t
 	if (r == 0 && !x.err_line)
 		return 0;
 	if (r < 0)
-		return error(err, errlen, "%s: cannot parse (out of memory)", path);
+		return kv_einval(err, errlen, "%s: cannot parse (out of memory)", path);
 	if (x.err_line && (r == 0 || x.err_line <= r))
-		return error(err, errlen, "%s:%d: %s", path, x.err_line, x.err);
-	return error(err, errlen, "%s:%d: syntax error: expected 'key = value', '[section]' or "
+		return kv_einval(err, errlen, "%s:%d: %s", path, x.err_line, x.err);
+	return kv_einval(err, errlen, "%s:%d: syntax error: expected 'key = value', '[section]' or "
 		     "a comment", path, r);
 }
 
@@ -650,25 +649,25 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 	int r;
 
 	if (!c->socket_path[0] && kv_socket_default(c->socket_path, sizeof(c->socket_path)) < 0)
-		return error(err, errlen, "socket: $KVCACHED_SOCKET is longer than %zu bytes",
+		return kv_einval(err, errlen, "socket: $KVCACHED_SOCKET is longer than %zu bytes",
 			     sizeof(c->socket_path) - 1);
 	if (!c->admin_socket_path[0] &&
 	    kv_admin_socket_default(c->socket_path, c->admin_socket_path,
 				    sizeof(c->admin_socket_path)) < 0)
-		return error(err, errlen, "admin_socket: the default next to '%s' is longer than "
+		return kv_einval(err, errlen, "admin_socket: the default next to '%s' is longer than "
 			     "%zu bytes; set admin_socket", c->socket_path,
 			     sizeof(c->admin_socket_path) - 1);
 	if (!strcmp(c->socket_path, c->admin_socket_path))
-		return error(err, errlen, "admin_socket: '%s' is the worker socket too; give it "
+		return kv_einval(err, errlen, "admin_socket: '%s' is the worker socket too; give it "
 			     "its own path", c->admin_socket_path);
 	if ((r = kv_http_check_listen(c->metrics_listen, err, errlen)) < 0)
 		return r;
 	/* KV events (events.h). */
 	if (!KV_HAVE_EVENTS && (c->events_endpoint[0] || c->events_replay_endpoint[0]))
-		return error(err, errlen, "events_endpoint: this kvcached was built without KV "
+		return kv_einval(err, errlen, "events_endpoint: this kvcached was built without KV "
 			     "events (libzmq and msgpack-c; meson -Devents=enabled)");
 	if (strchr(c->node_name, '@'))
-		return error(err, errlen, "node_name: '%s' has an '@', which separates the parts "
+		return kv_einval(err, errlen, "node_name: '%s' has an '@', which separates the parts "
 			     "of an event topic", c->node_name);
 
 	/* Percentages: of device memory, or of RAM for keys that say so. */
@@ -680,11 +679,11 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 			continue;
 		p = *v & ~PCT_BIT;
 		if (!ram_bytes && (r = kv_config_memory(c->backend, &dev_bytes, &ram_bytes)) < 0)
-			return error(err, errlen, "%s: cannot learn the memory size: %s", k->name,
+			return kv_einval(err, errlen, "%s: cannot learn the memory size: %s", k->name,
 				     strerror(-r));
 		total = k->flags & KV_CFG_PCT_RAM ? ram_bytes : dev_bytes;
 		if (!total)
-			return error(err, errlen, "%s: the %s backend does not report its memory; "
+			return kv_einval(err, errlen, "%s: the %s backend does not report its memory; "
 				     "give a size", k->name, c->backend);
 		if (k == pool_key)
 			pct = p;
@@ -694,13 +693,13 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 		if (k == pool_key)
 			*v -= *v % c->page_bytes;
 		if (*v < k->min)
-			return error(err, errlen, "%s: %" PRIu64 ".%02" PRIu64 "%% of %" PRIu64
+			return kv_einval(err, errlen, "%s: %" PRIu64 ".%02" PRIu64 "%% of %" PRIu64
 				     " bytes is less than %" PRIu64 " bytes", k->name,
 				     p / 100, p % 100, total, k->min);
 	}
 
 	if (c->page_bytes % (4 * KiB))
-		return error(err, errlen, "page_size: %" PRIu64 " is not a multiple of 4KiB",
+		return kv_einval(err, errlen, "page_size: %" PRIu64 " is not a multiple of 4KiB",
 			     c->page_bytes);
 	/* The default segment cuts the pool into KV_DEFAULT_SEGMENTS (at most
 	 * 1GiB each, at least a unit, whole units of seg_unit): a segment belongs to one
@@ -722,31 +721,31 @@ int kv_config_finish(struct kv_config *c, char *err, size_t errlen)
 	if (pct && c->pool_bytes % c->segment_bytes)
 		c->pool_bytes -= c->pool_bytes % c->segment_bytes;
 	if (!c->pool_bytes)
-		return error(err, errlen, "pool_size: %" PRIu64 ".%02" PRIu64 "%% is less than one "
+		return kv_einval(err, errlen, "pool_size: %" PRIu64 ".%02" PRIu64 "%% is less than one "
 			     "segment", pct / 100, pct % 100);
 	if (c->segment_bytes % c->page_bytes || c->pool_bytes % c->segment_bytes) {
 		format_size(c->segment_bytes, a, sizeof(a));
 		format_size(c->page_bytes, b, sizeof(b));
-		return error(err, errlen, "pool_size, segment_size, page_size: the pool (%" PRIu64
+		return kv_einval(err, errlen, "pool_size, segment_size, page_size: the pool (%" PRIu64
 			     " bytes) must be a multiple of the segment size (%s), and that of "
 			     "the page size (%s)", c->pool_bytes, a, b);
 	}
 	if (c->pool_bytes / c->page_bytes > (1u << 20))
-		return error(err, errlen, "pool_size, page_size: %" PRIu64 " pages, at most 1048576 "
+		return kv_einval(err, errlen, "pool_size, page_size: %" PRIu64 " pages, at most 1048576 "
 			     "per device: use a larger page_size",
 			     c->pool_bytes / c->page_bytes);
 	if (c->tiers.disk_path[0] && (!c->tiers.disk_bytes || !c->tiers.host_bytes))
-		return error(err, errlen, "disk_path, disk_size, host_tier_size: a disk tier (%s) "
+		return kv_einval(err, errlen, "disk_path, disk_size, host_tier_size: a disk tier (%s) "
 			     "needs disk_size and a host tier (host_tier_size)", c->tiers.disk_path);
 	if (c->tiers.g1_low > c->tiers.g1_high || c->tiers.g2_low > c->tiers.g2_high)
-		return error(err, errlen, "demote_low, demote_high, writeback_low, writeback_high: "
+		return kv_einval(err, errlen, "demote_low, demote_high, writeback_low, writeback_high: "
 			     "each low watermark must be at most its high one (%u%%..%u%%, "
 			     "%u%%..%u%%)", c->tiers.g1_low, c->tiers.g1_high, c->tiers.g2_low,
 			     c->tiers.g2_high);
 	if ((r = kv_nsconf_finish(c, err, errlen)) < 0)
 		return r;
 	if ((uint64_t)c->max_batch * 40 + 4096 > c->max_frame)
-		return error(err, errlen, "max_frame, max_batch: a max_frame of %" PRIu32 " is too "
+		return kv_einval(err, errlen, "max_frame, max_batch: a max_frame of %" PRIu32 " is too "
 			     "small for a max_batch of %" PRIu32 " (needs %" PRIu64 ")", c->max_frame,
 			     c->max_batch, (uint64_t)c->max_batch * 40 + 4096);
 	return 0;
@@ -798,7 +797,7 @@ int kv_config_build(struct kv_config *c, const struct kv_config_source *src, cha
 	}
 	for (i = 0; i < src->nov; i++) {
 		if (kv_config_set(c, src->ov[i].key, src->ov[i].value, msg, sizeof(msg)) < 0)
-			return error(err, errlen, "command line: %s", msg);
+			return kv_einval(err, errlen, "command line: %s", msg);
 	}
 	return kv_config_finish(c, err, errlen);
 }

@@ -25,7 +25,34 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "tier.h"
+
+/* The lower tiers' part of the configuration (tier.h reads it; config.h
+ * includes nothing of the daemon, so that every module may read its
+ * settings without depending on the modules above). */
+struct kv_tiers_config {
+	uint64_t host_bytes;       /* G2 size; 0 = no lower tiers */
+	char disk_path[256];       /* G3 file or block device; "" = no G3 */
+	uint64_t disk_bytes;
+	char disk_index[256];      /* "" = disk_path + ".idx" */
+	unsigned queue_depth;      /* G3 I/Os in flight */
+	unsigned g1_low, g1_high;  /* percent free of a device: demotion starts, stops */
+	unsigned g2_low, g2_high;  /* percent free of G2: write-back starts, stops */
+	/* G4 on Redis Cluster (docs/g4.md); remote_seeds "" = none. */
+	char remote_seeds[512];    /* host:port[,host:port...] */
+	char remote_prefix[64];    /* of every key */
+	char remote_user[64];      /* ACL user; "" = none (AUTH with the password alone) */
+	char remote_password_file[256];
+	uint64_t remote_ttl_ms, remote_timeout_ms;
+	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
+	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
+	char remote_write[16];         /* "writeback" (at G3 write-back) or "off" (read only) */
+	/* [namespace X] remote_user / remote_password_file: the namespaces
+	 * that talk to the cluster as a user of their own (read at start). */
+	struct kv_remote_user {
+		char ns[64], user[64], password_file[256];
+	} remote_users[64];
+	unsigned nremote_users;
+};
 
 #define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
 

@@ -1,4 +1,7 @@
-/* Connections: framing, output, fds; see conn.h. */
+/* Connections: framing, output, fds; see conn.h. Over 800 lines, on
+ * purpose: input, output, the sweep and close all read and set the flags of
+ * struct kv_conn that conn.h's drawing ties together (conn_assert_state());
+ * a split would have to expose the struct and its rules to each part. */
 #include "conn.h"
 
 #include <errno.h>
@@ -10,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "frame.h"
 #include "kvassert.h"
 #include "kvcached.pb-c.h"
@@ -29,8 +33,13 @@
  * buffer is freed once sent when it grew past OUT_KEEP. */
 #define OUT_KEEP 65536
 
+/* struct kv_conn's magic while it is allocated (conn_of() checks it). */
+#define CONN_MAGIC 0x6b76636eu
+
+/* The states and their flags are drawn in conn.h. */
 struct kv_conn {
 	struct kv_session ss;
+	uint32_t magic;            /* CONN_MAGIC */
 	struct kv_conns *cs;
 	struct kv_list link;       /* cs->closing while CLOSING */
 	int fd;
@@ -59,6 +68,41 @@ struct kv_conn {
 
 static void conn_close(struct kv_conn *c, const char *why);
 static void conn_input(struct kv_conn *c);
+
+/* The connection that carries ss: every session on d->sessions is one's
+ * (conn.h). */
+static struct kv_conn *conn_of(struct kv_session *ss)
+{
+	struct kv_conn *c = kv_container_of(ss, struct kv_conn, ss);
+
+	kv_assert(c->magic == CONN_MAGIC);
+	return c;
+}
+
+static struct kv_conn *conn_at(struct kv_list *pos)
+{
+	return conn_of(kv_container_of(pos, struct kv_session, link));
+}
+
+/* What conn.h draws for c's state; aborts (kv_assert) where it does not
+ * hold. */
+static void conn_assert_state(const struct kv_conn *c)
+{
+	kv_assert(c->magic == CONN_MAGIC);
+	kv_assert(!(c->parked && c->fds_held));
+	if (c->closing) {
+		kv_assert(!kv_list_linked(&c->ss.link) && kv_list_linked(&c->link));
+		kv_assert(c->fd < 0 && !c->in && !c->out);
+		kv_assert(!c->parked && !c->fds_held && !c->send_blocked);
+		return;
+	}
+	kv_assert(kv_list_linked(&c->ss.link) && !kv_list_linked(&c->link));
+	kv_assert(c->fd >= 0);
+	kv_assert(c->out_off <= c->out_len && c->out_len <= c->out_cap);
+	kv_assert(c->in_len <= c->in_cap);
+	if (c->lingering)
+		kv_assert(!c->partial_ms);
+}
 
 static struct kv_loop *conn_loop(struct kv_conn *c)
 {
@@ -196,7 +240,7 @@ static void conns_tick(struct kv_loop_watch *w, int res, int more)
 	(void)more;
 	cs->tick_cancelled = 0;
 	kv_list_for_each_safe(pos, tmp, &cs->d->sessions) {
-		uint64_t due = conn_sweep(kv_container_of(pos, struct kv_conn, ss.link), now);
+		uint64_t due = conn_sweep(conn_at(pos), now);
 
 		if (due && (!next || due < next))
 			next = due;
@@ -207,8 +251,9 @@ static void conns_tick(struct kv_loop_watch *w, int res, int more)
 	 * look for the next one to resume from the start each time. */
 again:
 	kv_list_for_each(pos, &cs->d->sessions) {
-		struct kv_conn *c = kv_container_of(pos, struct kv_conn, ss.link);
+		struct kv_conn *c = conn_at(pos);
 
+		conn_assert_state(c);
 		if (c->resume) {
 			c->resume = 0;
 			if (!c->closing && !conn_held(c))
@@ -220,8 +265,10 @@ again:
 
 static void conn_free_if_done(struct kv_conn *c)
 {
+	conn_assert_state(c);
 	if (c->closing && !c->win.armed && !c->wout.armed) {
 		kv_list_del(&c->link);
+		c->magic = 0;
 		free(c);
 	}
 }
@@ -473,7 +520,7 @@ static int conn_frames(struct kv_conn *c)
 			c->in_cap = 0;
 		}
 	}
-	kv_tiers_kick(d->tiers);
+	kv_cache_batch_done(d);
 	return 0;
 }
 
@@ -581,6 +628,7 @@ static void conn_wake(struct kv_waiter *w)
 	struct kv_conn *c = kv_container_of(w, struct kv_conn, ss.waiter);
 
 	c->parked = 0;
+	conn_assert_state(c);
 	if (!c->closing && !c->paused)
 		conn_input(c);
 }
@@ -615,6 +663,7 @@ static void conn_close(struct kv_conn *c, const char *why)
 	free(c->out);
 	c->in = c->out = NULL;
 	kv_log_context(0, NULL);
+	conn_assert_state(c);
 	/* The struct itself goes once its watches have completed. */
 	kv_daemon_drain_check(d);
 }
@@ -716,6 +765,7 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 		close(fd);
 		return;
 	}
+	c->magic = CONN_MAGIC;
 	c->cs = cs;
 	c->fd = fd;
 	c->win.cb = on_readable;
@@ -730,13 +780,14 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 	kv_session_open(cs->d, &c->ss, &cred, admin);
 	kv_session_peer_groups(&c->ss, fd);
 	c->ss.waiter.wake = conn_wake;
+	conn_assert_state(c);
 	kv_debug("session %llu: pid %d uid %u gid %u on the %s socket", (unsigned long long)c->ss.id,
 		 (int)cred.pid, cred.uid, cred.gid, admin ? "admin" : "worker");
 }
 
 void kv_conn_close_session(struct kv_session *ss, const char *why)
 {
-	conn_close(kv_container_of(ss, struct kv_conn, ss), why);
+	conn_close(conn_of(ss), why);
 }
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d)
@@ -752,7 +803,7 @@ void kv_conns_refresh_fds(struct kv_daemon *d)
 	struct kv_list *pos;
 
 	kv_list_for_each(pos, &d->sessions)
-		conn_fds_refresh(kv_container_of(pos, struct kv_conn, ss.link));
+		conn_fds_refresh(conn_at(pos));
 }
 
 void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q)
@@ -761,8 +812,9 @@ void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q)
 
 	memset(q, 0, sizeof(*q));
 	kv_list_for_each(pos, &d->sessions) {
-		const struct kv_conn *c = kv_container_of(pos, struct kv_conn, ss.link);
+		const struct kv_conn *c = conn_at((struct kv_list *)pos);
 
+		conn_assert_state(c);
 		q->parked += c->parked;
 		q->held += c->fds_held;
 		q->paused += c->paused;
@@ -777,12 +829,13 @@ void kv_conns_fini(struct kv_conns *cs)
 	if (!cs->d)
 		return;
 	kv_list_for_each_safe(pos, tmp, &cs->d->sessions)
-		conn_close(kv_container_of(pos, struct kv_conn, ss.link), NULL);
+		conn_close(conn_at(pos), NULL);
 	kv_list_for_each_safe(pos, tmp, &cs->closing) {
 		struct kv_conn *c = kv_container_of(pos, struct kv_conn, link);
 
 		kv_assert(c->closing);
 		kv_list_del(&c->link);
+		c->magic = 0;
 		free(c);
 	}
 }

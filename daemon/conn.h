@@ -3,23 +3,53 @@
  * (session.h), whose requests it hands to kv_ops_dispatch() one frame at a
  * time.
  *
- *   OPEN --EOF / bad frame / frame_timeout / error / send failure--> CLOSING
- *   CLOSING --last completion--> freed
+ *   accept --> OPEN --EOF / bad frame / protocol error--> LINGERING
+ *               |  \                                        | output sent, or
+ *               |   +--frame_timeout / error / send failure--+ frame_timeout
+ *               |                                            v
+ *               +----------------------------------------> CLOSING --last
+ *                                                         completion--> freed
  *
- *   OPEN     polled for input (multishot POLLIN); orthogonal to it:
- *            paused   max_output_per_connection bytes of output are unsent
- *                     (one reply more at most): input is left
- *                     unread until the peer reads (one-shot POLLOUT)
- *            parked   the first frame in the buffer waits for a tier
- *                     (session.waiter); it runs again from the start when woken
- *            held     the first frame's reply needs segment fds, and the
- *                     peer has not read those it was sent yet: it runs again
- *                     once it has (polled by the sweep, SIOCOUTQ = 0)
- *            partial  a frame has begun to arrive and not ended, while input
- *                     is not held back: after frame_timeout the connection
- *                     closes (the sweep, one timer for all connections)
- *   CLOSING  the session released, the socket closed, on the closing list
- *            until the io_uring completions of its watches have arrived
+ *   OPEN       polled for input (multishot POLLIN); orthogonal to it, each
+ *              a flag of struct kv_conn (conn.c):
+ *              paused        max_output_per_connection bytes of output are
+ *                            unsent (one reply more at most): input is left
+ *                            unread until the peer reads (one-shot POLLOUT)
+ *              parked        the first frame in the buffer waits for a tier
+ *                            (session.waiter is queued on it); it runs again
+ *                            from the start when woken
+ *              fds_held      the first frame's reply needs segment fds, and
+ *                            the peer has not read those it was sent yet: it
+ *                            runs again once it has (polled by the sweep,
+ *                            SIOCOUTQ = 0)
+ *              send_blocked  sendmsg failed for want of a resource (fds in
+ *                            flight for the daemon's user, kernel memory):
+ *                            the output stays queued, the sweep retries
+ *              resume        what held the input is gone: the sweep runs the
+ *                            input again (it runs no request itself)
+ *              partial       a frame has begun to arrive and not ended, while
+ *                            input is not held back (partial_ms): after
+ *                            frame_timeout the connection closes (the sweep,
+ *                            one timer for all connections)
+ *              parked and fds_held are never both set (one first frame).
+ *   LINGERING  (lingering) no more input is read: it closes once its output
+ *              is sent, so that every request before is answered, or
+ *              frame_timeout after linger_ms if the peer does not read.
+ *              No partial frame; the flags above but parked and fds_held
+ *              may still be set.
+ *   CLOSING    (closing) the session released, the socket closed, the
+ *              buffers freed, no flag set; on cs->closing until the io_uring
+ *              completions of its watches have arrived.
+ *
+ * Sessions and connections: in a daemon that serves sockets (server.c), every
+ * session on d->sessions is the session of an OPEN or LINGERING connection,
+ * which embeds it (conn.c's conn_of() checks that with a magic number), and
+ * a connection's session is on d->sessions exactly until it is CLOSING. A
+ * session is opened by kv_conn_accept() only, and released by the close of
+ * its connection only (others ask for that through kv_conn_close_session(),
+ * d->close_session). Tests and fuzzers that drive kv_ops_dispatch() directly
+ * keep sessions of their own and no connections. conn_assert_state() checks
+ * one connection against the drawing at each transition.
  *
  * A bad frame (bad header, oversize, undecodable, unknown op, fds attached)
  * gets an EPROTO reply where one can be sent, then that connection closes;

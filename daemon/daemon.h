@@ -9,16 +9,20 @@
  *
  *   daemon     this context: the resources, the tier completions
  *   session    a peer's protocol state: namespace, references, segments sent
+ *   cache      the prefix cache across G1-G4: lookup, seal, alloc's parking,
+ *              the hit counters (cache.h)
  *   lifecycle  drain, reload, signals, watchdog and status timers, stop
- *   ops        one handler per protocol operation (ops.h, ops_block.c,
- *              ops_admin.c)
+ *   ops        the op table and one handler per protocol operation (ops.h,
+ *              ops_block.c, ops_admin.c, ops_req.c)
  *   conn       the transport of one connection: framing, buffers, fds
  *   listener   the listening sockets
  *   server     assembles them (main.c calls it)
  *
- * The calls that go upward, a drain closing the worker socket and naming it
- * in the log, go through the hooks the server sets (stop_accepting,
- * worker_name). */
+ * The calls that go upward, from the modules to the transport, go through
+ * the five hooks the server sets below: stop_accepting and worker_name (a
+ * drain closes the worker socket and names it in the log), close_session (a
+ * reload revokes a peer's access), refresh_fds (fds in flight before a
+ * refusal) and queue_stats (the metrics). */
 #ifndef KV_DAEMON_H
 #define KV_DAEMON_H
 
@@ -35,8 +39,9 @@
 
 struct kv_session;
 
-/* Request kinds timed one by one (ops.h, kv_ops_index). */
-#define KV_DAEMON_OPS 19
+/* Request kinds timed one by one: the op table's rows and "other" (ops.c,
+ * kv_ops_index; a static assertion there keeps the two equal). */
+#define KV_DAEMON_OPS 20
 
 /* What waits in the transport, for the metrics: gathered on demand by the
  * server's hook (conn.c walks the connections), never kept up to date on

@@ -509,10 +509,7 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 
 static uint64_t mono_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return kv_mono_ns();
 }
 
 static void interval_done(struct kv_loop_watch *w, int res, int more)

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "kvclock.h"
+
 #define KV_HIST_BOUNDS 22
 
 struct kv_hist {
@@ -26,13 +28,10 @@ struct kv_hist {
 /* The upper bounds in nanoseconds, ascending. */
 extern const uint64_t kv_hist_bounds_ns[KV_HIST_BOUNDS];
 
-/* CLOCK_MONOTONIC in nanoseconds. */
+/* CLOCK_MONOTONIC in nanoseconds (kvclock.h). */
 static inline uint64_t kv_hist_now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return kv_mono_ns();
 }
 
 /* Counts one observation of ns nanoseconds. */

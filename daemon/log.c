@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvclock.h"
 #include "kvconfig.h"
 #if KV_HAVE_SYSTEMD
 /* We pass CODE_FILE/LINE/FUNC of the caller ourselves. */
@@ -178,11 +179,8 @@ void kv_log(int level, const char *fmt, ...)
 
 int kv_ratelimit(struct kv_ratelimit *rl, uint64_t *held)
 {
-	struct timespec ts;
-	uint64_t now;
+	uint64_t now = kv_mono_ms();
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 	if (now < rl->next_ms) {
 		rl->held++;
 		return 0;

@@ -280,7 +280,7 @@ static void op_hist(FILE *f, const struct expo *x, const struct fam *fm, uint32_
 {
 	char l[64];
 
-	snprintf(l, sizeof(l), "op=\"%s\"", kv_ops_names[k]);
+	snprintf(l, sizeof(l), "op=\"%s\"", kv_ops_name(k));
 	kv_hist_write(f, fm->name, l, &x->d->op_hist[k]);
 }
 

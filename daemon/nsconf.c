@@ -28,21 +28,9 @@
 #include <string.h>
 
 #include "config.h"
+#include "kverr.h"
 #include "ns.h"
 #include "units.h"
-
-static int __attribute__((format(printf, 3, 4)))
-fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
 
 const struct kv_ns_conf *kv_nsconf_find(const struct kv_config *c, const char *name)
 {
@@ -89,7 +77,7 @@ static int parse_ids(const char *value, int group, struct kv_ns_conf *n, char *e
 	char list[512], *tok, *save = NULL;
 
 	if (strlen(value) >= sizeof(list))
-		return fail(err, errlen, "%s: the list is longer than %zu bytes",
+		return kv_einval(err, errlen, "%s: the list is longer than %zu bytes",
 			    group ? "groups" : "users", sizeof(list) - 1);
 	strcpy(list, value);
 	*count = 0;
@@ -105,11 +93,11 @@ static int parse_ids(const char *value, int group, struct kv_ns_conf *n, char *e
 		}
 		r = parse_id(tok, group, &id);
 		if (r < 0)
-			return fail(err, errlen, "%s: %s '%s'", group ? "groups" : "users",
+			return kv_einval(err, errlen, "%s: %s '%s'", group ? "groups" : "users",
 				    r == -ENOENT ? group ? "no such group" : "no such user"
 						 : "not a name or number", tok);
 		if (*count == KV_CFG_NS_IDS)
-			return fail(err, errlen, "%s: more than %d entries (use a group)",
+			return kv_einval(err, errlen, "%s: more than %d entries (use a group)",
 				    group ? "groups" : "users", KV_CFG_NS_IDS);
 		ids[(*count)++] = id;
 	}
@@ -131,7 +119,7 @@ static int parse_size_pct(const char *key, const char *value, uint64_t *out, cha
 		*out = v;
 		return 0;
 	}
-	return fail(err, errlen, "%s: '%s' is not a size (64GiB) or a percentage (25%%)", key,
+	return kv_einval(err, errlen, "%s: '%s' is not a size (64GiB) or a percentage (25%%)", key,
 		    value);
 }
 
@@ -142,11 +130,11 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 	char *end;
 
 	if (!kv_ns_name_ok(name))
-		return fail(err, errlen, "[namespace %s]: a name is 1..%d of A-Z a-z 0-9 . _ : -",
+		return kv_einval(err, errlen, "[namespace %s]: a name is 1..%d of A-Z a-z 0-9 . _ : -",
 			    name, KV_NAME_MAX - 1);
 	if (!n) {
 		if (c->nns == KV_CFG_MAX_NS)
-			return fail(err, errlen, "[namespace %s]: more than %d namespace sections",
+			return kv_einval(err, errlen, "[namespace %s]: more than %d namespace sections",
 				    name, KV_CFG_MAX_NS);
 		n = &c->ns[c->nns++];
 		memset(n, 0, sizeof(*n));
@@ -166,7 +154,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		errno = 0;
 		v = strtoul(value, &end, 10);
 		if (errno || end == value || *end || value[0] == '-' || v > 1000)
-			return fail(err, errlen, "priority: '%s' is not a number from 0 to 1000",
+			return kv_einval(err, errlen, "priority: '%s' is not a number from 0 to 1000",
 				    value);
 		n->priority = (uint32_t)v;
 		return 0;
@@ -177,7 +165,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			return 0;
 		}
 		if (kv_parse_duration(value, &n->ttl_ms) < 0)
-			return fail(err, errlen, "ttl: '%s' is not a duration (30s, 10m, 1h)", value);
+			return kv_einval(err, errlen, "ttl: '%s' is not a duration (30s, 10m, 1h)", value);
 		return 0;
 	}
 	if (!strcmp(key, "events")) {
@@ -189,14 +177,14 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 				n->events = i;
 				return 0;
 			}
-		return fail(err, errlen, "events: '%s' is not off, hashes or tokens", value);
+		return kv_einval(err, errlen, "events: '%s' is not off, hashes or tokens", value);
 	}
 	if (!strcmp(key, "remote_user") || !strcmp(key, "remote_password_file")) {
 		char *dst = key[7] == 'u' ? n->remote_user : n->remote_password_file;
 		size_t len = key[7] == 'u' ? sizeof(n->remote_user) : sizeof(n->remote_password_file);
 
 		if (strlen(value) >= len)
-			return fail(err, errlen, "%s: at most %zu bytes", key, len - 1);
+			return kv_einval(err, errlen, "%s: at most %zu bytes", key, len - 1);
 		memcpy(dst, value, strlen(value) + 1);
 		return 0;
 	}
@@ -206,7 +194,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			return 0;
 		}
 		if (kv_parse_size(value, &n->quota_g4) < 0)
-			return fail(err, errlen, "quota_g4: '%s' is not a size (64GiB)", value);
+			return kv_einval(err, errlen, "quota_g4: '%s' is not a size (64GiB)", value);
 		return 0;
 	}
 	if (!strcmp(key, "remote")) {
@@ -215,10 +203,10 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		else if (!strcmp(value, "no") || !strcmp(value, "false") || !strcmp(value, "0"))
 			n->remote = 0;
 		else
-			return fail(err, errlen, "remote: '%s' is not yes or no", value);
+			return kv_einval(err, errlen, "remote: '%s' is not yes or no", value);
 		return 0;
 	}
-	return fail(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
+	return kv_einval(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
 		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
 		    "remote_password_file)", name, key);
 }
@@ -245,7 +233,7 @@ int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 
 		/* Both sizes, or both percentages of G1: comparable here. */
 		if (q && r && !((q ^ r) & KV_CFG_PCT_BIT) && r > q)
-			return fail(err, errlen, "[namespace %s]: reserve_g1 is larger than quota_g1",
+			return kv_einval(err, errlen, "[namespace %s]: reserve_g1 is larger than quota_g1",
 				    n->name);
 	}
 	return 0;

@@ -1,287 +1,115 @@
-/* The dispatcher and the helpers every handler shares; see ops.h. */
-#include "ops_int.h"
+/* The op table and the dispatcher; see ops.h.
+ *
+ * One row per operation of the protocol (Redis's command table is the
+ * model): its name (the metrics' op label), its handler, whether it is for
+ * admin sessions only, and what a drain refuses of it. The row's place in
+ * the table is its metrics slot. Dispatch, names, metrics and the drain
+ * check read the table and nothing else; test_ops_table fails when an op of
+ * kvcached.proto has no row. */
+#include "ops.h"
 
-#include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <string.h>
+#include <stddef.h>
 
 #include "kvassert.h"
-#include "log.h"
+#include "ops_admin.h"
+#include "ops_block.h"
+#include "ops_req.h"
 
-void *q_alloc(struct req *q, size_t n)
-{
-	void *p = kv_arena_alloc(&q->d->arena, n);
-
-	if (!p)
-		q->out = KV_OP_NOMEM;
-	return p;
-}
-
-char *q_strdup(struct req *q, const char *s)
-{
-	size_t n = strlen(s) + 1;
-	char *p = q_alloc(q, n);
-
-	if (p)
-		memcpy(p, s, n);
-	return p;
-}
-
-void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *fmt, ...)
-{
-	Kvcached__Error *e = q_alloc(q, sizeof(*e));
-	char *msg = q_alloc(q, KV_OP_MSG_MAX);
-	va_list ap;
-
-	if (!e || !msg)
-		return;
-	kvcached__error__init(e);
-	va_start(ap, fmt);
-	vsnprintf(msg, KV_OP_MSG_MAX, fmt, ap);
-	va_end(ap);
-	e->code = code;
-	e->message = msg;
-	e->index = index;
-	q->rs->error = e;
-	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
-	if (code == KVCACHED__ERROR_CODE__EPROTO)
-		q->out = KV_OP_CLOSE;
-}
-
-void kv_op_count_enospc(struct req *q)
-{
-	struct kv_ns *n = kv_ns_get(kv_pools_nstab(q->d->pools), q->ss->ns);
-
-	q->d->enospc++;
-	if (n)
-		n->enospc++;
-}
-
-Kvcached__ErrorCode kv_op_errno_code(int r)
-{
-	switch (r) {
-	case -ENOSPC: return KVCACHED__ERROR_CODE__ENOSPC;
-	case -EDQUOT: return KVCACHED__ERROR_CODE__EQUOTA;
-	case -EACCES: return KVCACHED__ERROR_CODE__EACCES;
-	case -EAGAIN: return KVCACHED__ERROR_CODE__EAGAIN;
-	case -ENOENT: return KVCACHED__ERROR_CODE__ENOENT;
-	case -E2BIG: return KVCACHED__ERROR_CODE__E2BIG;
-	case -EIO: return KVCACHED__ERROR_CODE__EIO;
-	case -EINVAL: return KVCACHED__ERROR_CODE__EINVAL;
-	default: return KVCACHED__ERROR_CODE__EINTERNAL;
+/* Adapters: a row's handler takes the whole request. */
+#define RUN(fn, field)                                                               \
+	static void run_##fn(struct req *q, const Kvcached__Request *rq)             \
+	{                                                                            \
+		kv_op_##fn(q, rq->field);                                            \
 	}
-}
+#define RUN0(fn)                                                                     \
+	static void run_##fn(struct req *q, const Kvcached__Request *rq)             \
+	{                                                                            \
+		(void)rq;                                                            \
+		kv_op_##fn(q);                                                       \
+	}
+RUN(hello, hello)
+RUN(register, register_pool)
+RUN(alloc, alloc)
+RUN(seal, seal)
+RUN(lookup, lookup)
+RUN(release, release)
+RUN(fork, fork)
+RUN(cow, cow)
+RUN(swap_out, swap_out)
+RUN(swap_in, swap_in)
+RUN(stats, stats)
+RUN0(clients)
+RUN0(check)
+RUN(evict, evict)
+RUN0(flush)
+RUN(drain, drain)
+RUN0(reload)
+RUN(metrics, metrics)
+RUN(dump, dump)
 
-struct kv_pool *kv_op_pool(struct req *q, uint32_t id)
+struct op_row {
+	int op_case;          /* Kvcached__Request's op_case */
+	const char *name;     /* the metrics' op label */
+	void (*run)(struct req *q, const Kvcached__Request *rq);
+	/* Admin sessions only: what the refusal calls the operation; NULL:
+	 * every session. */
+	const char *admin;
+	/* While draining, what would take new memory or new references is
+	 * refused ("no new <drain>"); NULL: goes on (releasing and sealing
+	 * what a client holds, the operators' operations). */
+	const char *drain;
+};
+
+#define OP(c) KVCACHED__REQUEST__OP_##c
+static const struct op_row ops[] = {
+	{ OP(HELLO), "hello", run_hello, NULL, NULL },
+	{ OP(REGISTER_POOL), "register_pool", run_register, NULL, "pools" },
+	{ OP(ALLOC), "alloc", run_alloc, NULL, "allocations" },
+	{ OP(SEAL), "seal", run_seal, NULL, NULL },
+	{ OP(LOOKUP), "lookup", run_lookup, NULL, "lookups or references" },
+	{ OP(RELEASE), "release", run_release, NULL, NULL },
+	{ OP(FORK), "fork", run_fork, NULL, "lookups or references" },
+	{ OP(COW), "cow", run_cow, NULL, "allocations" },
+	{ OP(SWAP_OUT), "swap_out", run_swap_out, NULL, NULL },
+	{ OP(SWAP_IN), "swap_in", run_swap_in, NULL, "allocations" },
+	{ OP(STATS), "stats", run_stats, NULL, NULL },
+	{ OP(LIST_CLIENTS), "list_clients", run_clients, "listing clients", NULL },
+	{ OP(CHECK), "check", run_check, "the invariant check", NULL },
+	{ OP(EVICT), "evict", run_evict, "evict", NULL },
+	{ OP(FLUSH), "flush", run_flush, "flush", NULL },
+	{ OP(DRAIN), "drain", run_drain, "drain", NULL },
+	{ OP(RELOAD), "reload", run_reload, "reload", NULL },
+	{ OP(METRICS), "metrics", run_metrics, "metrics", NULL },
+	{ OP(DUMP), "dump", run_dump, "dump", NULL },
+};
+#undef OP
+
+/* The metrics have a slot per row and one for the rest ("other"). */
+_Static_assert(sizeof(ops) / sizeof(ops[0]) == KV_DAEMON_OPS - 1,
+	       "KV_DAEMON_OPS (daemon.h) must be the op table's rows + 1");
+
+static const struct op_row *op_row(int op_case)
 {
-	struct kv_pool *p = kv_pool_get(q->d->pools, id);
-
-	if (!p || p->ns != q->ss->ns) {
-		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOENT, -1, "no pool %u in namespace '%s'", id,
-			   kv_pools_ns_name(q->d->pools, q->ss->ns));
-		return NULL;
-	}
-	return p;
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (ops[i].op_case == op_case)
+			return &ops[i];
+	return NULL;
 }
 
-/* Whether one more fd may be queued for q: 0, -EBUSY (hold) or -EAGAIN
- * (reply set). */
-static int fds_room(struct req *q, uint64_t n)
+unsigned kv_ops_index(int op_case)
 {
-	struct kv_daemon *d = q->d;
-	struct kv_session *ss = q->ss;
-	uint64_t max;
+	const struct op_row *r = op_row(op_case);
 
-	if (!q->nsegs)
-		q->fds_before = ss->nfds + ss->fds_unread;
-	/* A session with nothing out may take what one reply needs, however
-	 * many; one with fds out waits rather than pass the bound. */
-	if (q->fds_before && q->fds_before + q->nsegs + n > d->cfg.max_fds_per_conn) {
-		q->out = KV_OP_HOLD;
-		return -EBUSY;
-	}
-	max = kv_daemon_fds_max(d);
-	if (d->fds_out + n > max && d->refresh_fds && !q->refreshed) {
-		q->refreshed = 1;
-		d->refresh_fds(d);
-	}
-	if (d->fds_out + n > max) {
-		kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
-			   "segment fds: %llu are out to clients that have not read them and this "
-			   "reply needs %llu or more, past the %llu the daemon passes at once "
-			   "(max_fds_in_flight, RLIMIT_NOFILE); nothing changed, retry",
-			   (unsigned long long)(d->fds_out - q->nsegs),
-			   (unsigned long long)(q->nsegs + n), (unsigned long long)max);
-		return -EAGAIN;
-	}
-	return 0;
+	return r ? (unsigned)(r - ops) : KV_DAEMON_OPS - 1;
 }
 
-/* Takes back every fd q queued, last first. */
-static void unwant_all(struct req *q)
+const char *kv_ops_name(unsigned index)
 {
-	while (q->nsegs) {
-		struct req_seg *g = &q->segs[--q->nsegs];
-
-		kv_session_unwant_segment(q->ss, g->dev, g->seg, g->old);
-	}
+	return index < KV_DAEMON_OPS - 1 ? ops[index].name : "other";
 }
 
-int kv_op_fds_room(struct req *q, uint64_t n)
-{
-	return n ? fds_room(q, n) : 0;
-}
-
-int kv_op_want_segments(struct req *q, struct kv_block *const *blocks, size_t n)
-{
-	static struct kv_ratelimit dup_log = { .interval_ms = 1000 };
-
-	for (size_t i = 0; i < n; i++) {
-		uint32_t dev, seg, old;
-		uint64_t held;
-		int r;
-
-		if (!blocks[i])
-			continue;
-		kv_block_where(blocks[i], &dev, &seg);
-		if (kv_session_has_segment(q->ss, dev, seg))
-			continue;
-		if (q->nsegs == q->segs_cap) {
-			size_t cap = q->segs_cap ? 2 * q->segs_cap : (n < 64 ? 64 : n);
-			struct req_seg *p = kv_arena_alloc(&q->d->arena, cap * sizeof(*p));
-
-			if (!p) {
-				unwant_all(q);
-				q->out = KV_OP_NOMEM;
-				return -ENOMEM;
-			}
-			if (q->nsegs)
-				memcpy(p, q->segs, q->nsegs * sizeof(*p));
-			q->segs = p;
-			q->segs_cap = cap;
-		}
-		if ((r = fds_room(q, 1)) < 0) {
-			unwant_all(q);
-			return r;
-		}
-		if ((r = kv_session_want_segment(q->ss, dev, seg, &old)) < 0) {
-			/* The daemon's fd table (or memory) is short: as transient
-			 * as the fds in flight that fill it. */
-			unwant_all(q);
-			kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
-				   "segment fds: cannot pass one now (%s); nothing changed, retry",
-				   strerror(-r));
-			if (kv_ratelimit(&dup_log, &held))
-				kv_warn("session %llu: cannot duplicate a segment fd to pass it: %s; "
-					"the request is answered EAGAIN (%llu more since the last such "
-					"line)", (unsigned long long)q->ss->id, strerror(-r),
-					(unsigned long long)held);
-			return -EAGAIN;
-		}
-		q->segs[q->nsegs++] = (struct req_seg){ .dev = dev, .seg = seg, .old = old };
-	}
-	return 0;
-}
-
-void kv_op_reply_blocks(struct req *q, size_t n)
-{
-	struct kv_backend *be = q->d->be;
-	Kvcached__BlockList *bl = q_alloc(q, sizeof(*bl));
-	uint64_t *h = q_alloc(q, (n ? n : 1) * sizeof(uint64_t));
-	Kvcached__Segment **segs = NULL;
-	size_t i;
-
-	if (!bl || !h)
-		return;
-	if (q->nsegs && !(segs = q_alloc(q, q->nsegs * sizeof(*segs))))
-		return;
-	kvcached__block_list__init(bl);
-	for (i = 0; i < n; i++) {
-		uint32_t dev, seg;
-
-		kv_block_where(q->blk[i], &dev, &seg);
-		kv_assert(kv_session_has_segment(q->ss, dev, seg));
-		h[i] = kv_block_handle(q->blk[i]);
-	}
-	for (i = 0; i < q->nsegs; i++) {
-		if (!(segs[i] = q_alloc(q, sizeof(**segs))))
-			return;
-		kvcached__segment__init(segs[i]);
-		segs[i]->device = q->segs[i].dev;
-		segs[i]->index = q->segs[i].seg;
-		segs[i]->offset = (uint64_t)q->segs[i].seg * be->segment_bytes;
-		segs[i]->bytes = be->segment_bytes;
-	}
-	bl->n_blocks = n;
-	bl->blocks = h;
-	q->rs->n_segments = q->nsegs;
-	q->rs->segments = segs;
-	q->rs->result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
-	q->rs->blocks = bl;
-}
-
-int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
-		  uint32_t per)
-{
-	size_t i;
-
-	if (n == 0 || n > q->d->cfg.max_batch) {
-		kv_op_fail(q, n ? KVCACHED__ERROR_CODE__E2BIG : KVCACHED__ERROR_CODE__EINVAL, -1,
-			   "batch of %zu blocks: must be 1..%u", n, q->d->cfg.max_batch);
-		return n ? -E2BIG : -EINVAL;
-	}
-	for (i = 0; i < n; i++) {
-		struct kv_block *b = kv_block_lookup(q->d->pools, handles[i]);
-
-		if (!b || b->state == KV_BLOCK_FREE || kv_block_pool(b)->ns != q->ss->ns ||
-		    (p && kv_block_pool(b) != p)) {
-			kv_op_fail(q, KVCACHED__ERROR_CODE__ESTALE, (int)i,
-				   "block %#llx (index %zu) is stale, forged or %s",
-				   (unsigned long long)handles[i], i,
-				   b && p && kv_block_pool(b) != p ? "of another pool" : "unknown");
-			return -ESTALE;
-		}
-		b->check = 0;
-		q->blk[i] = b;
-	}
-	/* b->check counts how often each block is listed. */
-	for (i = 0; i < n; i++) {
-		struct kv_block *b = q->blk[i];
-		uint32_t held = kv_refmap_get(&q->ss->refs, b);
-		uint32_t limit = per && per < held ? per : held;
-
-		if (++b->check > limit) {
-			kv_op_fail(q, held ? KVCACHED__ERROR_CODE__ESTATE : KVCACHED__ERROR_CODE__ESTALE,
-				   (int)i, "block %#llx (index %zu): %s",
-				   (unsigned long long)handles[i], i,
-				   !held ? "not held by this connection"
-					 : per == 1 ? "listed twice"
-						    : "listed more times than references held");
-			return held ? -EBUSY : -ESTALE;
-		}
-	}
-	return 0;
-}
-
-int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n)
-{
-	uint32_t max = q->d->cfg.max_block_refs;
-
-	if (max > KV_BLOCK_REF_MAX)
-		max = KV_BLOCK_REF_MAX;
-	if (b->ref <= max && n <= max - b->ref)
-		return 1;
-	kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, (int)index,
-		   "block %#llx (index %zu) already has %u reference%s; %u more would pass "
-		   "max_block_refs (%u): nothing was taken", (unsigned long long)kv_block_handle(b),
-		   index, b->ref, b->ref == 1 ? "" : "s", n, max);
-	return 0;
-}
-
-/* While draining, what would take new memory or new references is refused;
- * releasing and sealing what a client holds goes on. */
+/* While draining, what the row says is refused. */
 static void refuse_draining(struct req *q, const char *what)
 {
 	uint64_t now = kv_mono_ms();
@@ -292,86 +120,25 @@ static void refuse_draining(struct req *q, const char *what)
 		   "(the daemon exits within %" PRIu64 " s)", what, (left + 999) / 1000);
 }
 
-/* Whether rq is refused while draining (the reply is then set). */
-static int refused_draining(struct req *q, const Kvcached__Request *rq)
-{
-	if (!q->d->draining)
-		return 0;
-	switch (rq->op_case) {
-	case KVCACHED__REQUEST__OP_REGISTER_POOL:
-		refuse_draining(q, "pools");
-		return 1;
-	case KVCACHED__REQUEST__OP_ALLOC:
-	case KVCACHED__REQUEST__OP_COW:
-	case KVCACHED__REQUEST__OP_SWAP_IN:
-		refuse_draining(q, "allocations");
-		return 1;
-	case KVCACHED__REQUEST__OP_LOOKUP:
-	case KVCACHED__REQUEST__OP_FORK:
-		refuse_draining(q, "lookups or references");
-		return 1;
-	default:
-		return 0;
-	}
-}
-
-const char *const kv_ops_names[KV_DAEMON_OPS] = {
-	"hello", "register_pool", "alloc", "seal", "lookup", "release", "fork", "cow",
-	"swap_out", "swap_in", "stats", "list_clients", "check", "evict", "flush", "drain",
-	"reload", "metrics", "other",
-};
-
-unsigned kv_ops_index(int op_case)
-{
-	switch (op_case) {
-	case KVCACHED__REQUEST__OP_HELLO: return 0;
-	case KVCACHED__REQUEST__OP_REGISTER_POOL: return 1;
-	case KVCACHED__REQUEST__OP_ALLOC: return 2;
-	case KVCACHED__REQUEST__OP_SEAL: return 3;
-	case KVCACHED__REQUEST__OP_LOOKUP: return 4;
-	case KVCACHED__REQUEST__OP_RELEASE: return 5;
-	case KVCACHED__REQUEST__OP_FORK: return 6;
-	case KVCACHED__REQUEST__OP_COW: return 7;
-	case KVCACHED__REQUEST__OP_SWAP_OUT: return 8;
-	case KVCACHED__REQUEST__OP_SWAP_IN: return 9;
-	case KVCACHED__REQUEST__OP_STATS: return 10;
-	case KVCACHED__REQUEST__OP_LIST_CLIENTS: return 11;
-	case KVCACHED__REQUEST__OP_CHECK: return 12;
-	case KVCACHED__REQUEST__OP_EVICT: return 13;
-	case KVCACHED__REQUEST__OP_FLUSH: return 14;
-	case KVCACHED__REQUEST__OP_DRAIN: return 15;
-	case KVCACHED__REQUEST__OP_RELOAD: return 16;
-	case KVCACHED__REQUEST__OP_METRICS: return 17;
-	default: return KV_DAEMON_OPS - 1;
-	}
-}
-
 static void dispatch(struct req *q, const Kvcached__Request *rq)
 {
-	switch (rq->op_case) {
-	case KVCACHED__REQUEST__OP_HELLO: kv_op_hello(q, rq->hello); break;
-	case KVCACHED__REQUEST__OP_REGISTER_POOL: kv_op_register(q, rq->register_pool); break;
-	case KVCACHED__REQUEST__OP_ALLOC: kv_op_alloc(q, rq->alloc); break;
-	case KVCACHED__REQUEST__OP_SEAL: kv_op_seal(q, rq->seal); break;
-	case KVCACHED__REQUEST__OP_LOOKUP: kv_op_lookup(q, rq->lookup); break;
-	case KVCACHED__REQUEST__OP_RELEASE: kv_op_release(q, rq->release); break;
-	case KVCACHED__REQUEST__OP_FORK: kv_op_fork(q, rq->fork); break;
-	case KVCACHED__REQUEST__OP_COW: kv_op_cow(q, rq->cow); break;
-	case KVCACHED__REQUEST__OP_SWAP_OUT: kv_op_swap_out(q, rq->swap_out); break;
-	case KVCACHED__REQUEST__OP_SWAP_IN: kv_op_swap_in(q, rq->swap_in); break;
-	case KVCACHED__REQUEST__OP_STATS: kv_op_stats(q, rq->stats); break;
-	case KVCACHED__REQUEST__OP_LIST_CLIENTS: kv_op_clients(q); break;
-	case KVCACHED__REQUEST__OP_CHECK: kv_op_check(q); break;
-	case KVCACHED__REQUEST__OP_EVICT: kv_op_evict(q, rq->evict); break;
-	case KVCACHED__REQUEST__OP_FLUSH: kv_op_flush(q); break;
-	case KVCACHED__REQUEST__OP_DRAIN: kv_op_drain(q, rq->drain); break;
-	case KVCACHED__REQUEST__OP_RELOAD: kv_op_reload(q); break;
-	case KVCACHED__REQUEST__OP_METRICS: kv_op_metrics(q, rq->metrics); break;
-	case KVCACHED__REQUEST__OP_DUMP: kv_op_dump(q, rq->dump); break;
-	default:
+	const struct op_row *r = op_row(rq->op_case);
+
+	if (!r) {
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EPROTO, -1, "unknown operation");
-		break;
+		return;
 	}
+	if (r->drain && q->d->draining) {
+		refuse_draining(q, r->drain);
+		return;
+	}
+	if (r->admin && !kv_session_is_admin(q->ss)) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
+			   "%s is an admin operation: use the admin socket (%s), or connect as root "
+			   "or the daemon's uid", r->admin, q->d->cfg.admin_socket_path);
+		return;
+	}
+	r->run(q, rq);
 }
 
 enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
@@ -385,13 +152,13 @@ enum kv_op_outcome kv_ops_dispatch(struct kv_daemon *d, struct kv_session *ss,
 	kv_daemon_collect(d);
 	if (!ss->ns && rq->op_case != KVCACHED__REQUEST__OP_HELLO)
 		kv_op_fail(&q, KVCACHED__ERROR_CODE__EPROTO, -1, "the first request must be Hello");
-	else if (!refused_draining(&q, rq))
+	else
 		dispatch(&q, rq);
 	/* A parked or held request changed nothing and is run again from the
 	 * start. Only a reply with blocks sends the fds queued for it. */
 	kv_assert((q.out != KV_OP_PARK && q.out != KV_OP_HOLD) || !rs->error);
 	if (q.nsegs && (q.out != KV_OP_REPLY || rs->error))
-		unwant_all(&q);
+		kv_op_unwant_all(&q);
 	kv_daemon_collect(d);
 	return q.out;
 }

@@ -1,8 +1,9 @@
-/* Request handlers: what each protocol operation does to the pools and to
- * the references a session holds. Policy lives here (who may touch what);
- * pool.c is mechanism. ops.c dispatches and holds the helpers every handler
- * shares (ops_int.h); ops_block.c has the block operations, ops_admin.c the
- * operators' ones.
+/* Request handlers: what each protocol operation does to the references a
+ * session holds. Who may do what is checked here; what the cache finds,
+ * publishes and parks for is cache.h's; pool.c is mechanism. ops.c holds the
+ * op table and dispatches; ops_block.c has the block operations, ops_admin.c the
+ * operators' ones; ops_req.c the helpers they share; the prefix cache
+ * itself is cache.c's.
  *
  * Batched operations are validated whole before anything changes, so a bad
  * handle at index i fails the request with nothing done (Error.index = i).
@@ -36,11 +37,11 @@ enum kv_op_outcome {
 };
 
 /* The operations by name, for the per-operation metrics (metrics.c):
- * kv_ops_index() maps a request's op_case to 0..KV_DAEMON_OPS - 1, the last
- * being "other" (unknown operations, and any added to the protocol before
- * they get a row here). */
-extern const char *const kv_ops_names[KV_DAEMON_OPS];
+ * kv_ops_index() maps a request's op_case to its row of the op table (ops.c),
+ * 0..KV_DAEMON_OPS - 2, and anything else (an unknown operation) to
+ * KV_DAEMON_OPS - 1, "other". kv_ops_name() is the name of a slot. */
 unsigned kv_ops_index(int op_case);
+const char *kv_ops_name(unsigned index);
 
 /* Runs rq for ss and fills rs, allocated from d->arena (valid until the
  * arena is reset, which the caller does after packing rs). */

@@ -1,28 +1,19 @@
 /* The operators' operations: Stats, ListClients, Check, Evict, Flush,
- * Drain, Reload, Metrics. Stats is open to every session (its own namespace
- * only, unless admin); the others need an admin session. See ops.h. */
+ * Drain, Reload, Metrics, Dump. Stats is open to every session (its own
+ * namespace only, unless admin); the others need an admin session, which
+ * the op table (ops.c) checks before they run. See ops.h. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "events.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
-#include "ops_int.h"
-
-/* Whether the session may use an admin operation; if not, the reply says so. */
-static int admin_only(struct req *q, const char *what)
-{
-	if (kv_session_is_admin(q->ss))
-		return 1;
-	kv_op_fail(q, KVCACHED__ERROR_CODE__EPERM, -1,
-		   "%s is an admin operation: use the admin socket (%s), or connect as root or "
-		   "the daemon's uid", what, q->d->cfg.admin_socket_path);
-	return 0;
-}
+#include "ops_admin.h"
 
 /* ---- paging (docs/protocol.md, "Paging") ----------------------------------
  *
@@ -304,7 +295,7 @@ void kv_op_clients(struct req *q)
 	Kvcached__ClientsReply *r;
 	struct kv_list *pos;
 
-	if (!admin_only(q, "listing clients") || !(r = q_alloc(q, sizeof(*r))))
+	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	kvcached__clients_reply__init(r);
 	if (!(r->clients = q_alloc(q, (d->nsessions + 1) * sizeof(void *))))
@@ -362,7 +353,7 @@ void kv_op_check(struct req *q)
 	struct kv_list *pos;
 	int problems, lost = 0;
 
-	if (!admin_only(q, "the invariant check") || !(c.r = q_alloc(q, sizeof(*c.r))))
+	if (!(c.r = q_alloc(q, sizeof(*c.r))))
 		return;
 	kvcached__check_reply__init(c.r);
 	if (!(c.r->problems = q_alloc(q, c.cap * sizeof(char *))))
@@ -401,7 +392,7 @@ void kv_op_evict(struct req *q, const Kvcached__Evict *m)
 {
 	Kvcached__EvictReply *r;
 
-	if (!admin_only(q, "evict") || !(r = q_alloc(q, sizeof(*r))))
+	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	if (!m->all_pools && !kv_pool_get(q->d->pools, m->pool_id)) {
 		kv_op_fail(q, KVCACHED__ERROR_CODE__ENOENT, -1, "no pool %u", m->pool_id);
@@ -423,7 +414,7 @@ void kv_op_flush(struct req *q)
 {
 	Kvcached__FlushReply *r;
 
-	if (!admin_only(q, "flush") || !(r = q_alloc(q, sizeof(*r))))
+	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	kvcached__flush_reply__init(r);
 	r->started = kv_tiers_flush(q->d->tiers);
@@ -438,7 +429,7 @@ void kv_op_drain(struct req *q, const Kvcached__Drain *m)
 	Kvcached__DrainReply *r;
 	char why[64];
 
-	if (!admin_only(q, "drain") || !(r = q_alloc(q, sizeof(*r))))
+	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	kvcached__drain_reply__init(r);
 	snprintf(why, sizeof(why), "drain asked by pid %d", (int)q->ss->cred.pid);
@@ -473,7 +464,7 @@ void kv_op_reload(struct req *q)
 	struct reload_reply x = { .q = q };
 	char err[512];
 
-	if (!admin_only(q, "reload") || !(x.r = q_alloc(q, sizeof(*x.r))))
+	if (!(x.r = q_alloc(q, sizeof(*x.r))))
 		return;
 	kvcached__reload_reply__init(x.r);
 	if (kv_daemon_reload(q->d, reload_line, &x, err, sizeof(err)) < 0) {
@@ -494,7 +485,7 @@ void kv_op_metrics(struct req *q, const Kvcached__Metrics *m)
 	char *text = NULL;
 	ssize_t len;
 
-	if (!admin_only(q, "metrics") || !(r = q_alloc(q, sizeof(*r))))
+	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
 	kvcached__metrics_reply__init(r);
 	len = kv_metrics_page(q->d, &pos, limit, &text);
@@ -520,57 +511,60 @@ void kv_op_metrics(struct req *q, const Kvcached__Metrics *m)
 	q->rs->metrics = r;
 }
 
-/* Dump: every (pool, hash, tier) of the prefix index, a page of buckets at a
- * time: a chain is never split, so a page may pass the estimate by a chain
- * (short: the index keeps a load factor under one). */
+/* Dump's entries so far: an array in the request arena, grown by doubling. */
+struct dump_list {
+	struct req *q;
+	Kvcached__DumpEntry **es;
+	size_t n, cap;
+};
+
+static int dump_one(void *arg, uint32_t pool, const uint8_t *hash, unsigned tier)
+{
+	struct dump_list *l = arg;
+	Kvcached__DumpEntry *de;
+
+	if (l->n == l->cap) {
+		Kvcached__DumpEntry **ne = q_alloc(l->q, 2 * l->cap * sizeof(*ne));
+
+		if (!ne)
+			return -ENOMEM;
+		memcpy(ne, l->es, l->n * sizeof(*l->es));
+		l->es = ne;
+		l->cap *= 2;
+	}
+	if (!(de = q_alloc(l->q, sizeof(*de))))
+		return -ENOMEM;
+	kvcached__dump_entry__init(de);
+	de->pool_id = pool;
+	de->hash.data = (uint8_t *)hash;
+	de->hash.len = KV_HASH_BYTES;
+	de->tier = (Kvcached__Tier)tier;
+	l->es[l->n++] = de;
+	return 0;
+}
+
+/* Dump: every (pool, hash, tier) of the prefix cache, a page of index
+ * buckets at a time: a chain is never split, so a page may pass the
+ * estimate by a chain (short: the index keeps a load factor under one). */
 void kv_op_dump(struct req *q, const Kvcached__Dump *m)
 {
-	struct kv_index *ix = kv_pools_index(q->d->pools);
 	/* A DumpEntry: tags, pool id, 32-byte hash, tier, lengths: < 48 bytes. */
-	size_t max = (q->d->cfg.max_frame - REPLY_SLACK - 16) / 48, n = 0, cap = 64;
+	size_t max = (q->d->cfg.max_frame - REPLY_SLACK - 16) / 48;
+	struct dump_list l = { .q = q, .cap = 64 };
 	Kvcached__DumpReply *r;
-	Kvcached__DumpEntry **es;
-	uint64_t b = m->first;
+	uint64_t next;
 
-	if (!admin_only(q, "dump") || !(r = q_alloc(q, sizeof(*r))) ||
-	    !(es = q_alloc(q, cap * sizeof(*es))))
+	if (!(r = q_alloc(q, sizeof(*r))) ||
+	    !(l.es = q_alloc(q, l.cap * sizeof(*l.es))))
 		return;
 	kvcached__dump_reply__init(r);
-	for (; b < ix->nbuckets && n < max; b++) {
-		const struct kv_index_entry *e;
-
-		for (e = ix->buckets[b]; e; e = e->next) {
-			unsigned media = kv_tiers_entry_media(e), t;
-
-			for (t = 0; t < KV_MEDIUMS; t++) {
-				Kvcached__DumpEntry *de;
-
-				if (!(media & (1u << t)))
-					continue;
-				if (n == cap) {
-					Kvcached__DumpEntry **ne = q_alloc(q, 2 * cap * sizeof(*ne));
-
-					if (!ne)
-						return;
-					memcpy(ne, es, n * sizeof(*es));
-					es = ne;
-					cap *= 2;
-				}
-				if (!(de = q_alloc(q, sizeof(*de))))
-					return;
-				kvcached__dump_entry__init(de);
-				de->pool_id = e->pool;
-				de->hash.data = (uint8_t *)e->hash;
-				de->hash.len = KV_HASH_BYTES;
-				de->tier = (Kvcached__Tier)t;
-				es[n++] = de;
-			}
-		}
-	}
-	r->entries = es;
-	r->n_entries = n;
-	r->more = b < ix->nbuckets;
-	r->next = r->more ? b : 0;
+	next = kv_cache_walk(q->d, m->first, max, dump_one, &l);
+	if (q->out == KV_OP_NOMEM)
+		return;
+	r->entries = l.es;
+	r->n_entries = l.n;
+	r->more = next != KV_CACHE_WALK_DONE;
+	r->next = r->more ? next : 0;
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_DUMP;
 	q->rs->dump = r;
 }

@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "events.h"
 #include "frame.h"
 #include "log.h"
-#include "ops_int.h"
+#include "ops_block.h"
 #include "tenant.h"
 
 void kv_op_hello(struct req *q, const Kvcached__Hello *h)
@@ -174,20 +175,6 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 		 p->run_pages, p->blocks_per_run);
 }
 
-/* After ENOSPC for n blocks of p: when copies in flight may make room once
- * they end (demotions that would, whose blocks cannot be evicted while a
- * copy reads them, or swap outs of the namespace's own blocks), the request
- * parks until a copy ends and runs again, rather than fail for a moment's
- * want of room (kv_tiers_wait_room()). Returns 1 if parked. */
-static int park_for_copies(struct req *q, struct kv_pool *p, uint32_t n)
-{
-	if (kv_tiers_wait_room(q->d->tiers, p->device, p->ns, kv_pool_room_after_demotions(p, n),
-			       &q->ss->waiter) < 0)
-		return 0;
-	q->out = KV_OP_PARK;
-	return 1;
-}
-
 void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -206,20 +193,15 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		q->out = KV_OP_NOMEM;
 		return;
 	}
-	if ((r = kv_pool_alloc(p, m->count, q->blk, why, sizeof(why))) < 0) {
-		if (r == -ENOSPC && park_for_copies(q, p, m->count))
-			return;
-		if (r == -ENOSPC)
-			kv_op_count_enospc(q);
-		kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
+	if ((r = kv_cache_alloc(q->d, q->ss, p, m->count, q->blk, why, sizeof(why))) < 0) {
+		if (r == -EINPROGRESS)
+			q->out = KV_OP_PARK;
+		else
+			kv_op_fail(q, kv_op_errno_code(r), -1, "%s", why);
 		return;
 	}
 	if (kv_op_want_segments(q, q->blk, m->count) < 0) {
-		/* Freed again (cached blocks evicted on the way stay evicted,
-		 * as after ENOSPC). */
-		for (i = 0; i < m->count; i++)
-			kv_block_unref(q->blk[i]);
-		p->n.allocs -= m->count;
+		kv_cache_alloc_undo(p, q->blk, m->count);
 		return;
 	}
 	for (i = 0; i < m->count; i++)
@@ -229,9 +211,7 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 
 /* What a seal learns of its batch before it changes anything. */
 struct seal_plan {
-	uint64_t *key;               /* kv_index_key() of each hash */
-	struct kv_index_entry **ie;  /* what the index holds under each hash */
-	struct kv_block **dedup;     /* the published block each block dedups onto, or NULL */
+	struct kv_cache_seal c;      /* what the cache holds under each hash */
 	int repeats;                 /* some hash is listed more than once */
 };
 
@@ -280,40 +260,34 @@ static int seal_repeats(struct req *q, const uint8_t *h, const uint64_t *key, si
 static int seal_plan(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
 		     struct seal_plan *pl)
 {
-	const struct kv_index *index = kv_pools_index(q->d->pools);
 	const uint8_t *h = m->hashes.data;
+	struct kv_block **dedup;
 	size_t n = m->n_blocks, i;
 	uint32_t *rep;
 	int r;
 
-	pl->key = q_alloc(q, n * sizeof(*pl->key));
-	pl->ie = q_alloc(q, n * sizeof(*pl->ie));
-	pl->dedup = q_alloc(q, n * sizeof(*pl->dedup));
+	pl->c.key = q_alloc(q, n * sizeof(*pl->c.key));
+	pl->c.ie = q_alloc(q, n * sizeof(*pl->c.ie));
+	dedup = pl->c.dedup = q_alloc(q, n * sizeof(*pl->c.dedup));
 	rep = q_alloc(q, n * sizeof(*rep));
-	if (!pl->key || !pl->ie || !pl->dedup || !rep)
+	if (!pl->c.key || !pl->c.ie || !dedup || !rep)
 		return -ENOMEM;
-	for (i = 0; i < n; i++) {
-		struct kv_index_entry *e;
-
-		pl->key[i] = kv_index_key(index, p->id, h + i * HASH);
-		e = pl->ie[i] = kv_index_find_key(index, pl->key[i], p->id, h + i * HASH);
-		pl->dedup[i] = e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix)
-							      : NULL;
-		if (pl->dedup[i])
-			pl->dedup[i]->check = 0;
-	}
+	kv_cache_seal_plan(q->d, p, h, n, &pl->c);
 	for (i = 0; i < n; i++)
-		if (pl->dedup[i] && !kv_op_ref_room(q, pl->dedup[i], i, ++pl->dedup[i]->check))
-			return -EDQUOT;
+		if (dedup[i])
+			dedup[i]->check = 0;
+	for (i = 0; i < n; i++)
+		if (dedup[i] && (r = kv_op_ref_room(q, dedup[i], i, ++dedup[i]->check)) < 0)
+			return r;
 	memset(rep, 0, n * sizeof(*rep));
-	if ((r = n > 1 ? seal_repeats(q, h, pl->key, n, rep) : 0) < 0)
+	if ((r = n > 1 ? seal_repeats(q, h, pl->c.key, n, rep) : 0) < 0)
 		return r;
 	pl->repeats = r;
 	/* A hash first sealed by this request: its later listings dedup onto
 	 * the caller's own block. */
-	for (i = 0; r && i < n; i++)
-		if (rep[i] && !pl->dedup[i] && !kv_op_ref_room(q, q->blk[i], i, rep[i]))
-			return -EDQUOT;
+	for (i = 0; pl->repeats && i < n; i++)
+		if (rep[i] && !dedup[i] && (r = kv_op_ref_room(q, q->blk[i], i, rep[i])) < 0)
+			return r;
 	return 0;
 }
 
@@ -374,32 +348,17 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	}
 	/* The published blocks a dedup hands over may be in segments the
 	 * peer has not seen. */
-	if (seal_plan(q, p, m, &pl) < 0 || kv_op_want_segments(q, pl.dedup, m->n_blocks) < 0)
+	if (seal_plan(q, p, m, &pl) < 0 || kv_op_want_segments(q, pl.c.dedup, m->n_blocks) < 0)
 		return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
 	for (i = 0; i < m->n_blocks; i++) {
-		const uint8_t *h = m->hashes.data + i * HASH;
-		struct kv_index_entry *e = pl.ie[i];
-		struct kv_block *b = q->blk[i], *nb;
+		struct kv_block *b = q->blk[i];
+		struct kv_block *nb = kv_cache_seal(q->d, p, b, m->hashes.data + i * HASH, &pl.c, i,
+						    pl.repeats);
 
-		if (pl.repeats) {
-			/* What the plan found may have changed under an
-			 * earlier listing of the same hash: search again. */
-			kv_tiers_forget(q->d->tiers, p, h);
-			nb = kv_pool_seal(p, b, h);
-		} else {
-			/* Each hash once: nothing before it in this loop
-			 * touched its entry. A lower tier's copy gives way to
-			 * the G1 block. */
-			if (e && e->kind == KV_ENTRY_TIER) {
-				kv_tiers_forget_entry(q->d->tiers, e);
-				e = NULL;
-			}
-			nb = kv_pool_seal_found(p, b, h, pl.key[i], e);
-		}
 		if (nb == b && b->state == KV_BLOCK_SEALED)
 			seal_event(q->d, p, m, i);
 		if (nb != b) {
@@ -411,36 +370,12 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 
-/* Drops the first n pins a parked lookup held (it has run again and holds
- * what it needs now). */
-static void unpin(struct kv_session *ss, uint32_t n)
-{
-	uint32_t i;
-
-	if (!n)
-		return;
-	for (i = 0; i < n; i++)
-		kv_block_unref(ss->pins[i]);
-	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
-	ss->npins -= n;
-}
-
-/* Drops the pins taken after the first keep (this run's, when keep is
- * the count it started with). */
-static void unpin_after(struct kv_session *ss, uint32_t keep)
-{
-	while (ss->npins > keep)
-		kv_block_unref(ss->pins[--ss->npins]);
-}
-
-
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
-	uint32_t old_pins = q->ss->npins;
-	struct kv_ns *ns;
-	int parked = 0, expired = 0;
+	uint32_t old_pins;
+	int r;
 
 	if (!p)
 		return;
@@ -451,89 +386,30 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			   m->hashes.len, HASH, q->d->cfg.max_batch);
 		return;
 	}
-	/* The chain's blocks in G1 are pinned before any promotion starts: a
-	 * promotion makes its room in G1 by demotion, which must not take a
-	 * block of this very chain (with room for one, two blocks of a chain
-	 * took turns there forever: the promotion of one demoted the other,
-	 * found by fuzz_dispatch). While the request waits, the pins keep them
-	 * in G1, or it could chase its own chain forever. */
-	for (k = 0; k < n; k++) {
-		struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + k * HASH);
-
-		if (!e || kv_pool_expired(p, e))
-			break;
-		if (e->kind == KV_ENTRY_BLOCK &&
-		    kv_session_pin(q->ss, kv_container_of(e, struct kv_block, ix)) < 0) {
-			q->out = KV_OP_NOMEM;
-			return;
-		}
-	}
-	/* Blocks in lower tiers are promoted first: all of the chain's at once,
-	 * and the request parks on the first; when it runs again the next
-	 * promotion still under way parks it, until the whole prefix is in G1. */
-	for (k = 0; k < n; k++) {
-		struct kv_index_entry *e = kv_pool_find_entry(p, m->hashes.data + k * HASH);
-
-		if (!e)
-			break;
-		if (kv_pool_expired(p, e)) {
-			/* Past the namespace's TTL: a miss from here on, and
-			 * what is cached of it goes (what a session holds stays
-			 * until released, unseen). */
-			if (e->kind == KV_ENTRY_TIER)
-				kv_tiers_forget(q->d->tiers, p, m->hashes.data + k * HASH);
-			else
-				kv_pools_drop_cached(kv_container_of(e, struct kv_block, ix));
-			expired = 1;
-			break;
-		}
-		if (e->kind == KV_ENTRY_TIER) {
-			int r = kv_tiers_promote(q->d->tiers, e, parked ? NULL : &q->ss->waiter);
-
-			if (r == -EAGAIN)
-				break;  /* no room to start more now: the rerun will */
-			if (r < 0)
-				break;  /* a miss from here on */
-			parked = 1;
-			continue;
-		}
-		q->blk[k] = kv_container_of(e, struct kv_block, ix);
-	}
-	/* The rest of the chain may be in G4 (another node's work): ask, and
-	 * park until the answer is in G2 (the rerun promotes it). */
-	if (!parked && !expired && k < n) {
-		int r = kv_tiers_remote_fetch(q->d->tiers, p, m->hashes.data + k * HASH, n - k,
-					      &q->ss->waiter);
-
-		if (r == -ENOMEM) {
-			q->out = KV_OP_NOMEM;
-			return;
-		}
-		parked = r == 0;
-	}
-	if (parked) {
-		/* This run's pins stay; the last run's go. */
-		unpin(q->ss, old_pins);
+	r = kv_cache_lookup(q->d, q->ss, p, m->hashes.data, n, q->blk, &old_pins);
+	if (r == -EINPROGRESS) {
 		q->out = KV_OP_PARK;
 		return;
 	}
-	/* Nothing started: this run's pins have done their work (the last
-	 * run's, if it parked, go once the references are taken). */
-	unpin_after(q->ss, old_pins);
+	if (r < 0) {
+		q->out = KV_OP_NOMEM;
+		return;
+	}
+	k = (size_t)r;
 	/* A hit that would take a block past max_block_refs refuses the whole
 	 * lookup, before any reference is taken (a chain may list one block
 	 * many times: b->check counts them). */
 	for (size_t i = 0; i < k; i++)
 		q->blk[i]->check = 0;
 	for (size_t i = 0; i < k; i++)
-		if (!kv_op_ref_room(q, q->blk[i], i, ++q->blk[i]->check)) {
-			unpin(q->ss, old_pins);
+		if (kv_op_ref_room(q, q->blk[i], i, ++q->blk[i]->check) < 0) {
+			kv_cache_lookup_done(q->ss, old_pins);
 			return;
 		}
 	if (kv_op_want_segments(q, q->blk, k) < 0) {
 		/* A held lookup keeps its pins for when it runs again. */
 		if (q->out != KV_OP_HOLD)
-			unpin(q->ss, old_pins);
+			kv_cache_lookup_done(q->ss, old_pins);
 		return;
 	}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
@@ -544,12 +420,8 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
 	}
-	unpin(q->ss, old_pins);
-	p->n.lookups += n;
-	p->n.hits += k;
-	ns = kv_ns_get(kv_pools_nstab(q->d->pools), p->ns);
-	ns->lookups += n;
-	ns->hits += k;
+	kv_cache_lookup_done(q->ss, old_pins);
+	kv_cache_count_lookup(q->d, p, n, k);
 	kv_op_reply_blocks(q, k);
 }
 
@@ -576,7 +448,7 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 		return;
 	/* b->check: how often the request lists b. */
 	for (i = 0; i < m->n_blocks; i++)
-		if (!kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check))
+		if (kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check) < 0)
 			return;
 	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
@@ -634,16 +506,16 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 		for (j = (uint32_t)i; j < n; j++)
 			if (!copy[j] && kv_block_pool(q->blk[j]) == p)
 				tmp[k++] = q->blk[j];
-		r = kv_pool_alloc(p, k, tmp, why, sizeof(why));
+		r = kv_cache_alloc(q->d, q->ss, p, k, tmp, why, sizeof(why));
 		if (r < 0) {
 			for (j = 0; j < n; j++)
 				if (copy[j] == q->blk[j])
 					copy[j] = NULL;
 			unref_copies(copy, n);
-			if (r == -ENOSPC && park_for_copies(q, p, k))
+			if (r == -EINPROGRESS) {
+				q->out = KV_OP_PARK;
 				return;
-			if (r == -ENOSPC)
-				kv_op_count_enospc(q);
+			}
 			kv_op_fail(q, kv_op_errno_code(r), -1, "copy-on-write of %zu blocks: %s", n,
 				   why);
 			return;
@@ -758,7 +630,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	}
 	if (rc < 0) {
 		if (rc == -ENOSPC)
-			kv_op_count_enospc(q);
+			kv_cache_count_enospc(q->d, q->ss->ns);
 		kv_op_fail(q, kv_op_errno_code(rc), -1, "swap in: %s", why);
 		return;
 	}

@@ -1,5 +1,5 @@
 /* Pools, runs and blocks; see pool.h for the lifecycle and its invariants.
- * About 820 lines: the block state machine and the run and page bookkeeping
+ * Over 800 lines: the block state machine and the run and page bookkeeping
  * under it change together (evict.c holds the eviction policy). */
 #include "pool_int.h"
 
@@ -655,14 +655,6 @@ int kv_pool_alloc_free(struct kv_pool *p, uint32_t n, struct kv_block **out)
 struct kv_index_entry *kv_pool_find_entry(struct kv_pool *p, const uint8_t *hash)
 {
 	return kv_index_find(&p->pools->index, p->id, hash);
-}
-
-uint64_t kv_mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e)

@@ -85,6 +85,7 @@
 
 #include "backend.h"
 #include "index.h"
+#include "kvclock.h"
 #include "list.h"
 #include "ns.h"
 #include "pages.h"
@@ -282,8 +283,6 @@ struct kv_events *kv_pools_events(const struct kv_pools *ps);
  * of the lowest eviction priority, then the oldest; none of a namespace at or
  * below its G1 reserve. NULL if none. */
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev);
-/* Milliseconds of CLOCK_MONOTONIC: when prefixes are born (index.h). */
-uint64_t kv_mono_ms(void);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvclock.h"
 #include "kvconfig.h"
 #if KV_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -57,13 +58,10 @@ void kv_service_status(const char *status)
 
 void kv_service_reloading(void)
 {
-	struct timespec ts;
 	char buf[128];
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
 	snprintf(buf, sizeof(buf), "RELOADING=1\nSTATUS=reloading the configuration\n"
-		 "MONOTONIC_USEC=%llu",
-		 (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+		 "MONOTONIC_USEC=%llu", (unsigned long long)kv_mono_us());
 	notify(buf);
 }
 

@@ -42,34 +42,10 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "config.h"
 #include "hist.h"
 #include "list.h"
 #include "pool.h"
-
-struct kv_tiers_config {
-	uint64_t host_bytes;       /* G2 size; 0 = no lower tiers */
-	char disk_path[256];       /* G3 file or block device; "" = no G3 */
-	uint64_t disk_bytes;
-	char disk_index[256];      /* "" = disk_path + ".idx" */
-	unsigned queue_depth;      /* G3 I/Os in flight */
-	unsigned g1_low, g1_high;  /* percent free of a device: demotion starts, stops */
-	unsigned g2_low, g2_high;  /* percent free of G2: write-back starts, stops */
-	/* G4 on Redis Cluster (docs/g4.md); remote_seeds "" = none. */
-	char remote_seeds[512];    /* host:port[,host:port...] */
-	char remote_prefix[64];    /* of every key */
-	char remote_user[64];      /* ACL user; "" = none (AUTH with the password alone) */
-	char remote_password_file[256];
-	uint64_t remote_ttl_ms, remote_timeout_ms;
-	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
-	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
-	char remote_write[16];         /* "writeback" (at G3 write-back) or "off" (read only) */
-	/* [namespace X] remote_user / remote_password_file: the namespaces
-	 * that talk to the cluster as a user of their own (read at start). */
-	struct kv_remote_user {
-		char ns[64], user[64], password_file[256];
-	} remote_users[64];
-	unsigned nremote_users;
-};
 
 /* A parked request: wake() runs it again. */
 struct kv_waiter {
@@ -119,8 +95,6 @@ struct kv_g4_stats {
 	uint64_t redirects, reconnects, connect_failures;
 	struct kv_hist hist;       /* fetch latency, from the ask to the answer on the loop */
 };
-
-void kv_tiers_config_defaults(struct kv_tiers_config *c);
 
 /* Creates the tiers for the pools (always: with host_bytes 0 every call is a
  * cheap no-op). Returns 0 or -errno with err set. */
@@ -178,8 +152,8 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
  * on dev, if the caller found that those would make room
  * (kv_pool_room_after_demotions(): demotions is 1), or a swap out of ns's
  * blocks on dev (its references go when the copy ends: a worker that swaps
- * a sequence out to make room for another allocates at once). -1 otherwise:
- * the allocation fails. Swaps of other namespaces never hold it up. */
+ * a sequence out to make room for another allocates at once). -ENOSPC
+ * otherwise: the allocation fails. Swaps of other namespaces never hold it up. */
 int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demotions,
 		       struct kv_waiter *w);
 

@@ -1,4 +1,4 @@
-/* The G4 tier's Redis Cluster client (daemon/rcluster.c) against a real
+/* The G4 tier's Redis Cluster client (rcluster/rcluster.c) against a real
  * cluster on loopback (rcluster_harness.h): 3 masters with a replica each,
  * then 3 masters with AUTH.
  *

@@ -1,4 +1,4 @@
-/* The G4 client (daemon/rcluster.c) against a fake cluster node that lies:
+/* The G4 client (rcluster/rcluster.c) against a fake cluster node that lies:
  * slot maps with absurd ranges, wrong types, endless arrays, deep nesting,
  * too many nodes; GET replies of the wrong type, redirect loops, bad
  * redirects, replies too large, replies to nothing, silence, hang-ups.

@@ -75,6 +75,22 @@ struct table {
 void cell(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void table_print(struct table *t);
 
+/* The skeleton of a listing command (pools, namespaces, clients): the
+ * reply's rows as {"KEY": [row, ...]} (json_doc, when set, writes the whole
+ * object's members instead), or as a table, or the line `none` when there
+ * are no rows. Returns 0. */
+struct listing {
+	const char *key;
+	const char *none;
+	size_t nrows;
+	const void *reply;
+	void (*json_row)(struct json *j, const void *reply, size_t i);
+	void (*json_doc)(struct json *j, const void *reply);
+	void (*table_row)(struct table *t, const void *reply, size_t i);
+	struct table table;     /* its head and alignment; the cells are the rows' */
+};
+int listing_print(const struct args *a, struct listing *l);
+
 /* "key       value", the value made safe for a terminal. */
 void kv_line(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 char *fmt_bytes(uint64_t v);        /* "512 B", "2 MiB", "1.5 GiB" */

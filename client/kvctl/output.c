@@ -175,27 +175,14 @@ void json_ratio(struct json *j, const char *k, uint64_t num, uint64_t den)
 
 /* ---- tables --------------------------------------------------------------- */
 
-/* A copy of s safe for a terminal: control characters (C0, DEL, C1) and
- * bytes that are not UTF-8 become '?'. */
+/* A copy of s safe for a terminal (kv_text_clean(): control characters and
+ * bytes that are not UTF-8 become '?'); NULL is "". Never longer than s. */
 char *sanitize(const char *s)
 {
-	size_t n = strlen(s ? s : ""), i = 0, o = 0;
+	size_t n = strlen(s ? s : "");
 	char *r = xrealloc(NULL, n + 1);
 
-	while (i < n) {
-		const unsigned char *p = (const unsigned char *)s + i;
-		size_t len = kv_utf8_len(p, n - i);
-
-		if (len == 0 || *p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] < 0xa0)) {
-			r[o++] = '?';
-			i += len ? len : 1;
-		} else {
-			memcpy(r + o, p, len);
-			o += len;
-			i += len;
-		}
-	}
-	r[o] = '\0';
+	kv_text_clean(r, n, s ? s : "");
 	return r;
 }
 
@@ -247,6 +234,34 @@ void table_print(struct table *t)
 	free(t->cell);
 	t->cell = NULL;
 	t->ncell = t->cap = 0;
+}
+
+int listing_print(const struct args *a, struct listing *l)
+{
+	size_t i;
+
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_open(&j, '{');
+		if (l->json_doc) {
+			l->json_doc(&j, l->reply);
+		} else {
+			json_key(&j, l->key);
+			json_open(&j, '[');
+			for (i = 0; i < l->nrows; i++)
+				l->json_row(&j, l->reply, i);
+			json_close(&j, ']');
+		}
+		json_close(&j, '}');
+	} else if (l->nrows == 0) {
+		puts(l->none);
+	} else {
+		for (i = 0; i < l->nrows; i++)
+			l->table_row(&l->table, l->reply, i);
+		table_print(&l->table);
+	}
+	return 0;
 }
 
 /* ---- values --------------------------------------------------------------- */

@@ -412,58 +412,52 @@ int cmd_status(kvc_conn *c, const struct args *a)
 	return 0;
 }
 
+static void pool_json_row(struct json *j, const void *reply, size_t i)
+{
+	json_pool(j, ((const Kvcached__StatsReply *)reply)->pools[i]);
+}
+
+static void pool_row(struct table *t, const void *reply, size_t i)
+{
+	const Kvcached__PoolInfo *p = ((const Kvcached__StatsReply *)reply)->pools[i];
+	char *x;
+
+	cell(t, "%" PRIu32, p->pool_id);
+	cell(t, "%s", p->namespace_);
+	cell(t, "%s", p->name);
+	cell(t, "%" PRIu32, p->device);
+	cell(t, "%s", x = fmt_bytes(p->block_bytes));
+	free(x);
+	cell(t, "%" PRIu32, p->blocks_per_run);
+	cell(t, "%" PRIu64, p->runs);
+	cell(t, "%" PRIu64, p->blocks_free);
+	cell(t, "%" PRIu64, p->blocks_writable);
+	cell(t, "%" PRIu64, p->blocks_sealed);
+	cell(t, "%" PRIu64, p->blocks_cached);
+	cell(t, "%" PRIu64, p->allocs);
+	cell(t, "%s", x = fmt_pct(p->hits, p->lookups));
+	free(x);
+	cell(t, "%" PRIu64, p->evictions);
+	cell(t, "%" PRIu64, p->dedups);
+}
+
 int cmd_pools(kvc_conn *c, const struct args *a)
 {
+	static const char *const head[] = {
+		"ID", "NAMESPACE", "NAME", "DEV", "BLOCK", "PER_RUN", "RUNS", "FREE",
+		"WRITABLE", "SEALED", "CACHED", "ALLOCS", "HIT", "EVICTIONS", "DEDUPS",
+	};
 	Kvcached__Response *resp = get_stats(c);
-	const Kvcached__StatsReply *s;
-	size_t i;
+	struct listing l = {
+		.key = "pools", .none = "no pools", .json_row = pool_json_row, .table_row = pool_row,
+		.table = { .ncol = 15, .head = head, .align = "rllrrrrrrrrrrrr" },
+	};
 
 	if (!resp)
 		return 1;
-	s = resp->stats;
-	if (a->fmt == FMT_JSON) {
-		struct json j = { 0 };
-
-		json_open(&j, '{');
-		json_key(&j, "pools");
-		json_open(&j, '[');
-		for (i = 0; i < s->n_pools; i++)
-			json_pool(&j, s->pools[i]);
-		json_close(&j, ']');
-		json_close(&j, '}');
-	} else if (s->n_pools == 0) {
-		puts("no pools");
-	} else {
-		static const char *const head[] = {
-			"ID", "NAMESPACE", "NAME", "DEV", "BLOCK", "PER_RUN", "RUNS", "FREE",
-			"WRITABLE", "SEALED", "CACHED", "ALLOCS", "HIT", "EVICTIONS", "DEDUPS",
-		};
-		struct table t = { .ncol = 15, .head = head, .align = "rllrrrrrrrrrrrr" };
-		char *x;
-
-		for (i = 0; i < s->n_pools; i++) {
-			const Kvcached__PoolInfo *p = s->pools[i];
-
-			cell(&t, "%" PRIu32, p->pool_id);
-			cell(&t, "%s", p->namespace_);
-			cell(&t, "%s", p->name);
-			cell(&t, "%" PRIu32, p->device);
-			cell(&t, "%s", x = fmt_bytes(p->block_bytes));
-			free(x);
-			cell(&t, "%" PRIu32, p->blocks_per_run);
-			cell(&t, "%" PRIu64, p->runs);
-			cell(&t, "%" PRIu64, p->blocks_free);
-			cell(&t, "%" PRIu64, p->blocks_writable);
-			cell(&t, "%" PRIu64, p->blocks_sealed);
-			cell(&t, "%" PRIu64, p->blocks_cached);
-			cell(&t, "%" PRIu64, p->allocs);
-			cell(&t, "%s", x = fmt_pct(p->hits, p->lookups));
-			free(x);
-			cell(&t, "%" PRIu64, p->evictions);
-			cell(&t, "%" PRIu64, p->dedups);
-		}
-		table_print(&t);
-	}
+	l.reply = resp->stats;
+	l.nrows = resp->stats->n_pools;
+	listing_print(a, &l);
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
 }
@@ -483,53 +477,50 @@ static char *usage(uint64_t used, uint64_t quota)
 	return out;
 }
 
+static void namespaces_json(struct json *j, const void *reply)
+{
+	json_namespaces(j, reply);
+}
+
+static void namespace_row(struct table *t, const void *reply, size_t i)
+{
+	const Kvcached__NamespaceInfo *n = ((const Kvcached__StatsReply *)reply)->namespaces[i];
+	char *x;
+
+	cell(t, "%s", n->name);
+	cell(t, "%" PRIu32, n->sessions);
+	cell(t, "%" PRIu32, n->pools);
+	cell(t, "%s", x = usage(n->bytes, n->quota_g1));
+	free(x);
+	cell(t, "%s", x = usage(n->used_g2, n->quota_g2));
+	free(x);
+	cell(t, "%s", x = usage(n->used_g3, n->quota_g3));
+	free(x);
+	cell(t, "%s", x = n->reserve_g1 ? fmt_bytes(n->reserve_g1) : strdup("-"));
+	free(x);
+	cell(t, "%" PRIu32, n->priority);
+	cell(t, "%s", x = n->ttl_ms ? fmt_duration(n->ttl_ms) : strdup("-"));
+	free(x);
+	cell(t, "%s", x = fmt_pct(n->hits, n->lookups));
+	free(x);
+	cell(t, "%" PRIu64, n->quota_refusals);
+}
+
 int cmd_namespaces(kvc_conn *c, const struct args *a)
 {
 	static const char *const head[] = { "NAMESPACE", "SESSIONS", "POOLS", "G1", "G2", "G3",
 					    "RESERVE", "PRIO", "TTL", "HIT", "EQUOTA" };
 	Kvcached__Response *resp = get_stats(c);
-	const Kvcached__StatsReply *s;
-	struct table t = { .ncol = 11, .head = head, .align = "lrrrrrrrrrr" };
-	size_t i;
-	char *x;
+	struct listing l = {
+		.none = "no namespaces", .json_doc = namespaces_json, .table_row = namespace_row,
+		.table = { .ncol = 11, .head = head, .align = "lrrrrrrrrrr" },
+	};
 
 	if (!resp)
 		return 1;
-	s = resp->stats;
-	if (a->fmt == FMT_JSON) {
-		struct json j = { 0 };
-
-		json_open(&j, '{');
-		json_namespaces(&j, s);
-		json_close(&j, '}');
-		kvcached__response__free_unpacked(resp, NULL);
-		return 0;
-	}
-	for (i = 0; i < s->n_namespaces; i++) {
-		const Kvcached__NamespaceInfo *n = s->namespaces[i];
-
-		cell(&t, "%s", n->name);
-		cell(&t, "%" PRIu32, n->sessions);
-		cell(&t, "%" PRIu32, n->pools);
-		cell(&t, "%s", x = usage(n->bytes, n->quota_g1));
-		free(x);
-		cell(&t, "%s", x = usage(n->used_g2, n->quota_g2));
-		free(x);
-		cell(&t, "%s", x = usage(n->used_g3, n->quota_g3));
-		free(x);
-		cell(&t, "%s", x = n->reserve_g1 ? fmt_bytes(n->reserve_g1) : strdup("-"));
-		free(x);
-		cell(&t, "%" PRIu32, n->priority);
-		cell(&t, "%s", x = n->ttl_ms ? fmt_duration(n->ttl_ms) : strdup("-"));
-		free(x);
-		cell(&t, "%s", x = fmt_pct(n->hits, n->lookups));
-		free(x);
-		cell(&t, "%" PRIu64, n->quota_refusals);
-	}
-	if (s->n_namespaces)
-		table_print(&t);
-	else
-		puts("no namespaces");
+	l.reply = resp->stats;
+	l.nrows = resp->stats->n_namespaces;
+	listing_print(a, &l);
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
 }
@@ -550,49 +541,44 @@ void json_client(struct json *j, const Kvcached__ClientInfo *ci)
 	json_close(j, '}');
 }
 
+static void client_json_row(struct json *j, const void *reply, size_t i)
+{
+	json_client(j, ((const Kvcached__ClientsReply *)reply)->clients[i]);
+}
+
+static void client_row(struct table *t, const void *reply, size_t i)
+{
+	const Kvcached__ClientInfo *ci = ((const Kvcached__ClientsReply *)reply)->clients[i];
+	char *x;
+
+	cell(t, "%" PRIu64, ci->session_id);
+	cell(t, "%" PRId32, ci->pid);
+	cell(t, "%" PRIu32, ci->uid);
+	cell(t, "%s", ci->namespace_);
+	cell(t, "%s", ci->name);
+	cell(t, "%s", ci->admin ? "admin" : "worker");
+	cell(t, "%" PRIu64, ci->refs);
+	cell(t, "%s", x = fmt_time(ci->connected_ms));
+	free(x);
+	cell(t, "%" PRIu64, ci->requests);
+}
+
 int cmd_clients(kvc_conn *c, const struct args *a)
 {
+	static const char *const head[] = { "SESSION", "PID", "UID", "NAMESPACE", "NAME",
+					    "SOCKET", "REFS", "CONNECTED", "REQUESTS" };
 	Kvcached__Response *resp = get_clients(c);
-	const Kvcached__ClientsReply *cr;
-	size_t i;
+	struct listing l = {
+		.key = "clients", .none = "no clients", .json_row = client_json_row,
+		.table_row = client_row,
+		.table = { .ncol = 9, .head = head, .align = "rrrlllrlr" },
+	};
 
 	if (!resp)
 		return 1;
-	cr = resp->clients;
-	if (a->fmt == FMT_JSON) {
-		struct json j = { 0 };
-
-		json_open(&j, '{');
-		json_key(&j, "clients");
-		json_open(&j, '[');
-		for (i = 0; i < cr->n_clients; i++)
-			json_client(&j, cr->clients[i]);
-		json_close(&j, ']');
-		json_close(&j, '}');
-	} else if (cr->n_clients == 0) {
-		puts("no clients");
-	} else {
-		static const char *const head[] = { "SESSION", "PID", "UID", "NAMESPACE", "NAME",
-						    "SOCKET", "REFS", "CONNECTED", "REQUESTS" };
-		struct table t = { .ncol = 9, .head = head, .align = "rrrlllrlr" };
-		char *x;
-
-		for (i = 0; i < cr->n_clients; i++) {
-			const Kvcached__ClientInfo *ci = cr->clients[i];
-
-			cell(&t, "%" PRIu64, ci->session_id);
-			cell(&t, "%" PRId32, ci->pid);
-			cell(&t, "%" PRIu32, ci->uid);
-			cell(&t, "%s", ci->namespace_);
-			cell(&t, "%s", ci->name);
-			cell(&t, "%s", ci->admin ? "admin" : "worker");
-			cell(&t, "%" PRIu64, ci->refs);
-			cell(&t, "%s", x = fmt_time(ci->connected_ms));
-			free(x);
-			cell(&t, "%" PRIu64, ci->requests);
-		}
-		table_print(&t);
-	}
+	l.reply = resp->clients;
+	l.nrows = resp->clients->n_clients;
+	listing_print(a, &l);
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
 }

@@ -162,7 +162,7 @@ int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demoti
 	int wait;
 
 	if (!t || dev >= KV_MAX_DEVICES)
-		return -1;
+		return -ENOSPC;
 	wait = demotions && t->down_bytes[dev];
 	for (l = t->swaps.next; !wait && l != &t->swaps; l = l->next) {
 		const struct kv_swap *sw = kv_container_of(l, struct kv_swap, all);
@@ -170,7 +170,7 @@ int kv_tiers_wait_room(struct kv_tiers *t, uint32_t dev, uint32_t ns, int demoti
 		wait = sw->state == SW_OUT_COPY && sw->pool->device == dev && sw->pool->ns == ns;
 	}
 	if (!wait)
-		return -1;
+		return -ENOSPC;
 	kv_list_push_back(&t->space_waiters, &w->link);
 	return 0;
 }

@@ -1,6 +1,7 @@
 /* The lower tiers; see tier.h for the model and its rules, tier_int.h for
- * the structures. Here: setup and teardown, and the completions and the
- * watermarks that drive the rest. */
+ * the structures. Here: setup and teardown, and the completions that drive
+ * the rest (the watermarks are kick.c's, the primitives every step uses
+ * engine.c's). */
 #include "tier_int.h"
 
 #include <errno.h>
@@ -13,38 +14,7 @@
 
 #include "log.h"
 
-void kv_tiers_config_defaults(struct kv_tiers_config *c)
-{
-	memset(c, 0, sizeof(*c));
-	c->queue_depth = 64;
-	c->g1_low = 10;
-	c->g1_high = 20;
-	c->g2_low = 10;
-	c->g2_high = 25;
-}
-
-/* ---- waking parked requests ----------------------------------------------- */
-
-void tier_wake_all(struct kv_list *waiters)
-{
-	struct kv_list local;
-
-	kv_list_init(&local);
-	while (!kv_list_empty(waiters)) {
-		struct kv_list *n = kv_list_front(waiters);
-
-		kv_list_del(n);
-		kv_list_push_back(&local, n);
-	}
-	while (!kv_list_empty(&local)) {
-		struct kv_waiter *w = kv_container_of(kv_list_front(&local), struct kv_waiter, link);
-
-		kv_list_del(&w->link);
-		w->wake(w);
-	}
-}
-
-/* ---- completions and the watermarks ----------------------------------------- */
+/* ---- completions ----------------------------------------- */
 
 void kv_tiers_copies_done(struct kv_tiers *t)
 {
@@ -90,65 +60,7 @@ void kv_tiers_disk_done(struct kv_tiers *t)
 	kv_tiers_kick(t);
 }
 
-/* Every watermark: G2's write-back, then each device's demotion. */
-void kv_tiers_kick(struct kv_tiers *t)
-{
-	if (!t->lv[L2].on || t->stopping)
-		return;
-	if (t->lv[L3].on)
-		tier_writeback_kick(t);
-	tier_demote_kick(t);
-	if (t->lv[L3].on) {
-		kv_disk_flush(&t->disk);
-		tier_journal_step(t);
-		kv_journal_flush(&t->jr);
-	}
-}
-
-int tier_copy_async(struct kv_tiers *t, uint32_t dev, enum kv_copy_dir dir,
-		    const struct kv_copy *c, uint32_t n, void *op)
-{
-	if (t->stopping)
-		return -ESHUTDOWN;
-	return t->be->ops->copy_async(t->be, dev, dir, c, n, (uint64_t)(uintptr_t)op);
-}
-
-void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done)
-{
-	job->run = run;
-	job->done = done;
-	if (t->wk.started) {
-		kv_worker_submit(&t->wk, job);
-	} else {
-		run(job);
-		done(job);
-	}
-}
-
 /* ---- setup ----------------------------------------------------------------- */
-
-int tier_level_init(struct kv_tiers *t, int l, uint64_t bytes)
-{
-	uint64_t seg = 1ull << 30, pages;
-	struct level *L = &t->lv[l];
-	int r;
-
-	bytes -= bytes % t->page_bytes;
-	if (seg > bytes)
-		seg = bytes;
-	seg -= seg % t->page_bytes;
-	if (!seg)
-		return -EINVAL;
-	bytes -= bytes % seg;
-	r = kv_pages_init(&L->pages, (uint32_t)l, (uint32_t)(bytes / seg), seg, t->page_bytes);
-	if (r < 0)
-		return r;
-	pages = bytes / t->page_bytes;
-	L->limit_pages = (uint32_t)pages;
-	L->st.capacity = bytes;
-	L->on = 1;
-	return 0;
-}
 
 int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_bytes,
 		    const struct kv_tiers_config *cfg, struct kv_tiers **out, char *err,

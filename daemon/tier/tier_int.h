@@ -231,7 +231,7 @@ struct kv_tiers {
 
 /* ---- between the files ---------------------------------------------------- */
 
-/* tier.c: runs job on the worker thread (run(), then done() from the loop
+/* engine.c: runs job on the worker thread (run(), then done() from the loop
  * later), or both right away when the worker could not start. */
 void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done);
 /* The backend's copy_async, refused (-ESHUTDOWN) once the tiers stop. */
@@ -372,7 +372,7 @@ void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb);
 
-/* tier.c */
+/* engine.c */
 /* Runs every waiter on waiters (moved off it first: a wake may park again). */
 void tier_wake_all(struct kv_list *waiters);
 /* Sets up tier l over bytes (rounded down to whole segments of at most 1 GiB

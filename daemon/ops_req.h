@@ -1,12 +1,15 @@
-/* What the request handlers share (ops.c, ops_block.c, ops_admin.c). Not for
- * other modules: they call kv_ops_dispatch().
+/* A request being handled, and the helpers every handler shares
+ * (ops_req.c): arena allocation, error replies, handle resolution, the
+ * reference bound, segment fds and block replies. Used by the dispatcher
+ * (ops.c) and the handlers (ops_block.c, ops_admin.c); not by other modules:
+ * they call kv_ops_dispatch().
  *
  * A handler returns nothing: it fills q->rs with a result or an error and
  * leaves the outcome in q->out. q_alloc() turns a failed allocation into
  * KV_OP_NOMEM, kv_op_fail() an EPROTO error into KV_OP_CLOSE, so a handler
  * just returns once it has set a reply or seen NULL. */
-#ifndef KV_OPS_INT_H
-#define KV_OPS_INT_H
+#ifndef KV_OPS_REQ_H
+#define KV_OPS_REQ_H
 
 #include "ops.h"
 
@@ -43,9 +46,6 @@ void kv_op_fail(struct req *q, Kvcached__ErrorCode code, int index, const char *
 	__attribute__((format(printf, 4, 5)));
 /* The protocol's code for -errno from the tiers. */
 Kvcached__ErrorCode kv_op_errno_code(int r);
-/* Counts an allocation refused with ENOSPC, daemon-wide and for q's
- * namespace (the metrics' kvcached_enospc_total). */
-void kv_op_count_enospc(struct req *q);
 
 /* The pool id names in this session's namespace, or NULL (error set). */
 struct kv_pool *kv_op_pool(struct req *q, uint32_t id);
@@ -56,11 +56,11 @@ struct kv_pool *kv_op_pool(struct req *q, uint32_t id);
  * (listed more often than held). */
 int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,
 		  uint32_t per);
-/* 1 when b may take n more references: it would then carry at most
+/* 0 when b may take n more references: it would then carry at most
  * max_block_refs (a client forking or looking up one block over and over
  * would otherwise run its count up to the mechanism's KV_BLOCK_REF_MAX, and
- * every other holder of the block with it). Else 0, with the EQUOTA reply
- * set, naming b and index, its first listing in the request. Changes
+ * every other holder of the block with it). Else -EDQUOT, with the EQUOTA
+ * reply set, naming b and index, its first listing in the request. Changes
  * nothing: handlers check every block before they take any reference. */
 int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n);
 /* Queues the fd of every segment that blocks[0..n) (NULL entries skipped)
@@ -82,27 +82,8 @@ int kv_op_fds_room(struct req *q, uint64_t n);
  * session's. */
 void kv_op_reply_blocks(struct req *q, size_t n);
 
-/* ops_block.c */
-void kv_op_hello(struct req *q, const Kvcached__Hello *h);
-void kv_op_register(struct req *q, const Kvcached__RegisterPool *m);
-void kv_op_alloc(struct req *q, const Kvcached__Alloc *m);
-void kv_op_seal(struct req *q, const Kvcached__Seal *m);
-void kv_op_lookup(struct req *q, const Kvcached__Lookup *m);
-void kv_op_release(struct req *q, const Kvcached__Release *m);
-void kv_op_fork(struct req *q, const Kvcached__Fork *m);
-void kv_op_cow(struct req *q, const Kvcached__Cow *m);
-void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m);
-void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m);
-
-/* ops_admin.c */
-void kv_op_stats(struct req *q, const Kvcached__Stats *m);
-void kv_op_clients(struct req *q);
-void kv_op_check(struct req *q);
-void kv_op_evict(struct req *q, const Kvcached__Evict *m);
-void kv_op_flush(struct req *q);
-void kv_op_drain(struct req *q, const Kvcached__Drain *m);
-void kv_op_reload(struct req *q);
-void kv_op_metrics(struct req *q, const Kvcached__Metrics *m);
-void kv_op_dump(struct req *q, const Kvcached__Dump *m);
+/* Takes back every fd q queued, last first (a reply that carries no
+ * blocks sends none). */
+void kv_op_unwant_all(struct req *q);
 
 #endif

@@ -50,7 +50,6 @@
  * A GET's value is malloc'd once, by the reader, and handed to the caller. */
 #include "rcluster.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -63,6 +62,9 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
+
+#include "kvassert.h"
+#include "kvclock.h"
 
 #define RC_DEFAULT_TIMEOUT_MS 200
 #define RC_HOST_MAX 255
@@ -233,10 +235,7 @@ unsigned kv_rc_keyslot(const void *key, size_t len)
 
 static uint64_t now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return kv_mono_ns();
 }
 
 static uint64_t ms_ns(unsigned ms)
@@ -319,7 +318,7 @@ static void *rc_reply_link(const redisReadTask *task, struct rc_reply *r)
 	if (task->parent) {
 		struct rc_reply *parent = task->parent->obj;
 
-		assert(parent->type == REDIS_REPLY_ARRAY && (size_t)task->idx < parent->len);
+		kv_assert(parent->type == REDIS_REPLY_ARRAY && (size_t)task->idx < parent->len);
 		parent->element[task->idx] = r;
 	}
 	return r;
@@ -608,7 +607,7 @@ static void rc_connect(struct kv_rc *rc, struct rc_node *node)
 {
 	redisContext *c;
 
-	assert(node->state == RC_DOWN);
+	kv_assert(node->state == RC_DOWN);
 	node->state = RC_CONNECTING;  /* so that a failure counts as one to connect */
 	if (rc_fault(rc, KV_RC_FAULT_CONNECT)) {
 		rc_node_fail(rc, node, "connect: %s (fault injected)", strerror(ECONNREFUSED));
@@ -1235,7 +1234,7 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 	ops = calloc(n, sizeof(*ops));
 	if (!ops)
 		return -ENOMEM;
-	assert(rc_check(rc));
+	kv_assert(rc_check(rc));
 	rc->err[0] = 0;
 	rc_refresh(rc);
 	rc->call = call;
@@ -1278,7 +1277,7 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 		if (ops[i].again)
 			rc_op_fail(&ops[i]);  /* left over after the last round */
 	rc->call = NULL;
-	assert(rc_check(rc));
+	kv_assert(rc_check(rc));
 	*opsp = ops;
 	return 0;
 }

@@ -1,0 +1,231 @@
+/* The prefix cache across G1-G4; see cache.h. */
+#include "cache.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "events.h"
+#include "index.h"
+#include "session.h"
+
+/* ---- lookup ------------------------------------------------------------- */
+
+/* Drops the first n pins a parked lookup held (it has run again and holds
+ * what it needs now). */
+static void unpin(struct kv_session *ss, uint32_t n)
+{
+	uint32_t i;
+
+	if (!n)
+		return;
+	for (i = 0; i < n; i++)
+		kv_block_unref(ss->pins[i]);
+	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
+	ss->npins -= n;
+}
+
+/* Drops the pins taken after the first keep (this run's, when keep is
+ * the count it started with). */
+static void unpin_after(struct kv_session *ss, uint32_t keep)
+{
+	while (ss->npins > keep)
+		kv_block_unref(ss->pins[--ss->npins]);
+}
+
+int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
+		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins)
+{
+	uint32_t old = ss->npins;
+	int parked = 0, expired = 0;
+	size_t k;
+
+	*old_pins = old;
+	/* The chain's blocks in G1 are pinned before any promotion starts: a
+	 * promotion makes its room in G1 by demotion, which must not take a
+	 * block of this very chain (with room for one, two blocks of a chain
+	 * took turns there forever: the promotion of one demoted the other,
+	 * found by fuzz_dispatch). While the request waits, the pins keep them
+	 * in G1, or it could chase its own chain forever. */
+	for (k = 0; k < n; k++) {
+		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+
+		if (!e || kv_pool_expired(p, e))
+			break;
+		if (e->kind == KV_ENTRY_BLOCK &&
+		    kv_session_pin(ss, kv_container_of(e, struct kv_block, ix)) < 0)
+			return -ENOMEM;
+	}
+	/* Blocks in lower tiers are promoted first: all of the chain's at once,
+	 * and the request parks on the first; when it runs again the next
+	 * promotion still under way parks it, until the whole prefix is in G1. */
+	for (k = 0; k < n; k++) {
+		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+
+		if (!e)
+			break;
+		if (kv_pool_expired(p, e)) {
+			/* Past the namespace's TTL: a miss from here on, and
+			 * what is cached of it goes (what a session holds stays
+			 * until released, unseen). */
+			if (e->kind == KV_ENTRY_TIER)
+				kv_tiers_forget(d->tiers, p, hashes + k * KV_HASH_BYTES);
+			else
+				kv_pools_drop_cached(kv_container_of(e, struct kv_block, ix));
+			expired = 1;
+			break;
+		}
+		if (e->kind == KV_ENTRY_TIER) {
+			int r = kv_tiers_promote(d->tiers, e, parked ? NULL : &ss->waiter);
+
+			if (r == -EAGAIN)
+				break;  /* no room to start more now: the rerun will */
+			if (r < 0)
+				break;  /* a miss from here on */
+			parked = 1;
+			continue;
+		}
+		blk[k] = kv_container_of(e, struct kv_block, ix);
+	}
+	/* The rest of the chain may be in G4 (another node's work): ask, and
+	 * park until the answer is in G2 (the rerun promotes it). */
+	if (!parked && !expired && k < n) {
+		int r = kv_tiers_remote_fetch(d->tiers, p, hashes + k * KV_HASH_BYTES, n - k,
+					      &ss->waiter);
+
+		if (r == -ENOMEM)
+			return -ENOMEM;
+		parked = r == 0;
+	}
+	if (parked) {
+		/* This run's pins stay; the last run's go. */
+		unpin(ss, old);
+		return -EINPROGRESS;
+	}
+	/* Nothing started: this run's pins have done their work (the last
+	 * run's, if it parked, go once the references are taken). */
+	unpin_after(ss, old);
+	return (int)k;
+}
+
+void kv_cache_lookup_done(struct kv_session *ss, uint32_t old_pins)
+{
+	unpin(ss, old_pins);
+}
+
+void kv_cache_count_lookup(struct kv_daemon *d, struct kv_pool *p, size_t n, size_t k)
+{
+	struct kv_ns *ns = kv_ns_get(kv_pools_nstab(d->pools), p->ns);
+
+	p->n.lookups += n;
+	p->n.hits += k;
+	ns->lookups += n;
+	ns->hits += k;
+}
+
+/* ---- seal --------------------------------------------------------------- */
+
+void kv_cache_seal_plan(struct kv_daemon *d, struct kv_pool *p, const uint8_t *hashes,
+			size_t n, struct kv_cache_seal *pl)
+{
+	const struct kv_index *index = kv_pools_index(d->pools);
+
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *h = hashes + i * KV_HASH_BYTES;
+		struct kv_index_entry *e;
+
+		pl->key[i] = kv_index_key(index, p->id, h);
+		e = pl->ie[i] = kv_index_find_key(index, pl->key[i], p->id, h);
+		pl->dedup[i] = e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix)
+							      : NULL;
+	}
+}
+
+struct kv_block *kv_cache_seal(struct kv_daemon *d, struct kv_pool *p, struct kv_block *b,
+			       const uint8_t *hash, const struct kv_cache_seal *pl, size_t i,
+			       int repeats)
+{
+	struct kv_index_entry *e = pl->ie[i];
+
+	if (repeats) {
+		/* What the plan found may have changed under an earlier
+		 * listing of the same hash: search again. */
+		kv_tiers_forget(d->tiers, p, hash);
+		return kv_pool_seal(p, b, hash);
+	}
+	/* Each hash once: nothing before it in this batch touched its entry.
+	 * A lower tier's copy gives way to the G1 block. */
+	if (e && e->kind == KV_ENTRY_TIER) {
+		kv_tiers_forget_entry(d->tiers, e);
+		e = NULL;
+	}
+	return kv_pool_seal_found(p, b, hash, pl->key[i], e);
+}
+
+/* ---- alloc -------------------------------------------------------------- */
+
+void kv_cache_count_enospc(struct kv_daemon *d, uint32_t ns)
+{
+	struct kv_ns *n = kv_ns_get(kv_pools_nstab(d->pools), ns);
+
+	d->enospc++;
+	if (n)
+		n->enospc++;
+}
+
+int kv_cache_alloc(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p, uint32_t n,
+		   struct kv_block **out, char *why, size_t whylen)
+{
+	int r = kv_pool_alloc(p, n, out, why, whylen);
+
+	if (r != -ENOSPC)
+		return r;
+	/* Rather than fail for a moment's want of room, park until a copy
+	 * ends and run again (kv_tiers_wait_room()). */
+	if (kv_tiers_wait_room(d->tiers, p->device, p->ns, kv_pool_room_after_demotions(p, n),
+			       &ss->waiter) == 0)
+		return -EINPROGRESS;
+	kv_cache_count_enospc(d, ss->ns);
+	return r;
+}
+
+void kv_cache_alloc_undo(struct kv_pool *p, struct kv_block **blk, uint32_t n)
+{
+	/* Cached blocks evicted on the way stay evicted, as after ENOSPC. */
+	for (uint32_t i = 0; i < n; i++)
+		kv_block_unref(blk[i]);
+	p->n.allocs -= n;
+}
+
+/* ---- the rest ----------------------------------------------------------- */
+
+uint64_t kv_cache_walk(struct kv_daemon *d, uint64_t first, size_t max,
+		       int (*fn)(void *arg, uint32_t pool, const uint8_t *hash, unsigned tier),
+		       void *arg)
+{
+	const struct kv_index *ix = kv_pools_index(d->pools);
+	uint64_t b = first;
+	size_t n = 0;
+
+	for (; b < ix->nbuckets && n < max; b++) {
+		const struct kv_index_entry *e;
+
+		for (e = ix->buckets[b]; e; e = e->next) {
+			unsigned media = kv_tiers_entry_media(e), t;
+
+			for (t = 0; t < KV_MEDIUMS; t++) {
+				if (!(media & (1u << t)))
+					continue;
+				if (fn(arg, e->pool, e->hash, t))
+					return KV_CACHE_WALK_DONE;
+				n++;
+			}
+		}
+	}
+	return b < ix->nbuckets ? b : KV_CACHE_WALK_DONE;
+}
+
+void kv_cache_batch_done(struct kv_daemon *d)
+{
+	kv_tiers_kick(d->tiers);
+}
