@@ -41,5 +41,19 @@ int main(void)
 	S("VllmKeys", struct kvc_vllm_keys);
 	F("VllmKeys", struct kvc_vllm_keys, lora_name);
 	F("VllmKeys", struct kvc_vllm_keys, cache_salt);
+
+	S("VllmMm", struct kvc_vllm_mm);
+	F("VllmMm", struct kvc_vllm_mm, identifier);
+	F("VllmMm", struct kvc_vllm_mm, offset);
+	F("VllmMm", struct kvc_vllm_mm, length);
+
+	S("VllmExtra", struct kvc_vllm_extra);
+	F("VllmExtra", struct kvc_vllm_extra, lora_name);
+	F("VllmExtra", struct kvc_vllm_extra, lora_path);
+	F("VllmExtra", struct kvc_vllm_extra, cache_salt);
+	F("VllmExtra", struct kvc_vllm_extra, mm);
+	F("VllmExtra", struct kvc_vllm_extra, nmm);
+	F("VllmExtra", struct kvc_vllm_extra, prompt_embeds);
+	F("VllmExtra", struct kvc_vllm_extra, nprompt_embeds);
 	return 0;
 }
