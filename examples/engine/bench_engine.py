@@ -99,15 +99,15 @@ def make_trace(ids: list, a, rng: np.random.Generator) -> tuple:
 class Daemon:
     """kvcached on a private socket in dir."""
 
-    def __init__(self, a, d, *args):
+    def __init__(self, a, d, *args, page="64KiB", segment="16MiB"):
         self.sock = os.path.join(d, "kv.sock")
         self.admin = os.path.join(d, "kv-admin.sock")
         self.kvctl_bin = a.kvctl
         self.logf = open(os.path.join(d, "kvcached.log"), "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVCACHED_")}
         self.proc = subprocess.Popen(
-            [a.kvcached, "--config=", "--socket=" + self.sock, "--page-size", "64KiB",
-             "--segment-size", "16MiB", *args],
+            [a.kvcached, "--config=", "--socket=" + self.sock, "--page-size", page,
+             "--segment-size", segment, *args],
             stdin=subprocess.DEVNULL, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
         while True:

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The torch engine against the numpy reference (issue 27, check (a)).
+
+    python3 examples/engine/check_torch.py --device cuda --kvcached K --kvctl C
+    python3 examples/engine/check_torch.py --device cpu  ...   (torch on the CPU)
+
+SmolLM2-135M's shape with seeded random weights (seed --seed), the same
+weights in both: the numpy model (model.py, float32, a contiguous float16
+KV cache, no kvcached) is the reference; the torch model (torch_model.py,
+float32 weights and activations, TF32 off) runs in the Engine on a fresh
+kvcached daemon (the cuda backend for --device cuda: KV in GPU blocks,
+written by prefill and read by attention in place), float16 KV. Checked:
+
+  1. three prompts one by one, then all three in one continuous batch:
+     greedy tokens identical, logits within --atol of the reference;
+  2. a second engine process (another connection, the same pool) given
+     prompts that share the first ones' 16-token blocks: it finds them in
+     kvcached (hit tokens > 0) and reads them in place: same tokens and
+     logits as the reference computing everything;
+  3. --shape llama-3.2-3b (or any of torch_model.SHAPES, bfloat16): the
+     engine on kvcached against the same model over in-process torch
+     blocks, with and without a cached prefix: greedy tokens identical,
+     logits within --atol-bf16 (bfloat16 rounding of a different sum order).
+
+Prints PASS or FAIL lines; exits 0 (pass), 1 (fail), 77 (skipped: no torch,
+no GPU for --device cuda)."""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    print("SKIP: %s" % e)
+    sys.exit(77)
+
+import kvcache  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.kv import ContiguousKV  # noqa: E402
+from engine.model import Config, Model, generate  # noqa: E402
+from engine.torch_model import SHAPES, TorchLocalAllocator, TorchModel, TorchPagedKV, \
+    kv_bytes_per_token  # noqa: E402
+from engine.bench_engine import Daemon  # noqa: E402
+
+fails = []
+
+
+def verdict(ok: bool, what: str) -> None:
+    print("%s %s" % ("PASS" if ok else "FAIL", what), flush=True)
+    if not ok:
+        fails.append(what)
+
+
+def prompts(rng, n_vocab) -> tuple:
+    """Three prompts (ids; the first two share 48 tokens: three full
+    blocks), and three more that share 32 tokens with them."""
+    common = rng.integers(300, n_vocab, 48).tolist()
+    a = common + rng.integers(300, n_vocab, 21).tolist()
+    b = common + rng.integers(300, n_vocab, 7).tolist()
+    c = rng.integers(300, n_vocab, 37).tolist()
+    later = [a[:32] + rng.integers(300, n_vocab, 9).tolist(), b[:40] + [5, 6, 7],
+             c[:33] + rng.integers(300, n_vocab, 15).tolist()]
+    return [a, b, c], later
+
+
+def compare(ref, outs, atol, label) -> None:
+    worst = 0.0
+    same = True
+    for r, o in zip(ref, outs):
+        if list(r.tokens) != list(o.tokens):
+            same = False
+        for x, y in zip(r.logits, o.logits):
+            worst = max(worst, float(np.max(np.abs(np.asarray(x) - np.asarray(y)))))
+    verdict(same, "%s: greedy tokens identical (%d prompts x %d tokens)" % (
+        label, len(ref), len(ref[0].tokens)))
+    verdict(worst <= atol, "%s: max |logit difference| %.2e <= %.0e" % (label, worst, atol))
+
+
+def other_process(sock, model_args, batch, new, q):
+    """Check 2's second engine process."""
+    try:
+        dev, seed = model_args
+        torch.backends.cuda.matmul.allow_tf32 = False
+        m = TorchModel.from_numpy(Model.random_model(Config(), seed=seed), dev, "float32")
+        with Engine(m, sock) as eng:
+            outs = [eng.generate([p], new, keep_logits=True, stop_at_eog=False)[0]
+                    for p in batch]
+        q.put([(o.tokens, [np.asarray(x) for x in o.logits], o.hit_tokens) for o in outs])
+    except BaseException as e:  # noqa: BLE001: reported by the parent
+        q.put(repr(e))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kvcached", required=True)
+    ap.add_argument("--kvctl", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--new", type=int, default=12, help="tokens generated per prompt")
+    ap.add_argument("--atol", type=float, default=2e-2)
+    ap.add_argument("--shape", default="llama-3.2-3b", help="check 3's model ('' to skip)")
+    ap.add_argument("--atol-bf16", type=float, default=5e-2)
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("SKIP: torch sees no CUDA device")
+        return 77
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tmp = tempfile.mkdtemp(prefix="kvcached-check-torch.")
+    backend = ["--backend", "cuda"] if dev.type == "cuda" else []
+    print("torch %s on %s%s; SmolLM2-135M's shape, seeded random weights (seed %d); "
+          "KV float16, %d bytes/token; numpy %s" % (
+              torch.__version__, dev,
+              " (%s)" % torch.cuda.get_device_name(dev) if dev.type == "cuda" else "",
+              a.seed, kv_bytes_per_token(Config(), "float16"), np.__version__), flush=True)
+
+    t0 = time.perf_counter()
+    nm = Model.random_model(Config(), seed=a.seed)
+    tm = TorchModel.from_numpy(nm, dev, "float32")
+    rng = np.random.default_rng(a.seed + 1)
+    first, later = prompts(rng, nm.cfg.n_vocab)
+    ref = [generate(nm, p, a.new, kv=ContiguousKV(nm.kv_layout()), keep_logits=True,
+                    stop_at_eog=False) for p in first + later]
+    print("reference (numpy) computed in %.1f s" % (time.perf_counter() - t0), flush=True)
+
+    d = os.path.join(tmp, "smollm2")
+    os.mkdir(d)
+    dm = Daemon(a, d, "--pool-size", "1GiB", *backend, page="2MiB", segment="256MiB")
+    try:
+        with Engine(tm, dm.sock) as eng:
+            one = [eng.generate([p], a.new, keep_logits=True, stop_at_eog=False)[0]
+                   for p in first]
+            compare(ref[:3], one, a.atol, "1 one by one")
+            verdict(one[1].hit_tokens == 48, "1 the second prompt found the first's 3 "
+                    "blocks in kvcached (%d hit tokens)" % one[1].hit_tokens)
+            both = eng.generate(first, a.new, keep_logits=True, stop_at_eog=False)
+            compare(ref[:3], both, a.atol, "1 one batch")
+            kvt = eng.kv
+            on_dev = kvt.arena is not None and kvt.arena.device.type == dev.type
+            verdict(on_dev, "1 the KV blocks are %s memory, wrapped without a copy "
+                    "(arena of %d MiB, rebuilt %d times)" % (
+                        dev.type, (kvt.end - kvt.anchor) >> 20, kvt.rebuilds))
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=other_process, args=(dm.sock, (a.device, a.seed), later, a.new, q))
+        p.start()
+        got = q.get(timeout=600)
+        p.join(60)
+        if isinstance(got, str):
+            verdict(False, "2 second process: " + got)
+        else:
+            class O:
+                def __init__(self, t):
+                    self.tokens, self.logits, self.hit_tokens = t
+            outs = [O(t) for t in got]
+            compare(ref[3:], outs, a.atol, "2 another process, cached prefixes")
+            hits = [o.hit_tokens for o in outs]
+            verdict(hits == [32, 32, 32], "2 it read the prefixes in place (hit tokens %s, "
+                    "expected [32, 32, 32])" % hits)
+    finally:
+        dm.stop()
+
+    if a.shape:
+        shape_check(a, dev, tmp, backend)
+    print("%s: %d failed checks" % ("FAIL" if fails else "PASS", len(fails)))
+    return 1 if fails else 0
+
+
+def shape_check(a, dev, tmp, backend) -> None:
+    """Check 3: a real shape, bfloat16 KV (float32 weights and activations,
+    so that rounding leaves greedy decoding alone), kvcached blocks vs
+    in-process ones. On a CPU with 2 layers (the code is the same)."""
+    t0 = time.perf_counter()
+    m = TorchModel.random(a.shape, a.seed, dev, "float32",
+                          n_layers=None if dev.type == "cuda" else 2)
+    print("3 %s (%d layers, float32): %.2f GB of weights in %.1f s; bfloat16 KV: %d bytes/token"
+          % (m.source, m.cfg.n_layers, m.weight_bytes() / 1e9, time.perf_counter() - t0,
+             kv_bytes_per_token(m.cfg, "bfloat16")), flush=True)
+    rng = np.random.default_rng(a.seed + 2)
+    sysp = rng.integers(300, m.cfg.n_vocab, 512 + 64).tolist()
+    reqs = [sysp + rng.integers(300, m.cfg.n_vocab, 40).tolist(),
+            sysp + rng.integers(300, m.cfg.n_vocab, 23).tolist()]
+    lay = m.kv_layout(16, "bfloat16")
+
+    def run_local(p):
+        kv = TorchPagedKV(TorchLocalAllocator(lay, 64, dev), dev)
+        return generate(m, p, 8, kv=kv, keep_logits=True, stop_at_eog=False)
+
+    ref = [run_local(p) for p in reqs]
+    d = os.path.join(tmp, "shape")
+    os.mkdir(d)
+    dm = Daemon(a, d, "--pool-size", "2GiB", *backend, page="2MiB", segment="512MiB")
+    try:
+        with Engine(m, dm.sock, dtype="bfloat16") as eng:
+            outs = [eng.generate([p], 8, keep_logits=True, stop_at_eog=False)[0] for p in reqs]
+    finally:
+        dm.stop()
+    compare(ref, outs, a.atol_bf16, "3 %s kvcached vs in-process blocks" % a.shape)
+    verdict(outs[1].hit_tokens == 576, "3 the second request read the 576-token prefix "
+            "from kvcached (%d hit tokens)" % outs[1].hit_tokens)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
