@@ -17,10 +17,14 @@ written by prefill and read by attention in place), float16 KV. Checked:
      prompts that share the first ones' 16-token blocks: it finds them in
      kvcached (hit tokens > 0) and reads them in place: same tokens and
      logits as the reference computing everything;
-  3. --shape llama-3.2-3b (or any of torch_model.SHAPES, bfloat16): the
-     engine on kvcached against the same model over in-process torch
-     blocks, with and without a cached prefix: greedy tokens identical,
-     logits within --atol-bf16 (bfloat16 rounding of a different sum order).
+  3. --shape llama-3.2-3b (or any of torch_model.SHAPES): the engine on
+     kvcached against the same model over in-process torch blocks, with and
+     without a cached prefix, bfloat16 KV (float32 weights and activations):
+     greedy tokens identical, logits within --atol-bf16;
+  4. (cuda) an arena of more than 2^31 elements (the benchmark's pools are
+     tens of GiB): rows written with index_copy_ and gathered with
+     index_select at both ends of a 5 GiB in-process allocation read back
+     exactly (torch's 64-bit indexing paths).
 
 Prints PASS or FAIL lines; exits 0 (pass), 1 (fail), 77 (skipped: no torch,
 no GPU for --device cuda)."""
@@ -174,6 +178,7 @@ def main(argv=None) -> int:
 
     if a.shape:
         shape_check(a, dev, tmp, backend)
+    big_arena_check(dev, 5 << 30 if dev.type == "cuda" else 64 << 20)
     print("%s: %d failed checks" % ("FAIL" if fails else "PASS", len(fails)))
     return 1 if fails else 0
 
@@ -210,6 +215,41 @@ def shape_check(a, dev, tmp, backend) -> None:
     compare(ref, outs, a.atol_bf16, "3 %s kvcached vs in-process blocks" % a.shape)
     verdict(outs[1].hit_tokens == 576, "3 the second request read the 576-token prefix "
             "from kvcached (%d hit tokens)" % outs[1].hit_tokens)
+
+
+def big_arena_check(dev, size) -> None:
+    """Check 4: an arena of more than 2^31 elements (on a CPU: of size
+    bytes, the same code)."""
+    lay = SHAPES["llama-3.2-3b"]
+    from engine.kv import KVLayout
+    layout = KVLayout(lay.n_layers, lay.n_kv_heads, lay.head_dim, 16, "bfloat16")
+    n = size // layout.block_bytes
+    alloc = TorchLocalAllocator(layout, n, dev)
+    kv = TorchPagedKV(alloc, dev)
+    first, last = alloc.alloc(1)[0], None
+    rest = alloc.alloc(n - 1)
+    last = rest[-1]
+    kv.adopt("s", [first, last])
+    g = torch.Generator(device=dev)
+    g.manual_seed(5)
+    H, D = layout.n_kv_heads, layout.head_dim
+    k = torch.randn(H, 32, D, generator=g, device=dev).to(torch.bfloat16)
+    v = torch.randn(H, 32, D, generator=g, device=dev).to(torch.bfloat16)
+    L = layout.n_layers - 1
+    rows_first = kv.rows_of("s", 32)
+    kv.write_rows(L, kv.token_rows(rows_first, 0, 32), k, v)
+    K, V = kv.read_rows(L, kv.all_rows(rows_first, 32))
+    # the bytes where kv.py's layout puts them, read straight from the allocation
+    bb = layout.block_bytes
+    blk = alloc.mem[last * bb:(last + 1) * bb].view(torch.bfloat16).view(layout.block_shape)
+    big = kv.arena.numel() > 2**31 or dev.type != "cuda"
+    ok = (big and torch.equal(K, k) and torch.equal(V, v) and
+          torch.equal(blk[L, 0], k[:, 16:]) and torch.equal(blk[L, 1], v[:, 16:]))
+    verdict(bool(ok), "4 an arena of %.2e elements: rows written and gathered at its "
+            "far end read back exactly, where kv.py's layout puts them" % kv.arena.numel())
+    del kv, alloc, blk
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
