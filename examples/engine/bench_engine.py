@@ -420,6 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--budget", type=float, help="seconds per set-up after which a process "
                     "takes no more requests (cuda: 30; 0 = none)")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds for the whole run: a "
+                    "set-up that would start after deadline - 2 x budget is skipped (0: none)")
     ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=None,
                     help="the Redis peer (CPU default: on)")
     ap.add_argument("--repeat", type=int, default=5, help="runs of the Redis peer")
@@ -427,6 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=7200)
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args(argv)
+    t_begin = time.monotonic()
     cuda = a.device != "cpu"
     a.torch = a.torch or cuda
     if a.full:
@@ -512,7 +515,7 @@ def main(argv=None) -> int:
              # offload: every process's private copy of every prefix
              # (3/4 of it: a process sees most prompts, not all)
              "g2_offload": mib(a.procs * sys_blocks * 3 // 4 + 1),
-             "g2": mib(sys_blocks // 4 + 1), "g3": mib(4 * sys_blocks + 1)}
+             "g2": mib(sys_blocks // 4 + 1), "g3": mib(2 * sys_blocks + 1)}
     print("model: %s; %d CPUs%s" % (source, os.cpu_count(), "" if cuda else
                                     ", OPENBLAS_NUM_THREADS=%s" % os.environ.get(
                                         "OPENBLAS_NUM_THREADS")))
@@ -526,8 +529,10 @@ def main(argv=None) -> int:
               a.kv_dtype, token_bytes, blk, sizes["g1_big"], sizes["g1_small"],
               sizes["g2_offload"], sizes["g1_small"], sizes["g2"], sizes["g3"],
               "; cuda backend" if cuda else ""), flush=True)
-    tmp = tempfile.mkdtemp(prefix="kvcached-bench-engine.", dir=os.environ.get("KVBENCH_DISK_DIR",
-                                                                                 "/var/tmp"))
+    disk = os.environ.get("KVBENCH_DISK_DIR", "/var/tmp")
+    if not os.path.isdir(disk):
+        disk = tempfile.gettempdir()
+    tmp = tempfile.mkdtemp(prefix="kvcached-bench-engine.", dir=disk)
     results = {}
     failed = []
     try:
@@ -535,6 +540,12 @@ def main(argv=None) -> int:
             "set-up", "requests", "TTFT p50", "TTFT p99", "tok/s", "hit", "computed",
             "reused", "moved", "tier copies (blocks)"))
         for s in setups:
+            left = a.deadline - (time.monotonic() - t_begin)
+            if a.deadline and left < 2 * max(a.budget, 20):
+                print("%-8s SKIPPED: %.0f s left of --deadline %.0f" % (s, left, a.deadline),
+                      flush=True)
+                failed.append(s)
+                continue
             try:
                 r = run_setup(a, model, s, reqs, sizes, tmp)
             except (Exception, SystemExit) as e:  # noqa: BLE001: the next set-up still runs
