@@ -153,9 +153,12 @@ def main(argv=None) -> int:
             compare(ref[:3], both, a.atol, "1 one batch")
             kvt = eng.kv
             on_dev = kvt.arena is not None and kvt.arena.device.type == dev.type
+            from engine import torch_model
             verdict(on_dev, "1 the KV blocks are %s memory, wrapped without a copy "
-                    "(arena of %d MiB, rebuilt %d times)" % (
-                        dev.type, (kvt.end - kvt.anchor) >> 20, kvt.rebuilds))
+                    "(arena of %d MiB, rebuilt %d times%s)" % (
+                        dev.type, (kvt.end - kvt.anchor) >> 20, kvt.rebuilds,
+                        "; through " + ", ".join(sorted(torch_model.wrap_paths))
+                        if torch_model.wrap_paths else ""))
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         p = ctx.Process(target=other_process, args=(dm.sock, (a.device, a.seed), later, a.new, q))

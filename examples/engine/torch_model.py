@@ -137,14 +137,38 @@ class TorchLocalAllocator(BlockAllocator):
         return len(self._free)
 
 
+# How arenas were wrapped in this process (check_torch.py prints it).
+wrap_paths: set = set()
+
+
+def _cupy_wrap(ptr, rows, head_dim, typestr, device, keep, err):
+    """The fallback when torch refuses the __cuda_array_interface__ (it asks
+    the runtime which device the pointer is on): CuPy's unowned memory on the
+    device we name, handed to torch through DLPack. Raises err without CuPy."""
+    try:
+        import cupy as cp
+    except ImportError:
+        raise err
+    dt = np.dtype(typestr)
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    mem = cp.cuda.UnownedMemory(ptr, rows * head_dim * dt.itemsize, keep, dev)
+    arr = cp.ndarray((rows, head_dim), dtype=dt, memptr=cp.cuda.MemoryPointer(mem, 0))
+    wrap_paths.add("CuPy + DLPack (torch.as_tensor: %s)" % err)
+    return torch.from_dlpack(arr)
+
+
 def _arena_tensor(ptr: int, rows: int, head_dim: int, dtype: str, device: torch.device,
                   keep) -> torch.Tensor:
     """A (rows, head_dim) tensor of dtype over the memory at ptr, no copy."""
     if device.type == "cuda":
         import kvcache
         typestr, tdt = _CAI[dtype]
-        t = torch.as_tensor(kvcache.CudaBlock(keep, ptr, (rows, head_dim), typestr),
-                            device=device)
+        try:
+            t = torch.as_tensor(kvcache.CudaBlock(keep, ptr, (rows, head_dim), typestr),
+                                device=device)
+            wrap_paths.add("__cuda_array_interface__")
+        except Exception as e:  # noqa: BLE001: the fallback below, else this error
+            t = _cupy_wrap(ptr, rows, head_dim, typestr, device, keep, e)
         return t if tdt == _TORCH_DTYPE[dtype] else t.view(_TORCH_DTYPE[dtype])
     esize = torch.tensor([], dtype=_TORCH_DTYPE[dtype]).element_size()
     buf = (ctypes.c_uint8 * (rows * head_dim * esize)).from_address(ptr)
