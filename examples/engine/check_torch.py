@@ -21,6 +21,11 @@ written by prefill and read by attention in place), float16 KV. Checked:
      kvcached against the same model over in-process torch blocks, with and
      without a cached prefix, bfloat16 KV (float32 weights and activations):
      greedy tokens identical, logits within --atol-bf16;
+  5. (cuda; figures, no verdict) what the gather costs: Llama-3.2-3B's
+     shape in bfloat16, one 8192-token sequence on in-process blocks:
+     prefill, a decode step, and the gathers of K and V of all layers in
+     that step (what a paged attention kernel reading the blocks in place
+     would save at most).
   4. (cuda) an arena of more than 2^31 elements (the benchmark's pools are
      tens of GiB): rows written with index_copy_ and gathered with
      index_select at both ends of a 5 GiB in-process allocation read back
@@ -182,6 +187,11 @@ def main(argv=None) -> int:
     if a.shape:
         shape_check(a, dev, tmp, backend)
     big_arena_check(dev, 5 << 30 if dev.type == "cuda" else 64 << 20)
+    if dev.type == "cuda":
+        try:
+            gather_cost(dev)
+        except Exception as e:  # noqa: BLE001: figures only
+            print("5 gather cost: not measured: %r" % e)
     print("%s: %d failed checks" % ("FAIL" if fails else "PASS", len(fails)))
     return 1 if fails else 0
 
@@ -253,6 +263,45 @@ def big_arena_check(dev, size) -> None:
     del kv, alloc, blk
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def gather_cost(dev) -> None:
+    """Figures 5 (no verdict)."""
+    torch.cuda.empty_cache()
+    m = TorchModel.random("llama-3.2-3b", 0, dev, "bfloat16")
+    lay = m.kv_layout(16, "bfloat16")
+    n, steps = 8192, 16
+    kv = TorchPagedKV(TorchLocalAllocator(lay, (n + steps) // 16 + 2, dev), dev)
+    toks = list(range(300, 300 + n))
+    m.forward([("w", toks[:1024], 0)], kv)    # warm-up
+    m.forward([("w", [5], 1024)], kv)
+    kv.free("w")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    m.forward([("s", toks, 0)], kv)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(steps):
+        m.forward([("s", [5], n + i)], kv)
+    decode = (time.perf_counter() - t0) / steps
+    rows = kv.all_rows(kv.rows_of("s", n + steps), n + steps)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for rep in range(2):
+        a.record()
+        for li in range(m.cfg.n_layers):
+            kv.read_rows(li, rows)
+        b.record()
+        b.synchronize()
+    g = a.elapsed_time(b)
+    kvb = (n + steps) * kv_bytes_per_token(m.cfg, "bfloat16")
+    print("5 Llama-3.2-3B, bfloat16, one sequence of %d tokens on in-process blocks: prefill "
+          "%.0f ms (%.0f tokens/s); a decode step %.1f ms, of which gathering K and V of all %d "
+          "layers %.2f ms (%.0f MiB read and written again: %.0f GB/s): at most what a paged kernel would save" % (
+              n, 1000 * prefill, n / prefill, 1000 * decode, m.cfg.n_layers, g, kvb / 2**20,
+              2 * kvb / (g / 1000) / 1e9), flush=True)
+    kv.free("s")
+    del m, kv
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
