@@ -54,7 +54,8 @@ def test_random():
     a = Model.random_model(Config(), seed=7)
     b = Model.random_model(Config(), seed=7)
     check(same_weights(a, b), "SmolLM2-135M's shape, seed 7, built twice: identical weights")
-    check(a.name == b.name == "smollm2-135m-random-s7", "its pool name carries the seed: %s" % a.name)
+    check(a.name == b.name == "smollm2-135m-random-s7",
+          "its pool name carries the seed: %s" % a.name)
     toks = list(range(300, 340))
     from engine.kv import ContiguousKV
     la = a.forward([(0, toks, 0)], ContiguousKV(a.kv_layout()))[0]

@@ -296,7 +296,8 @@ def gather_cost(dev) -> None:
     kvb = (n + steps) * kv_bytes_per_token(m.cfg, "bfloat16")
     print("5 Llama-3.2-3B, bfloat16, one sequence of %d tokens on in-process blocks: prefill "
           "%.0f ms (%.0f tokens/s); a decode step %.1f ms, of which gathering K and V of all %d "
-          "layers %.2f ms (%.0f MiB read and written again: %.0f GB/s): at most what a paged kernel would save" % (
+          "layers %.2f ms (%.0f MiB read and written again: %.0f GB/s): at most what a paged "
+          "kernel would save" % (
               n, 1000 * prefill, n / prefill, 1000 * decode, m.cfg.n_layers, g, kvb / 2**20,
               2 * kvb / (g / 1000) / 1e9), flush=True)
     kv.free("s")
