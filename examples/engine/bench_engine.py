@@ -61,6 +61,7 @@ import glob
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -161,10 +162,12 @@ class Daemon:
 
 
 # ------------------------------------------------------------------ a run
-def serve(idx, model, sock, setup, reqs, barrier, out, budget=0.0, spec=None):
-    """One engine process: its share of the trace, one request at a time;
-    after budget seconds (0: none) it takes no more. spec: (device, model
-    name, seed, dtype) of a torch model to build here (spawned process)."""
+def serve(idx, model, sock, setup, reqs, go, out, budget=0.0, spec=None):
+    """One engine process: says ("ready", idx) once connected, waits for go,
+    then serves its share of the trace, one request at a time; after budget
+    seconds (0: none) it takes no more. spec: (device, model name, seed,
+    dtype) of a torch model to build here (spawned process). Puts (idx,
+    seconds, results), or (idx, -1, error) when it fails."""
     try:
         if spec is not None:
             model = torch_process_model(*spec)
@@ -172,7 +175,8 @@ def serve(idx, model, sock, setup, reqs, barrier, out, budget=0.0, spec=None):
         kvd = spec[3] if spec is not None else "float16"
         with Engine(model, sock, salt=salt, prefix_cache=setup != "none", max_batch=1,
                     dtype=kvd) as eng:
-            barrier.wait()
+            out.put(("ready", idx))
+            go.wait()
             t0 = time.perf_counter()
             res = []
             for _, ids, gen in reqs:
@@ -182,10 +186,6 @@ def serve(idx, model, sock, setup, reqs, barrier, out, budget=0.0, spec=None):
                 res.append((o.ttft_s, len(o.tokens), o.hit_tokens, len(ids)))
             out.put((idx, time.perf_counter() - t0, res))
     except BaseException as e:  # noqa: BLE001: the parent reports it
-        try:
-            barrier.abort()
-        except Exception:
-            pass
         out.put((idx, -1.0, repr(e)))
         raise
 
@@ -233,26 +233,43 @@ def run_setup(a, model, setup, reqs, sizes, tmp) -> dict:
     procs = []
     try:
         ctx = mp.get_context("spawn" if cuda else "fork")
-        barrier, out = ctx.Barrier(a.procs + 1), ctx.Queue()
+        go, out = ctx.Event(), ctx.Queue()
         spec = (a.device, a.model, a.model_seed, a.kv_dtype) if cuda else None
         procs = [ctx.Process(target=serve, args=(i, None if cuda else model, dm.sock, setup,
-                                                 reqs[i::a.procs], barrier, out, a.budget, spec))
+                                                 reqs[i::a.procs], go, out, a.budget, spec))
                  for i in range(a.procs)]
         for p in procs:
             p.start()
-        try:
-            barrier.wait(timeout=300)
-        except Exception:
-            pass
+
+        def take(what):
+            """The next message; a process that failed or died ends the set-up."""
+            deadline = time.monotonic() + a.timeout
+            while True:
+                try:
+                    m = out.get(timeout=2)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        raise SystemExit("an engine process of set-up %s died (exit %s) %s" % (
+                            setup, dead[0].exitcode, what))
+                    if time.monotonic() > deadline:
+                        raise SystemExit("set-up %s: nothing after %.0f s %s" % (
+                            setup, a.timeout, what))
+                    continue
+                if m[0] != "ready" and m[1] < 0:
+                    raise SystemExit("an engine process of set-up %s failed %s: %s" % (
+                        setup, what, m[2]))
+                return m
+
+        for _ in procs:
+            take("while starting")
         start_s = time.perf_counter() - t_start
+        go.set()
         t0 = time.perf_counter()
-        got = [out.get(timeout=a.timeout) for _ in procs]
+        got = [take("while serving") for _ in procs]
         wall = time.perf_counter() - t0
-        bad = [g for g in got if g[1] < 0]
         for p in procs:
             p.join(60)
-        if bad:
-            raise SystemExit("an engine process of set-up %s failed: %s" % (setup, bad[0][2]))
         for p in procs:
             if p.exitcode:
                 raise SystemExit("an engine process of set-up %s failed (%s)" % (setup, p.exitcode))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import sys
 import tempfile
 import time
@@ -168,7 +169,13 @@ def main(argv=None) -> int:
         q = ctx.Queue()
         p = ctx.Process(target=other_process, args=(dm.sock, (a.device, a.seed), later, a.new, q))
         p.start()
-        got = q.get(timeout=600)
+        got = None
+        while got is None:
+            try:
+                got = q.get(timeout=2)
+            except queue.Empty:
+                if not p.is_alive():
+                    got = "it exited (%s) without a result" % p.exitcode
         p.join(60)
         if isinstance(got, str):
             verdict(False, "2 second process: " + got)
