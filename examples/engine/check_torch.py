@@ -21,6 +21,9 @@ written by prefill and read by attention in place), float16 KV. Checked:
      kvcached against the same model over in-process torch blocks, with and
      without a cached prefix, bfloat16 KV (float32 weights and activations):
      greedy tokens identical, logits within --atol-bf16;
+  6. blocks below every block seen so far arriving in the middle of a
+     batch (the arena's anchor moves down in that step): the batch's
+     logits are those of each sequence alone;
   5. (cuda; figures, no verdict) what the gather costs: Llama-3.2-3B's
      shape in bfloat16, one 8192-token sequence on in-process blocks:
      prefill, a decode step, and the gathers of K and V of all layers in
@@ -191,6 +194,7 @@ def main(argv=None) -> int:
     finally:
         dm.stop()
 
+    anchor_check(tm, dev, a.atol)
     if a.shape:
         shape_check(a, dev, tmp, backend)
     big_arena_check(dev, 5 << 30 if dev.type == "cuda" else 64 << 20)
@@ -235,6 +239,34 @@ def shape_check(a, dev, tmp, backend) -> None:
     compare(ref, outs, a.atol_bf16, "3 %s kvcached vs in-process blocks" % a.shape)
     verdict(outs[1].hit_tokens == 576, "3 the second request read the 576-token prefix "
             "from kvcached (%d hit tokens)" % outs[1].hit_tokens)
+
+
+def anchor_check(tm, dev, atol) -> None:
+    """Check 6."""
+    lay = tm.kv_layout(16, "float16")
+    rng = np.random.default_rng(9)
+    pa = rng.integers(300, tm.cfg.n_vocab, 40).tolist()
+    pb = rng.integers(300, tm.cfg.n_vocab, 50).tolist()
+
+    def alone():
+        kv = TorchPagedKV(TorchLocalAllocator(lay, 32, dev), dev)
+        (la,) = tm.forward([("A", pa, 0)], kv)
+        (la2,) = tm.forward([("A", [7], len(pa))], kv)
+        (lb,) = tm.forward([("B", pb, 0)], kv)
+        return la2, lb
+
+    ref_a, ref_b = alone()
+    alloc = TorchLocalAllocator(lay, 32, dev)
+    kv = TorchPagedKV(alloc, dev)
+    low = alloc.alloc(10)                     # A's blocks come after these
+    tm.forward([("A", pa, 0)], kv)
+    anchor = kv.anchor
+    alloc.release(low)                        # B's blocks: below A's
+    la2, lb = tm.forward([("A", [7], len(pa)), ("B", pb, 0)], kv)
+    moved = kv.anchor < anchor
+    worst = max(float(np.max(np.abs(la2 - ref_a))), float(np.max(np.abs(lb - ref_b))))
+    verdict(moved and worst <= atol, "6 the anchor moved down in a batch (%s): logits as "
+            "alone within %.2e" % (moved, worst))
 
 
 def big_arena_check(dev, size) -> None:

@@ -219,13 +219,27 @@ class TorchPagedKV(PagedKV):
         self.anchor, self.end = anchor, anchor + rows * self.row_bytes
         self.rebuilds += 1
 
+    def cover(self, seqs) -> None:
+        """Makes the arena cover the blocks of positions [0, n) of every
+        (seq, n): called once per step before any rows_of(), so that no
+        rebuild moves the anchor under rows already computed."""
+        lo = hi = None
+        bs = self.layout.block_size
+        for seq, n in seqs:
+            for h in self.tables[seq][:-(-n // bs)]:
+                p = self._view(h)
+                lo = p if lo is None or p < lo else lo
+                hi = p if hi is None or p > hi else hi
+        if lo is not None:
+            self._ensure(lo, hi + self.layout.block_bytes)
+
     def rows_of(self, seq, n: int) -> torch.Tensor:
         """First row of each of the blocks holding positions [0, n) of seq,
         a LongTensor on the device; the arena covers them."""
         nb = -(-n // self.layout.block_size)
         ptrs = [self._view(h) for h in self.tables[seq][:nb]]
         lo, hi = min(ptrs), max(ptrs) + self.layout.block_bytes
-        self._ensure(lo, hi)
+        self._ensure(lo, hi)    # a no-op after cover(): the anchor stays
         off = np.asarray(ptrs, dtype=np.int64) - self.anchor
         if np.any(off % self.row_bytes):
             raise RuntimeError(f"a block address is not a multiple of {self.row_bytes} bytes "
@@ -461,6 +475,7 @@ class TorchModel:
         # go and what attention reads.
         plan = []
         wrows = []
+        kv.cover([(seq, start + b - a) for seq, start, a, b in segs])
         for seq, start, a, b in segs:
             first = kv.rows_of(seq, start + b - a)
             wrows.append(kv.token_rows(first, start, start + b - a))
