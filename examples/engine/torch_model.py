@@ -154,7 +154,10 @@ def _cupy_wrap(ptr, rows, head_dim, typestr, device, keep, err):
     mem = cp.cuda.UnownedMemory(ptr, rows * head_dim * dt.itemsize, keep, dev)
     arr = cp.ndarray((rows, head_dim), dtype=dt, memptr=cp.cuda.MemoryPointer(mem, 0))
     wrap_paths.add("CuPy + DLPack (torch.as_tensor: %s)" % err)
-    return torch.from_dlpack(arr)
+    t = torch.from_dlpack(arr)
+    if t.data_ptr() != ptr:
+        raise RuntimeError("torch.from_dlpack copied the memory") from err
+    return t
 
 
 def _arena_tensor(ptr: int, rows: int, head_dim: int, dtype: str, device: torch.device,
@@ -166,6 +169,8 @@ def _arena_tensor(ptr: int, rows: int, head_dim: int, dtype: str, device: torch.
         try:
             t = torch.as_tensor(kvcache.CudaBlock(keep, ptr, (rows, head_dim), typestr),
                                 device=device)
+            if t.data_ptr() != ptr:   # a copy, not the blocks: useless here
+                raise RuntimeError("torch.as_tensor copied the memory")
             wrap_paths.add("__cuda_array_interface__")
         except Exception as e:  # noqa: BLE001: the fallback below, else this error
             t = _cupy_wrap(ptr, rows, head_dim, typestr, device, keep, e)
