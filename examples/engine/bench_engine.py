@@ -21,7 +21,7 @@ The trace: system prompts cut from this repository's docs, picked with Zipf
 popularity (s = 1), each followed by a user turn of its own and a number of
 tokens to generate; request i goes to process i mod procs; each process
 serves its requests one after another, all processes at once. CPU default:
-scaled to a 2-CPU machine (about 4 minutes); --full is issue 12's trace (200
+scaled to a 2-CPU machine (about 7 minutes); --full is issue 12's trace (200
 requests, 8 system prompts of 1-2k tokens, user turns of 50-200 tokens,
 32-128 generated): about an hour of numpy on 2 CPUs; --tiny: a CI smoke
 test (seconds). GPU default: 64 requests over 8 system prompts of 1-8k
