@@ -131,7 +131,8 @@ class Daemon:
             [a.kvcached, "--config=", "--socket=" + self.sock, "--page-size", page,
              "--segment-size", segment, *args],
             stdin=subprocess.DEVNULL, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
+        # a cuda daemon pins its host tier (GiBs) before it answers
+        deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit("kvcached exited at start; its log: %s" % self.logf.name)
