@@ -28,11 +28,7 @@
 #include <unistd.h>
 
 #include "kvbench.h"
-#include "kvconfig.h"
-
-#if KV_HAVE_CUDA
-#include "cudrv.h"
-#endif
+#include "tiers_cuda.h"
 
 #define TIER_LAYOUT "kvbench: tier blocks"
 #define TIER_POLL_NS 1000000ull
@@ -240,138 +236,31 @@ static double memcpy_floor(uint64_t bytes, uint64_t block)
 	return best;
 }
 
-/* --- blocks in device memory (cuda backend) --- */
+/* --- blocks in device memory (cuda backend: tiers_cuda.c) --- */
 
 static bool tier_cuda;        /* the daemon serves device memory */
 static uint64_t *tier_stage;  /* one block of staging (pinned on cuda) */
 static uint64_t tier_stage_bytes;
 
-#if KV_HAVE_CUDA
-static CUcontext tier_ctx;
-static CUdevice tier_dev;
-
-static void cu_die(CUresult r, const char *what)
+static void stage_fini(void)
 {
-	const char *name = NULL;
-
-	if (r == CUDA_SUCCESS)
-		return;
-	kv_cu.cuGetErrorName(r, &name);
-	die("section g on the cuda backend: %s: %s", what, name ? name : "?");
+	if (tier_cuda)
+		tier_dev_host_free(tier_stage);
+	else
+		free(tier_stage);
+	tier_stage = NULL;
+	tier_stage_bytes = 0;
 }
-
-/* Makes device 0's primary context current: the copies below run in it,
- * and the client library maps the daemon's segments for that GPU. */
-static void tier_cuda_init(void)
-{
-	if (kv_cu_load() < 0)
-		die("section g: the daemon serves CUDA memory, but CUDA is unusable here: %s",
-		    kv_cu_error());
-	cu_die(kv_cu.cuDeviceGet(&tier_dev, 0), "cuDeviceGet");
-	cu_die(kv_cu.cuDevicePrimaryCtxRetain(&tier_ctx, tier_dev), "cuDevicePrimaryCtxRetain");
-	cu_die(kv_cu.cuCtxSetCurrent(tier_ctx), "cuCtxSetCurrent");
-}
-
-static void tier_cuda_fini(void)
-{
-	if (!tier_ctx)
-		return;
-	kv_cu.cuCtxSetCurrent(NULL);
-	kv_cu.cuDevicePrimaryCtxRelease(tier_dev);
-	tier_ctx = NULL;
-}
-
-/* GB/s of cuMemcpy{DtoH,HtoD}Async of bytes in block-sized calls on one
- * stream, pinned host memory, best of 3: the copy engine's floor. */
-static double copy_floor(bool d2h, uint64_t bytes, uint64_t block)
-{
-	CUdeviceptr dbuf = 0;
-	CUstream st = NULL;
-	void *host = NULL;
-	double best = 0;
-	int rep;
-
-	if (kv_cu.cuMemAlloc(&dbuf, bytes) != CUDA_SUCCESS ||
-	    kv_cu.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS ||
-	    kv_cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-		goto out;
-	memset(host, 0x5a, bytes);
-	for (rep = 0; rep < 3; rep++) {
-		uint64_t t0 = now_ns(), off;
-		double gbps;
-
-		for (off = 0; off + block <= bytes; off += block) {
-			CUresult r = d2h ? kv_cu.cuMemcpyDtoHAsync((char *)host + off, dbuf + off, block, st)
-					 : kv_cu.cuMemcpyHtoDAsync(dbuf + off, (char *)host + off, block, st);
-			if (r != CUDA_SUCCESS)
-				goto out;
-		}
-		if (kv_cu.cuStreamSynchronize(st) != CUDA_SUCCESS)
-			goto out;
-		gbps = (double)bytes / GB / secs_between(t0, now_ns());
-		if (gbps > best)
-			best = gbps;
-	}
-out:
-	if (st)
-		kv_cu.cuStreamDestroy(st);
-	if (host)
-		kv_cu.cuMemFreeHost(host);
-	if (dbuf)
-		kv_cu.cuMemFree(dbuf);
-	return best;
-}
-#else
-static void tier_cuda_init(void)
-{
-	die("section g: the daemon serves CUDA memory, but this kvbench was built without CUDA");
-}
-
-static void tier_cuda_fini(void)
-{
-}
-
-static double copy_floor(bool d2h, uint64_t bytes, uint64_t block)
-{
-	(void)d2h, (void)bytes, (void)block;
-	return 0;
-}
-#endif
 
 static void stage_init(uint64_t block)
 {
 	if (tier_stage_bytes >= block)
 		return;
-#if KV_HAVE_CUDA
-	if (tier_stage && tier_cuda)
-		kv_cu.cuMemFreeHost(tier_stage);
-	else
-#endif
-		free(tier_stage);
-	tier_stage = NULL;
-#if KV_HAVE_CUDA
-	if (tier_cuda) {
-		void *p = NULL;
-
-		cu_die(kv_cu.cuMemHostAlloc(&p, block, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
-		tier_stage = p;
-	}
-#endif
-	if (!tier_stage && !(tier_stage = malloc(block)))
+	stage_fini();
+	tier_stage = tier_cuda ? tier_dev_host_alloc(block) : malloc(block);
+	if (!tier_stage)
 		die("out of memory");
 	tier_stage_bytes = block;
-}
-
-static void stage_fini(void)
-{
-#if KV_HAVE_CUDA
-	if (tier_stage && tier_cuda)
-		kv_cu.cuMemFreeHost(tier_stage);
-	else
-#endif
-		free(tier_stage);
-	tier_stage = NULL;
-	tier_stage_bytes = 0;
 }
 
 static bool in_path(const char *prog)
@@ -582,10 +471,8 @@ static void block_fill(void *p, uint64_t block, uint64_t i)
 		pattern_fill(p, block, i);
 		return;
 	}
-#if KV_HAVE_CUDA
 	pattern_fill(tier_stage, block, i);
-	cu_die(kv_cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, tier_stage, block), "cuMemcpyHtoD");
-#endif
+	tier_dev_write(p, tier_stage, block);
 }
 
 /* block_fill()'s counterpart: pattern_check() of the block's bytes. */
@@ -593,10 +480,8 @@ static int64_t block_check(const void *p, uint64_t block, uint64_t i)
 {
 	if (!tier_cuda)
 		return pattern_check(p, block, i);
-#if KV_HAVE_CUDA
 	memset(tier_stage, 0, block);
-	cu_die(kv_cu.cuMemcpyDtoH(tier_stage, (CUdeviceptr)(uintptr_t)p, block), "cuMemcpyDtoH");
-#endif
+	tier_dev_read(tier_stage, p, block);
 	return pattern_check(tier_stage, block, i);
 }
 
@@ -684,8 +569,8 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 
 	/* The floors, before the daemon touches anything for this size. */
 	if (tier_cuda) {
-		mc = copy_floor(true, volume, block);
-		up = copy_floor(false, volume, block);
+		mc = tier_copy_floor(true, volume, block);
+		up = tier_copy_floor(false, volume, block);
 	} else {
 		mc = up = memcpy_floor(volume, block);
 	}
@@ -832,7 +717,7 @@ void section_tiers(kvc_conn *c)
 
 	tier_cuda = !strcmp(h->backend, "cuda");
 	if (tier_cuda)
-		tier_cuda_init();
+		tier_dev_init();
 	tiers_read(c, -1, &s);
 	if (!s.on[1] || !s.on[2])
 		die("section g needs a daemon with a host tier and a disk tier (--host-tier-size, "
@@ -895,7 +780,8 @@ void section_tiers(kvc_conn *c)
 	}
 	memcpy_floor_fini();
 	stage_fini();
-	tier_cuda_fini();
+	if (tier_cuda)
+		tier_dev_fini();
 }
 
 void tiers_print_json(void)
