@@ -12,6 +12,8 @@
  *   clients.c  (e): several client processes
  *   fill.c     (f): a pool full of cached blocks
  *   tiers.c    (g): tier throughput
+ *   tiers_cuda.c  (g) on the cuda backend: blocks in GPU memory through the
+ *              copy engine, its floors (tiers_cuda.h)
  *   gpu.c      (h): the GPU data paths; shares nothing but its entry point
  *              (gpu.h)
  *

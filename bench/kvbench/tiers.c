@@ -8,7 +8,15 @@
  * size. Each move is timed from the request to the Stats reply that shows
  * it done (polled every ~1 ms), beside floors measured here: a memcpy of V
  * between two pre-faulted buffers in B-sized calls, as the daemon copies
- * (best of 3), and fio on the file system of the daemon's disk file. */
+ * (best of 3), and fio on the file system of the daemon's disk file.
+ *
+ * On the cuda backend (the daemon's Hello says "cuda") the blocks are device
+ * memory: kvbench writes each block's pattern into a pinned staging buffer
+ * and copies it in with cuMemcpyHtoD, and checks a promoted block by copying
+ * it back with cuMemcpyDtoH, never through a host pointer; the G1 <-> G2
+ * floors are then the copy engine's (cuMemcpyDtoHAsync / cuMemcpyHtoDAsync
+ * of the same volume in B-sized calls on one stream, pinned host memory,
+ * best of 3) instead of memcpy. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,6 +28,7 @@
 #include <unistd.h>
 
 #include "kvbench.h"
+#include "tiers_cuda.h"
 
 #define TIER_LAYOUT "kvbench: tier blocks"
 #define TIER_POLL_NS 1000000ull
@@ -227,6 +236,33 @@ static double memcpy_floor(uint64_t bytes, uint64_t block)
 	return best;
 }
 
+/* --- blocks in device memory (cuda backend: tiers_cuda.c) --- */
+
+static bool tier_cuda;        /* the daemon serves device memory */
+static uint64_t *tier_stage;  /* one block of staging (pinned on cuda) */
+static uint64_t tier_stage_bytes;
+
+static void stage_fini(void)
+{
+	if (tier_cuda)
+		tier_dev_host_free(tier_stage);
+	else
+		free(tier_stage);
+	tier_stage = NULL;
+	tier_stage_bytes = 0;
+}
+
+static void stage_init(uint64_t block)
+{
+	if (tier_stage_bytes >= block)
+		return;
+	stage_fini();
+	tier_stage = tier_cuda ? tier_dev_host_alloc(block) : malloc(block);
+	if (!tier_stage)
+		die("out of memory");
+	tier_stage_bytes = block;
+}
+
 static bool in_path(const char *prog)
 {
 	const char *path = getenv("PATH"), *p, *e;
@@ -427,6 +463,28 @@ static int64_t pattern_check(const void *p, uint64_t block, uint64_t i)
 	return -1;
 }
 
+/* Writes block i's pattern into the block at p: directly on the host
+ * backend, through the staging buffer and cuMemcpyHtoD on cuda. */
+static void block_fill(void *p, uint64_t block, uint64_t i)
+{
+	if (!tier_cuda) {
+		pattern_fill(p, block, i);
+		return;
+	}
+	pattern_fill(tier_stage, block, i);
+	tier_dev_write(p, tier_stage, block);
+}
+
+/* block_fill()'s counterpart: pattern_check() of the block's bytes. */
+static int64_t block_check(const void *p, uint64_t block, uint64_t i)
+{
+	if (!tier_cuda)
+		return pattern_check(p, block, i);
+	memset(tier_stage, 0, block);
+	tier_dev_read(tier_stage, p, block);
+	return pattern_check(tier_stage, block, i);
+}
+
 /* Checks every byte of the n blocks a lookup returned; dies on a
  * difference: wrong bytes are a daemon bug, not a figure. */
 static void verify_blocks(kvc_conn *c, const kvc_block *b, uint64_t n, uint64_t block,
@@ -440,7 +498,7 @@ static void verify_blocks(kvc_conn *c, const kvc_block *b, uint64_t n, uint64_t 
 
 		if (!p)
 			die("%s: block %" PRIu64 " of the chain has no address in this process", what, i);
-		w = pattern_check(p, block, i);
+		w = block_check(p, block, i);
 		if (w >= 0)
 			die("%s: block %" PRIu64 " of %" PRIu64 " (%" PRIu64 " bytes) differs from what "
 			    "was written at byte %" PRId64 ": a daemon bug", what, i, n, block, w * 8);
@@ -485,7 +543,9 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 	uint64_t n = volume / block, i, t0, t1, t2, ev;
 	uint32_t batch = h->max_batch;
 	double timeout = 30 + (double)volume / 20e6;  /* 20 MB/s is far below any disk */
-	double mc, fw = 0, fr = 0;
+	double mc, up, fw = 0, fr = 0;
+	const char *down_name = tier_cuda ? "cuMemcpy D2H" : "memcpy";
+	const char *up_name = tier_cuda ? "cuMemcpy H2D" : "memcpy";
 	char name[40], bs[32], why_w[32], why_r[32];
 	struct twant w = { 0 };
 	struct tstate s0, s1;
@@ -508,7 +568,13 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 	tier_cleanup(c, pool, timeout, "emptying the pool's tiers before the run");
 
 	/* The floors, before the daemon touches anything for this size. */
-	mc = memcpy_floor(volume, block);
+	if (tier_cuda) {
+		mc = tier_copy_floor(true, volume, block);
+		up = tier_copy_floor(false, volume, block);
+	} else {
+		mc = up = memcpy_floor(volume, block);
+	}
+	stage_init(block);
 	snprintf(why_w, sizeof(why_w), "%s", !disk_dir ? "no --disk-dir" : "fio missing");
 	snprintf(why_r, sizeof(why_r), "%s", why_w);
 	if (disk_dir && have_fio) {
@@ -533,7 +599,7 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 
 			if (!p)
 				die("alloc: block without an address in this process");
-			pattern_fill(p, block, i + j);
+			block_fill(p, block, i + j);
 		}
 		check(c, kvc_seal(c, pool, b + i, chain + i, m, b + i), "seal");
 	}
@@ -554,8 +620,8 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 		note("  warning: evict g1 acted on %" PRIu64 " blocks, not %" PRIu64, ev, n);
 	note("  %s: evict g1 replied after %.3f s, G2 settled after %.3f s", bs, secs_between(t0, t1),
 	     secs_between(t0, t2));
-	tier_row_add("G1->G2 demote (evict g1)", block, n, secs_between(t0, t2), mc, "memcpy", "",
-		     0.8)->reply_secs = secs_between(t0, t1);
+	tier_row_add("G1->G2 demote (evict g1)", block, n, secs_between(t0, t2), mc, down_name,
+		     "no floor", 0.8)->reply_secs = secs_between(t0, t1);
 
 	/* 3. G2 -> G3. */
 	s0 = s1;
@@ -611,8 +677,8 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 	t2 = tiers_settle(c, pool, &w, timeout, "G1 -> G2 again", &s0);
 	if (ev != n)
 		note("  warning: evict g1 acted on %" PRIu64 " blocks, not %" PRIu64, ev, n);
-	tier_row_add("G1->G2 demote again", block, n, secs_between(t0, t2), mc, "memcpy", "", 0.8)
-		->reply_secs = secs_between(t0, t1);
+	tier_row_add("G1->G2 demote again", block, n, secs_between(t0, t2), mc, down_name,
+		     "no floor", 0.8)->reply_secs = secs_between(t0, t1);
 	t0 = now_ns();
 	k = kvc_lookup(c, pool, chain, n, b);
 	t1 = now_ns();
@@ -623,8 +689,8 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 		    "): a daemon bug?", k, n, s1.t[1].hits - s0.t[1].hits);
 	if (s1.t[1].hits - s0.t[1].hits != n)
 		note("  warning: G2 hits +%" PRIu64 ", not %" PRIu64, s1.t[1].hits - s0.t[1].hits, n);
-	tier_row_add("G2->G1 promote (lookup)", block, n, secs_between(t0, t1), mc, "memcpy", "",
-		     0.8);
+	tier_row_add("G2->G1 promote (lookup)", block, n, secs_between(t0, t1), up, up_name,
+		     "no floor", 0.8);
 	verify_blocks(c, b, n, block, "after the promotion from G2");
 	release_all(c, b, n, batch);
 
@@ -649,6 +715,9 @@ void section_tiers(kvc_conn *c)
 	char v1[32], v2[32];
 	size_t i;
 
+	tier_cuda = !strcmp(h->backend, "cuda");
+	if (tier_cuda)
+		tier_dev_init();
 	tiers_read(c, -1, &s);
 	if (!s.on[1] || !s.on[2])
 		die("section g needs a daemon with a host tier and a disk tier (--host-tier-size, "
@@ -660,8 +729,14 @@ void section_tiers(kvc_conn *c)
 	g1_room = g1_room > s.t[0].capacity / 4 ? g1_room - s.t[0].capacity / 4 : 0;
 	g2_room = (s.t[1].capacity - s.t[1].used) / 10 * 8;
 	g3_room = (s.t[2].capacity - s.t[2].used) / 10 * 9;
-	print_section("(g) tiers: written blocks through G1 -> G2 -> G3 -> G1 and G1 -> G2 -> G1, "
+	print_section(tier_cuda ? "(g) tiers, cuda backend: written blocks through G1 -> G2 -> G3 "
+		      "-> G1 and G1 -> G2 -> G1, GB = 10^9 bytes" :
+		      "(g) tiers: written blocks through G1 -> G2 -> G3 -> G1 and G1 -> G2 -> G1, "
 		      "GB = 10^9 bytes");
+	if (tier_cuda)
+		note("  blocks in GPU memory, written (cuMemcpyHtoD from pinned staging) and checked "
+		     "(cuMemcpyDtoH) by the copy engine; G1 <-> G2 floors: cuMemcpy of the volume "
+		     "in block-sized calls");
 	note("  tiers: G1 %" PRIu64 " MiB (%" PRIu64 " used), G2 %" PRIu64 " MiB, G3 %" PRIu64
 	     " MiB; volume %s per block size%s", s.t[0].capacity >> 20, s.t[0].used >> 20,
 	     s.t[1].capacity >> 20, s.t[2].capacity >> 20, size_str(volume, v1, sizeof(v1)),
@@ -696,7 +771,7 @@ void section_tiers(kvc_conn *c)
 			note("  %s: no room for one block: skipped", size_str(block, v1, sizeof(v1)));
 			continue;
 		}
-		if (v > most) {
+		if (v > most && !tier_cuda) {
 			memcpy_floor_fini();
 			memcpy_floor_init(v);
 			most = v;
@@ -704,6 +779,9 @@ void section_tiers(kvc_conn *c)
 		tier_size(c, block, v, have_fio);
 	}
 	memcpy_floor_fini();
+	stage_fini();
+	if (tier_cuda)
+		tier_dev_fini();
 }
 
 void tiers_print_json(void)

@@ -75,6 +75,10 @@ class KvcachedAllocator(BlockAllocator):
     def view(self, handle):
         return self.conn.view(self.pool, handle)
 
+    def ptr(self, handle) -> int:
+        """The block's address here (a device address on the cuda backend)."""
+        return self.conn.block_ptr(handle)
+
 
 @dataclass
 class Output:
@@ -126,12 +130,22 @@ class Engine:
         self.max_batch = max_batch
         self.prefix_cache = prefix_cache
         self.conn = conn or kvcache.connect(socket, namespace, "kvcached-engine")
-        name = f"smollm2-135m-instruct/{dtype}/b{block_size}"
+        # The pool names the model: different weights must never share KV
+        # (a random-weights model's name carries its shape and seed).
+        mname = model.name
+        name = f"{mname}/{dtype}/b{block_size}"
         self.pool = self.conn.register_pool(
             name, block_bytes=self.layout.block_bytes, block_tokens=block_size,
             dtype=self.layout.kvc_dtype, layout=self.layout.describe(),
-            model="SmolLM2-135M-Instruct", shape=self.layout.block_shape)
-        self.kv = PagedKV(KvcachedAllocator(self.conn, self.pool, self.layout))
+            model=mname, shape=self.layout.block_shape)
+        alloc = KvcachedAllocator(self.conn, self.pool, self.layout)
+        if getattr(model, "device", None) is not None:
+            # torch_model.TorchModel: blocks read and written in place by
+            # torch (on the cuda backend: device memory).
+            from .torch_model import TorchPagedKV
+            self.kv = TorchPagedKV(alloc, model.device, keep=self.conn)
+        else:
+            self.kv = PagedKV(alloc)
         self._ids = 0
         self.stats = {"preemptions": 0, "hit_tokens": 0, "computed_tokens": 0}
 

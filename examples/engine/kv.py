@@ -61,7 +61,10 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-_KVC_DTYPE = {"float16": "fp16", "float32": "fp32"}
+_KVC_DTYPE = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
+# numpy has no bfloat16: a bfloat16 block is stored as 16-bit integers (the
+# torch path, torch_model.py, computes with it; the numpy model cannot).
+_NP_STORE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
 
 class OutOfBlocks(MemoryError):
@@ -78,13 +81,14 @@ class KVLayout:
 
     def __post_init__(self):
         if self.dtype not in _KVC_DTYPE:
-            raise ValueError(f"KV dtype {self.dtype!r}: float16 or float32")
+            raise ValueError(f"KV dtype {self.dtype!r}: float16, float32 or bfloat16")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        """The numpy dtype of a block's elements (uint16 for bfloat16)."""
+        return np.dtype(_NP_STORE[self.dtype])
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -101,7 +105,7 @@ class KVLayout:
 
     @property
     def kvc_dtype(self) -> str:
-        """The dtype string for kvc_pool_desc ("fp16", "fp32")."""
+        """The dtype string for kvc_pool_desc ("fp16", "fp32", "bf16")."""
         return _KVC_DTYPE[self.dtype]
 
     def describe(self) -> bytes:

@@ -132,6 +132,8 @@ class Model:
         self.tok = tokenizer
         self.random = random
         self.source = source
+        # what the engine names its kvcached pool after
+        self.name = "smollm2-135m-instruct"
         c = cfg
         self.tok_embd = weights["token_embd"]            # (n_vocab, n_embd)
         self.out_w = weights.get("output", self.tok_embd)  # (n_vocab, n_embd)
@@ -218,7 +220,9 @@ class Model:
                   for _ in range(c.n_layers)]
         weights = {"token_embd": w(c.n_vocab, c.n_embd), "output_norm": np.ones(c.n_embd, np.float32),
                    "layers": layers}
-        return cls(c, weights, byte_tokenizer(c.n_vocab), random=True, source=f"random(seed={seed})")
+        m = cls(c, weights, byte_tokenizer(c.n_vocab), random=True, source=f"random(seed={seed})")
+        m.name = f"smollm2-135m-random-s{seed}"
+        return m
 
     def kv_layout(self, block_size: int = 16, dtype: str = "float16") -> KVLayout:
         c = self.cfg

@@ -1,0 +1,151 @@
+"""The CPU side of issue 27 (the engine on the GPU), on a real daemon.
+
+    python3 tests/test_engine_gpu_cpu.py random   the seeded random-weight
+        models are reproducible: SmolLM2-135M's shape built twice with one
+        seed is identical (numpy; and the torch one on torch's CPU when
+        torch is importable), another seed differs.
+    python3 tests/test_engine_gpu_cpu.py bench    the engine benchmark's CI
+        smoke: `bench_engine.py --tiny --model smollm2-135m` (numpy, the
+        command the GPU runs with --device cuda) on real daemons, its JSON
+        checked: five set-ups, every request served, no hits without
+        prefix caching, hits with it, blocks demoted to G2 in offload.
+    python3 tests/test_engine_gpu_cpu.py torch    the torch engine on
+        torch's CPU against the numpy reference (check_torch.py --device
+        cpu, host backend), with this python's torch or the vLLM
+        environment's (scripts/vllm-env --path); skips (77) with neither.
+
+Exits 0, 1, or 77 (no numpy; for torch: no torch). Needs KVCACHED_BIN,
+KVCTL_BIN and build/python on PYTHONPATH (meson sets them)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
+sys.path.insert(0, EXAMPLES)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+try:
+    import numpy as np
+    from engine.model import Config, Model
+except ImportError as e:
+    print("SKIP:", e)
+    sys.exit(77)
+
+fails = 0
+
+
+def check(ok, what):
+    global fails
+    print("%s %s" % ("ok  " if ok else "FAIL", what), flush=True)
+    if not ok:
+        fails += 1
+
+
+def same_weights(a, b) -> bool:
+    if not np.array_equal(a.tok_embd, b.tok_embd):
+        return False
+    return all(np.array_equal(x[k], y[k]) for x, y in zip(a.layers, b.layers) for k in x)
+
+
+def test_random():
+    a = Model.random_model(Config(), seed=7)
+    b = Model.random_model(Config(), seed=7)
+    check(same_weights(a, b), "SmolLM2-135M's shape, seed 7, built twice: identical weights")
+    check(a.name == b.name == "smollm2-135m-random-s7",
+          "its pool name carries the seed: %s" % a.name)
+    toks = list(range(300, 340))
+    from engine.kv import ContiguousKV
+    la = a.forward([(0, toks, 0)], ContiguousKV(a.kv_layout()))[0]
+    lb = b.forward([(0, toks, 0)], ContiguousKV(b.kv_layout()))[0]
+    check(np.array_equal(la, lb), "and identical logits")
+    del b
+    c = Model.random_model(Config(), seed=8)
+    check(not np.array_equal(a.tok_embd, c.tok_embd), "another seed: other weights")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("(no torch here: the torch model's reproducibility is checked where torch is)")
+        return
+    from engine.torch_model import TorchModel
+    t1 = TorchModel.random("llama-3.2-3b", 3, "cpu", "float32", n_layers=1)
+    t2 = TorchModel.random("llama-3.2-3b", 3, "cpu", "float32", n_layers=1)
+    check(torch.equal(t1.tok_embd, t2.tok_embd) and all(
+        torch.equal(x[k], y[k]) for x, y in zip(t1.layers, t2.layers) for k in x),
+        "torch: Llama-3.2-3B's shape (1 layer), seed 3, built twice: identical weights")
+
+
+def test_bench():
+    with tempfile.TemporaryDirectory() as d:
+        js = os.path.join(d, "bench.json")
+        cmd = [sys.executable, os.path.join(EXAMPLES, "engine", "bench_engine.py"), "--tiny",
+               "--model", "smollm2-135m", "--kvcached", os.environ["KVCACHED_BIN"],
+               "--kvctl", os.environ["KVCTL_BIN"], "--json", js]
+        env = dict(os.environ, KVBENCH_DISK_DIR=d)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        check(r.returncode == 0, "bench_engine.py --tiny exits 0 (%d)" % r.returncode)
+        if r.returncode:
+            return
+        res = json.load(open(js))["results"]
+        setups = ["none", "private", "offload", "shared", "tiered"]
+        check(all(s in res for s in setups), "all five set-ups ran: %s" % ", ".join(res))
+        check(all(res[s]["requests"] == res[s]["of"] == 8 for s in setups),
+              "every set-up served all 8 requests")
+        check(res["none"]["hit_rate"] == 0, "none: no prefix hits")
+        check(all(res[s]["hit_rate"] > 0 for s in setups[1:]), "every cache finds prefixes")
+        check(res["offload"]["moved_blocks"]["G1->G2"] > 0,
+              "offload: private prefixes went to G2 (%s)" % res["offload"]["moved_blocks"])
+        check(all("TTFT" in r.stdout and s in r.stdout for s in setups), "the table is printed")
+
+
+def torch_python():
+    """A python with torch and numpy: this one, else the vLLM environment's
+    (scripts/vllm-env --path: vLLM brings torch, a CUDA build that runs on
+    the CPU too), else None."""
+    try:
+        import torch  # noqa: F401
+        return sys.executable
+    except ImportError:
+        pass
+    src = os.environ.get("MESON_SOURCE_ROOT") or os.path.dirname(HERE)
+    try:
+        r = subprocess.run([os.path.join(src, "scripts", "vllm-env"), "--path"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    py = r.stdout.strip()
+    if r.returncode or not py:
+        return None
+    ok = subprocess.run([py, "-c", "import torch, numpy"], capture_output=True, timeout=300)
+    return py if ok.returncode == 0 else None
+
+
+def test_torch():
+    py = torch_python()
+    if py is None:
+        print("SKIP: no python with torch here, nor a complete scripts/vllm-env (the GPU "
+              "machines have torch; scripts/gpu-check runs this with --device cuda)")
+        sys.exit(77)
+    print("torch from", py)
+    # check 3 with SmolLM2-135M's shape: light on a CI machine (Llama-3.2-3B's
+    # shape runs on the GPU, and by hand on a CPU: --shape llama-3.2-3b)
+    cmd = [py, os.path.join(EXAMPLES, "engine", "check_torch.py"), "--device", "cpu",
+           "--kvcached", os.environ["KVCACHED_BIN"], "--kvctl", os.environ["KVCTL_BIN"],
+           "--shape", "smollm2-135m"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(r.stdout[-5000:], r.stderr[-3000:])
+    check(r.returncode == 0, "check_torch.py --device cpu exits 0 (%d)" % r.returncode)
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "random"
+    {"random": test_random, "bench": test_bench, "torch": test_torch}[what]()
+    print("%d failed" % fails)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
