@@ -161,6 +161,21 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",
 	  "HOST:PORT (or [IPv6]:PORT) where GET /metrics answers over HTTP, e.g. 127.0.0.1:9464 "
 	  "(default: off; a socket named metrics from systemd is used instead)", NULL },
+	{ "metrics_min_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(metrics_min_interval_ms), 0, 0,
+	  60000, "1s", "GET /metrics: the exposition is built at most this often, off the HTTP "
+	  "thread; scrapes in between share the last one (0: one build per scrape burst)", NULL },
+	{ "metrics_header_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(metrics_header_timeout_ms), 0,
+	  100, 60000, "2s", "GET /metrics: an HTTP connection whose request is not whole this long "
+	  "after it was accepted is closed", NULL },
+	{ "metrics_max_connections", 0, KV_CFG_UINT, KV_CFG_FIELD(metrics_max_connections), 0, 1,
+	  4096, "64", "GET /metrics: HTTP connections open at once; past it the oldest one still "
+	  "sending its request is closed for the newcomer", NULL },
+	{ "metrics_max_connections_per_address", 0, KV_CFG_UINT,
+	  KV_CFG_FIELD(metrics_max_connections_per_address), 0, 1, 4096, "16",
+	  "GET /metrics: HTTP connections from one peer address at once (same rule)", NULL },
+	{ "loop_lag_warn", 0, KV_CFG_DURATION, KV_CFG_FIELD(loop_lag_warn_ms), 0, 0, 3600000,
+	  "100ms", "an event loop turn that takes longer is logged, at most one line every 10 s "
+	  "(all turns: kvcached_loop_lag_seconds; 0: never logged)", NULL },
 	/* KV events (events.h, docs/events.md); not reloadable. */
 	{ "events_endpoint", 0, KV_CFG_STRING, KV_CFG_FIELD(events_endpoint), 0, 0, 0, "",
 	  "ZeroMQ endpoint the KV events are published on, e.g. ipc:///run/kvcached/events.sock "

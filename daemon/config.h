@@ -72,6 +72,11 @@ enum { KV_NS_EVENTS_DEFAULT, KV_NS_EVENTS_OFF, KV_NS_EVENTS_HASHES, KV_NS_EVENTS
 struct kv_config {
 	char socket_path[108];        /* worker socket */
 	char metrics_listen[64];      /* HOST:PORT of GET /metrics (http.h); "" off */
+	uint64_t metrics_min_interval_ms;  /* one exposition built at most this often */
+	uint64_t metrics_header_timeout_ms; /* a request not whole after this is closed */
+	uint32_t metrics_max_connections;
+	uint32_t metrics_max_connections_per_address;
+	uint64_t loop_lag_warn_ms;    /* a loop turn longer than this is logged (0: never) */
 	unsigned socket_mode;
 	char socket_group[64];
 	char admin_socket_path[108];

@@ -104,6 +104,8 @@ struct kv_daemon {
 	/* Set by the server: what waits in the connections (zeros where
 	 * nobody set it: tests that drive the dispatcher directly). */
 	void (*queue_stats)(const struct kv_daemon *d, struct kv_queue_stats *q);
+	/* Set by the server: GET /metrics (http.h), for its counters; NULL off. */
+	const struct kv_http *http;
 };
 
 /* Creates the backend, the pools, the tiers and the event loop from cfg, and

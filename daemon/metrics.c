@@ -8,6 +8,7 @@
 
 #include "events.h"
 #include "hist.h"
+#include "http.h"
 #include "kvtext.h"
 #include "ops.h"
 #include "session.h"
@@ -316,6 +317,23 @@ static void one_events(FILE *f, const struct expo *x, const struct fam *fm, uint
 	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
 }
 
+/* GET /metrics's own counters (http.h) and the loop's turns. */
+static void one_http(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	struct kv_http_stats st;
+
+	(void)k;
+	kv_http_stats(x->d->http, &st);
+	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
+}
+
+static void one_lag(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	kv_hist_write(f, fm->name, "", &x->d->loop.lag);
+}
+
+#define HTTP(n, t, h, field) { n, t, h, F_ONE, one_http, offsetof(struct kv_http_stats, field) }
 #define EVENTS(n, t, h, field) { n, t, h, F_ONE, one_events, offsetof(struct kv_events_stats, field) }
 #define ONE(n, t, h, v) { n, t, h, F_ONE, one_u64, v }
 #define POOL(n, t, h, field) { n, t, h, F_POOL, pool_count, offsetof(struct kv_pool_counts, field) }
@@ -454,6 +472,21 @@ static const struct fam fams[] = {
 	{ "kvcached_namespace_enospc_total", "counter",
 	  "Allocations of a namespace refused for want of memory after eviction (KV_ENOSPC).",
 	  F_NS, ns_u64, offsetof(struct kv_ns, enospc) },
+	{ "kvcached_loop_lag_seconds", "histogram",
+	  "Event loop turns, from the completions' arrival to the end of their work: how long a "
+	  "request arriving then could wait.", F_ONE, one_lag, 0 },
+	HTTP("kvcached_http_expositions_built_total", "counter",
+	     "Expositions built for GET /metrics (at most one per metrics_min_interval).", builds),
+	HTTP("kvcached_http_scrapes_total", "counter", "GET /metrics answered 200.", served),
+	HTTP("kvcached_http_evicted_total", "counter",
+	     "HTTP connections closed, still sending their request, for a newcomer over "
+	     "metrics_max_connections(_per_address).", evicted),
+	HTTP("kvcached_http_header_timeouts_total", "counter",
+	     "HTTP connections closed: request not whole within metrics_header_timeout.",
+	     deadline_closed),
+	HTTP("kvcached_http_refused_total", "counter",
+	     "HTTP connections closed at once: over a bound, and every other had sent its request.",
+	     refused),
 	EVENTS("kvcached_events_published_total", "counter",
 	       "KV event batches published (one message per topic and loop iteration).", batches),
 	EVENTS("kvcached_events_total", "counter",

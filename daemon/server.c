@@ -113,6 +113,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	if ((mfd >= 0 || cfg->metrics_listen[0]) &&
 	    (r = kv_http_start(&s->d, cfg->metrics_listen, mfd, &s->http)) < 0)
 		return r;
+	s->d.http = s->http;
 	fds_limits(&s->d);
 	kv_info("listening on %s (workers) and %s (admin): backend %s, %llu MiB in %llu segments "
 		"of %llu KiB, pages of %llu KiB",
@@ -147,6 +148,7 @@ void kv_server_fini(struct kv_server *s)
 	kv_conns_fini(&s->conns);
 	kv_http_stop(s->http);
 	s->http = NULL;
+	s->d.http = NULL;
 	kv_listener_close(&s->worker);
 	kv_listener_close(&s->admin);
 	kv_lifecycle_fini(&s->d);
