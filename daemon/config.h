@@ -63,6 +63,7 @@ struct kv_ns_conf {
 	uint64_t quota_g4;            /* quota_g4: bytes per remote_ttl; 0 = none */
 	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
 	char remote_password_file[256];
+	char remote_key_file[256];    /* G4 values' HMAC key (g4mac.h); "" = CRC32C only */
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice

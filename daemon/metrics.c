@@ -434,6 +434,12 @@ static const struct fam fams[] = {
 	G4("kvcached_g4_checksum_failures_total", "counter",
 	   "G4 values that did not check out (header, CRC32C): misses, never served.",
 	   checksum_failures),
+	G4("kvcached_g4_auth_failures_total", "counter",
+	   "G4 values of a namespace with remote_key_file whose HMAC tag did not check out "
+	   "(forged, or written without the key): misses, never served.", auth_failures),
+	G4("kvcached_g4_oversize_total", "counter",
+	   "G4 values longer than a block of their pool can be: refused after one byte more, "
+	   "misses.", oversize),
 	G4("kvcached_g4_read_bytes_total", "counter", "Bytes of values read from G4.", bytes_in),
 	G4("kvcached_g4_written_bytes_total", "counter", "Bytes of values written to G4.",
 	   bytes_out),

@@ -69,6 +69,12 @@ struct kv_tiers_config {
 		char ns[64], user[64], password_file[256];
 	} remote_users[64];
 	unsigned nremote_users;
+	/* [namespace X] remote_key_file: the namespaces whose G4 values carry
+	 * an HMAC-SHA-256 tag (g4mac.h; read at start). */
+	struct kv_remote_key {
+		char ns[64], key_file[256];
+	} remote_keys[64];
+	unsigned nremote_keys;
 };
 
 /* A parked request: wake() runs it again. */
@@ -111,6 +117,8 @@ struct kv_g4_stats {
 	uint64_t hits, misses;     /* blocks found, and the first not found of a fetch */
 	uint64_t errors;           /* blocks the cluster did not answer for (down, slow) */
 	uint64_t checksum_failures;/* values that did not check out: misses */
+	uint64_t auth_failures;    /* values whose HMAC tag did not check out: misses */
+	uint64_t oversize;         /* values longer than a block can be: refused, misses */
 	uint64_t bytes_in, bytes_out;
 	uint64_t writes, write_errors;
 	uint64_t dropped;          /* blocks not written: remote_max_inflight was full */

@@ -144,6 +144,7 @@ struct tblock {
 	uint8_t g4_ok;             /* in G4 (written, or fetched from there) */
 	uint8_t g4_want;           /* its write-back copies it for G4 (g4_buf) */
 	uint8_t *g4_buf;           /* header and payload for G4, made by that job */
+	const uint8_t *g4_key;     /* its namespace's HMAC key (g4mac.h); NULL: none */
 };
 
 enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
