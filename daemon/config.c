@@ -88,6 +88,13 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  0, UINT32_MAX, "0",
 	  "segment fds sent to all clients and not read yet past which a request that needs more "
 	  "is refused (EAGAIN); 0: as many as RLIMIT_NOFILE leaves", NULL },
+	{ "max_memory_per_uid", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_memory_per_uid), KV_CFG_RELOAD, 0,
+	  0, "256MiB", "input and output buffers all connections of one uid may hold; past it "
+	  "that uid's newest connection is closed (0: no bound)", NULL },
+	{ "max_connection_memory", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_connection_memory),
+	  KV_CFG_RELOAD, 0, 0, "1GiB", "input and output buffers all connections may hold; past it "
+	  "the newest connection of the uid whose connection grows is closed (0: no bound)",
+	  NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",

@@ -97,6 +97,8 @@ struct kv_config {
 	uint32_t max_output_bytes;    /* unsent replies past which a connection's input waits */
 	uint32_t max_fds_per_conn;    /* segment fds out to one connection past which it waits */
 	uint32_t max_fds_in_flight;   /* all connections together (0: from RLIMIT_NOFILE) */
+	uint64_t max_memory_per_uid;  /* connection buffers of one uid (budget.h); 0 none */
+	uint64_t max_connection_memory; /* of all connections together; 0 none */
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;

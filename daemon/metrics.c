@@ -472,6 +472,13 @@ static const struct fam fams[] = {
 	  offsetof(struct kv_queue_stats, paused) },
 	{ "kvcached_output_queued_bytes", "gauge", "Reply bytes queued to clients, not sent yet.",
 	  F_ONE, one_queue, offsetof(struct kv_queue_stats, out_bytes) },
+	{ "kvcached_connection_buffer_bytes", "gauge",
+	  "Input and output buffers the connections hold (max_memory_per_uid, "
+	  "max_connection_memory).", F_ONE, one_queue, offsetof(struct kv_queue_stats, conn_bytes) },
+	{ "kvcached_connection_memory_closes_total", "counter",
+	  "Connections closed because their uid's buffers, or all connections', were over "
+	  "max_memory_per_uid or max_connection_memory.", F_ONE, one_queue,
+	  offsetof(struct kv_queue_stats, budget_closed) },
 	{ "kvcached_segment_fds_in_flight", "gauge",
 	  "Segment fds passed to clients and not read by them yet (max_fds_in_flight).", F_ONE,
 	  one_queue, (size_t)~0 },

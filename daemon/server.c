@@ -96,6 +96,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	s->d.worker_name = worker_name;
 	s->d.refresh_fds = kv_conns_refresh_fds;
 	s->d.queue_stats = kv_conns_queue_stats;
+	s->d.conns = &s->conns;   /* kv_daemon_init() cleared what kv_conns_init() set */
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,
 				  cfg->socket_group)) < 0 ||
