@@ -260,31 +260,80 @@ int kvc_hash_chain(enum kvc_hash_algo algo, const uint32_t *tokens, size_t ntoke
  * "sha256_cbor" (vllm/v1/core/kv_cache_utils.py hash_block_tokens,
  * vllm/utils/hashing.py sha256_cbor), so that KV events (docs/events.md) name
  * blocks as a vLLM engine's would and a router that indexes vLLM engines
- * understands kvcached's workers too:
+ * understands kvcached's workers too. Checked against vLLM 0.33.0's own code
+ * (tests/test_vllm_interop.py):
  *   h_i = SHA-256(canonical CBOR of [h_{i-1}, [token_0, ...], extra_keys])
- *   h_{-1} = NONE_HASH = SHA-256(canonical CBOR of the text PYTHONHASHSEED)
- *   extra_keys = null, or [lora_name?, cache_salt? (first block only)]
- * vLLM draws NONE_HASH at random per process unless PYTHONHASHSEED is set:
- * hashes agree with a vLLM engine only when it runs with the same
- * PYTHONHASHSEED. Not covered: multimodal and prompt-embeds keys. These
- * hashes are SHA-256, as collision-resistant as KVC_HASH_SHA256; pass them to
- * kvc_seal()/kvc_lookup() like any other. Strings are UTF-8. */
+ *   h_{-1} = NONE_HASH = SHA-256(canonical CBOR of the text seed)
+ *   extra_keys = null, or an array of tagged keys, in vLLM's order:
+ *     ["lora", lora_name, lora_path]
+ *     ["mm", identifier, item offset - block start] per multimodal item
+ *         the block overlaps
+ *     ["cache_salt", salt]                    first block only
+ *     ["prompt_embeds", SHA-256 of the block's embeddings]
+ * The seed: vLLM >= 0.29 uses PYTHONHASHSEED when it is set, else the fixed
+ * text "vllm-none-hash" (KVC_VLLM_DEFAULT_SEED; what a NULL seed means here);
+ * vLLM <= 0.28 drew it at random per process unless PYTHONHASHSEED was set.
+ * These hashes are SHA-256, as collision-resistant as KVC_HASH_SHA256; pass
+ * them to kvc_seal()/kvc_lookup() like any other. Strings are UTF-8. */
+#define KVC_VLLM_DEFAULT_SEED "vllm-none-hash"
+
+/* One multimodal item of the request (vLLM's mm_feature): its identifier
+ * and where its placeholder tokens are (mm_position). */
+struct kvc_vllm_mm {
+	const char *identifier;
+	uint64_t offset;              /* its first token in the sequence */
+	uint64_t length;              /* its number of tokens */
+};
+
+/* What vLLM >= 0.31 hashes besides the tokens; all may be NULL/0. The
+ * pointers are read during the call only. */
+struct kvc_vllm_extra {
+	const char *lora_name;        /* the LoRA adapter's name, NULL = none */
+	const char *lora_path;        /* its path; required with lora_name */
+	const char *cache_salt;       /* NULL or "" = none; first block only */
+	const struct kvc_vllm_mm *mm; /* sorted by offset, as vLLM keeps them */
+	size_t nmm;
+	/* Per block, the SHA-256 of its prompt embeddings (vLLM hashes the
+	 * tensor's bytes); NULL = the request has none. */
+	const kvc_hash *prompt_embeds;
+	size_t nprompt_embeds;
+};
+
+/* NONE_HASH for a seed: PYTHONHASHSEED's value, or NULL for vLLM's default
+ * (KVC_VLLM_DEFAULT_SEED). Returns 0, -EINVAL or -ENOMEM. */
+int kvc_hash_vllm_seed(const char *pythonhashseed, kvc_hash *out);
+
+/* One block, tokens [start, start + ntokens) of the request: parent is the
+ * previous block's hash, or NONE_HASH for the first (start 0, the block that
+ * carries the cache salt). With prompt_embeds, start is a multiple of
+ * ntokens and the block's digest is prompt_embeds[start / ntokens]. extra
+ * may be NULL. Returns 0, -EINVAL or -ENOMEM. */
+int kvc_hash_vllm_block_extra(const kvc_hash *parent, const uint32_t *tokens, size_t ntokens,
+			      size_t start, const struct kvc_vllm_extra *extra, kvc_hash *out);
+
+/* The full blocks of a token sequence as a chain, as kvc_hash_chain() does
+ * (pythonhashseed as for kvc_hash_vllm_seed): writes at most max hashes and
+ * returns how many, or -EINVAL (also: fewer prompt_embeds digests than
+ * blocks) or -ENOMEM. */
+int kvc_hash_vllm_chain_extra(const char *pythonhashseed, const uint32_t *tokens,
+			      size_t ntokens, uint32_t block_tokens,
+			      const struct kvc_vllm_extra *extra, kvc_hash *out, size_t max);
+
+/* Compatibility with vLLM 0.30 and earlier, which hashed the extra keys
+ * untagged: extra_keys = null, or [lora_name?, cache_salt? (first block
+ * only)]. Without keys (keys NULL) the hashes are the same as the _extra
+ * functions'. A NULL seed is KVC_VLLM_DEFAULT_SEED, as above. */
 struct kvc_vllm_keys {
 	const char *lora_name;    /* the LoRA adapter's name, NULL = none */
 	const char *cache_salt;   /* NULL or "" = none; hashed into the first block */
 };
 
-/* NONE_HASH for a PYTHONHASHSEED value. Returns 0, -EINVAL or -ENOMEM. */
-int kvc_hash_vllm_seed(const char *pythonhashseed, kvc_hash *out);
-
-/* One block: parent is the previous block's hash, or NONE_HASH for the
- * first; first says whether this is the first block (the one that carries the
- * cache salt). keys may be NULL. Returns 0, -EINVAL or -ENOMEM. */
+/* One block; first says whether it carries the cache salt. keys may be
+ * NULL. Returns 0, -EINVAL or -ENOMEM. */
 int kvc_hash_vllm_block(const kvc_hash *parent, const uint32_t *tokens, size_t ntokens,
 			const struct kvc_vllm_keys *keys, int first, kvc_hash *out);
 
-/* The full blocks of a token sequence as a chain, as kvc_hash_chain() does:
- * writes at most max hashes and returns how many, or -EINVAL/-ENOMEM. */
+/* A chain, as kvc_hash_vllm_chain_extra(). */
 int kvc_hash_vllm_chain(const char *pythonhashseed, const uint32_t *tokens, size_t ntokens,
 			uint32_t block_tokens, const struct kvc_vllm_keys *keys, kvc_hash *out,
 			size_t max);

@@ -207,6 +207,9 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "events_hash_format", 0, KV_CFG_CHOICE, KV_CFG_FIELD(events_hash_format), 0, 0, 0,
 	  "bytes", "block hashes in events: bytes (all 32) or int (the last 8, big endian, as "
 	  "vLLM's default)", "bytes|int" },
+	{ "events_dp_rank", 0, KV_CFG_UINT, KV_CFG_FIELD(events_dp_rank), 0, 0, 1u << 16, "0",
+	  "data_parallel_rank of every event batch (vLLM's KVEventBatch), the engine rank whose "
+	  "blocks this daemon announces", NULL },
 	{ "node_name", 0, KV_CFG_STRING, KV_CFG_FIELD(node_name), 0, 0, 0, "",
 	  "this node in event topics kv@NODE@MODEL (default: the host name)", NULL },
 };

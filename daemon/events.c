@@ -1,6 +1,6 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 900 lines, on purpose: the encoder, the batches, the
+ * One file of about 960 lines, on purpose: the encoder, the batches, the
  * publisher and the replay server all work on struct kv_events's private
  * state (the pending event, the per-topic batches, the replay ring), which no
  * other module may see; a split would need an internal header exposing all of
@@ -77,9 +77,10 @@ void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 #include "loop.h"
 #include "pool.h"
 
-/* Room left in front of a batch's events for its header: fixarray(2),
- * float64 ts, array32 count. */
+/* Room left in front of a batch's events for its header: fixarray(3),
+ * float64 ts, array32 count. data_parallel_rank goes after the events. */
 #define HDR_ROOM 15
+#define RANK_MAX 9  /* a uint64 */
 /* Hashes one pending event holds before it is written out. */
 #define PEND_MAX 256
 #define MAX_TOPICS 1024
@@ -118,6 +119,7 @@ struct kv_events {
 	uint64_t pending_since;   /* CLOCK_MONOTONIC ns of the oldest unsent event; 0: none */
 	int rfd;
 	int int_hashes;       /* events_hash_format = int */
+	uint32_t dp_rank;     /* events_dp_rank */
 	char node[256];           /* node_name, else the host name */
 	struct topic *topics;
 	uint32_t ntopics;
@@ -204,24 +206,38 @@ static void send_batch(struct kv_events *ev, uint32_t t);
 /* msgpack by hand for the hot path: the events' constant parts are byte
  * strings (their keys and tags), written with one memcpy each; the variable
  * parts (array headers, hashes, token ids) straight into the batch buffer,
- * whose room is reserved once per event. Same bytes msgpack-c would write,
- * except that integer hashes always take the 9-byte uint64 form. */
+ * whose room is reserved once per event.
+ *
+ * Why not msgpack-c for all of it: the bytes must be the ones vLLM's
+ * publisher writes (msgspec's encoder: every integer in its shortest form,
+ * floats as float64, str/bin/array/map headers in their shortest form, a
+ * struct's fields in declaration order), and msgpack-c has no say over key
+ * order or which optional fields appear: the structure is ours either way.
+ * What msgpack-c would add is the headers, which put_u64()/put_array() write
+ * in the same shortest forms; msgpack-c still writes the cold parts (the
+ * batch header, AllBlocksCleared). tests/test_vllm_interop.py checks every
+ * payload of a real daemon byte for byte against vLLM 0.33's own msgspec
+ * encoding of what vLLM's decoder read from it. */
 #define LIT(s) s, sizeof(s) - 1
+/* msgspec sizes a struct's map header for the most fields it could write
+ * (the tag and every field): BlockStored's 16 take a map16 header even for
+ * the 8 written; BlockRemoved's 7 and AllBlocksCleared's 1 a fixmap. */
 static const char stored_head[] =
-	"\x88\xa4type\xab" "BlockStored\xac" "block_hashes";
+	"\xde\x00\x08\xa4type\xab" "BlockStored\xac" "block_hashes";
 static const char parent_key[] = "\xb1parent_block_hash";
 static const char tokens_key[] = "\xa9token_ids";
 static const char size_key[] = "\xaa" "block_size";
 static const char removed_head[] =
 	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
-/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. */
+/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. The media
+ * are vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE (kv_events.py). */
 static const char *const stored_tail[KV_MEDIUMS] = {
 	"\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0",
 	"\xa7lora_id\xc0\xa6medium\xa3" "CPU\xa9lora_name\xc0",
-	"\xa7lora_id\xc0\xa6medium\xa4" "DISK\xa9lora_name\xc0",
+	"\xa7lora_id\xc0\xa6medium\xa7" "STORAGE\xa9lora_name\xc0",
 };
 static const char *const removed_tail[KV_MEDIUMS] = {
-	"\xa6medium\xa3GPU", "\xa6medium\xa3" "CPU", "\xa6medium\xa4" "DISK",
+	"\xa6medium\xa3GPU", "\xa6medium\xa3" "CPU", "\xa6medium\xa7" "STORAGE",
 };
 
 static char *put(char *w, const void *p, size_t n)
@@ -230,8 +246,17 @@ static char *put(char *w, const void *p, size_t n)
 	return w + n;
 }
 
-static char *put_u32(char *w, uint32_t v)
+/* An unsigned integer in its shortest form, as msgspec writes a Python int. */
+static char *put_u64(char *w, uint64_t v)
 {
+	int i;
+
+	if (v >> 32) {
+		*w++ = (char)0xcf;
+		for (i = 56; i >= 0; i -= 8)
+			*w++ = (char)(v >> i);
+		return w;
+	}
 	if (v < 0x80) {
 		*w++ = (char)v;
 	} else if (v < 0x100) {
@@ -249,6 +274,11 @@ static char *put_u32(char *w, uint32_t v)
 		*w++ = (char)v;
 	}
 	return w;
+}
+
+static char *put_u32(char *w, uint32_t v)
+{
+	return put_u64(w, v);
 }
 
 static char *put_array(char *w, uint32_t n)
@@ -269,15 +299,20 @@ static char *put_array(char *w, uint32_t n)
 	return w;
 }
 
-#define HASH_MAX 34  /* bin8 header + 32 bytes; an int hash takes 9 */
+#define HASH_MAX 34  /* bin8 header + 32 bytes; an int hash takes at most 9 */
 
 static char *put_hash(const struct kv_events *ev, char *w, const uint8_t *h)
 {
 	if (ev->int_hashes) {
-		/* vLLM's int form: the digest's last 8 bytes, big endian
-		 * (docs/events.md). */
-		*w++ = (char)0xcf;
-		return put(w, h + KV_HASH_BYTES - 8, 8);
+		/* vLLM's int form (maybe_convert_block_hash): the digest's
+		 * last 8 bytes, big endian, a Python int msgspec writes in its
+		 * shortest form. */
+		uint64_t v = 0;
+		int i;
+
+		for (i = KV_HASH_BYTES - 8; i < KV_HASH_BYTES; i++)
+			v = v << 8 | h[i];
+		return put_u64(w, v);
 	}
 	*w++ = (char)0xc4;
 	*w++ = KV_HASH_BYTES;
@@ -302,9 +337,10 @@ static void pend_write(struct kv_events *ev)
 	w = tp->batch.p + tp->batch.len;
 	if (ev->pk == PEND_STORED) {
 		/* vLLM's BlockStored as a tagged map (tag field "type"), its
-		 * fields in declaration order; those with a default of None
-		 * (extra_keys, group_idx, ...) are omitted as msgspec's
-		 * omit_defaults does. */
+		 * fields in declaration order; those without a default
+		 * (lora_id, medium, lora_name) always, nil when unknown; those
+		 * with a default of None (extra_keys, group_idx, ...) omitted,
+		 * as msgspec's omit_defaults does. */
 		w = put(w, LIT(stored_head));
 		w = put_array(w, ev->nph);
 		for (i = 0; i < ev->nph; i++)
@@ -418,6 +454,7 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 {
 	struct topic *tp = &ev->topics[t];
 	unsigned char hdr[HDR_ROOM], seq[8];
+	char *w;
 	struct buf h = { (char *)hdr, 0, sizeof(hdr) };
 	struct timespec now;
 	msgpack_packer pk;
@@ -429,13 +466,24 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 		tp->batch.len = 0;
 		return;
 	}
+	if (buf_room(&tp->batch, RANK_MAX) < 0) {
+		/* No room for the rank: the batch cannot be sent right. */
+		ev->st.dropped++;
+		tp->seq++;
+		tp->nevents = 0;
+		tp->batch.len = 0;
+		return;
+	}
 	clock_gettime(CLOCK_REALTIME, &now);
 	msgpack_packer_init(&pk, &h, buf_write);
-	/* EventBatch is array_like: [ts, events] (data_parallel_rank, None,
-	 * omitted). */
-	msgpack_pack_array(&pk, 2);
+	/* EventBatch is array_like: [ts, events, data_parallel_rank]; vLLM's
+	 * publisher sets the rank (its default None would be omitted) before
+	 * encoding, so a batch always has three elements. */
+	msgpack_pack_array(&pk, 3);
 	msgpack_pack_double(&pk, (double)now.tv_sec + now.tv_nsec / 1e9);
 	msgpack_pack_array(&pk, tp->nevents);
+	w = put_u64(tp->batch.p + tp->batch.len, ev->dp_rank);
+	tp->batch.len = (size_t)(w - tp->batch.p);
 	p = tp->batch.p + HDR_ROOM - h.len;
 	memcpy(p, hdr, h.len);
 	len = tp->batch.len - (HDR_ROOM - h.len);
@@ -657,16 +705,20 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 			ev->st.replay_truncated++;
 			return;
 		}
+		/* vLLM >= 0.26: [identity, "", topic, seq, payload]. */
 		zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+		zmq_send(ev->router, ev->topics[r->topic].name, ev->topics[r->topic].namelen,
+			 ZMQ_DONTWAIT | ZMQ_SNDMORE);
 		zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 		zmq_send(ev->router, r->p, r->len, ZMQ_DONTWAIT);
 	}
-	/* The end: seq -1, an empty payload. */
+	/* The end, vLLM's END_SEQ: an empty topic, seq -1, an empty payload. */
 	memset(seq, 0xff, sizeof(seq));
 	if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
 		ev->st.replay_truncated++;
 		return;
 	}
+	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT);
@@ -794,6 +846,7 @@ int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct k
 		snprintf(ev->node, sizeof(ev->node), "localhost");
 	/* A host name has no '@' (node_name is checked by the configuration). */
 	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
+	ev->dp_rank = cfg->events_dp_rank;
 	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
 	ev->dirty = calloc(MAX_TOPICS, sizeof(*ev->dirty));
 	ev->zctx = zmq_ctx_new();

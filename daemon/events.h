@@ -9,9 +9,10 @@
  * BlockStored, consecutive removals into one BlockRemoved) and queued per
  * topic; kv_events_flush(), called once per loop iteration, sends each
  * topic's queue, once its oldest event is events_interval old (a timer on the
- * loop makes sure of it; 0: every iteration), as one message [topic, seq (8 bytes, big endian), msgpack
- * [ts, [events...]]] with a sequence number of its own per topic, and keeps it
- * for replay.
+ * loop makes sure of it; 0: every iteration), as one message [topic, seq (8
+ * bytes, big endian), msgpack [ts, [events...], data_parallel_rank]] (vLLM's
+ * KVEventBatch as its publisher encodes it) with a sequence number of its own
+ * per topic, and keeps it for replay.
  *
  * Threads: everything runs on the loop thread, which owns the ZeroMQ sockets
  * (they are not thread-safe). Nothing here blocks: sends are ZMQ_DONTWAIT; a
@@ -37,7 +38,8 @@ struct kv_config;
 struct kv_loop;
 struct kv_events;
 
-/* Media, as the tiers number them (KVCACHED__TIER__TIER_G1 ...). */
+/* Media, as the tiers number them (KVCACHED__TIER__TIER_G1 ...); published
+ * as vLLM's "GPU", "CPU", "STORAGE". */
 enum { KV_MEDIUM_G1, KV_MEDIUM_G2, KV_MEDIUM_G3, KV_MEDIUMS };
 
 #define KV_EVENTS_BATCH_BYTES (64u * 1024)

@@ -104,6 +104,7 @@ ALL = {
     "events_interval": "2ms",
     "events_token_ids": "yes",
     "events_hash_format": "int",
+    "events_dp_rank": "3",
     "node_name": "node-1",
 }
 defaults = printed("--config=")

@@ -30,7 +30,7 @@ try:
 except ImportError as e:
     kvt.skip("python3-zmq and python3-msgpack are needed: %s" % e)
 
-MEDIUM = {"G1": "GPU", "G2": "CPU", "G3": "DISK"}
+MEDIUM = {"G1": "GPU", "G2": "CPU", "G3": "STORAGE"}
 END = 2**64 - 1
 
 
@@ -56,8 +56,11 @@ class Subscriber:
     def apply(self, topic, seq, payload):
         if seq < self.next.get(topic, 0):
             return
-        ts, events = msgpack.unpackb(payload)[:2]
+        batch = msgpack.unpackb(payload)
+        kvt.check(len(batch) == 3, "batch of %d elements, not [ts, events, rank]" % len(batch))
+        ts, events, rank = batch
         kvt.check(isinstance(ts, float), "batch timestamp %r is not a float" % (ts,))
+        kvt.check(rank == 0, "data_parallel_rank %r, not the default 0" % (rank,))
         for ev in events:
             kvt.check(isinstance(ev, dict) and "type" in ev, "event %r is not a tagged map" % ev)
             t = ev["type"]
@@ -86,9 +89,8 @@ class Subscriber:
         self.batches += 1
 
     def replay(self, start, topic=None):
-        """vLLM's replay: [b"", seq] to the ROUTER, [b"", seq, payload] back
-        until seq -1. The reply carries no topic: ask per topic when there
-        are several (the test has one model, so one topic)."""
+        """vLLM >= 0.26's replay: [b"", seq] to the ROUTER, [b"", topic, seq,
+        payload] back until [b"", b"", seq -1, b""]."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.RCVTIMEO, 20000)
         s.connect(self.replay_ep)
@@ -96,20 +98,15 @@ class Subscriber:
         self.replays += 1
         while True:
             fr = s.recv_multipart()
-            kvt.check(len(fr) == 3 and fr[0] == b"" and len(fr[1]) == 8,
-                      "bad replay frame %r" % fr[:2])
-            seq = int.from_bytes(fr[1], "big")
+            kvt.check(len(fr) == 4 and fr[0] == b"" and len(fr[2]) == 8,
+                      "bad replay frame %r" % fr[:3])
+            seq = int.from_bytes(fr[2], "big")
             if seq == END:
-                kvt.check(fr[2] == b"", "end marker with a payload")
+                kvt.check(fr[1] == b"" and fr[3] == b"", "end marker with a topic or payload")
                 break
-            t = topic.decode() if topic else self.only_topic()
-            if t is not None:
-                self.apply(t, seq, fr[2])
+            kvt.check(not topic or fr[1] == topic, "replay of another topic %r" % fr[1])
+            self.apply(fr[1].decode(), seq, fr[3])
         s.close(linger=0)
-
-    def only_topic(self):
-        """The topic of a replay without one: the test's one model."""
-        return TOPIC
 
     def poll(self, timeout_ms):
         """Applies what has arrived; returns the number of messages."""
@@ -228,7 +225,7 @@ def main():
                               sorted(got - want[0])[:4], len(want[0] - got),
                               sorted(want[0] - got)[:4]), daemon.log)
     media = {m for (h, m) in want[0]}
-    kvt.check(media >= {"GPU", "CPU", "DISK"},
+    kvt.check(media >= {"GPU", "CPU", "STORAGE"},
               "the workload should leave blocks in every medium: %s" % media, daemon.log)
     kvt.check({"BlockStored", "BlockRemoved", "AllBlocksCleared"} <= sub.types,
               "event types seen: %s" % sub.types)

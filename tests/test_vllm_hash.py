@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""vLLM-compatible block hashes: kvc_hash_vllm_seed/block/chain (through
-tests/vllm_hash) against a reference written here from vLLM's definition
-with cbor2 and hashlib:
+"""vLLM-compatible block hashes, the compatibility form with vLLM <= 0.30's
+untagged extra keys: kvc_hash_vllm_seed/block/chain (through tests/vllm_hash)
+against a reference written here from that vLLM's definition with cbor2 and
+hashlib (vLLM 0.31 and later, the default: tests/test_vllm_interop_hash.py,
+against vLLM's own code):
 
   vllm/utils/hashing.py           sha256_cbor(x) = sha256(cbor2.dumps(x, canonical=True))
   vllm/v1/core/kv_cache_utils.py  init_none_hash: NONE_HASH = sha256_cbor(PYTHONHASHSEED)

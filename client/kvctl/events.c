@@ -284,9 +284,9 @@ static void close_parts(zmq_msg_t *fr, int k, int n)
 	}
 }
 
-/* Replays the batches from a->from on (vLLM's protocol: [b"", seq] to a
- * ROUTER; [b"", seq, payload] back until seq -1). Returns the last seq seen
- * + 1, or from on error. */
+/* Replays the batches from a->from on (vLLM >= 0.26's protocol: [b"", seq]
+ * to a ROUTER; [b"", topic, seq, payload] back until seq -1). Returns the
+ * last seq seen + 1, or from on error. */
 static uint64_t replay(void *ctx, const struct args *a, const char *topic)
 {
 	void *s = zmq_socket(ctx, ZMQ_DEALER);
@@ -310,26 +310,29 @@ static uint64_t replay(void *ctx, const struct args *a, const char *topic)
 	if (a->topic_filter)
 		zmq_send(s, a->topic_filter, strlen(a->topic_filter), 0);
 	while (!stop) {
-		zmq_msg_t fr[3];
-		int k = recv_parts(s, fr, 3);
+		zmq_msg_t fr[4];
+		char tn[330];
+		int k = recv_parts(s, fr, 4);
 		uint64_t sq;
 
 		if (k < 0) {
 			fprintf(stderr, "kvctl: events: replay: %s\n", zmq_strerror(zmq_errno()));
 			break;
 		}
-		if (k != 3 || zmq_msg_size(&fr[1]) != 8) {
-			close_parts(fr, k, 3);
+		if (k != 4 || zmq_msg_size(&fr[2]) != 8) {
+			close_parts(fr, k, 4);
 			continue;
 		}
-		sq = be64(zmq_msg_data(&fr[1]));
+		sq = be64(zmq_msg_data(&fr[2]));
 		if (sq == UINT64_MAX) {
-			close_parts(fr, k, 3);
+			close_parts(fr, k, 4);
 			break;
 		}
-		print_batch(a, sq, topic, zmq_msg_data(&fr[2]), zmq_msg_size(&fr[2]));
+		snprintf(tn, sizeof(tn), "%.*s", (int)zmq_msg_size(&fr[1]),
+			 (const char *)zmq_msg_data(&fr[1]));
+		print_batch(a, sq, tn[0] ? tn : topic, zmq_msg_data(&fr[3]), zmq_msg_size(&fr[3]));
 		next = sq + 1;
-		close_parts(fr, k, 3);
+		close_parts(fr, k, 4);
 	}
 	zmq_close(s);
 	return next;

@@ -129,7 +129,7 @@ static const struct command commands[] = {
 	  "Subscribes to the KV events kvcached publishes (docs/events.md) and prints\n"
 	  "one line per event: the batch's sequence number and time, the topic\n"
 	  "(kv@NODE@MODEL), the type (BlockStored, BlockRemoved, AllBlocksCleared), the\n"
-	  "medium (GPU, CPU, DISK), the block hashes (the first 6 bytes of the first\n"
+	  "medium (GPU, CPU, STORAGE), the block hashes (the first 6 bytes of the first\n"
 	  "four), the parent hash and the number of token ids. With -o json, one\n"
 	  "compact JSON object per event and line, hashes in full. Talks to the\n"
 	  "endpoints, not to the admin socket; Ctrl-C stops it.\n\n"

@@ -34,6 +34,18 @@ class VllmKeys(ctypes.Structure):
     _fields_ = [("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p)]
 
 
+class VllmMm(ctypes.Structure):
+    _fields_ = [("identifier", ctypes.c_char_p), ("offset", ctypes.c_uint64),
+                ("length", ctypes.c_uint64)]
+
+
+class VllmExtra(ctypes.Structure):
+    _fields_ = [("lora_name", ctypes.c_char_p), ("lora_path", ctypes.c_char_p),
+                ("cache_salt", ctypes.c_char_p), ("mm", ctypes.POINTER(VllmMm)),
+                ("nmm", ctypes.c_size_t), ("prompt_embeds", ctypes.POINTER(Hash)),
+                ("nprompt_embeds", ctypes.c_size_t)]
+
+
 def _load() -> ctypes.CDLL:
     """$KVCACHE_LIB, else the library meson built or installed with this
     package (_paths.py), else the loader's search path."""
@@ -86,6 +98,10 @@ for name, res, args in [
                                        _P(Hash)]),
     ("kvc_hash_vllm_chain", _c.c_int, [_c.c_char_p, _u32p, _c.c_size_t, _c.c_uint32,
                                        _P(VllmKeys), _P(Hash), _c.c_size_t]),
+    ("kvc_hash_vllm_block_extra", _c.c_int, [_P(Hash), _u32p, _c.c_size_t, _c.c_size_t,
+                                             _P(VllmExtra), _P(Hash)]),
+    ("kvc_hash_vllm_chain_extra", _c.c_int, [_c.c_char_p, _u32p, _c.c_size_t, _c.c_uint32,
+                                             _P(VllmExtra), _P(Hash), _c.c_size_t]),
 ]:
     f = getattr(lib, name)
     f.restype = res
