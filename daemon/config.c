@@ -198,6 +198,14 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "events_hwm", 0, KV_CFG_UINT, KV_CFG_FIELD(events_hwm), 0, 1, 1u << 24, "10000",
 	  "batches queued for one subscriber past which it misses batches (counted as dropped)",
 	  NULL },
+	{ "events_subscriber_max_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(events_subscriber_max_bytes), 0,
+	  1048576, 0, "64MiB", "a subscriber's queue holds no more batches than this many bytes of "
+	  "full ones (64 KiB each; at least 16, at most events_hwm); past it it misses batches "
+	  "(counted as dropped)", NULL },
+	{ "events_replay_max_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(events_replay_max_bytes), 0,
+	  65536, 0, "64MiB", "bytes of replayed batches queued for all replay peers at once (each "
+	  "peer one replay at a time); past it a replay gets the end marker alone (counted)",
+	  NULL },
 	{ "events_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(events_interval_ms), 0, 0, 1000,
 	  "1ms", "events are sent at most this long after they happen, in one batch per topic "
 	  "(0: at the end of each loop iteration)", NULL },

@@ -116,6 +116,8 @@ struct kv_config {
 	int events_connect;
 	uint32_t events_buffer;
 	uint32_t events_hwm;
+	uint64_t events_subscriber_max_bytes; /* a subscriber's queue, in full batches */
+	uint64_t events_replay_max_bytes;     /* replay messages in flight, all peers */
 	uint64_t events_interval_ms;
 	int events_token_ids;
 	char events_hash_format[8];

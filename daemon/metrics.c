@@ -512,6 +512,12 @@ static const struct fam fams[] = {
 	       "Replays cut short: the requester's queue was full.", replay_truncated),
 	EVENTS("kvcached_events_replay_bad_total", "counter", "Malformed replay requests ignored.",
 	       replay_bad),
+	EVENTS("kvcached_events_replay_refused_total", "counter",
+	       "Replays refused (the end marker alone): the peer's last replay was still queued, or "
+	       "events_replay_max_bytes were in flight.", replay_refused),
+	EVENTS("kvcached_events_replay_inflight_bytes", "gauge",
+	       "Bytes of replayed batches queued for replay peers (shared with the ring, not "
+	       "copied).", replay_inflight_bytes),
 	EVENTS("kvcached_events_buffered_batches", "gauge", "Batches held for replay.", buffered),
 	EVENTS("kvcached_events_buffered_bytes", "gauge", "Bytes of those batches.", buffered_bytes),
 };
