@@ -496,13 +496,32 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 
 /* ---- reads -------------------------------------------------------------- */
 
+int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const void *data,
+		      size_t len)
+{
+	size_t body = sizeof(struct slot_hdr) + want->payload_len,
+	       vlen = body + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
+	struct slot_hdr h, w = *want;
+
+	if (len > vlen)
+		return G4_VALUE_OVERSIZE;
+	if (len != vlen)
+		return G4_VALUE_BAD;
+	memcpy(&h, data, sizeof(h));
+	slot_hdr_seal(&w, kv_crc32c(0, (const uint8_t *)data + sizeof(h), w.payload_len));
+	if (memcmp(&h, &w, sizeof(h)))
+		return G4_VALUE_BAD;
+	if (mac_key && !kv_g4mac_check(mac_key, data, body, (const uint8_t *)data + body))
+		return G4_VALUE_BAD_TAG;
+	return G4_VALUE_GOOD;
+}
+
 /* The read thread: the values, and which of them check out. */
 static void fetch_run(struct kv_job *j)
 {
 	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
 	struct kv_rc *rc = f->t->g4->cl[f->cl].rd;
 	struct kv_rc_limits lim;
-	size_t body = f->vlen - (f->mac_key ? KV_G4MAC_TAG_BYTES : 0);
 	uint32_t i;
 
 	/* At most one byte more than a value of this pool: a longer one is
@@ -518,7 +537,8 @@ static void fetch_run(struct kv_job *j)
 	kv_rc_stats(rc, &f->rc);
 	for (i = 0; i < f->n; i++) {
 		struct kv_rc_val *v = &f->vals[i];
-		struct slot_hdr h, want = f->want;
+		struct slot_hdr want = f->want;
+		int c;
 
 		if (v->status != KV_RC_HIT) {
 			f->errors += v->status == KV_RC_ERROR;
@@ -526,24 +546,11 @@ static void fetch_run(struct kv_job *j)
 			break;
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-		if (v->len > f->vlen) {
-			f->oversize++;
-			break;
-		}
-		if (v->len != f->vlen) {
-			f->bad_sum++;
-			break;
-		}
-		memcpy(&h, v->data, sizeof(h));
-		slot_hdr_seal(&want, kv_crc32c(0, (const uint8_t *)v->data + sizeof(h),
-					       want.payload_len));
-		if (memcmp(&h, &want, sizeof(h))) {
-			f->bad_sum++;
-			break;
-		}
-		if (f->mac_key && !kv_g4mac_check(f->mac_key, v->data, body,
-						  (const uint8_t *)v->data + body)) {
-			f->bad_mac++;
+		c = tier_remote_check(&want, f->mac_key, v->data, v->len);
+		if (c != G4_VALUE_GOOD) {
+			f->oversize += c == G4_VALUE_OVERSIZE;
+			f->bad_sum += c == G4_VALUE_BAD;
+			f->bad_mac += c == G4_VALUE_BAD_TAG;
 			break;
 		}
 		f->good++;
