@@ -10,7 +10,7 @@
  * is what a party without the key cannot make.
  *
  * The key file holds the key as 64 hexadecimal digits (a newline may
- * follow): `openssl rand -hex 32 > FILE` or `kvctl g4-keygen FILE`. It must
+ * follow): `openssl rand -hex 32 > FILE` (umask 077 first). It must
  * not be readable by group or others. */
 #ifndef KV_G4MAC_H
 #define KV_G4MAC_H
