@@ -502,15 +502,15 @@ static void on_log(void *cls, const char *fmt, va_list ap)
 }
 
 /* Takes what the loop built: the new shared response; wakes the scrapes
- * that waited for it. */
-static void take_ready(struct kv_http *h)
+ * that waited for it. Returns how many it woke. */
+static int take_ready(struct kv_http *h)
 {
 	struct MHD_Response *r = NULL;
 	struct hconn *hc;
 	char *text;
 	size_t len;
 	uint64_t at;
-	int has;
+	int has, woke = 0;
 
 	pthread_mutex_lock(&h->mu);
 	has = h->has_ready;
@@ -521,7 +521,7 @@ static void take_ready(struct kv_http *h)
 	h->has_ready = 0;
 	pthread_mutex_unlock(&h->mu);
 	if (!has)
-		return;
+		return 0;
 	if (text) {
 		r = MHD_create_response_from_buffer_with_free_callback(len, text, free);
 		if (r)
@@ -539,8 +539,10 @@ static void take_ready(struct kv_http *h)
 		if (hc->suspended && h->gen >= hc->want_gen) {
 			hc->suspended = 0;
 			MHD_resume_connection(hc->conn);
+			woke++;
 		}
 	}
+	return woke;
 }
 
 /* Closes connections past their header deadline; returns the ms until the
@@ -576,7 +578,10 @@ static void *http_main(void *arg)
 		int stop;
 
 		MHD_run(h->mhd);
-		take_ready(h);
+		/* Resumed connections are taken up by the next MHD_run(), at once:
+		 * their wakeup may not show on the epoll fd. */
+		if (take_ready(h))
+			continue;
 		if (MHD_get_timeout(h->mhd, &ms) != MHD_YES || ms > 1000)
 			ms = 1000;
 		wait = sweep(h, ms);
