@@ -43,7 +43,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		return 0;
 	fz_start(dir, 0);
 	fz_d.cfg.metrics_min_interval_ms = 0;
-	fz_d.cfg.metrics_header_timeout_ms = 500;
+	/* A partial request waits for the header deadline (libmicrohttpd does
+	 * not notice the end of input there): short, for speed. */
+	fz_d.cfg.metrics_header_timeout_ms = 20;
 	fz_d.cfg.metrics_max_connections = 8;
 	fz_d.cfg.metrics_max_connections_per_address = 8;
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
