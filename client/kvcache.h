@@ -93,7 +93,8 @@ int kvc_default_socket(char *buf, size_t len);
 
 /* Connects and says Hello. path NULL = kvc_default_socket(). opt may be NULL.
  * On success *out owns the socket and every mapping; free with kvc_close().
- * KVC_EINVAL for a namespace that is not UTF-8. */
+ * KVC_EINVAL for a namespace that is not UTF-8 (or of 64 bytes or more);
+ * KVC_ENOSPC when the daemon has 256 namespaces open and this is another. */
 int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out);
 
 /* Closes the connection and unmaps everything; the daemon releases every

@@ -89,6 +89,13 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  0, UINT32_MAX, "0",
 	  "segment fds sent to all clients and not read yet past which a request that needs more "
 	  "is refused (EAGAIN); 0: as many as RLIMIT_NOFILE leaves", NULL },
+	{ "max_memory_per_uid", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_memory_per_uid), KV_CFG_RELOAD, 0,
+	  0, "256MiB", "input and output buffers all connections of one uid may hold; past it "
+	  "that uid's newest connection is closed (0: no bound)", NULL },
+	{ "max_connection_memory", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_connection_memory),
+	  KV_CFG_RELOAD, 0, 0, "1GiB", "input and output buffers all connections may hold; past it "
+	  "the newest connection of the uid whose connection grows is closed (0: no bound)",
+	  NULL },
 	{ "log_level", 'l', KV_CFG_LOG_LEVEL, KV_CFG_FIELD(log_level), KV_CFG_RELOAD, 0, 0, "info",
 	  "least severe messages logged: err, warn, info or debug", NULL },
 	{ "log_target", 0, KV_CFG_CHOICE, KV_CFG_FIELD(log_target), KV_CFG_RELOAD, 0, 0, "auto",
@@ -162,6 +169,21 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",
 	  "HOST:PORT (or [IPv6]:PORT) where GET /metrics answers over HTTP, e.g. 127.0.0.1:9464 "
 	  "(default: off; a socket named metrics from systemd is used instead)", NULL },
+	{ "metrics_min_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(metrics_min_interval_ms), 0, 0,
+	  60000, "1s", "GET /metrics: the exposition is built at most this often, off the HTTP "
+	  "thread; scrapes in between share the last one (0: one build per scrape burst)", NULL },
+	{ "metrics_header_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(metrics_header_timeout_ms), 0,
+	  100, 60000, "2s", "GET /metrics: an HTTP connection whose request is not whole this long "
+	  "after it was accepted is closed", NULL },
+	{ "metrics_max_connections", 0, KV_CFG_UINT, KV_CFG_FIELD(metrics_max_connections), 0, 1,
+	  4096, "64", "GET /metrics: HTTP connections open at once; past it the oldest one still "
+	  "sending its request is closed for the newcomer", NULL },
+	{ "metrics_max_connections_per_address", 0, KV_CFG_UINT,
+	  KV_CFG_FIELD(metrics_max_connections_per_address), 0, 1, 4096, "16",
+	  "GET /metrics: HTTP connections from one peer address at once (same rule)", NULL },
+	{ "loop_lag_warn", 0, KV_CFG_DURATION, KV_CFG_FIELD(loop_lag_warn_ms), 0, 0, 3600000,
+	  "100ms", "an event loop turn that takes longer is logged, at most one line every 10 s "
+	  "(all turns: kvcached_loop_lag_seconds; 0: never logged)", NULL },
 	/* KV events (events.h, docs/events.md); not reloadable. */
 	{ "events_endpoint", 0, KV_CFG_STRING, KV_CFG_FIELD(events_endpoint), 0, 0, 0, "",
 	  "ZeroMQ endpoint the KV events are published on, e.g. ipc:///run/kvcached/events.sock "
@@ -176,6 +198,14 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "event batches kept for replay", NULL },
 	{ "events_hwm", 0, KV_CFG_UINT, KV_CFG_FIELD(events_hwm), 0, 1, 1u << 24, "10000",
 	  "batches queued for one subscriber past which it misses batches (counted as dropped)",
+	  NULL },
+	{ "events_subscriber_max_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(events_subscriber_max_bytes), 0,
+	  1048576, 0, "64MiB", "a subscriber's queue holds no more batches than this many bytes of "
+	  "full ones (64 KiB each; at least 16, at most events_hwm); past it it misses batches "
+	  "(counted as dropped)", NULL },
+	{ "events_replay_max_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(events_replay_max_bytes), 0,
+	  65536, 0, "64MiB", "bytes of replayed batches queued for all replay peers at once (each "
+	  "peer one replay at a time); past it a replay gets the end marker alone (counted)",
 	  NULL },
 	{ "events_interval", 0, KV_CFG_DURATION, KV_CFG_FIELD(events_interval_ms), 0, 0, 1000,
 	  "1ms", "events are sent at most this long after they happen, in one batch per topic "

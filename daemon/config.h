@@ -52,6 +52,12 @@ struct kv_tiers_config {
 		char ns[64], user[64], password_file[256];
 	} remote_users[64];
 	unsigned nremote_users;
+	/* [namespace X] remote_key_file: the namespaces whose G4 values carry
+	 * an HMAC-SHA-256 tag (g4mac.h; read at start). */
+	struct kv_remote_key {
+		char ns[64], key_file[256];
+	} remote_keys[64];
+	unsigned nremote_keys;
 };
 
 #define KV_CONFIG_PATH "/etc/kvcached/kvcached.conf"
@@ -90,6 +96,7 @@ struct kv_ns_conf {
 	uint64_t quota_g4;            /* quota_g4: bytes per remote_ttl; 0 = none */
 	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
 	char remote_password_file[256];
+	char remote_key_file[256];    /* G4 values' HMAC key (g4mac.h); "" = CRC32C only */
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice
@@ -99,6 +106,11 @@ enum { KV_NS_EVENTS_DEFAULT, KV_NS_EVENTS_OFF, KV_NS_EVENTS_HASHES, KV_NS_EVENTS
 struct kv_config {
 	char socket_path[108];        /* worker socket */
 	char metrics_listen[64];      /* HOST:PORT of GET /metrics (http.h); "" off */
+	uint64_t metrics_min_interval_ms;  /* one exposition built at most this often */
+	uint64_t metrics_header_timeout_ms; /* a request not whole after this is closed */
+	uint32_t metrics_max_connections;
+	uint32_t metrics_max_connections_per_address;
+	uint64_t loop_lag_warn_ms;    /* a loop turn longer than this is logged (0: never) */
 	unsigned socket_mode;
 	char socket_group[64];
 	char admin_socket_path[108];
@@ -118,6 +130,8 @@ struct kv_config {
 	uint32_t max_output_bytes;    /* unsent replies past which a connection's input waits */
 	uint32_t max_fds_per_conn;    /* segment fds out to one connection past which it waits */
 	uint32_t max_fds_in_flight;   /* all connections together (0: from RLIMIT_NOFILE) */
+	uint64_t max_memory_per_uid;  /* connection buffers of one uid (budget.h); 0 none */
+	uint64_t max_connection_memory; /* of all connections together; 0 none */
 	int log_level;
 	char log_target[16];          /* auto, stderr, journal */
 	uint64_t drain_timeout_ms;
@@ -135,6 +149,8 @@ struct kv_config {
 	int events_connect;
 	uint32_t events_buffer;
 	uint32_t events_hwm;
+	uint64_t events_subscriber_max_bytes; /* a subscriber's queue, in full batches */
+	uint64_t events_replay_max_bytes;     /* replay messages in flight, all peers */
 	uint64_t events_interval_ms;
 	int events_token_ids;
 	char events_hash_format[8];

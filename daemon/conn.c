@@ -64,6 +64,13 @@ struct kv_conn {
 	uint64_t partial_ms;
 	uint8_t *out;
 	size_t out_off, out_len, out_cap;
+	/* budget.h: its uid's share, its place in the uid's list (oldest
+	 * first), the bytes charged (in_cap + out_cap), and why a growth was
+	 * refused (the close's reason; "" none). */
+	struct kv_budget_uid *bu;
+	struct kv_list ulink;
+	size_t charged;
+	char budget_why[200];
 };
 
 static void conn_close(struct kv_conn *c, const char *why);
@@ -275,6 +282,60 @@ static void conn_free_if_done(struct kv_conn *c)
 
 /* ---- output ----------------------------------------------------------- */
 
+/* ---- memory per uid (budget.h) ------------------------------------------ */
+
+/* Charges what c's buffers hold now. */
+static void conn_charge(struct kv_conn *c)
+{
+	size_t now = c->in_cap + c->out_cap;
+
+	if (c->bu && now != c->charged) {
+		kv_budget_charge(&c->cs->budget, c->bu, (int64_t)now - (int64_t)c->charged);
+		c->charged = now;
+	}
+}
+
+/* Whether c may grow its buffers by more bytes. Over max_memory_per_uid or
+ * max_connection_memory, the newest connection of c's uid is closed (with
+ * the reason logged) until the growth fits; when c is that newest, c is
+ * refused: -EDQUOT, the reason in c->budget_why, for the caller to close it
+ * with. Never a connection of another uid. */
+static int conn_budget(struct kv_conn *c, size_t more)
+{
+	const struct kv_config *cfg = &c->cs->d->cfg;
+	struct kv_budget *b = &c->cs->budget;
+	int which;
+
+	if (!c->bu)
+		return 0;
+	while (!kv_budget_fits(b, c->bu, more, cfg->max_memory_per_uid,
+			       cfg->max_connection_memory, &which)) {
+		struct kv_conn *newest = kv_container_of(kv_list_back(&c->bu->list), struct kv_conn,
+							 ulink);
+		char why[sizeof(c->budget_why)];
+
+		if (which == 0)
+			snprintf(why, sizeof(why), "uid %u's connections hold %llu bytes of buffers and "
+				 "one more needs %zu: over max_memory_per_uid (%llu); its newest "
+				 "connection closed", (unsigned)c->bu->uid,
+				 (unsigned long long)c->bu->bytes, more,
+				 (unsigned long long)cfg->max_memory_per_uid);
+		else
+			snprintf(why, sizeof(why), "all connections hold %llu bytes of buffers and "
+				 "one of uid %u needs %zu more: over max_connection_memory (%llu); "
+				 "uid %u's newest connection closed", (unsigned long long)b->total,
+				 (unsigned)c->bu->uid, more,
+				 (unsigned long long)cfg->max_connection_memory, (unsigned)c->bu->uid);
+		b->closed++;
+		if (newest == c) {
+			memcpy(c->budget_why, why, sizeof(why));
+			return -EDQUOT;
+		}
+		conn_close(newest, why);
+	}
+	return 0;
+}
+
 /* Room for n more bytes of output. The buffer doubles, but never past what
  * the bound and one reply need. Returns 0 or -ENOMEM. */
 static int out_reserve(struct kv_conn *c, size_t n)
@@ -299,11 +360,14 @@ static int out_reserve(struct kv_conn *c, size_t n)
 		cap = limit;
 	if (cap < need)
 		cap = need;
+	if (conn_budget(c, cap - c->out_cap) < 0)
+		return -EDQUOT;
 	p = realloc(c->out, cap);
 	if (!p)
 		return -ENOMEM;
 	c->out = p;
 	c->out_cap = cap;
+	conn_charge(c);
 	return 0;
 }
 
@@ -350,6 +414,7 @@ static int conn_flush(struct kv_conn *c)
 		free(c->out);
 		c->out = NULL;
 		c->out_cap = 0;
+		conn_charge(c);
 	}
 	return 0;
 }
@@ -504,7 +569,7 @@ static int conn_frames(struct kv_conn *c)
 			return -1;
 		}
 		if (out == KV_OP_NOMEM) {
-			conn_close(c, "out of memory");
+			conn_close(c, c->budget_why[0] ? c->budget_why : "out of memory");
 			return -1;
 		}
 		if (out_queued(c) >= d->cfg.max_output_bytes)
@@ -518,6 +583,7 @@ static int conn_frames(struct kv_conn *c)
 			free(c->in);
 			c->in = NULL;
 			c->in_cap = 0;
+			conn_charge(c);
 		}
 	}
 	kv_cache_batch_done(d);
@@ -544,11 +610,14 @@ static int in_reserve(struct kv_conn *c)
 		if (need > c->in_len && need + READ_MIN < cap)
 			cap = need + READ_MIN;
 	}
+	if (conn_budget(c, cap - c->in_cap) < 0)
+		return -EDQUOT;
 	p = realloc(c->in, cap);
 	if (!p)
 		return -ENOMEM;
 	c->in = p;
 	c->in_cap = cap;
+	conn_charge(c);
 	return 0;
 }
 
@@ -563,7 +632,7 @@ static void conn_input(struct kv_conn *c)
 		if (conn_held(c))
 			break;
 		if (in_reserve(c) < 0) {
-			conn_close(c, "out of memory");
+			conn_close(c, c->budget_why[0] ? c->budget_why : "out of memory");
 			return;
 		}
 		n = kv_recvmsg_fds(c->fd, c->in + c->in_len, c->in_cap - c->in_len, fds, &nfds, 8,
@@ -662,6 +731,13 @@ static void conn_close(struct kv_conn *c, const char *why)
 	free(c->in);
 	free(c->out);
 	c->in = c->out = NULL;
+	c->in_cap = c->out_cap = 0;
+	if (c->bu) {
+		conn_charge(c);
+		kv_list_del(&c->ulink);
+		kv_budget_leave(&c->cs->budget, c->bu);
+		c->bu = NULL;
+	}
 	kv_log_context(0, NULL);
 	conn_assert_state(c);
 	/* The struct itself goes once its watches have completed. */
@@ -768,12 +844,21 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 	c->magic = CONN_MAGIC;
 	c->cs = cs;
 	c->fd = fd;
+	if (!(c->bu = kv_budget_join(&cs->budget, cred.uid))) {
+		kv_err("out of memory accepting a connection");
+		close(fd);
+		free(c);
+		return;
+	}
+	kv_list_push_back(&c->bu->list, &c->ulink);
 	c->win.cb = on_readable;
 	c->wout.cb = on_writable;
 	kv_list_init(&c->link);
 	if (kv_loop_poll(&cs->d->loop, &c->win, fd, POLLIN, 1) < 0) {
 		kv_err("cannot poll a new connection");
 		close(fd);
+		kv_list_del(&c->ulink);
+		kv_budget_leave(&cs->budget, c->bu);
 		free(c);
 		return;
 	}
@@ -819,6 +904,10 @@ void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q)
 		q->held += c->fds_held;
 		q->paused += c->paused;
 		q->out_bytes += out_queued(c);
+	}
+	if (d->conns) {
+		q->conn_bytes = d->conns->budget.total;
+		q->budget_closed = d->conns->budget.closed;
 	}
 }
 

@@ -57,6 +57,7 @@
 #ifndef KV_CONN_H
 #define KV_CONN_H
 
+#include "budget.h"
 #include "daemon.h"
 #include "log.h"
 #include "session.h"
@@ -76,6 +77,7 @@ struct kv_conns {
 	struct kv_loop_watch tick; /* the sweep (conn.c): partial frames, held fds */
 	uint64_t tick_due;         /* monotonic ms it is armed for */
 	int tick_cancelled;        /* cancelled for an earlier one; its completion re-arms */
+	struct kv_budget budget;   /* connection memory per uid (budget.h) */
 };
 
 void kv_conns_init(struct kv_conns *cs, struct kv_daemon *d);

@@ -165,6 +165,7 @@ int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 	if (!d->scratch)
 		return -ENOMEM;
 	r = kv_loop_init(&d->loop, 1024);
+	d->loop.lag_warn_ns = d->cfg.loop_lag_warn_ms * 1000000u;
 	if (r < 0) {
 		kv_err("io_uring: %s", strerror(-r));
 		return r;

@@ -51,6 +51,9 @@ struct kv_queue_stats {
 	uint64_t held;            /* requests waiting for their peer to read fds */
 	uint64_t paused;          /* connections not read until their peer reads */
 	uint64_t out_bytes;       /* replies queued, not sent yet */
+	uint64_t conn_bytes;      /* connections' buffers (budget.h) */
+	uint64_t budget_closed;   /* connections closed over max_memory_per_uid or
+				   * max_connection_memory */
 };
 
 struct kv_daemon {
@@ -109,6 +112,11 @@ struct kv_daemon {
 	/* Set by the server: what waits in the connections (zeros where
 	 * nobody set it: tests that drive the dispatcher directly). */
 	void (*queue_stats)(const struct kv_daemon *d, struct kv_queue_stats *q);
+	/* Set by the server: GET /metrics (http.h), for its counters; NULL off. */
+	const struct kv_http *http;
+	/* Set by the server: the connections (conn.h), for their memory
+	 * per uid (budget.h) in the metrics; NULL in tests without a server. */
+	const struct kv_conns *conns;
 };
 
 /* Creates the backend, the pools, the tiers and the event loop from cfg, and

@@ -18,6 +18,15 @@
 #include "kvconfig.h"
 #include "kverr.h"
 
+uint32_t kv_events_sub_hwm(const struct kv_config *cfg)
+{
+	uint64_t by_bytes = cfg->events_subscriber_max_bytes / KV_EVENTS_BATCH_BYTES;
+
+	if (by_bytes < 16)
+		by_bytes = 16;
+	return by_bytes < cfg->events_hwm ? (uint32_t)by_bytes : cfg->events_hwm;
+}
+
 #if !KV_HAVE_EVENTS
 
 int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct kv_loop *loop,
@@ -64,8 +73,10 @@ void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 #else
 
 #include <grp.h>
+#include <malloc.h>
 #include <poll.h>
 #include <msgpack.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,12 +112,38 @@ struct topic {
 	int queued;           /* on the dirty list */
 };
 
+/* A batch kept for replay, shared (counted references) by the ring and by
+ * every replay message that sends it: a replay copies nothing (issue 29).
+ * ZMQ drops its references from its I/O thread: atomics. */
+struct rbatch {
+	_Atomic uint32_t refs;
+	size_t len;
+	char p[];
+};
+
 struct replay {
 	uint32_t topic;
 	uint64_t seq;
-	char *p;
-	size_t len;
+	struct rbatch *b;
 };
+
+/* A replay requester (ZMQ routing id) with replay bytes still queued for it:
+ * one replay in flight per peer. Freed by the loop once nothing is. */
+struct rpeer {
+	struct rpeer *next;
+	_Atomic uint64_t inflight;   /* bytes of its replay messages ZMQ still holds */
+	size_t idlen;
+	unsigned char id[256];
+};
+
+/* The hint of one replay message: what its free drops. */
+struct rsent {
+	struct rbatch *b;
+	struct rpeer *peer;
+	_Atomic uint64_t *total;
+};
+
+#define REPLAY_PEERS_MAX 1024
 
 enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
 
@@ -142,6 +179,13 @@ struct kv_events {
 	/* Replay ring. */
 	struct replay *ring;
 	uint32_t ring_cap, ring_head, ring_n;
+	/* Replays in flight (bytes referenced by messages ZMQ holds, counted
+	 * once per message), their bound and their peers. */
+	_Atomic uint64_t replay_inflight;
+	uint64_t replay_max;
+	struct rpeer *peers;
+	uint32_t npeers;
+	int trim;                 /* give memory back once no replay is in flight */
 	struct kv_events_stats st;
 	char scratch[256];
 };
@@ -390,29 +434,36 @@ static void write_cleared(struct kv_events *ev, uint32_t t)
 	topic_dirty(ev, t);
 }
 
+static void rbatch_put(struct rbatch *b)
+{
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+		free(b);
+}
+
 static void ring_put(struct kv_events *ev, uint32_t t, uint64_t seq, const char *p, size_t len)
 {
 	struct replay *r;
-	char *copy;
+	struct rbatch *copy;
 
 	if (!ev->ring_cap)
 		return;
-	copy = malloc(len);
+	copy = malloc(sizeof(*copy) + len);
 	if (!copy)
 		return;  /* a hole in the replay: the client sees the seq gap */
-	memcpy(copy, p, len);
+	atomic_init(&copy->refs, 1);
+	copy->len = len;
+	memcpy(copy->p, p, len);
 	if (ev->ring_n == ev->ring_cap) {
 		r = &ev->ring[ev->ring_head];
-		ev->st.buffered_bytes -= r->len;
-		free(r->p);
+		ev->st.buffered_bytes -= r->b->len;
+		rbatch_put(r->b);
 		ev->ring_head = (ev->ring_head + 1) % ev->ring_cap;
 		ev->ring_n--;
 	}
 	r = &ev->ring[(ev->ring_head + ev->ring_n) % ev->ring_cap];
 	r->topic = t;
 	r->seq = seq;
-	r->p = copy;
-	r->len = len;
+	r->b = copy;
 	ev->ring_n++;
 	ev->st.buffered_bytes += len;
 }
@@ -563,8 +614,15 @@ static void flush(struct kv_events *ev, int force)
 
 void kv_events_flush(struct kv_events *ev)
 {
-	if (ev)
-		flush(ev, 0);
+	if (!ev)
+		return;
+	/* The replays' memory went back to ZMQ's allocator, in its I/O
+	 * thread's arena: hand it back to the system once none is in flight. */
+	if (ev->trim && !atomic_load_explicit(&ev->replay_inflight, memory_order_relaxed)) {
+		ev->trim = 0;
+		malloc_trim(0);
+	}
+	flush(ev, 0);
 }
 
 static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
@@ -676,12 +734,79 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
 
 /* ---- replay ---- */
 
+/* ZMQ is done with a replay message (sent, or dropped with its peer). */
+static void rsent_free(void *data, void *hint)
+{
+	struct rsent *x = hint;
+
+	(void)data;
+	atomic_fetch_sub_explicit(&x->peer->inflight, x->b->len, memory_order_relaxed);
+	atomic_fetch_sub_explicit(x->total, x->b->len, memory_order_relaxed);
+	rbatch_put(x->b);
+	free(x);
+}
+
+/* The peer of routing id, made if need be (peers with nothing in flight are
+ * freed on the way); NULL when REPLAY_PEERS_MAX have replays in flight. */
+static struct rpeer *rpeer_get(struct kv_events *ev, const void *id, size_t idlen)
+{
+	struct rpeer **pp = &ev->peers, *p, *found = NULL;
+
+	while ((p = *pp)) {
+		if (!found && p->idlen == idlen && !memcmp(p->id, id, idlen)) {
+			found = p;
+		} else if (!atomic_load_explicit(&p->inflight, memory_order_acquire)) {
+			*pp = p->next;
+			free(p);
+			ev->npeers--;
+			continue;
+		}
+		pp = &p->next;
+	}
+	if (found || ev->npeers >= REPLAY_PEERS_MAX || !(found = calloc(1, sizeof(*found))))
+		return found;
+	memcpy(found->id, id, idlen);
+	found->idlen = idlen;
+	found->next = ev->peers;
+	ev->peers = found;
+	ev->npeers++;
+	return found;
+}
+
+/* One batch of the ring to peer, without copying it. 0 or -1 (its queue is
+ * full: the replay is cut). */
+static int replay_batch(struct kv_events *ev, struct rpeer *peer, const struct replay *r)
+{
+	struct rsent *x = malloc(sizeof(*x));
+	zmq_msg_t m;
+
+	if (!x)
+		return -1;
+	x->b = r->b;
+	x->peer = peer;
+	x->total = &ev->replay_inflight;
+	atomic_fetch_add_explicit(&r->b->refs, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&peer->inflight, r->b->len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&ev->replay_inflight, r->b->len, memory_order_relaxed);
+	if (zmq_msg_init_data(&m, r->b->p, r->b->len, rsent_free, x) < 0) {
+		rsent_free(NULL, x);
+		return -1;
+	}
+	if (zmq_msg_send(&m, ev->router, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&m);   /* frees through rsent_free */
+		return -1;
+	}
+	return 0;
+}
+
 static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint64_t start,
 			const char *topic, size_t tlen)
 {
 	unsigned char seq[8];
 	uint32_t i, t = UINT32_MAX;
-	int all = 0;
+	uint64_t bytes = 0;
+	struct rpeer *peer;
+	int all = 0, refused = 0;
 
 	if (topic) {
 		for (t = 0; t < ev->ntopics; t++)
@@ -693,6 +818,21 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 		all = 1;  /* several topics and none named: every batch */
 	}
 	for (i = 0; i < ev->ring_n; i++) {
+		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
+
+		if ((all || r->topic == t) && r->seq >= start)
+			bytes += r->b->len;
+	}
+	/* One replay in flight per peer, and events_replay_max_bytes for all
+	 * of them: past either the peer gets the end marker alone (counted). */
+	peer = rpeer_get(ev, id, idlen);
+	if (!peer || atomic_load_explicit(&peer->inflight, memory_order_acquire) ||
+	    atomic_load_explicit(&ev->replay_inflight, memory_order_relaxed) + bytes >
+		    ev->replay_max) {
+		ev->st.replay_refused++;
+		refused = 1;
+	}
+	for (i = 0; !refused && i < ev->ring_n; i++) {
 		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
 
 		if ((!all && r->topic != t) || r->seq < start)
@@ -707,7 +847,11 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 		zmq_send(ev->router, ev->topics[r->topic].name, ev->topics[r->topic].namelen,
 			 ZMQ_DONTWAIT | ZMQ_SNDMORE);
 		zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
-		zmq_send(ev->router, r->p, r->len, ZMQ_DONTWAIT);
+		if (replay_batch(ev, peer, r) < 0) {
+			ev->st.replay_truncated++;
+			return;
+		}
+		ev->trim = 1;
 	}
 	/* The end, vLLM's END_SEQ: an empty topic, seq -1, an empty payload. */
 	memset(seq, 0xff, sizeof(seq));
@@ -852,7 +996,8 @@ int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct k
 		goto err;
 	}
 	ev->pub = zmq_socket(ev->zctx, ZMQ_XPUB);
-	if (!ev->pub || zopt(ev->pub, ZMQ_SNDHWM, (int)cfg->events_hwm) < 0 ||
+	ev->replay_max = cfg->events_replay_max_bytes;
+	if (!ev->pub || zopt(ev->pub, ZMQ_SNDHWM, (int)kv_events_sub_hwm(cfg)) < 0 ||
 	    zopt(ev->pub, ZMQ_XPUB_NODROP, 1) < 0 || zopt(ev->pub, ZMQ_LINGER, 0) < 0) {
 		kv_errf(err, errlen, "events: %s", zmq_strerror(zmq_errno()));
 		goto err;
@@ -932,9 +1077,17 @@ void kv_events_close(struct kv_events *ev)
 		zmq_close(ev->pub);
 	if (ev->zctx)
 		zmq_ctx_term(ev->zctx);
+	/* zmq_ctx_term() dropped every message still queued: no replay is in
+	 * flight any more. */
 	for (i = 0; i < ev->ring_n; i++)
-		free(ev->ring[(ev->ring_head + i) % ev->ring_cap].p);
+		rbatch_put(ev->ring[(ev->ring_head + i) % ev->ring_cap].b);
 	free(ev->ring);
+	while (ev->peers) {
+		struct rpeer *p = ev->peers;
+
+		ev->peers = p->next;
+		free(p);
+	}
 	for (i = 0; ev->topics && i < ev->ntopics; i++)
 		free(ev->topics[i].batch.p);
 	free(ev->topics);
@@ -953,6 +1106,7 @@ void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 	}
 	*st = ev->st;
 	st->buffered = ev->ring_n;
+	st->replay_inflight_bytes = atomic_load_explicit(&ev->replay_inflight, memory_order_relaxed);
 }
 
 #endif

@@ -44,6 +44,10 @@ enum { KV_MEDIUM_G1, KV_MEDIUM_G2, KV_MEDIUM_G3, KV_MEDIUMS };
 
 #define KV_EVENTS_BATCH_BYTES (64u * 1024)
 
+/* A subscriber's queue in batches: events_hwm, and no more than
+ * events_subscriber_max_bytes of full batches (at least 16). */
+uint32_t kv_events_sub_hwm(const struct kv_config *cfg);
+
 struct kv_events_stats {
 	uint64_t batches;          /* messages published */
 	uint64_t events;           /* vLLM events in them */
@@ -51,6 +55,9 @@ struct kv_events_stats {
 	uint64_t replay_requests;  /* well-formed replay requests served */
 	uint64_t replay_bad;       /* malformed requests, ignored */
 	uint64_t replay_truncated; /* replays cut short: the peer's queue was full */
+	uint64_t replay_refused;   /* replays refused: the peer's last one still queued,
+				    * or events_replay_max_bytes in flight */
+	uint64_t replay_inflight_bytes; /* of replay messages ZMQ still holds */
 	uint64_t buffered;         /* batches held for replay */
 	uint64_t buffered_bytes;
 };

@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "log.h"
+
 /* user_data of completions nobody waits for (cancel requests). */
 #define LOOP_IGNORE 0
 
@@ -72,12 +74,36 @@ int kv_loop_cancel(struct kv_loop *l, struct kv_loop_watch *w)
 	return 0;
 }
 
+/* Counts a turn that began at t0 and ran n completions; logs a long one. */
+static void loop_lag(struct kv_loop *l, uint64_t t0, unsigned n)
+{
+	uint64_t now = kv_hist_now_ns(), ns = now - t0;
+
+	kv_hist_observe(&l->lag, ns);
+	if (!l->lag_warn_ns || ns <= l->lag_warn_ns)
+		return;
+	if (ns > l->lag_max_ns)
+		l->lag_max_ns = ns;
+	if (now < l->lag_next_log_ns) {
+		l->lag_held++;
+		return;
+	}
+	kv_warn("event loop: one turn took %.1f ms (%u completions; loop_lag_warn %.1f ms); "
+		"%llu more such turns since the last line, the longest %.1f ms",
+		(double)ns / 1e6, n, (double)l->lag_warn_ns / 1e6, (unsigned long long)l->lag_held,
+		(double)l->lag_max_ns / 1e6);
+	l->lag_held = 0;
+	l->lag_max_ns = 0;
+	l->lag_next_log_ns = now + 10000000000ull;
+}
+
 /* Calls the watch of every completion in the ring, then the idle hook;
  * returns how many. */
 static unsigned loop_reap(struct kv_loop *l)
 {
 	struct io_uring_cqe *cqe;
 	unsigned head, n = 0;
+	uint64_t t0 = kv_hist_now_ns();
 
 	io_uring_for_each_cqe(&l->ring, head, cqe) {
 		struct kv_loop_watch *w = io_uring_cqe_get_data(cqe);
@@ -94,6 +120,8 @@ static unsigned loop_reap(struct kv_loop *l)
 	io_uring_cq_advance(&l->ring, n);
 	if (l->idle)
 		l->idle(l->idle_ctx);
+	if (n)
+		loop_lag(l, t0, n);
 	return n;
 }
 

@@ -14,6 +14,8 @@
 #include <liburing.h>
 #include <stdint.h>
 
+#include "hist.h"
+
 struct kv_loop_watch;
 typedef void (*kv_loop_cb)(struct kv_loop_watch *w, int res, int more);
 
@@ -29,6 +31,13 @@ struct kv_loop {
 	 * again (KV events send their batch there); NULL: nothing. */
 	void (*idle)(void *ctx);
 	void *idle_ctx;
+	/* How long each turn took, from the completions' arrival to the end of
+	 * the idle hook: what a request arriving just then could wait
+	 * (kvcached_loop_lag_seconds). A turn longer than lag_warn_ns (0:
+	 * never) is logged, at most one line every 10 s. */
+	struct kv_hist lag;
+	uint64_t lag_warn_ns;
+	uint64_t lag_next_log_ns, lag_held, lag_max_ns;
 };
 
 /* Returns 0 or -errno (io_uring not available, ...). */

@@ -8,6 +8,7 @@
 
 #include "events.h"
 #include "hist.h"
+#include "http.h"
 #include "kvtext.h"
 #include "ops.h"
 #include "session.h"
@@ -316,6 +317,23 @@ static void one_events(FILE *f, const struct expo *x, const struct fam *fm, uint
 	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
 }
 
+/* GET /metrics's own counters (http.h) and the loop's turns. */
+static void one_http(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	struct kv_http_stats st;
+
+	(void)k;
+	kv_http_stats(x->d->http, &st);
+	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
+}
+
+static void one_lag(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	(void)k;
+	kv_hist_write(f, fm->name, "", &x->d->loop.lag);
+}
+
+#define HTTP(n, t, h, field) { n, t, h, F_ONE, one_http, offsetof(struct kv_http_stats, field) }
 #define EVENTS(n, t, h, field) { n, t, h, F_ONE, one_events, offsetof(struct kv_events_stats, field) }
 #define ONE(n, t, h, v) { n, t, h, F_ONE, one_u64, v }
 #define POOL(n, t, h, field) { n, t, h, F_POOL, pool_count, offsetof(struct kv_pool_counts, field) }
@@ -416,6 +434,12 @@ static const struct fam fams[] = {
 	G4("kvcached_g4_checksum_failures_total", "counter",
 	   "G4 values that did not check out (header, CRC32C): misses, never served.",
 	   checksum_failures),
+	G4("kvcached_g4_auth_failures_total", "counter",
+	   "G4 values of a namespace with remote_key_file whose HMAC tag did not check out "
+	   "(forged, or written without the key): misses, never served.", auth_failures),
+	G4("kvcached_g4_oversize_total", "counter",
+	   "G4 values longer than a block of their pool can be: refused after one byte more, "
+	   "misses.", oversize),
 	G4("kvcached_g4_read_bytes_total", "counter", "Bytes of values read from G4.", bytes_in),
 	G4("kvcached_g4_written_bytes_total", "counter", "Bytes of values written to G4.",
 	   bytes_out),
@@ -448,12 +472,34 @@ static const struct fam fams[] = {
 	  offsetof(struct kv_queue_stats, paused) },
 	{ "kvcached_output_queued_bytes", "gauge", "Reply bytes queued to clients, not sent yet.",
 	  F_ONE, one_queue, offsetof(struct kv_queue_stats, out_bytes) },
+	{ "kvcached_connection_buffer_bytes", "gauge",
+	  "Input and output buffers the connections hold (max_memory_per_uid, "
+	  "max_connection_memory).", F_ONE, one_queue, offsetof(struct kv_queue_stats, conn_bytes) },
+	{ "kvcached_connection_memory_closes_total", "counter",
+	  "Connections closed because their uid's buffers, or all connections', were over "
+	  "max_memory_per_uid or max_connection_memory.", F_ONE, one_queue,
+	  offsetof(struct kv_queue_stats, budget_closed) },
 	{ "kvcached_segment_fds_in_flight", "gauge",
 	  "Segment fds passed to clients and not read by them yet (max_fds_in_flight).", F_ONE,
 	  one_queue, (size_t)~0 },
 	{ "kvcached_namespace_enospc_total", "counter",
 	  "Allocations of a namespace refused for want of memory after eviction (KV_ENOSPC).",
 	  F_NS, ns_u64, offsetof(struct kv_ns, enospc) },
+	{ "kvcached_loop_lag_seconds", "histogram",
+	  "Event loop turns, from the completions' arrival to the end of their work: how long a "
+	  "request arriving then could wait.", F_ONE, one_lag, 0 },
+	HTTP("kvcached_http_expositions_built_total", "counter",
+	     "Expositions built for GET /metrics (at most one per metrics_min_interval).", builds),
+	HTTP("kvcached_http_scrapes_total", "counter", "GET /metrics answered 200.", served),
+	HTTP("kvcached_http_evicted_total", "counter",
+	     "HTTP connections closed, still sending their request, for a newcomer over "
+	     "metrics_max_connections(_per_address).", evicted),
+	HTTP("kvcached_http_header_timeouts_total", "counter",
+	     "HTTP connections closed: request not whole within metrics_header_timeout.",
+	     deadline_closed),
+	HTTP("kvcached_http_refused_total", "counter",
+	     "HTTP connections closed at once: over a bound, and every other had sent its request.",
+	     refused),
 	EVENTS("kvcached_events_published_total", "counter",
 	       "KV event batches published (one message per topic and loop iteration).", batches),
 	EVENTS("kvcached_events_total", "counter",
@@ -466,6 +512,12 @@ static const struct fam fams[] = {
 	       "Replays cut short: the requester's queue was full.", replay_truncated),
 	EVENTS("kvcached_events_replay_bad_total", "counter", "Malformed replay requests ignored.",
 	       replay_bad),
+	EVENTS("kvcached_events_replay_refused_total", "counter",
+	       "Replays refused (the end marker alone): the peer's last replay was still queued, or "
+	       "events_replay_max_bytes were in flight.", replay_refused),
+	EVENTS("kvcached_events_replay_inflight_bytes", "gauge",
+	       "Bytes of replayed batches queued for replay peers (shared with the ring, not "
+	       "copied).", replay_inflight_bytes),
 	EVENTS("kvcached_events_buffered_batches", "gauge", "Batches held for replay.", buffered),
 	EVENTS("kvcached_events_buffered_bytes", "gauge", "Bytes of those batches.", buffered_bytes),
 };

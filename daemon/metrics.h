@@ -27,7 +27,7 @@ struct kv_ns_usage {
 void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u);
 
 /* Where kv_metrics_page() says the exposition is complete. */
-#define KV_METRICS_DONE UINT64_MAX
+#define KV_METRICS_DONE UINT64_MAX /* = KV_HTTP_PAGE_DONE: http.c serves these pages */
 
 /* A page of the exposition: what follows position *pos (0: the start), as
  * many whole items (a family's header, a daemon-wide sample, one pool's,

@@ -15,6 +15,7 @@
  *   quota_g4 = 10GiB           # what it may write there per remote_ttl
  *   remote_user = tenant-a     # its own ACL user there (start only)
  *   remote_password_file = /etc/kvcached/tenant-a.redis
+ *   remote_key_file = /etc/kvcached/tenant-a.g4key  # HMAC key of its G4 values
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -188,6 +189,13 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		memcpy(dst, value, strlen(value) + 1);
 		return 0;
 	}
+	if (!strcmp(key, "remote_key_file")) {
+		if (strlen(value) >= sizeof(n->remote_key_file))
+			return kv_einval(err, errlen, "%s: at most %zu bytes", key,
+					 sizeof(n->remote_key_file) - 1);
+		memcpy(n->remote_key_file, value, strlen(value) + 1);
+		return 0;
+	}
 	if (!strcmp(key, "quota_g4")) {
 		if (!value[0] || !strcmp(value, "0") || !strcmp(value, "none")) {
 			n->quota_g4 = 0;
@@ -208,16 +216,20 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 	}
 	return kv_einval(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
 		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
-		    "remote_password_file)", name, key);
+		    "remote_password_file, remote_key_file)", name, key);
 }
 
 _Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_users) /
 		       sizeof(struct kv_remote_user) >= KV_CFG_MAX_NS,
 	       "a G4 user for every namespace section");
+_Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_keys) /
+		       sizeof(struct kv_remote_key) >= KV_CFG_MAX_NS,
+	       "a G4 key for every namespace section");
 
 int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 {
 	c->tiers.nremote_users = 0;
+	c->tiers.nremote_keys = 0;
 	for (uint32_t i = 0; i < c->nns; i++) {
 		const struct kv_ns_conf *n = &c->ns[i];
 		uint64_t q = n->quota[0], r = n->reserve;
@@ -229,6 +241,12 @@ int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 			snprintf(u->user, sizeof(u->user), "%s", n->remote_user);
 			snprintf(u->password_file, sizeof(u->password_file), "%s",
 				 n->remote_password_file);
+		}
+		if (n->remote_key_file[0]) {
+			struct kv_remote_key *k = &c->tiers.remote_keys[c->tiers.nremote_keys++];
+
+			snprintf(k->ns, sizeof(k->ns), "%s", n->name);
+			snprintf(k->key_file, sizeof(k->key_file), "%s", n->remote_key_file);
 		}
 
 		/* Both sizes, or both percentages of G1: comparable here. */
@@ -296,5 +314,7 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 			fprintf(f, "remote_user = %s\n", n->remote_user);
 		if (n->remote_password_file[0])
 			fprintf(f, "remote_password_file = %s\n", n->remote_password_file);
+		if (n->remote_key_file[0])
+			fprintf(f, "remote_key_file = %s\n", n->remote_key_file);
 	}
 }

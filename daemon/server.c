@@ -9,6 +9,7 @@
 
 #include "lifecycle.h"
 #include "log.h"
+#include "metrics.h"
 #include "service.h"
 
 static void stop_accepting(struct kv_daemon *d)
@@ -96,6 +97,7 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 	s->d.worker_name = worker_name;
 	s->d.refresh_fds = kv_conns_refresh_fds;
 	s->d.queue_stats = kv_conns_queue_stats;
+	s->d.conns = &s->conns;   /* kv_daemon_init() cleared what kv_conns_init() set */
 	if ((r = kv_lifecycle_init(&s->d)) < 0 ||
 	    (r = kv_listener_bind(&s->worker, cfg->socket_path, cfg->socket_mode,
 				  cfg->socket_group)) < 0 ||
@@ -111,8 +113,9 @@ int kv_server_init(struct kv_server *s, const struct kv_config *cfg,
 		kv_info("metrics_listen %s not bound: the metrics socket came from systemd",
 			cfg->metrics_listen);
 	if ((mfd >= 0 || cfg->metrics_listen[0]) &&
-	    (r = kv_http_start(&s->d, cfg->metrics_listen, mfd, &s->http)) < 0)
+	    (r = kv_http_start(&s->d, kv_metrics_page, cfg->metrics_listen, mfd, &s->http)) < 0)
 		return r;
+	s->d.http = s->http;
 	fds_limits(&s->d);
 	kv_info("listening on %s (workers) and %s (admin): backend %s, %llu MiB in %llu segments "
 		"of %llu KiB, pages of %llu KiB",
@@ -147,6 +150,7 @@ void kv_server_fini(struct kv_server *s)
 	kv_conns_fini(&s->conns);
 	kv_http_stop(s->http);
 	s->http = NULL;
+	s->d.http = NULL;
 	kv_listener_close(&s->worker);
 	kv_listener_close(&s->admin);
 	kv_lifecycle_fini(&s->d);

@@ -668,6 +668,7 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 	const struct rc_call *call = rc->call;
 	const char *argv[5];
 	size_t lens[5];
+	char range[24];
 	int argc = 2;
 
 	if (op->asking && redisAppendCommand(node->c, "ASKING") != REDIS_OK)
@@ -677,6 +678,17 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 	case RC_DEL:
 		argv[0] = call->kind == RC_GET ? "GET" : "DEL";
 		lens[0] = 3;
+		if (call->kind == RC_GET && rc->lim.get_max) {
+			/* GETRANGE key 0 get_max: a long value costs get_max + 1 bytes */
+			argv[0] = "GETRANGE";
+			lens[0] = 8;
+			argv[2] = "0";
+			lens[2] = 1;
+			snprintf(range, sizeof(range), "%zu", rc->lim.get_max);
+			argv[3] = range;
+			lens[3] = strlen(range);
+			argc = 4;
+		}
 		break;
 	case RC_SET:
 		argv[0] = "SET";
@@ -829,7 +841,9 @@ static void rc_reply(struct kv_rc *rc, struct rc_node *node, struct rc_reply *r)
 	op->status = KV_RC_ERROR;
 	switch (kind) {
 	case RC_GET:
-		if (r->type == REDIS_REPLY_STRING) {
+		if (r->type == REDIS_REPLY_STRING && !r->len && rc->lim.get_max) {
+			op->status = KV_RC_MISS;   /* GETRANGE of a missing key: "" */
+		} else if (r->type == REDIS_REPLY_STRING) {
 			op->status = KV_RC_HIT;
 			op->data = r->str;
 			op->len = r->len;
@@ -1400,7 +1414,7 @@ int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
 	    l->backoff_max_ms < l->backoff_min_ms || l->backoff_max_ms > 3600000 ||
 	    l->max_redirects > 100 || l->refresh_min_ms > 3600000 || !l->max_nodes ||
 	    l->max_nodes > RC_MAX_NODES_CAP || l->max_nodes < rc->nnodes || !l->max_value ||
-	    l->max_value > RC_MAX_VALUE_CAP)
+	    l->max_value > RC_MAX_VALUE_CAP || (l->get_max && l->get_max >= l->max_value))
 		return -EINVAL;
 	rc->lim = *l;
 	return 0;

@@ -102,6 +102,13 @@ struct kv_rc_limits {
 	unsigned refresh_min_ms;   /* at most one slot-map fetch per (100) */
 	unsigned max_nodes;        /* nodes known at once, seeds included (1024, at most 65535) */
 	size_t max_value;          /* larger replies drop the connection (512 MiB) */
+	/* 0 (the default): kv_rc_get() sends GET. Else it sends GETRANGE key 0
+	 * get_max, so that the server sends get_max + 1 bytes of a value at
+	 * most (a value that long is longer than the caller can use: it sees
+	 * get_max + 1 bytes and refuses it, nothing more is read or buffered);
+	 * GETRANGE answers a missing key with an empty string, so an empty
+	 * value is KV_RC_MISS then. Keep max_value above get_max. */
+	size_t get_max;
 };
 
 struct kv_rc;

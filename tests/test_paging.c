@@ -42,8 +42,9 @@ static void populate(kvc_conn *c[3])
 }
 
 /* Runs kvctl ARGS into a malloc()ed string, without the lines that differ
- * from one daemon to the next whatever they hold: uptime, requests and the
- * requests' service times. */
+ * from one daemon to the next whatever they hold: uptime, requests, the
+ * requests' service times, the loop's turns and the connections' buffers
+ * (kvctl's own reply among them). */
 static char *kvctl(const char *args)
 {
 	char cmd[512], line[4096];
@@ -62,7 +63,9 @@ static char *kvctl(const char *args)
 		    strstr(line, "kvcached_requests_total ") == line || strstr(line, "uptime ") == line ||
 		    strstr(line, "requests ") == line || strstr(line, "\"uptime_ms\":") ||
 		    strstr(line, "\"requests\":") ||
-		    strstr(line, "kvcached_request_duration_seconds") == line)
+		    strstr(line, "kvcached_request_duration_seconds") == line ||
+		    strstr(line, "kvcached_loop_lag_seconds") == line ||
+		    strstr(line, "kvcached_connection_buffer_bytes ") == line)
 			continue;
 		while (len + n + 1 > cap)
 			CHECK((out = realloc(out, cap *= 2)) != NULL);

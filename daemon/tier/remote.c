@@ -9,9 +9,20 @@
  * Key:   <prefix>:<namespace>:<layout id, hex>:<hash, hex>
  * Value: struct slot_hdr (as at the start of a G3 slot: magic, version,
  *        namespace, layout, hash, length, CRC32C of payload and header),
- *        then the payload. A value that does not check out is a miss and a
- *        checksum failure, never served (Redis replies carry no request id:
- *        a server that shifts its replies is caught here too).
+ *        then the payload, then, for a namespace with remote_key_file, an
+ *        HMAC-SHA-256 tag of both (g4mac.h). A value that does not check
+ *        out is a miss and a checksum (or auth) failure, never served (Redis
+ *        replies carry no request id: a server that shifts its replies is
+ *        caught here too).
+ *
+ * Bounds (issue 29): a read asks for GETRANGE key 0 N, N the length a
+ * value of that pool has, so a longer value costs N + 1 bytes, is refused
+ * (kvcached_g4_oversize_total) and never buffered whole; the client's
+ * max_value is set just above it, so a server that sends more anyway loses
+ * its connection. Fetches wait in per-namespace queues on the loop and go
+ * to the read thread one at a time, namespaces taking turns, so one
+ * tenant's fetches (at most FETCH_MAX values of one block each, or a node's
+ * timeout) delay another's by one fetch at most.
  *
  * Write: tier_writeback_start() asks remote_want() whether the block goes
  * to G4 too (G4 on, the namespace has remote = yes, the block did not come
@@ -38,6 +49,7 @@
 #include <xxhash.h>
 
 #include "crc32c.h"
+#include "g4mac.h"
 #include "kvconfig.h"
 #include "log.h"
 
@@ -60,7 +72,11 @@ struct g4_write {
 struct g4_fetch {
 	struct kv_job job;
 	struct kv_tiers *t;
+	struct g4_fetch *next;    /* in its namespace's queue */
+	uint32_t ns;
 	uint32_t cl;
+	const uint8_t *mac_key;   /* the namespace's (g4mac.h); NULL: none */
+	size_t vlen;              /* what each value's length must be */
 	struct kv_pool *pool;     /* held */
 	struct kv_list waiters;
 	uint32_t n, good;         /* asked; leading values that checked out */
@@ -70,7 +86,7 @@ struct g4_fetch {
 	char key[FETCH_MAX][KEY_MAX];
 	struct kv_rc_key keys[FETCH_MAX];
 	struct kv_rc_val vals[FETCH_MAX];
-	uint32_t bad_sum, errors, misses;
+	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
 };
 
@@ -94,9 +110,24 @@ struct g4_client {
 	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
 };
 
+/* A namespace's HMAC key (remote_key_file), read at start, never changed:
+ * the threads read it. */
+struct g4_key {
+	char ns[64];
+	uint8_t key[KV_G4MAC_KEY_BYTES];
+};
+
 struct kv_g4 {
 	struct g4_client cl[65];
 	uint32_t ncl;
+	struct g4_key keys[64];
+	uint32_t nkeys;
+	/* Fetches waiting for the read thread, per namespace id; one is there
+	 * at a time (reading), the namespaces taking turns (fetch_next). */
+	struct g4_fetch *fq[KV_MAX_NS + 1], **fq_tail[KV_MAX_NS + 1];
+	uint32_t fq_last;         /* the namespace served last */
+	uint32_t fq_waiting;
+	int reading;
 	struct kv_worker rw, ww;
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
@@ -114,6 +145,23 @@ static uint32_t client_of(struct kv_tiers *t, uint32_t ns)
 		if (!strcmp(t->g4->cl[i].ns, name))
 			return i;
 	return 0;
+}
+
+/* The HMAC key of namespace ns, or NULL. */
+static const uint8_t *mac_key_of(struct kv_tiers *t, uint32_t ns)
+{
+	const char *name = kv_pools_ns_name(t->ps, ns);
+
+	for (uint32_t i = 0; i < t->g4->nkeys; i++)
+		if (!strcmp(t->g4->keys[i].ns, name))
+			return t->g4->keys[i].key;
+	return NULL;
+}
+
+/* The length of a value of pool p in the cluster. */
+static size_t value_len(const struct kv_pool *p, const uint8_t *mac_key)
+{
+	return sizeof(struct slot_hdr) + p->block_bytes + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
 }
 
 static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t *hash, char *key)
@@ -208,14 +256,23 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		if ((r = client_open(t, g->ncl, c->remote_users[i].ns, c->remote_users[i].user,
 				     c->remote_users[i].password_file, err, errlen)) < 0)
 			return r;
+	for (unsigned i = 0; i < c->nremote_keys && i < 64; i++, g->nkeys++) {
+		char e[384];
+
+		snprintf(g->keys[i].ns, sizeof(g->keys[i].ns), "%s", c->remote_keys[i].ns);
+		if ((r = kv_g4mac_load(c->remote_keys[i].key_file, g->keys[i].key, e, sizeof(e))) < 0) {
+			snprintf(err, errlen, "[namespace %s] %s", c->remote_keys[i].ns, e);
+			return r;
+		}
+	}
 	if ((r = kv_worker_start(&g->rw, t->disk.efd)) < 0 ||
 	    (r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
 		snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
 		return r;
 	}
 	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us, %u namespace%s with a user of its "
-		"own", c->remote_seeds, c->remote_prefix, g->ttl_s, g->ncl - 1,
-		g->ncl == 2 ? "" : "s");
+		"own, %u with authenticated values", c->remote_seeds, c->remote_prefix, g->ttl_s,
+		g->ncl - 1, g->ncl == 2 ? "" : "s", g->nkeys);
 	return 0;
 }
 
@@ -229,6 +286,16 @@ void tier_remote_close(struct kv_tiers *t)
 	 * t->stopping and make nothing new). */
 	kv_worker_stop(&g->rw);
 	kv_worker_stop(&g->ww);
+	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
+		while (g->fq[ns]) {
+			struct g4_fetch *f = g->fq[ns];
+
+			g->fq[ns] = f->next;
+			tier_wake_all(&f->waiters);
+			kv_pool_put(f->pool);
+			free(f);
+		}
+	explicit_bzero(g->keys, sizeof(g->keys));
 	for (uint32_t i = 0; i < g->ncl; i++) {
 		struct g4_client *cl = &g->cl[i];
 
@@ -290,11 +357,13 @@ static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
 int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
 {
 	struct kv_g4 *g = t->g4;
-	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
+	uint64_t len;
 
 	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote || g->read_only)
 		return 0;
+	tb->g4_key = mac_key_of(t, tb->pool->ns);
+	len = value_len(tb->pool, tb->g4_key);
 	if (g->inflight + len > g->max_inflight) {
 		g->st.dropped++;
 		return 0;
@@ -314,11 +383,15 @@ void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
 
 	memcpy(&h, slot, sizeof(h));
 	len = sizeof(h) + h.payload_len;
-	tb->g4_buf = malloc(len);
+	tb->g4_buf = malloc(len + (tb->g4_key ? KV_G4MAC_TAG_BYTES : 0));
 	if (!tb->g4_buf)
 		return;
 	memcpy(tb->g4_buf, &h, sizeof(h));
 	memcpy(tb->g4_buf + sizeof(h), slot + HDR_BYTES, h.payload_len);
+	if (tb->g4_key && kv_g4mac_tag(tb->g4_key, tb->g4_buf, len, tb->g4_buf + len) < 0) {
+		free(tb->g4_buf);   /* not written: counted as dropped */
+		tb->g4_buf = NULL;
+	}
 }
 
 static void write_run(struct kv_job *j)
@@ -400,7 +473,7 @@ static void write_flush(struct kv_tiers *t, uint32_t cl)
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 {
 	struct kv_g4 *g = t->g4;
-	uint64_t len = sizeof(struct slot_hdr) + tb->pool->block_bytes;
+	uint64_t len = value_len(tb->pool, tb->g4_key);
 	struct g4_write *w;
 
 	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
@@ -423,15 +496,40 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 
 /* ---- reads -------------------------------------------------------------- */
 
+int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const void *data,
+		      size_t len)
+{
+	size_t body = sizeof(struct slot_hdr) + want->payload_len,
+	       vlen = body + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
+	struct slot_hdr h, w = *want;
+
+	if (len > vlen)
+		return G4_VALUE_OVERSIZE;
+	if (len != vlen)
+		return G4_VALUE_BAD;
+	memcpy(&h, data, sizeof(h));
+	slot_hdr_seal(&w, kv_crc32c(0, (const uint8_t *)data + sizeof(h), w.payload_len));
+	if (memcmp(&h, &w, sizeof(h)))
+		return G4_VALUE_BAD;
+	if (mac_key && !kv_g4mac_check(mac_key, data, body, (const uint8_t *)data + body))
+		return G4_VALUE_BAD_TAG;
+	return G4_VALUE_GOOD;
+}
+
 /* The read thread: the values, and which of them check out. */
 static void fetch_run(struct kv_job *j)
 {
 	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
+	struct kv_rc *rc = f->t->g4->cl[f->cl].rd;
+	struct kv_rc_limits lim;
 	uint32_t i;
 
-	struct kv_rc *rc = f->t->g4->cl[f->cl].rd;
-
-	if (kv_rc_get(rc, f->n, f->keys, f->vals) < 0) {
+	/* At most one byte more than a value of this pool: a longer one is
+	 * refused below after vlen + 1 bytes, whatever its length. */
+	kv_rc_get_limits(rc, &lim);
+	lim.get_max = f->vlen;
+	lim.max_value = f->vlen + 4096;
+	if (kv_rc_set_limits(rc, &lim) < 0 || kv_rc_get(rc, f->n, f->keys, f->vals) < 0) {
 		f->errors = f->n;
 		kv_rc_stats(rc, &f->rc);
 		return;
@@ -439,7 +537,8 @@ static void fetch_run(struct kv_job *j)
 	kv_rc_stats(rc, &f->rc);
 	for (i = 0; i < f->n; i++) {
 		struct kv_rc_val *v = &f->vals[i];
-		struct slot_hdr h, want = f->want;
+		struct slot_hdr want = f->want;
+		int c;
 
 		if (v->status != KV_RC_HIT) {
 			f->errors += v->status == KV_RC_ERROR;
@@ -447,20 +546,21 @@ static void fetch_run(struct kv_job *j)
 			break;
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-		if (v->len != sizeof(h) + want.payload_len) {
-			f->bad_sum++;
-			break;
-		}
-		memcpy(&h, v->data, sizeof(h));
-		slot_hdr_seal(&want, kv_crc32c(0, (const uint8_t *)v->data + sizeof(h),
-					       want.payload_len));
-		if (memcmp(&h, &want, sizeof(h))) {
-			f->bad_sum++;
+		c = tier_remote_check(&want, f->mac_key, v->data, v->len);
+		if (c != G4_VALUE_GOOD) {
+			f->oversize += c == G4_VALUE_OVERSIZE;
+			f->bad_sum += c == G4_VALUE_BAD;
+			f->bad_mac += c == G4_VALUE_BAD_TAG;
 			break;
 		}
 		f->good++;
 	}
+	/* What is not served is not kept: a refused value's bytes go now. */
+	for (; i < f->n; i++)
+		kv_rc_val_free(&f->vals[i]);
 }
+
+static void fetch_next(struct kv_tiers *t);
 
 static void fetch_done(struct kv_job *j)
 {
@@ -475,10 +575,20 @@ static void fetch_done(struct kv_job *j)
 	g->st.misses += f->misses;
 	g->st.errors += f->errors;
 	g->st.checksum_failures += f->bad_sum;
+	g->st.auth_failures += f->bad_mac;
+	g->st.oversize += f->oversize;
 	g->cl[f->cl].rd_st = f->rc;
 	if (f->bad_sum)
 		kv_warn("G4: a value for pool '%s' did not check out (header or CRC32C); treated "
 			"as a miss", f->pool->name);
+	if (f->bad_mac)
+		kv_warn("G4: a value for pool '%s' has a header and CRC32C that check out but no "
+			"valid HMAC tag (forged, or written without this namespace's "
+			"remote_key_file); treated as a miss", f->pool->name);
+	if (f->oversize)
+		kv_warn("G4: a value for pool '%s' is longer than its %zu bytes; refused after "
+			"%zu bytes, treated as a miss", f->pool->name, f->vlen, f->vlen + 1);
+	g->reading = 0;
 	kv_hist_since(&g->st.hist, f->start_ns);
 	for (i = 0; i < f->good && !t->stopping; i++) {
 		struct tblock *tb;
@@ -516,6 +626,31 @@ static void fetch_done(struct kv_job *j)
 	kv_rc_vals_free(f->n, f->vals);
 	kv_pool_put(f->pool);
 	free(f);
+	fetch_next(t);
+}
+
+/* Hands the read thread the next fetch, if it is idle: the first waiting
+ * of the namespace after the one served last. */
+static void fetch_next(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_fetch *f;
+	uint32_t ns;
+
+	if (g->reading || !g->fq_waiting || t->stopping)
+		return;
+	for (uint32_t k = 1; k <= KV_MAX_NS + 1; k++) {
+		ns = (g->fq_last + k) % (KV_MAX_NS + 1);
+		if (!(f = g->fq[ns]))
+			continue;
+		if (!(g->fq[ns] = f->next))
+			g->fq_tail[ns] = &g->fq[ns];
+		g->fq_waiting--;
+		g->fq_last = ns;
+		g->reading = 1;
+		kv_worker_submit(&g->rw, &f->job);
+		return;
+	}
 }
 
 uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
@@ -544,6 +679,9 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 		return -ENOMEM;
 	f->t = t;
 	f->cl = client_of(t, p->ns);
+	f->ns = p->ns;
+	f->mac_key = mac_key_of(t, p->ns);
+	f->vlen = value_len(p, f->mac_key);
 	f->pool = p;
 	kv_pool_hold(p);
 	kv_list_init(&f->waiters);
@@ -561,7 +699,12 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 	kv_list_push_back(&f->waiters, &w->link);
 	f->job.run = fetch_run;
 	f->job.done = fetch_done;
-	kv_worker_submit(&g->rw, &f->job);
+	if (!g->fq_tail[f->ns])
+		g->fq_tail[f->ns] = &g->fq[f->ns];
+	*g->fq_tail[f->ns] = f;
+	g->fq_tail[f->ns] = &f->next;
+	g->fq_waiting++;
+	fetch_next(t);
 	return 0;
 }
 

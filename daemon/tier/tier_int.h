@@ -144,6 +144,7 @@ struct tblock {
 	uint8_t g4_ok;             /* in G4 (written, or fetched from there) */
 	uint8_t g4_want;           /* its write-back copies it for G4 (g4_buf) */
 	uint8_t *g4_buf;           /* header and payload for G4, made by that job */
+	const uint8_t *g4_key;     /* its namespace's HMAC key (g4mac.h); NULL: none */
 };
 
 enum { OP_DEMOTE, OP_PROMOTE, OP_SWAP_OUT, OP_SWAP_IN };
@@ -367,6 +368,14 @@ void tier_remote_close(struct kv_tiers *t);
 void tier_remote_reap(struct kv_tiers *t);
 /* Whether tb's write-back copies it for G4 too (reserves the room). */
 int tier_remote_want(struct kv_tiers *t, struct tblock *tb);
+/* Whether a G4 value of len bytes at data is the block want describes
+ * (want: the header it must carry, hash included, CRCs aside): its length
+ * (header, want->payload_len, and a tag when mac_key), header and CRC32Cs,
+ * and with mac_key its HMAC-SHA-256 tag (g4mac.h). Any thread; reads no
+ * more than len bytes. */
+enum { G4_VALUE_GOOD, G4_VALUE_OVERSIZE, G4_VALUE_BAD, G4_VALUE_BAD_TAG };
+int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const void *data,
+		      size_t len);
 /* Worker thread, slot busy: header and payload into tb->g4_buf. */
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */

@@ -1,0 +1,369 @@
+/* G4 against hostile values (issue 29): a real Redis Cluster (3 masters) on
+ * loopback and kvcached daemons standing for nodes of a fleet.
+ *
+ *   keyed:    namespace "keyed" has remote_key_file: node A writes a chain
+ *             (each value tagged with HMAC-SHA-256), node B reads all of it;
+ *   forged:   a value changed in the cluster with its header and CRC32C
+ *             recomputed (what whoever can write the key but lacks the
+ *             secret can do) is a miss on a fresh node, counted as an auth
+ *             failure, the chain served up to it, never a wrong byte;
+ *   oversize: a 64 MiB value (KVT_G4_BIG_MIB) planted under a block's key (a block is 64 KiB)
+ *             is refused after one byte more than a block (counted), the
+ *             daemon's peak RSS stays far below the value, and the other
+ *             tenant ("other") is served its whole chain meanwhile. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvconfig.h"
+
+#if !KV_HAVE_HIREDIS
+int main(void)
+{
+	SKIP("built without hiredis: no G4");
+}
+#else
+#include "crc32c.h"
+#include "rcluster_harness.h"
+
+#define BB 65536u
+#define N 8
+#define HDR 80   /* struct slot_hdr */
+#define TAG 32
+/* The planted value: 64 MiB, or $KVT_G4_BIG_MIB (the figure in
+ * docs/benchmarks.md used 300). */
+static unsigned BIG = 64u << 20;
+/* $KVT_G4_BEFORE=1: for the "before" figure with a kvcached that has no
+ * remote_key_file (KVCACHED_BIN=...): no key, only the oversize part, and
+ * no check of what it does, only the peak RSS printed. */
+static int before;
+
+static struct kvt_rc rc;
+static char tmp[64], conf_arg[200];
+static int ndaemons;
+
+static void node_start(struct kvt_daemon *d)
+{
+	char disk[160];
+
+	snprintf(disk, sizeof(disk), "%s/g3-%d", tmp, ndaemons++);
+	kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB", "--page-size",
+		  "64KiB", "--host-tier-size", "2MiB", "--disk-path", disk, "--disk-size", "8MiB",
+		  NULL);
+	setenv("KVCACHED_SOCKET", d->sock, 1);
+}
+
+static Kvcached__Response *stats_of(const char *ns)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs = NULL;
+	kvc_conn *c = kvt_connect(ns);
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
+	kvc_close(c);
+	return rs;
+}
+
+static void admin(kvc_conn *c, Kvcached__Request *rq)
+{
+	Kvcached__Response *rs = NULL;
+
+	CHECK_EQ(kvc_call(c, rq, &rs), 0);
+	CHECK(!rs->error);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+}
+
+/* Seals the chain of ns (block i: seed base + i), demotes and writes it
+ * back so that it goes to G4; waits for the N writes. */
+static void seal_chain(const char *ns, uint64_t base)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB);
+	kvc_block b[N];
+	kvc_hash h[N];
+	uint64_t want;
+	Kvcached__Response *rs;
+
+	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
+	for (int i = 0; i < N; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
+		h[i] = kvt_hash(base + (uint64_t)i);
+	}
+	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
+	CHECK_EQ(kvc_release(c, b, N), 0);
+	rs = stats_of(ns);
+	want = rs->stats->remote->writes + N;
+	kvcached__response__free_unpacked(rs, NULL);
+	ev.tier = KVCACHED__TIER__TIER_G1;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	admin(c, &rq);
+	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	rq.flush = &fl;
+	admin(c, &rq);
+	for (int tries = 0;; tries++) {
+		uint64_t w, in;
+
+		rs = stats_of(ns);
+		w = rs->stats->remote->writes;
+		in = rs->stats->remote->inflight_bytes;
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (w >= want && !in)
+			break;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	kvc_close(c);
+}
+
+/* A lookup of ns's chain: how many blocks it found, every byte checked. */
+static int lookup_chain(const char *ns, uint64_t base)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB), k;
+	kvc_block b[N];
+	kvc_hash h[N];
+
+	for (int i = 0; i < N; i++)
+		h[i] = kvt_hash(base + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, N, b);
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i));
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	return k;
+}
+
+/* The cluster key of ns's block (seed) and a connection to its master. */
+static redisContext *find_key(const char *ns, uint64_t seed, char *key, size_t len)
+{
+	kvc_hash h = kvt_hash(seed);
+	char hex[2 * sizeof(h.b) + 1];
+
+	for (size_t j = 0; j < sizeof(h.b); j++)
+		snprintf(hex + 2 * j, 3, "%02x", h.b[j]);
+	for (int n = 0; n < rc.n; n++) {
+		redisContext *x;
+		redisReply *r;
+
+		if (!kvt_rc_is_master(&rc, n) || !(x = kvt_rc_connect(&rc, n)))
+			continue;
+		r = redisCommand(x, "SCAN 0 MATCH kvc:%s:*%s COUNT 100000", ns, hex);
+		if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+		    r->element[1]->elements == 1) {
+			snprintf(key, len, "%s", r->element[1]->element[0]->str);
+			freeReplyObject(r);
+			return x;
+		}
+		freeReplyObject(r);
+		redisFree(x);
+	}
+	fprintf(stderr, "no key for %s block %llu\n", ns, (unsigned long long)seed);
+	exit(1);
+}
+
+/* What a party that can write the key but has no secret can do: change the
+ * payload, recompute its CRC32C and the header's, keep the length. */
+static void forge(const char *ns, uint64_t seed)
+{
+	char key[256];
+	redisContext *x = find_key(ns, seed, key, sizeof(key));
+	redisReply *r = redisCommand(x, "GET %s", key), *s;
+	uint8_t *v;
+	uint32_t crc, zero = 0;
+
+	CHECK(r && r->type == REDIS_REPLY_STRING && r->len == HDR + BB + TAG);
+	v = malloc(r->len);
+	memcpy(v, r->str, r->len);
+	v[HDR + 200] ^= 0x5a;
+	crc = kv_crc32c(0, v + HDR, BB);
+	memcpy(v + 72, &crc, 4);        /* payload_crc */
+	memcpy(v + 12, &zero, 4);       /* hdr_crc = 0, then the header's CRC */
+	crc = kv_crc32c(0, v, HDR);
+	memcpy(v + 12, &crc, 4);
+	s = redisCommand(x, "SET %s %b", key, v, r->len);
+	CHECK(s && s->type == REDIS_REPLY_STATUS);
+	freeReplyObject(s);
+	freeReplyObject(r);
+	free(v);
+	redisFree(x);
+}
+
+/* A BIG value under the key of ns's block (seed): made by the server
+ * (SETRANGE pads with zeros), nothing that large crosses the test. */
+static void plant_big(const char *ns, uint64_t seed)
+{
+	char key[256];
+	redisContext *x = find_key(ns, seed, key, sizeof(key));
+	redisReply *r = redisCommand(x, "SETRANGE %s %u x", key, BIG - 1);
+
+	CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == BIG);
+	freeReplyObject(r);
+	redisFree(x);
+}
+
+/* A sample of the daemon's exposition (Metrics, paged, on the worker
+ * socket: this test's uid is the daemon's, an admin there). */
+static long long metric(const char *name)
+{
+	uint64_t first = 0;
+	long long v = -1;
+	size_t nl = strlen(name);
+
+	for (;;) {
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Metrics m = KVCACHED__METRICS__INIT;
+		Kvcached__Response *rs = NULL;
+		kvc_conn *c = kvt_connect(NULL);
+		const char *t;
+		int more;
+
+		m.page = 1;
+		m.first = first;
+		rq.op_case = KVCACHED__REQUEST__OP_METRICS;
+		rq.metrics = &m;
+		CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_METRICS);
+		for (t = rs->metrics->text; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : "")
+			if (!strncmp(t, name, nl) && t[nl] == ' ')
+				v = atoll(t + nl + 1);
+		more = rs->metrics->more;
+		first = rs->metrics->next;
+		kvcached__response__free_unpacked(rs, NULL);
+		kvc_close(c);
+		if (!more)
+			break;
+	}
+	CHECK(v >= 0);
+	return v;
+}
+
+/* VmHWM of pid in KiB: the peak resident set. */
+static long peak_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	CHECK((f = fopen(path, "r")) != NULL);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+static void write_conf(void)
+{
+	char path[160], keyf[160];
+	FILE *f;
+	unsigned uid = (unsigned)getuid();
+
+	snprintf(keyf, sizeof(keyf), "%s/keyed.g4key", tmp);
+	CHECK((f = fopen(keyf, "w")) != NULL);
+	fprintf(f, "%s\n", "3f1c0b9e5a7d2468ace0f1e2d3c4b5a6978877665544332211ffeeddccbbaa99");
+	fclose(f);
+	CHECK(chmod(keyf, 0600) == 0);
+	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	CHECK((f = fopen(path, "w")) != NULL);
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "[namespace keyed]\nusers = %u\nremote = yes\n%s%s\n\n", uid,
+		before ? "" : "remote_key_file = ", before ? "" : keyf);
+	fprintf(f, "[namespace other]\nusers = %u\nremote = yes\n", uid);
+	fclose(f);
+	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
+}
+
+int main(void)
+{
+	struct kvt_daemon a, b, b2, b3;
+	Kvcached__Response *rs;
+	long base_kib, peak;
+	int k;
+
+	if (getenv("KVT_G4_BIG_MIB"))
+		BIG = (unsigned)atoi(getenv("KVT_G4_BIG_MIB")) << 20;
+	before = getenv("KVT_G4_BEFORE") && atoi(getenv("KVT_G4_BEFORE"));
+	snprintf(tmp, sizeof(tmp), "/tmp/kvt-g4h.XXXXXX");
+	CHECK(mkdtemp(tmp) != NULL);
+	kvt_rc_start(&rc, 3, 0, NULL);
+	write_conf();
+	node_start(&a);
+	seal_chain("keyed", 1000);
+	seal_chain("other", 3000);
+
+	/* keyed: B reads every tagged value */
+	node_start(&b);
+	k = lookup_chain("keyed", 1000);
+	fprintf(stderr, "keyed: node B found %d of %d\n", k, N);
+	CHECK_EQ(k, N);
+	rs = stats_of("keyed");
+	CHECK_EQ(rs->stats->remote->hits, N);
+	kvcached__response__free_unpacked(rs, NULL);
+
+	if (before) {
+		plant_big("keyed", 1002);
+		node_start(&b3);
+		base_kib = peak_kib(b3.pid);
+		k = lookup_chain("keyed", 1000);
+		peak = peak_kib(b3.pid);
+		fprintf(stderr, "before: found %d; peak RSS %ld KiB before the lookup, %ld after "
+			"(the value is %u KiB)\n", k, base_kib, peak, BIG >> 10);
+		return 0;
+	}
+	/* forged: block 4 with a valid header and CRC32C but no valid tag */
+	forge("keyed", 1004);
+	node_start(&b2);
+	k = lookup_chain("keyed", 1000);
+	fprintf(stderr, "forged: node B2 found %d (the chain up to the forged block)\n", k);
+	CHECK_EQ(k, 4);
+	CHECK_EQ(metric("kvcached_g4_auth_failures_total"), 1);
+	CHECK_EQ(metric("kvcached_g4_checksum_failures_total"), 0);
+	kvt_stop(&b2);
+
+	/* oversize: block 2 of "keyed" becomes 64 MiB; a fresh node B3 */
+	plant_big("keyed", 1002);
+	node_start(&b3);
+	base_kib = peak_kib(b3.pid);
+	k = lookup_chain("keyed", 1000);
+	fprintf(stderr, "oversize: node B3 found %d\n", k);
+	CHECK_EQ(k, 2);
+	/* The other tenant, on the same node and cluster, is served whole. */
+	CHECK_EQ(lookup_chain("other", 3000), N);
+	peak = peak_kib(b3.pid);
+	fprintf(stderr, "oversize: node B3 peak RSS %ld KiB before the lookups, %ld after "
+		"(the value is %u KiB)\n", base_kib, peak, BIG >> 10);
+	CHECK(peak - base_kib < (long)(BIG >> 10) / 4);
+	CHECK_EQ(metric("kvcached_g4_oversize_total"), 1);
+	CHECK_EQ(metric("kvcached_g4_auth_failures_total"), 0);
+	kvt_stop(&b3);
+
+	/* The forged value counted on the node that met it. */
+	node_start(&b2);
+	CHECK_EQ(lookup_chain("keyed", 1000), 2);   /* block 2 is the big one now */
+	CHECK_EQ(metric("kvcached_g4_oversize_total"), 1);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b2);
+	kvt_stop(&b);
+	kvt_stop(&a);
+	kvt_rc_stop(&rc);
+	fprintf(stderr, "ok\n");
+	return 0;
+}
+#endif
