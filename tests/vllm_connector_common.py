@@ -77,6 +77,7 @@ class Instance:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                                 KVCacheGroupSpec, KVCacheTensor,
+                                                compute_layout_strides,
                                                 create_kv_cache_views)
         from vllm.v1.kv_cache_layout import KVCacheLayout
         from vllm.v1.structured_output import StructuredOutputManager
@@ -104,14 +105,11 @@ class Instance:
         spec = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD,
                                  dtype=torch.float16)
         lay = KVCacheLayout[layout]
-        page = spec.page_size_bytes
         n = len(LAYERS)
-        if lay.is_layer_compact:
-            t = KVCacheTensor(size=page * num_blocks * n, layers=list(LAYERS),
-                              layer_stride=page * num_blocks, block_stride=page)
-        else:
-            t = KVCacheTensor(size=page * num_blocks * n, layers=list(LAYERS), layer_stride=page,
-                              block_stride=page * n)
+        # Strides as vLLM's planner computes them (kv_cache_planning.py).
+        ls, bstride = compute_layout_strides(spec, num_blocks, n, lay)[:2]
+        t = KVCacheTensor(size=spec.page_size_bytes * num_blocks * n, layers=list(LAYERS),
+                          layer_stride=ls, block_stride=bstride)
         kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[t],
                             kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
         vc.cache_config.num_gpu_blocks = num_blocks
