@@ -570,9 +570,7 @@ class KvcachedConnector(KVConnectorBase_V1):
         if not ptrs or self.layout is None:
             return
         try:
-            nbytes = 0
-            for li in range(len(self.layout.layers)):
-                nbytes += self.copier.copy(li, ptrs, ids, to_kv=False)
+            nbytes = self.copier.copy_all(ptrs, ids, to_kv=False)
             self.copier.sync()   # the blocks may be released after this
             self.stats.add("loaded_blocks", len(ids))
             self.stats.add("loaded_bytes", nbytes)
@@ -582,6 +580,23 @@ class KvcachedConnector(KVConnectorBase_V1):
         finally:
             self._release_load_hold()
             self.stats.add("load_seconds", time.perf_counter() - t0)
+
+    def _backend_ok(self, c, ptr: int) -> bool:
+        """Whether kvcached's blocks are memory this worker's copier can
+        reach: device memory for CUDA KV tensors, host memory for CPU ones
+        (checked once a connection)."""
+        key = (id(c), c.restarts)
+        if getattr(self, "_ptr_checked", None) == key:
+            return self._ptr_ok
+        dev = kvcache._is_device_pointer(ptr)
+        self._ptr_ok = dev == self.layout.is_cuda
+        self._ptr_checked = key
+        if not self._ptr_ok:
+            log.error("kvcached: the daemon's blocks are %s memory but vLLM's KV cache is on %s: "
+                      "run kvcached with --backend %s; going on without it",
+                      "device" if dev else "host", self.layout.device,
+                      "cuda" if self.layout.is_cuda else "host")
+        return self._ptr_ok
 
     def _lookup_for_load(self, ld: _Load) -> List[Tuple[int, int]]:
         """The (block, address) pairs of the loadable head of ld's chain,
@@ -601,6 +616,8 @@ class KvcachedConnector(KVConnectorBase_V1):
         except kvcache.KvError:
             pass
         self._load_hold.extend(blocks)
+        if out and not self._backend_ok(c, out[0][1]):
+            out = []
         self._load_epoch = c.restarts
         return out[:len(ld.block_ids)]
 
@@ -646,10 +663,10 @@ class KvcachedConnector(KVConnectorBase_V1):
         held = list(blocks)
         try:
             ptrs = [c.block_ptr(b) for b in blocks]
+            if not self._backend_ok(c, ptrs[0]):
+                raise ValueError("kvcached's backend does not match the KV cache's device")
             ids = [b for s in meta.saves for b in s.block_ids]
-            nbytes = 0
-            for li in range(len(self.layout.layers)):
-                nbytes += self.copier.copy(li, ptrs, ids, to_kv=True)
+            nbytes = self.copier.copy_all(ptrs, ids, to_kv=True)
             self.copier.sync()
             i = 0
             saved = 0

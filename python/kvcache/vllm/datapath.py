@@ -169,17 +169,26 @@ class HostCopier:
             mm(d, s, n)
         return n * len(kv)
 
+    def copy_all(self, kv_ptrs, block_ids, to_kv: bool) -> int:
+        """Every layer of the block pairs; returns the bytes copied."""
+        return sum(self.copy(li, kv_ptrs, block_ids, to_kv)
+                   for li in range(len(self.layout.layers)))
+
     def sync(self) -> None:
         pass
 
 
 _KERNEL = r"""
+// Copies nruns runs of equal length: run r from src[r] to dst[r]. blockIdx.x
+// walks the runs, blockIdx.y and the threads split a run, so a few long
+// runs still fill the device.
 extern "C" __global__ void kv_copy_runs16(const unsigned long long *src,
         const unsigned long long *dst, unsigned long long words, unsigned long long nruns) {
     for (unsigned long long r = blockIdx.x; r < nruns; r += gridDim.x) {
         const uint4 *s = (const uint4 *)src[r];
         uint4 *d = (uint4 *)dst[r];
-        for (unsigned long long w = threadIdx.x; w < words; w += blockDim.x)
+        for (unsigned long long w = (unsigned long long)blockIdx.y * blockDim.x + threadIdx.x;
+             w < words; w += (unsigned long long)blockDim.x * gridDim.y)
             d[w] = s[w];
     }
 }
@@ -188,7 +197,8 @@ extern "C" __global__ void kv_copy_runs1(const unsigned long long *src,
     for (unsigned long long r = blockIdx.x; r < nruns; r += gridDim.x) {
         const unsigned char *s = (const unsigned char *)src[r];
         unsigned char *d = (unsigned char *)dst[r];
-        for (unsigned long long w = threadIdx.x; w < bytes; w += blockDim.x)
+        for (unsigned long long w = (unsigned long long)blockIdx.y * blockDim.x + threadIdx.x;
+             w < bytes; w += (unsigned long long)blockDim.x * gridDim.y)
             d[w] = s[w];
     }
 }
@@ -222,24 +232,39 @@ class CudaCopier:
         self._kv_views: Dict[Tuple[int, int], object] = {}
         self._keep: list = []      # address tensors the launched kernels still read
 
-    def _launch(self, src: np.ndarray, dst: np.ndarray, nbytes: int) -> None:
+    def _upload(self, arrays: List[np.ndarray]):
+        """The address lists on the device, in one copy: a device tensor and
+        the device address of each list in it."""
+        torch = self.torch
+        host = torch.from_numpy(np.concatenate(arrays).view(np.int64))
+        if torch.cuda.is_available():
+            host = host.pin_memory()
+        addr = host.to(self.dev, non_blocking=True)
+        self._keep.append(host)
+        self._keep.append(addr)
+        base, out = addr.data_ptr(), []
+        for a in arrays:
+            out.append(base)
+            base += 8 * len(a)
+        return out
+
+    def _launch(self, src: np.ndarray, dst: np.ndarray, nbytes: int, sp=None, dp=None) -> None:
         cp, torch = self._cp, self.torch
         n = len(src)
-        addr = torch.from_numpy(np.concatenate([src, dst]).view(np.int64)).to(
-            self.dev, non_blocking=False)
+        if sp is None:
+            sp, dp = self._upload([src, dst])
         stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.dev).cuda_stream)
         aligned = nbytes % 16 == 0 and not ((src | dst) % np.uint64(16)).any()
-        grid = (int(min(n, 65535 * 8)),)
+        units = nbytes // 16 if aligned else nbytes
+        # About 4 units a thread in a run, at most 64 blocks a run.
+        grid = (int(min(n, 1 << 20)), int(max(1, min(64, units // 1024))))
         with cp.cuda.Device(self.dev.index or 0), stream:
-            sp = addr.data_ptr()
-            dp = sp + 8 * n
             if aligned:
                 self._k16(grid, (256,), (np.uint64(sp), np.uint64(dp), np.uint64(nbytes // 16),
                                         np.uint64(n)))
             else:
                 self._k1(grid, (256,), (np.uint64(sp), np.uint64(dp), np.uint64(nbytes),
                                        np.uint64(n)))
-        self._keep.append(addr)
 
     def _views(self, addrs: np.ndarray, nbytes: int):
         """uint8 tensors over device addresses (the torch engine)."""
@@ -265,6 +290,28 @@ class CudaCopier:
         else:
             self.torch._foreach_copy_(self._views(dst, n), self._views(src, n))
         return n * len(kv)
+
+    def copy_all(self, kv_ptrs, block_ids, to_kv: bool) -> int:
+        """Every layer of the block pairs: the address lists of all layers
+        go to the device in one copy, then one kernel a layer."""
+        if not len(kv_ptrs):
+            return 0
+        if self._cp is None:
+            return sum(self.copy(li, kv_ptrs, block_ids, to_kv)
+                       for li in range(len(self.layout.layers)))
+        lists, sizes = [], []
+        for li in range(len(self.layout.layers)):
+            kv, vl = self.layout.addresses(li, kv_ptrs, block_ids)
+            src, dst = (vl, kv) if to_kv else (kv, vl)
+            lists += [src, dst]
+            sizes.append(self.layout.layers[li].run_bytes)
+        dev = self._upload(lists)
+        total = 0
+        for li, nb in enumerate(sizes):
+            src, dst = lists[2 * li], lists[2 * li + 1]
+            self._launch(src, dst, nb, dev[2 * li], dev[2 * li + 1])
+            total += nb * len(src)
+        return total
 
     def sync(self) -> None:
         self.torch.cuda.current_stream(self.dev).synchronize()
