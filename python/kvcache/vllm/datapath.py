@@ -228,7 +228,14 @@ class CudaCopier:
             except Exception:
                 if engine == "cupy":
                     raise
-        self.name = "cupy" if self._cp is not None else "torch"
+        self._tri = None
+        if self._cp is None and engine in ("auto", "triton"):
+            try:
+                self._tri = _triton_kernel()
+            except Exception:
+                if engine == "triton":
+                    raise
+        self.name = "cupy" if self._cp is not None else "triton" if self._tri else "torch"
         self._kv_views: Dict[Tuple[int, int], object] = {}
         self._keep: list = []      # address tensors the launched kernels still read
 
@@ -242,6 +249,7 @@ class CudaCopier:
         addr = host.to(self.dev, non_blocking=True)
         self._keep.append(host)
         self._keep.append(addr)
+        self._addr = addr
         base, out = addr.data_ptr(), []
         for a in arrays:
             out.append(base)
@@ -253,6 +261,18 @@ class CudaCopier:
         n = len(src)
         if sp is None:
             sp, dp = self._upload([src, dst])
+        if self._tri is not None:
+            aligned = nbytes % 8 == 0 and not ((src | dst) % np.uint64(8)).any()
+            words = nbytes // 8 if aligned else nbytes
+            blk = 1024
+            # The kernel reads the address lists through int64 tensors over
+            # the uploaded buffer.
+            st = self._addr
+            base = st.data_ptr()
+            s_t = st[(sp - base) // 8:(sp - base) // 8 + n]
+            d_t = st[(dp - base) // 8:(dp - base) // 8 + n]
+            self._tri[(n, (words + blk - 1) // blk)](s_t, d_t, words, WIDE=aligned, BLOCK=blk)
+            return
         stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.dev).cuda_stream)
         aligned = nbytes % 16 == 0 and not ((src | dst) % np.uint64(16)).any()
         units = nbytes // 16 if aligned else nbytes
@@ -285,7 +305,7 @@ class CudaCopier:
         kv, vl = self.layout.addresses(li, kv_ptrs, block_ids)
         n = self.layout.layers[li].run_bytes
         src, dst = (vl, kv) if to_kv else (kv, vl)
-        if self._cp is not None:
+        if self._cp is not None or self._tri is not None:
             self._launch(src, dst, n)
         else:
             self.torch._foreach_copy_(self._views(dst, n), self._views(src, n))
@@ -296,7 +316,7 @@ class CudaCopier:
         go to the device in one copy, then one kernel a layer."""
         if not len(kv_ptrs):
             return 0
-        if self._cp is None:
+        if self._cp is None and self._tri is None:
             return sum(self.copy(li, kv_ptrs, block_ids, to_kv)
                        for li in range(len(self.layout.layers)))
         lists, sizes = [], []
@@ -316,6 +336,36 @@ class CudaCopier:
     def sync(self) -> None:
         self.torch.cuda.current_stream(self.dev).synchronize()
         self._keep = []
+
+
+_TRITON = None
+
+
+def _triton_kernel():
+    """The copy kernel in Triton (vLLM's CUDA environments have Triton):
+    program (r, t) copies tile t of run r; WIDE copies 8-byte words."""
+    global _TRITON
+    if _TRITON is not None:
+        return _TRITON
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kv_copy_runs(src_ptrs, dst_ptrs, n, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
+        t = tl.program_id(1)
+        if WIDE:
+            s = tl.load(src_ptrs + r).to(tl.pointer_type(tl.int64))
+            d = tl.load(dst_ptrs + r).to(tl.pointer_type(tl.int64))
+        else:
+            s = tl.load(src_ptrs + r).to(tl.pointer_type(tl.uint8))
+            d = tl.load(dst_ptrs + r).to(tl.pointer_type(tl.uint8))
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(d + offs, tl.load(s + offs, mask=m), mask=m)
+
+    _TRITON = kv_copy_runs
+    return _TRITON
 
 
 class _CAI:
