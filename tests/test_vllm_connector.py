@@ -114,9 +114,41 @@ def role_kill(sock, admin, tag):
     x.close()
 
 
+def role_fill(sock, admin):
+    """Computes and saves one request (then the test demotes its blocks)."""
+    f = vc.Instance(sock, layout="LBNHC")
+    f.add("f-first", vc.SYSTEM + vc.user(40))
+    f.run()
+    assert f.stats.get("saved_blocks", 0) >= 6, f.stats
+    out(stats=f.stats)
+    f.close()
+
+
+def role_promo(sock, admin):
+    """The first request's prefix is in the host tier: the lookup waits on a
+    promotion; with lookup_timeout_ms 0 the scheduler is answered "ask
+    again" (None) rather than held, and the request is scheduled when the
+    answer is there, beyond the promoted prefix."""
+    kvctl = os.environ["KVCTL_BIN"]
+    p = vc.Instance(sock, layout="LBNHC", extra={"lookup_timeout_ms": 0,
+                                                 "lookup_deadline_ms": 600000})
+    full = vc.SYSTEM + vc.user(40)
+    p.add("p-1", full)
+    p.run()
+    want = len(full) - (len(full) - 1) // BS * BS
+    assert p.first_sched.get("p-1") == want, (p.first_sched, want)
+    assert p.stats.get("loaded_blocks", 0) == (len(full) - 1) // BS, p.stats
+    assert p.conn.deferred >= 1, "the scheduler was never answered None"
+    assert p.held() == 0
+    assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0
+    out(first=p.first_sched, stats=p.stats)
+    p.close()
+
+
 def child(role, sock, admin, *rest):
     try:
-        {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill}[role](sock, admin, *rest)
+        {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill, "fill": role_fill,
+         "promo": role_promo}[role](sock, admin, *rest)
     except AssertionError as e:
         print("FAIL:", e, file=sys.stderr, flush=True)
         sys.exit(1)
@@ -128,20 +160,36 @@ def main():
     d = kvt.tmpdir()
     daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
                         "64KiB")
+    cur = [daemon]
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, daemon.sock, daemon.admin,
+        r = subprocess.run([sys.executable, __file__, "--child", role, cur[0].sock, cur[0].admin,
                             *rest], capture_output=True, text=True, timeout=600)
         res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
         if r.returncode != 0 or not res:
             sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", daemon.log)
+            kvt.fail(f"instance {role} failed (exit {r.returncode})", cur[0].log)
         print(f"instance {role}: {res[-1][7:]}")
         return json.loads(res[-1][7:])
 
     run("a")
     run("b")
     run("c")
+
+    # A prefix in the host tier (G2): promoted while the scheduler goes on.
+    d2 = kvt.tmpdir()
+    small = kvt.Daemon(d2, "--pool-size", "1MiB", "--segment-size", "1MiB", "--page-size",
+                       "64KiB", "--host-tier-size", "4MiB")
+    cur[0] = small
+    run("fill")
+    r = small.kvctl("evict", "--all")          # every cached device block to the host tier
+    kvt.check(r.returncode == 0, "kvctl evict: " + r.stderr, small.log)
+    print("kvctl evict --all:", r.stdout.strip())
+    run("promo")
+    r = small.kvctl("-o", "json", "status")
+    kvt.check(r.returncode == 0 and '"promotions": 6' in r.stdout, "kvctl status", small.log)
+    small.kill()
+    cur[0] = daemon
 
     # The daemon killed while two instances run.
     procs = [subprocess.Popen([sys.executable, __file__, "--child", "kill", daemon.sock,

@@ -146,6 +146,24 @@ def role_load(sock, layout, kbs, tag, want):
     w.shutdown()
 
 
+def role_refused(sock, what):
+    """kvcached refuses (a namespace this uid may not open) or is full: the
+    save is skipped, the load reports its blocks, nothing raises."""
+    from kvcache.vllm.connector import _Load, _Save
+    extra = {"namespace": "not-granted-to-this-uid"} if what == "namespace" else None
+    w, kv, _ = worker(sock, "LBNHC", extra=extra)
+    do_save(w, meta(saves=[_Save("s", hashes(what, 2), None, [4, 5],
+                                 list(range(2 * vc.BS)))]))
+    err, _ = do_load(w, meta(loads=[_Load("r", hashes(what, 2), [1, 2])]))
+    assert err == {1, 2}, err
+    st = w.get_kv_connector_stats()
+    assert st.data["save_failures"] == 2 and st.data["saved_blocks"] == 0, st.data
+    if what == "full":
+        assert vc.kvctl_refs(os.environ["KVCTL_BIN"], os.environ["KVT_ADMIN"], os.getpid()) == 0
+    print("RESULT ok", flush=True)
+    w.shutdown()
+
+
 def role_down(sock):
     from kvcache.vllm.connector import _Load, _Save
     w, kv, _ = worker(sock, "LBNHC")
@@ -185,8 +203,22 @@ def main():
         want = run("save", daemon.sock, a, str(kbs), tag)
         run("load", daemon.sock, b, str(kbs), tag, want)
         print(f"{a} -> {b} (kernel block {kbs or vc.BS}): byte-exact")
-    # Another layout order is another pool: nothing to load, and no error
-    # but the absence of the blocks.
+    if os.getuid() != 0:        # root may open every namespace
+        run("refused", daemon.sock, "namespace")
+        print("namespace refused: every block a load error, saves skipped")
+    # Full: another client holds every page of the daemon.
+    import kvcache
+    hog = kvcache.connect(daemon.sock)
+    hp = hog.register_pool("hog", 64 << 10, 16)
+    held = []
+    try:
+        while True:
+            held += hog.alloc(hp, 1)
+    except kvcache.KvError as e:
+        kvt.check(e.code == kvcache.ENOSPC, f"hog: {e}")
+    run("refused", daemon.sock, "full")
+    print(f"full ({len(held)} blocks of 64 KiB held elsewhere): saves skipped")
+    hog.close()
     daemon.kill()
     run("down", daemon.sock)
     print("daemon down: every block a load error, saves skipped")
@@ -196,7 +228,8 @@ def main():
 
 def child(role, *args):
     try:
-        {"save": role_save, "load": role_load, "down": role_down}[role](*args)
+        {"save": role_save, "load": role_load, "down": role_down,
+         "refused": role_refused}[role](*args)
     except AssertionError as e:
         print("FAIL:", e, file=sys.stderr, flush=True)
         sys.exit(1)

@@ -110,7 +110,8 @@ class KvcachedWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
-_COUNTERS = ("lookups", "lookup_hit_blocks", "lookup_failures", "loaded_blocks",
+_COUNTERS = ("lookups", "lookups_deferred", "lookup_hit_blocks", "lookup_failures",
+             "loaded_blocks",
              "loaded_bytes", "load_errors", "saved_blocks", "saved_bytes", "save_failures",
              "load_seconds", "save_seconds")
 
@@ -317,6 +318,7 @@ class KvcachedConnector(KVConnectorBase_V1):
             self.client = _Client(self.extra, self.spec, order, "scheduler")
             self._ops = _fut.ThreadPoolExecutor(1, thread_name_prefix="kvcached-sched")
             self._reqs: Dict[str, _ReqState] = {}
+            self.deferred = 0            # lookups answered "ask again" (None), ever
             self._pending_loads: List[_Load] = []
         else:
             self.client = None
@@ -399,6 +401,8 @@ class KvcachedConnector(KVConnectorBase_V1):
             st.lookup.result(timeout=self._lookup_timeout)
         except _fut.TimeoutError:
             if time.monotonic() - st.asked_since < self._lookup_deadline:
+                self.stats.add("lookups_deferred", 1)
+                self.deferred += 1
                 return None, False      # a promotion is under way: ask again later
             self._drop_lookup(st)
             self.stats.add("lookup_failures", 1)
