@@ -194,12 +194,20 @@ class _PoolSpec:
         self.block_size = spec.block_size
         shape = compute_layer_kv_cache_shape_bytes(spec, 1)    # (1, H, N, C bytes)
         self.layer_bytes = int(shape[1] * shape[2] * shape[3])
+        self.order, layout_name = None, None
         try:
-            lay = vllm_config.cache_config.get_resolved_kv_cache_layout()
-            self.order = physical_order(lay.layer_view_order, shape[1:])
-            layout_name = lay.name
-        except Exception:
-            self.order, layout_name = None, None
+            from vllm.config.cache import _layout_from_name
+            name = (getattr(kv_cache_config, "kv_cache_layout", None)
+                    or vllm_config.cache_config.kv_cache_layout)
+            if name:
+                lay = _layout_from_name(name)
+                self.order = physical_order(lay.layer_view_order, shape[1:])
+                layout_name = lay.name
+        except Exception as e:
+            log.warning("kvcached: cannot tell vLLM's KV cache layout (%s)", e)
+        if self.order is None:
+            log.warning("kvcached: vLLM's KV cache layout is not resolved here; assuming NHD "
+                        "(a worker on another layout finds no blocks this side looks up)")
         pc = vllm_config.parallel_config
         model = str(extra.get("model") or vllm_config.model_config.model)
         self.model = model
@@ -559,6 +567,11 @@ class KvcachedConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvcachedConnectorMetadata) or not meta.loads:
             return
+        if self.layout is None:
+            for ld in meta.loads:
+                self._loaded.add(ld.req_id)
+                self._load_errors.update(ld.block_ids)
+            return
         t0 = time.perf_counter()
         ptrs: List[int] = []
         ids: List[int] = []
@@ -571,7 +584,8 @@ class KvcachedConnector(KVConnectorBase_V1):
                     ids.append(b)
                 else:
                     self._load_errors.add(b)
-        if not ptrs or self.layout is None:
+        if not ptrs:
+            self._release_load_hold()
             return
         try:
             nbytes = self.copier.copy_all(ptrs, ids, to_kv=False)
