@@ -225,7 +225,11 @@ class Instance:
         for _ in range(limit):
             if not self.sched.has_unfinished_requests():
                 return
-            self.step()
+            so = self.step()
+            if so.total_num_scheduled_tokens == 0:
+                # Nothing to run: a lookup is pending (answered None); wait
+                # for the connector's ops thread rather than spin.
+                self.conn.drain()
         raise AssertionError("requests did not finish in %d steps" % limit)
 
     def abort(self, rid):
