@@ -3,7 +3,7 @@
 (docs/vllm.md): two vLLM instances in two processes share a system prompt
 through the daemon, B scheduling only the tokens beyond A's sealed prefix
 (with another KV layout, byte-exact); cache salt and LoRA keep prefixes
-apart; preemption and abort leave no reference held (kvctl clients); the
+apart; kv_producer only saves, kv_consumer only loads; preemption and abort leave no reference held (kvctl clients); the
 daemon killed in the middle: both instances go on, recomputing.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
@@ -95,6 +95,31 @@ def role_c(sock, admin):
     c.close()
 
 
+def role_roles(sock, admin):
+    """kv_role: a producer saves and never loads, a consumer loads and never
+    saves."""
+    prod = vc.Instance(sock, kv_role="kv_producer")
+    full = vc.SYSTEM + vc.user(60)
+    prod.add("p-1", full)
+    prod.run()
+    assert prod.stats.get("saved_blocks", 0) == (len(full) + 3) // BS, prod.stats
+    prod.close()
+    prod2 = vc.Instance(sock, kv_role="kv_producer")
+    prod2.add("p-2", full)
+    prod2.run()
+    assert prod2.first_sched["p-2"] == len(full), prod2.first_sched   # no load
+    prod2.close()
+    cons = vc.Instance(sock, kv_role="kv_consumer")
+    cons.add("c-1", full)
+    cons.add("c-2", vc.user(61, 50))
+    cons.run()
+    hit = (len(full) - 1) // BS * BS
+    assert cons.first_sched["c-1"] == len(full) - hit, cons.first_sched
+    assert cons.stats.get("saved_blocks", 0) == 0, cons.stats
+    out(first=cons.first_sched)
+    cons.close()
+
+
 def role_kill(sock, admin, tag):
     """Runs requests, stops half-way until the test says go (the daemon is
     then dead), runs more: all finish, computed locally."""
@@ -148,7 +173,7 @@ def role_promo(sock, admin):
 def child(role, sock, admin, *rest):
     try:
         {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill, "fill": role_fill,
-         "promo": role_promo}[role](sock, admin, *rest)
+         "promo": role_promo, "roles": role_roles}[role](sock, admin, *rest)
     except AssertionError as e:
         print("FAIL:", e, file=sys.stderr, flush=True)
         sys.exit(1)
@@ -175,6 +200,7 @@ def main():
     run("a")
     run("b")
     run("c")
+    run("roles")
 
     # A prefix in the host tier (G2): promoted while the scheduler goes on.
     d2 = kvt.tmpdir()

@@ -67,7 +67,7 @@ class Instance:
     """One vLLM engine: Scheduler + worker-side connector, in this process."""
 
     def __init__(self, sock, layout="LBNHC", num_blocks=64, extra=None, batched=256,
-                 policy="recompute"):
+                 policy="recompute", kv_role="kv_both"):
         import torch
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  SchedulerConfig, VllmConfig)
@@ -98,7 +98,7 @@ class Instance:
                          enable_prefix_caching=True)
         cc.kv_cache_layout = layout
         kt = KVTransferConfig(kv_connector="KvcachedConnector",
-                              kv_connector_module_path="kvcache.vllm", kv_role="kv_both",
+                              kv_connector_module_path="kvcache.vllm", kv_role=kv_role,
                               kv_connector_extra_config=ex, kv_load_failure_policy=policy)
         vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
                         kv_transfer_config=kt, device_config=DeviceConfig("cpu"))

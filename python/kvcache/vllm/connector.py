@@ -319,6 +319,11 @@ class KvcachedConnector(KVConnectorBase_V1):
         self.spec = _PoolSpec(vllm_config, kv_cache_config, self.extra, tp_rank)
         self.block_size = self.spec.block_size
         self.save_mode = str(self.extra.get("save", "all"))
+        # kv_role: a consumer only loads, a producer only saves; kv_both does both.
+        ktc = self._kv_transfer_config
+        self.loads_on = bool(ktc.is_kv_consumer)
+        if not ktc.is_kv_producer:
+            self.save_mode = "none"
         if self.is_scheduler:
             self._lookup_timeout = float(self.extra.get("lookup_timeout_ms", 20)) / 1e3
             self._lookup_deadline = float(self.extra.get("lookup_deadline_ms", 2000)) / 1e3
@@ -388,6 +393,8 @@ class KvcachedConnector(KVConnectorBase_V1):
         st = self._reqs.get(rid)
         if st is None:
             st = self._reqs[rid] = _ReqState(request)
+        if not self.loads_on:
+            return 0, False
         bs = self.block_size
         # vLLM computes at least the last token itself.
         nfull = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
