@@ -32,12 +32,10 @@ thread; the worker side's only by the worker's thread.
 from __future__ import annotations
 
 import concurrent.futures as _fut
-import errno as _errno
 import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
