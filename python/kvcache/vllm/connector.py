@@ -304,7 +304,7 @@ class KvcachedConnector(KVConnectorBase_V1):
       answer the request goes on without kvcached;
     - ``save`` ("all", the default; "prompt"; "none"): which full blocks go
       to kvcached;
-    - ``copy_engine`` ("auto"; "cupy"; "torch") for CUDA tensors;
+    - ``copy_engine`` ("auto"; "cupy"; "triton"; "torch") for CUDA tensors;
     - ``retry_s`` (default 1): how often to retry a daemon that is down.
     """
 
