@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""KvcachedConnector with vLLM 0.33's real Scheduler against a real kvcached
+(docs/vllm.md): two vLLM instances in two processes share a system prompt
+through the daemon, B scheduling only the tokens beyond A's sealed prefix
+(with another KV layout, byte-exact); cache salt and LoRA keep prefixes
+apart; kv_producer only saves, kv_consumer only loads; preemption and abort leave no reference held (kvctl clients); the
+daemon killed in the middle: both instances go on, recomputing.
+
+Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
+without it. Exit 0 pass, 1 fail, 77 skip."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_connector_common as vc  # noqa: E402
+
+BS = vc.BS
+S = len(vc.SYSTEM)
+
+
+def out(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def role_a(sock, admin):
+    """Instance A: computes and saves; then leaves (its references go with
+    its connections, its sealed blocks stay cached)."""
+    a = vc.Instance(sock, layout="LBNHC")
+    a.add("a-plain", vc.SYSTEM + vc.user(1))
+    a.add("a-salt", vc.SYSTEM + vc.user(1), salt="tenant-1")
+    a.add("a-lora", vc.SYSTEM + vc.user(1), lora="adapter-1")
+    a.run()
+    assert a.stats.get("saved_blocks", 0) > 0, a.stats
+    assert a.held() == 0
+    out(first=a.first_sched, stats=a.stats)
+    a.close()
+
+
+def role_b(sock, admin):
+    """Instance B (another process, another layout with the same bytes):
+    loads A's prefix and checks what it schedules."""
+    kvctl = os.environ["KVCTL_BIN"]
+    b = vc.Instance(sock, layout="BLNHC", batched=1024)
+    full = vc.SYSTEM + vc.user(1)          # 104 tokens: 6 full blocks before the last token
+    b.add("b-new-user", vc.SYSTEM + vc.user(2))
+    b.add("b-same", full)
+    b.add("b-salt-same", full, salt="tenant-1")
+    b.add("b-salt-other", full, salt="tenant-2")
+    b.add("b-lora-same", full, lora="adapter-1")
+    b.add("b-lora-other", full, lora="adapter-2")
+    b.run()
+    f = b.first_sched
+    hit_full = (len(full) - 1) // BS * BS
+    want = {"b-new-user": len(vc.SYSTEM + vc.user(2)) - S,
+            "b-same": len(full) - hit_full,
+            "b-salt-same": len(full) - hit_full,
+            "b-salt-other": len(full),
+            "b-lora-same": len(full) - hit_full,
+            "b-lora-other": len(full)}
+    # Requests scheduled in one step see no local cache of each other: B's
+    # own prefix cache holds nothing before this first step.
+    bad = {k: (f.get(k), v) for k, v in want.items() if f.get(k) != v}
+    assert not bad, f"first scheduled tokens (got, want): {bad}"
+    assert b.stats.get("loaded_blocks", 0) >= 4, b.stats
+    assert b.load_errors == 0
+    assert b.held() == 0, "scheduler side still holds references"
+    assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0, "the daemon counts references"
+    out(first=f, stats=b.stats)
+    b.close()
+
+
+def role_c(sock, admin):
+    """Preemption and abort with external hits: every reference released."""
+    kvctl = os.environ["KVCTL_BIN"]
+    c = vc.Instance(sock, layout="LBNHC", num_blocks=14)
+    c.add("c-1", vc.SYSTEM + vc.user(5, 30), max_tokens=40)
+    c.add("c-2", vc.SYSTEM + vc.user(6, 30), max_tokens=40)
+    c.add("c-3", vc.SYSTEM + vc.user(7, 30), max_tokens=40)
+    c.step()                                   # c-1.. load A's prefix
+    c.abort("c-3")
+    c.run()
+    assert c.preempted, "nothing was preempted (the test's cache is too big)"
+    assert c.stats.get("loaded_blocks", 0) >= 4, c.stats
+    # A request aborted while it waits (its lookup answered, nothing loaded).
+    c.add("c-4", vc.SYSTEM + vc.user(8), max_tokens=2)
+    c.abort("c-4")
+    c.add("c-5", vc.SYSTEM + vc.user(9), max_tokens=2)
+    c.run()
+    assert c.held() == 0, "scheduler side still holds references"
+    refs = vc.kvctl_refs(kvctl, admin, os.getpid())
+    assert refs == 0, f"the daemon counts {refs} references of this process"
+    out(preempted=sorted(c.preempted), stats=c.stats)
+    c.close()
+
+
+def role_roles(sock, admin):
+    """kv_role: a producer saves and never loads, a consumer loads and never
+    saves."""
+    prod = vc.Instance(sock, kv_role="kv_producer")
+    full = vc.SYSTEM + vc.user(60)
+    prod.add("p-1", full)
+    prod.run()
+    assert prod.stats.get("saved_blocks", 0) == (len(full) + 3) // BS, prod.stats
+    prod.close()
+    prod2 = vc.Instance(sock, kv_role="kv_producer")
+    prod2.add("p-2", full)
+    prod2.run()
+    assert prod2.first_sched["p-2"] == len(full), prod2.first_sched   # no load
+    prod2.close()
+    cons = vc.Instance(sock, kv_role="kv_consumer")
+    cons.add("c-1", full)
+    cons.add("c-2", vc.user(61, 50))
+    cons.run()
+    hit = (len(full) - 1) // BS * BS
+    assert cons.first_sched["c-1"] == len(full) - hit, cons.first_sched
+    assert cons.stats.get("saved_blocks", 0) == 0, cons.stats
+    out(first=cons.first_sched)
+    cons.close()
+
+
+def role_kill(sock, admin, tag):
+    """Runs requests, stops half-way until the test says go (the daemon is
+    then dead), runs more: all finish, computed locally."""
+    x = vc.Instance(sock, layout="LBNHC", extra={"lookup_deadline_ms": 2000})
+    for i in range(2):
+        x.add(f"{tag}-pre-{i}", vc.SYSTEM + vc.user(20 + i))
+    x.run()
+    print("HALF", flush=True)
+    sys.stdin.readline()
+    for i in range(3):
+        x.add(f"{tag}-post-{i}", vc.SYSTEM + vc.user(30 + i), max_tokens=3)
+    x.run()
+    done = {r for r in x.finished if "-post-" in r}
+    assert len(done) == 3, x.finished
+    assert x.held() == 0
+    out(first=x.first_sched, stats=x.stats)
+    x.close()
+
+
+def role_fill(sock, admin):
+    """Computes and saves one request (then the test demotes its blocks)."""
+    f = vc.Instance(sock, layout="LBNHC")
+    f.add("f-first", vc.SYSTEM + vc.user(40))
+    f.run()
+    assert f.stats.get("saved_blocks", 0) >= 6, f.stats
+    out(stats=f.stats)
+    f.close()
+
+
+def role_promo(sock, admin):
+    """The first request's prefix is in the host tier: the lookup waits on a
+    promotion; with lookup_timeout_ms 0 the scheduler is answered "ask
+    again" (None) rather than held, and the request is scheduled when the
+    answer is there, beyond the promoted prefix."""
+    kvctl = os.environ["KVCTL_BIN"]
+    p = vc.Instance(sock, layout="LBNHC", extra={"lookup_timeout_ms": 0,
+                                                 "lookup_deadline_ms": 600000})
+    full = vc.SYSTEM + vc.user(40)
+    p.add("p-1", full)
+    p.run()
+    want = len(full) - (len(full) - 1) // BS * BS
+    assert p.first_sched.get("p-1") == want, (p.first_sched, want)
+    assert p.stats.get("loaded_blocks", 0) == (len(full) - 1) // BS, p.stats
+    assert p.conn.deferred >= 1, "the scheduler was never answered None"
+    assert p.held() == 0
+    assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0
+    out(first=p.first_sched, stats=p.stats)
+    p.close()
+
+
+def child(role, sock, admin, *rest):
+    try:
+        {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill, "fill": role_fill,
+         "promo": role_promo, "roles": role_roles}[role](sock, admin, *rest)
+    except AssertionError as e:
+        print("FAIL:", e, file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def main():
+    import kvt
+    kvt.need_bins()
+    d = kvt.tmpdir()
+    daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
+                        "64KiB")
+    cur = [daemon]
+
+    def run(role, *rest):
+        r = subprocess.run([sys.executable, __file__, "--child", role, cur[0].sock, cur[0].admin,
+                            *rest], capture_output=True, text=True, timeout=600)
+        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        if r.returncode != 0 or not res:
+            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
+            kvt.fail(f"instance {role} failed (exit {r.returncode})", cur[0].log)
+        print(f"instance {role}: {res[-1][7:]}")
+        return json.loads(res[-1][7:])
+
+    run("a")
+    run("b")
+    run("c")
+    run("roles")
+
+    # A prefix in the host tier (G2): promoted while the scheduler goes on.
+    d2 = kvt.tmpdir()
+    small = kvt.Daemon(d2, "--pool-size", "1MiB", "--segment-size", "1MiB", "--page-size",
+                       "64KiB", "--host-tier-size", "4MiB")
+    cur[0] = small
+    run("fill")
+    r = small.kvctl("evict", "--all")          # every cached device block to the host tier
+    kvt.check(r.returncode == 0, "kvctl evict: " + r.stderr, small.log)
+    print("kvctl evict --all:", r.stdout.strip())
+    run("promo")
+    r = small.kvctl("-o", "json", "status")
+    kvt.check(r.returncode == 0 and '"promotions": 6' in r.stdout, "kvctl status", small.log)
+    small.kill()
+    cur[0] = daemon
+
+    # The daemon killed while two instances run.
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", "kill", daemon.sock,
+                               daemon.admin, t], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for t in ("x", "y")]
+    for p in procs:
+        line = ""
+        while line.strip() != "HALF":
+            line = p.stdout.readline()
+            if not line:
+                sys.stderr.write(p.stderr.read()[-8000:])
+                kvt.fail("an instance died before the daemon was killed", daemon.log)
+    daemon.kill()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+        o, e = p.communicate(timeout=600)
+        if p.returncode != 0:
+            sys.stderr.write(o[-4000:] + e[-8000:])
+            kvt.fail("an instance failed after the daemon died")
+        res = [ln for ln in o.splitlines() if ln.startswith("RESULT ")]
+        print("instance after kill:", res[-1][7:] if res else "?")
+    kvt.cleanup()
+    print("PASS")
+
+
+if __name__ == "__main__":
+    vc.need_vllm()
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""KvcachedConnector's worker side with real bytes (docs/vllm.md): CPU KV
+tensors laid out by vLLM's own create_kv_cache_views in each of vLLM 0.33's
+layouts (and with kernel blocks smaller than the manager's), saved into a
+real kvcached by one process and loaded into other block ids by another,
+byte for byte; a chain that is only partly in kvcached, and a daemon that
+is gone, report exactly the blocks that did not load
+(get_block_ids_with_load_errors); nothing stays referenced.
+
+Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
+without it."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_connector_common as vc  # noqa: E402
+
+NB = 32
+LAYOUTS = ["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
+
+
+def worker(sock, layout, kernel_bs=None, extra=None):
+    import torch
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                             SchedulerConfig, VllmConfig)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                            KVCacheTensor, compute_layout_strides,
+                                            create_kv_cache_views)
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from kvcache.vllm import KvcachedConnector
+
+    ex = {"socket": sock, "model": "kvt-worker", "retry_s": 0.05}
+    ex.update(extra or {})
+    mc = ModelConfig(model=vc.model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
+                     max_model_len=4096)
+    cc = CacheConfig(block_size=vc.BS, cache_dtype="auto", enable_prefix_caching=True)
+    cc.kv_cache_layout = layout
+    cfg = VllmConfig(model_config=mc, cache_config=cc,
+                     scheduler_config=SchedulerConfig(max_model_len=4096,
+                                                      is_encoder_decoder=False),
+                     kv_transfer_config=KVTransferConfig(
+                         kv_connector="KvcachedConnector", kv_role="kv_both",
+                         kv_connector_module_path="kvcache.vllm",
+                         kv_connector_extra_config=ex),
+                     device_config=DeviceConfig("cpu"))
+    spec = FullAttentionSpec(block_size=vc.BS, num_kv_heads=vc.HEADS, head_size=vc.HEAD,
+                             dtype=torch.float16)
+    lay = KVCacheLayout[layout]
+    n = len(vc.LAYERS)
+    # Strides as vLLM's planner computes them (kv_cache_planning.py).
+    ls, bstride = compute_layout_strides(spec, NB, n, lay)[:2]
+    t = KVCacheTensor(size=spec.page_size_bytes * NB * n, layers=list(vc.LAYERS),
+                      layer_stride=ls, block_stride=bstride)
+    kvc = KVCacheConfig(num_blocks=NB, kv_cache_tensors=[t],
+                        kv_cache_groups=[KVCacheGroupSpec(list(vc.LAYERS), spec)])
+    raw = torch.zeros(t.size, dtype=torch.int8)
+    views = create_kv_cache_views(raw, spec, NB, lay, t, kernel_block_size=kernel_bs)
+    kv = dict(zip(vc.LAYERS, views))
+    w = KvcachedConnector(cfg, KVConnectorRole.WORKER, kvc)
+    w.register_kv_caches(kv)
+    return w, kv, raw
+
+
+def fill(kv, bid, seed):
+    """Block bid of every layer: bytes from seed, in logical [H, N, C] order
+    (whatever the physical layout)."""
+    import torch
+    ratio = kv[vc.LAYERS[0]].shape[0] // NB
+    for li, name in enumerate(vc.LAYERS):
+        v = kv[name].view(torch.uint8)
+        for k in range(ratio):
+            blk = v[bid * ratio + k]
+            need = blk.numel()
+            b = (hashlib.sha256(f"{seed}/{li}/{k}".encode()).digest() * (need // 32 + 1))[:need]
+            blk.copy_(torch.frombuffer(bytearray(b), dtype=torch.uint8).view(blk.shape))
+
+
+def logical(kv, bid):
+    import torch
+    ratio = kv[vc.LAYERS[0]].shape[0] // NB
+    return b"".join(kv[name].view(torch.uint8)[bid * ratio + k].contiguous().numpy().tobytes()
+                    for name in vc.LAYERS for k in range(ratio))
+
+
+def hashes(tag, n):
+    return [hashlib.sha256(f"{tag}/{i}".encode()).digest() for i in range(n)]
+
+
+def meta(loads=(), saves=()):
+    from kvcache.vllm.connector import KvcachedConnectorMetadata
+    return KvcachedConnectorMetadata(loads=list(loads), saves=list(saves))
+
+
+def do_save(w, m):
+    w.bind_connector_metadata(m)
+    w.wait_for_save()
+    w.clear_connector_metadata()
+
+
+def do_load(w, m):
+    w.bind_connector_metadata(m)
+    w.start_load_kv(None)
+    err = w.get_block_ids_with_load_errors()
+    loaded = w.build_connector_worker_meta()
+    w.clear_connector_metadata()
+    return err, loaded
+
+
+def role_save(sock, layout, kbs, tag):
+    from kvcache.vllm.connector import _Save
+    w, kv, _ = worker(sock, layout, int(kbs) or None)
+    ids = [3, 9, 4, 20]
+    for i, b in enumerate(ids):
+        fill(kv, b, f"{tag}/{i}")
+    toks = list(range(len(ids) * vc.BS))
+    do_save(w, meta(saves=[_Save("r", hashes(tag, len(ids)), None, ids, toks)]))
+    st = w.get_kv_connector_stats()
+    assert st and st.data["saved_blocks"] == len(ids), st and st.data
+    print("RESULT " + json.dumps([logical(kv, b).hex() for b in ids]), flush=True)
+    w.shutdown()
+
+
+def role_load(sock, layout, kbs, tag, want):
+    from kvcache.vllm.connector import _Load
+    kvctl = os.environ["KVCTL_BIN"]
+    w, kv, _ = worker(sock, layout, int(kbs) or None)
+    want = json.loads(want)
+    ids = [30, 0, 7, 12]
+    err, loaded = do_load(w, meta(loads=[_Load("r", hashes(tag, 4), ids)]))
+    assert not err, f"load errors {err}"
+    assert loaded is not None and loaded.loaded == {"r"}
+    for i, b in enumerate(ids):
+        assert logical(kv, b).hex() == want[i], f"{layout}: block {i} differs after the round trip"
+    # Only the first 2 of a chain in kvcached: the other 3 are errors.
+    chain = hashes(tag, 2) + hashes(tag + "-absent", 3)
+    ids2 = [1, 2, 5, 6, 8]
+    err, _ = do_load(w, meta(loads=[_Load("p", chain, ids2)]))
+    assert err == {5, 6, 8}, f"load errors {err}, want {{5, 6, 8}}"
+    assert vc.kvctl_refs(kvctl, os.environ["KVT_ADMIN"], os.getpid()) == 0
+    print("RESULT ok", flush=True)
+    w.shutdown()
+
+
+def role_refused(sock, what):
+    """kvcached refuses (a namespace this uid may not open) or is full: the
+    save is skipped, the load reports its blocks, nothing raises."""
+    from kvcache.vllm.connector import _Load, _Save
+    extra = {"namespace": "not-granted-to-this-uid"} if what == "namespace" else None
+    w, kv, _ = worker(sock, "LBNHC", extra=extra)
+    do_save(w, meta(saves=[_Save("s", hashes(what, 2), None, [4, 5],
+                                 list(range(2 * vc.BS)))]))
+    err, _ = do_load(w, meta(loads=[_Load("r", hashes(what, 2), [1, 2])]))
+    assert err == {1, 2}, err
+    st = w.get_kv_connector_stats()
+    assert st.data["save_failures"] == 2 and st.data["saved_blocks"] == 0, st.data
+    if what == "full":
+        assert vc.kvctl_refs(os.environ["KVCTL_BIN"], os.environ["KVT_ADMIN"], os.getpid()) == 0
+    print("RESULT ok", flush=True)
+    w.shutdown()
+
+
+def role_down(sock):
+    from kvcache.vllm.connector import _Load, _Save
+    w, kv, _ = worker(sock, "LBNHC")
+    err, loaded = do_load(w, meta(loads=[_Load("r", hashes("down", 3), [1, 2, 3])]))
+    assert err == {1, 2, 3}, err
+    assert loaded.loaded == {"r"}
+    do_save(w, meta(saves=[_Save("s", hashes("down", 1), None, [4], list(range(vc.BS)))]))
+    st = w.get_kv_connector_stats()
+    assert st.data["save_failures"] == 1 and st.data["load_errors"] == 3, st.data
+    print("RESULT ok", flush=True)
+    w.shutdown()
+
+
+def main():
+    import kvt
+    kvt.need_bins()
+    d = kvt.tmpdir()
+    daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
+                        "64KiB")
+    env = dict(os.environ, KVT_ADMIN=daemon.admin)
+
+    def run(*args):
+        r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
+                           text=True, timeout=300, env=env)
+        res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        if r.returncode != 0 or not res:
+            sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
+            kvt.fail(f"{args[0]} {args[2:]} failed (exit {r.returncode})", daemon.log)
+        return res[-1]
+
+    # Pairs whose kvcached bytes agree: same physical order of a block's
+    # H and N (the pool's name carries it), any placement of layers/blocks.
+    pairs = [("LBNHC", "BLNHC", 0), ("BLNHC", "LBNHC", 0), ("LBHNC", "BLHNC", 0),
+             ("LHBNC", "BHLNC", 0), ("LBNHC", "LBNHC", 8), ("LBHNC", "LBHNC", 8)]
+    for i, (a, b, kbs) in enumerate(pairs):
+        tag = f"t{i}"
+        want = run("save", daemon.sock, a, str(kbs), tag)
+        run("load", daemon.sock, b, str(kbs), tag, want)
+        print(f"{a} -> {b} (kernel block {kbs or vc.BS}): byte-exact")
+    if os.getuid() != 0:        # root may open every namespace
+        run("refused", daemon.sock, "namespace")
+        print("namespace refused: every block a load error, saves skipped")
+    # Full: another client holds every page of the daemon.
+    import kvcache
+    hog = kvcache.connect(daemon.sock)
+    hp = hog.register_pool("hog", 64 << 10, 16)
+    held = []
+    try:
+        while True:
+            held += hog.alloc(hp, 1)
+    except kvcache.KvError as e:
+        kvt.check(e.code == kvcache.ENOSPC, f"hog: {e}")
+    run("refused", daemon.sock, "full")
+    print(f"full ({len(held)} blocks of 64 KiB held elsewhere): saves skipped")
+    hog.close()
+    daemon.kill()
+    run("down", daemon.sock)
+    print("daemon down: every block a load error, saves skipped")
+    kvt.cleanup()
+    print("PASS")
+
+
+def child(role, *args):
+    try:
+        {"save": role_save, "load": role_load, "down": role_down,
+         "refused": role_refused}[role](*args)
+    except AssertionError as e:
+        print("FAIL:", e, file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    vc.need_vllm()
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,262 @@
+"""A vLLM instance for the connector tests (tests/test_vllm_connector*.py):
+vLLM 0.33's real Scheduler with KvcachedConnector on both sides, and a
+worker side whose KV cache is CPU tensors laid out by vLLM's own
+create_kv_cache_views. The "model" writes into each token's KV slot bytes
+that depend only on the tokens up to it, the cache salt and the LoRA, so a
+block loaded from kvcached can be checked byte for byte against what this
+process would have computed; every step checks every token the scheduled
+requests have computed so far (local prefix-cache hits and loads alike).
+
+Runs under the vLLM virtual environment (scripts/vllm-env): ``need_vllm()``
+re-executes the calling script with its python, or exits 77.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("MESON_SOURCE_ROOT",
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BS = 16
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+HEADS, HEAD = 2, 16
+
+
+def need_vllm():
+    """Re-executes the caller under the vLLM venv's python unless vllm
+    imports here; exits 77 when there is none."""
+    try:
+        import vllm  # noqa: F401
+        import torch  # noqa: F401
+        return
+    except ImportError:
+        pass
+    if os.environ.get("KVT_VLLM_REEXEC"):
+        print("SKIP: vllm does not import in", sys.executable)
+        sys.exit(77)
+    r = subprocess.run([os.path.join(SRC, "scripts", "vllm-env"), "--path"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        print("SKIP: no vLLM environment (scripts/vllm-env makes it)")
+        sys.exit(77)
+    py = r.stdout.strip()
+    os.environ["KVT_VLLM_REEXEC"] = "1"
+    os.execv(py, [py] + sys.argv)
+
+
+def model_dir():
+    d = os.path.join(tempfile.gettempdir(), "kvt-vllm-model-%d" % os.getuid())
+    os.makedirs(d, exist_ok=True)
+    p = os.path.join(d, "config.json")
+    if not os.path.exists(p):
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 4,
+               "num_key_value_heads": HEADS, "num_hidden_layers": len(LAYERS),
+               "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "float16",
+               "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}
+        tmp = p + ".%d" % os.getpid()
+        with open(tmp, "w") as f:
+            json.dump(cfg, f)
+        os.replace(tmp, p)
+    return d
+
+
+class Instance:
+    """One vLLM engine: Scheduler + worker-side connector, in this process."""
+
+    def __init__(self, sock, layout="LBNHC", num_blocks=64, extra=None, batched=256,
+                 policy="recompute", kv_role="kv_both"):
+        import torch
+        from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                                 SchedulerConfig, VllmConfig)
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                                KVCacheGroupSpec, KVCacheTensor,
+                                                compute_layout_strides,
+                                                create_kv_cache_views)
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from kvcache.vllm import KvcachedConnector
+
+        self.torch = torch
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(BS, sha256)
+        ex = {"socket": sock, "model": "kvt-tiny-llama", "lookup_timeout_ms": 10000,
+              "retry_s": 0.05}
+        ex.update(extra or {})
+        mc = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
+                         max_model_len=4096)
+        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=batched, max_model_len=4096,
+                             enable_chunked_prefill=True, is_encoder_decoder=False)
+        cc = CacheConfig(block_size=BS, gpu_memory_utilization=0.9, cache_dtype="auto",
+                         enable_prefix_caching=True)
+        cc.kv_cache_layout = layout
+        kt = KVTransferConfig(kv_connector="KvcachedConnector",
+                              kv_connector_module_path="kvcache.vllm", kv_role=kv_role,
+                              kv_connector_extra_config=ex, kv_load_failure_policy=policy)
+        vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
+                        kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
+        spec = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD,
+                                 dtype=torch.float16)
+        lay = KVCacheLayout[layout]
+        n = len(LAYERS)
+        # Strides as vLLM's planner computes them (kv_cache_planning.py).
+        ls, bstride = compute_layout_strides(spec, num_blocks, n, lay)[:2]
+        t = KVCacheTensor(size=spec.page_size_bytes * num_blocks * n, layers=list(LAYERS),
+                          layer_stride=ls, block_stride=bstride)
+        kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[t],
+                            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        vc.cache_config.num_gpu_blocks = num_blocks
+        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
+                               structured_output_manager=StructuredOutputManager(vc),
+                               block_size=BS)
+        self.conn = self.sched.connector
+        assert isinstance(self.conn, KvcachedConnector), type(self.conn)
+        self.raw = torch.zeros(t.size, dtype=torch.int8)
+        views = create_kv_cache_views(self.raw, spec, num_blocks, lay, t)
+        self.kv = dict(zip(LAYERS, views))
+        self.worker = KvcachedConnector(vc, KVConnectorRole.WORKER, kvc)
+        self.worker.register_kv_caches(self.kv)
+        self.reqs = {}
+        self.first_sched = {}       # request id -> tokens scheduled the first time
+        self.finished = set()
+        self.preempted = set()
+        self.load_errors = 0
+        self.stats = {}
+
+    # -- the fake model --
+
+    def _key(self, r, p):
+        salt = r.cache_salt or ""
+        lora = r.lora_request.lora_name if r.lora_request else ""
+        toks = r.all_token_ids[:p + 1]
+        return hashlib.sha256(repr((salt, lora, list(toks))).encode()).digest()
+
+    def _slot(self, li, b, off):
+        v = self.kv[LAYERS[li]].view(self.torch.uint8)    # [B, H, N, C bytes]
+        return v[b, :, off, :]
+
+    def _expect(self, r, p, li):
+        d = self._key(r, p) + bytes([li])
+        need = HEADS * 2 * HEAD * 2
+        full = (hashlib.sha256(d).digest() * (need // 32 + 1))[:need]
+        return self.torch.frombuffer(bytearray(full), dtype=self.torch.uint8).view(HEADS, -1)
+
+    def add(self, rid, tokens, max_tokens=4, salt=None, lora=None):
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.request import Request
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        sp.update_from_generation_config({}, 2)
+        lr = LoRARequest(lora, hash(lora) % 1000 + 1, "/nonexistent/" + lora) if lora else None
+        r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp,
+                    pooling_params=None, mm_features=None, block_hasher=self.hasher,
+                    cache_salt=salt, lora_request=lr)
+        self.reqs[rid] = r
+        self.sched.add_request(r)
+        return r
+
+    def step(self):
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        so = self.sched.schedule()
+        for rid in so.preempted_req_ids or ():
+            self.preempted.add(rid)
+        w = self.worker
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(None)
+        errors = w.get_block_ids_with_load_errors()
+        self.load_errors += len(errors)
+        ids_of = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            r = self.reqs[rid]
+            self.first_sched.setdefault(rid, n)
+            ids = self.sched.kv_cache_manager.get_block_ids(rid)[0]
+            ids_of[rid] = ids
+            done = r.num_computed_tokens - n     # schedule() already counted this step's
+            bad = any(ids[p // BS] in errors for p in range(done))
+            if not bad:
+                for p in range(done):      # what attention would read
+                    for li in range(len(LAYERS)):
+                        got = self._slot(li, ids[p // BS], p % BS)
+                        if not self.torch.equal(got, self._expect(r, p, li)):
+                            raise AssertionError(f"{rid}: token {p} layer {li}: wrong KV bytes")
+            for p in range(done, done + n):  # the forward writes this step's tokens
+                for li in range(len(LAYERS)):
+                    self._slot(li, ids[p // BS], p % BS).copy_(self._expect(r, p, li))
+        w.wait_for_save()
+        st = w.get_kv_connector_stats()
+        if st is not None:
+            for k, v in st.data.items():
+                self.stats[k] = self.stats.get(k, 0) + v
+        out = KVConnectorOutput(invalid_block_ids=errors,
+                                kv_connector_worker_meta=w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = self.reqs[rid]
+            end = r.num_computed_tokens
+            # A chunk that does not finish the prompt samples nothing.
+            if end < r.num_tokens:
+                sampled.append([])
+            else:
+                sampled.append([3 + (sum(r.all_token_ids) * 31 + end) % 900])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
+                                                                  enumerate(req_ids)},
+                                sampled_token_ids=sampled, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=[],
+                                kv_connector_output=out)
+        eco = self.sched.update_from_output(so, mro)
+        for v in eco.values():
+            for o in v.outputs:
+                if o.finish_reason is not None:
+                    self.finished.add(o.request_id)
+        for rid in so.finished_req_ids:
+            self.finished.add(rid)
+        return so
+
+    def run(self, limit=500):
+        for _ in range(limit):
+            if not self.sched.has_unfinished_requests():
+                return
+            so = self.step()
+            if so.total_num_scheduled_tokens == 0:
+                # Nothing to run: a lookup is pending (answered None); wait
+                # for the connector's ops thread rather than spin.
+                self.conn.drain()
+        raise AssertionError("requests did not finish in %d steps" % limit)
+
+    def abort(self, rid):
+        from vllm.v1.request import RequestStatus
+        self.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+
+    def held(self):
+        self.conn.drain()
+        return self.conn.held_references()
+
+    def close(self):
+        self.worker.shutdown()
+        self.conn.shutdown()
+
+
+def kvctl_refs(kvctl, admin, pid):
+    """References the daemon counts for this pid's connections."""
+    r = subprocess.run([kvctl, "-s", admin, "-o", "json", "clients"], capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+        raise AssertionError("kvctl clients: " + r.stderr)
+    j = json.loads(r.stdout)
+    return sum(c.get("refs", 0) for c in j.get("clients", []) if c.get("pid") == pid)
+
+
+SYSTEM = [100 + (i * 7) % 800 for i in range(4 * BS)]     # 4 blocks of system prompt
+
+
+def user(seed, n=40):
+    return [100 + (seed * 13 + i * 11) % 800 for i in range(n)]
