@@ -582,7 +582,7 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv
 	} else if (k < n) {
 		const struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
 
-		if (r == -EDQUOT && !t->lv[L3].on)
+		if (r == -EDQUOT && (!t->lv[L3].on || !k))
 			snprintf(why, whylen,
 				 "namespace '%s' is at its G2 quota: it holds %llu of %llu bytes; "
 				 "a swap of %u blocks of %llu bytes does not fit (got %u)",
