@@ -194,8 +194,9 @@ int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
  * once; a kvc_alloc() or kvc_cow() of this namespace that needs the room
  * waits for the copy (so an engine swaps one sequence out and allocates for
  * another right away). *swap names the sequence for kvc_swap_in(). Returns
- * 0, KVC_ENOSPC when the host and disk tiers cannot hold it, or the host
- * tier has not one free slot to stage it through (or none is configured).
+ * 0, KVC_ENOSPC when the host and disk tiers cannot hold it (or no host
+ * tier is configured). When the host tier is all other swaps, it waits
+ * while the oldest of them is moved to the disk tier.
  * Swapped data is freed when the connection closes. */
 int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap);
 

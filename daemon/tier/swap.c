@@ -30,7 +30,7 @@ void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw, int unref)
 			slot_put(t, L2, sw->run[i], sw->slot[i]);
 			t->lv[L2].st.blocks--;
 		}
-	for (i = 0; sw->run3 && i < sw->m; i++)
+	for (i = 0; sw->run3 && i < sw->n; i++)
 		if (sw->run3[i]) {
 			slot_put(t, L3, sw->run3[i], sw->slot3[i]);
 			t->lv[L3].st.blocks--;
@@ -172,7 +172,7 @@ static void spill_summed(struct kv_job *j)
 	struct kv_tiers *t = io->sw->t;
 
 	if (t->stopping) {
-		spill_written(&io->dop, -ESHUTDOWN);
+		io->dop.done(&io->dop, -ESHUTDOWN);
 		return;
 	}
 	kv_disk_submit(&t->disk, &io->dop);
@@ -244,6 +244,142 @@ static void swap_out_step(struct kv_tiers *t, struct kv_swap *sw)
 		if (!sw->pending)
 			swap_round_end(t, sw);
 	}
+}
+
+/* ---- evacuation: a resting swap's G2 blocks written to G3, its slots freed -- */
+
+/* Frees sw's G2 slots (none holds a block of it). */
+static void swap_free_stage(struct kv_tiers *t, struct kv_swap *sw)
+{
+	uint32_t j;
+
+	for (j = 0; j < sw->k; j++) {
+		t->swap_bytes -= sw->run[j]->slot_bytes;
+		slot_put(t, L2, sw->run[j], sw->slot[j]);
+		sw->run[j] = NULL;
+		t->lv[L2].st.blocks--;
+	}
+	sw->k = 0;
+}
+
+static void evac_written(struct kv_disk_op *dop, int res)
+{
+	struct swio *io = kv_container_of(dop, struct swio, dop);
+	struct kv_swap *sw = io->sw;
+	struct kv_tiers *t = sw->t;
+	uint32_t i = io->blk;
+
+	t->lv[L3].st.inflight--;
+	if (res == (int)dop->len) {
+		sw->loc[i] = LOC_G3;
+		t->lv[L3].st.demotions++;
+	} else {
+		t->lv[L3].st.io_errors++;
+		kv_warn("disk tier: swap write of %u bytes at %llu: %s; the block stays in G2",
+			dop->len, (unsigned long long)dop->off,
+			res < 0 ? strerror(-res) : "short write");
+		slot_put(t, L3, sw->run3[i], sw->slot3[i]);
+		sw->run3[i] = NULL;
+		t->lv[L3].st.blocks--;
+		sw->rerr = 1;
+	}
+	if (--sw->pending)
+		return;
+	if (sw->rerr)
+		sw->evac_failed = 1;  /* not chosen again */
+	else
+		swap_free_stage(t, sw);
+	sw->rerr = 0;
+	sw->state = SW_OUT;
+	if (sw->dead) {
+		tier_swap_free(t, sw, 1);
+		return;
+	}
+	tier_wake_all(&sw->waiters);
+	tier_wake_all(&t->space_waiters);
+}
+
+/* Starts writing resting sw's G2 blocks to new G3 slots; once all are
+ * written its G2 slots are freed (a failed write keeps them all, and the
+ * block stays in G2). Returns 0 when started, 1 when sw had no block in G2
+ * (its slots are freed now), -ENOSPC when G3 has no room for them. */
+static int swap_evacuate(struct kv_tiers *t, struct kv_swap *sw)
+{
+	uint32_t i, cnt = 0;
+
+	kv_assert(sw->state == SW_OUT && !sw->dead && sw->k && sw->run3);
+	for (i = sw->m; i < sw->n; i++) {
+		if (sw->loc[i] != LOC_G2)
+			continue;
+		if (slot_alloc(t, L3, sw->pool, SWAP_SLOT, &sw->run3[i], &sw->slot3[i]) < 0) {
+			while (i-- > sw->m)
+				if (sw->loc[i] == LOC_G2 && sw->run3[i]) {
+					slot_put(t, L3, sw->run3[i], sw->slot3[i]);
+					sw->run3[i] = NULL;
+					t->lv[L3].st.blocks--;
+				}
+			sw->evac_failed = 1;
+			return -ENOSPC;
+		}
+		t->lv[L3].st.blocks++;
+		cnt++;
+	}
+	if (!cnt) {
+		swap_free_stage(t, sw);
+		return 1;
+	}
+	sw->state = SW_EVAC;
+	sw->pending = cnt;
+	for (i = sw->m, cnt = 0; i < sw->n; i++) {
+		struct swio *io;
+		uint8_t *slot;
+		struct slot_hdr h;
+
+		if (sw->loc[i] != LOC_G2)
+			continue;
+		io = &sw->io[cnt++];
+		slot = stage_addr(t, sw, i - sw->m);
+		swap_hdr(t, sw, i, &h);
+		memset(slot, 0, HDR_BYTES);
+		memcpy(slot, &h, sizeof(h));
+		io->blk = i;
+		io->sw = sw;
+		io->res = 0;
+		io->dop = (struct kv_disk_op){ .done = evac_written, .write = 1, .buf = slot,
+					       .len = sw->run3[i]->slot_bytes,
+					       .off = tier_g3_offset(t, sw->run3[i], sw->slot3[i]) };
+		t->lv[L3].st.inflight++;
+		tier_offload(t, &io->job, spill_sum, spill_summed);
+	}
+	return 0;
+}
+
+/* G2 has no slot for a new swap: makes room by evacuating the oldest
+ * resting swap that has G2 slots. Returns 0 when an evacuation is under
+ * way (started now or before: wait for it), 1 when slots were freed at
+ * once, -ENOSPC when none can be. */
+static int swap_make_room(struct kv_tiers *t)
+{
+	struct kv_list *l;
+	int r;
+
+	if (!t->lv[L3].on || t->stopping)
+		return -ENOSPC;
+	kv_list_for_each(l, &t->swaps) {
+		const struct kv_swap *o = kv_container_of(l, struct kv_swap, all);
+
+		if (o->state == SW_EVAC)
+			return 0;
+	}
+	kv_list_for_each(l, &t->swaps) {
+		struct kv_swap *o = kv_container_of(l, struct kv_swap, all);
+
+		if (o->state != SW_OUT || o->dead || !o->k || o->evac_failed || !o->run3)
+			continue;
+		if ((r = swap_evacuate(t, o)) >= 0)
+			return r;
+	}
+	return -ENOSPC;
 }
 
 /* ---- in: the G2 blocks, then rounds of G3 -> G2 slots -> G1 -------------- */
@@ -342,7 +478,7 @@ static void swap_in_step(struct kv_tiers *t, struct kv_swap *sw)
 		return;
 	}
 	/* The G3 blocks, k at a time: the slots are free now. */
-	for (i = 0; i < sw->m && cnt < sw->k; i++) {
+	for (i = 0; i < sw->n && cnt < sw->k; i++) {
 		struct swio *io;
 
 		if (sw->loc[i] != LOC_G3)
@@ -520,8 +656,8 @@ void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res)
 }
 
 int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv_pool *p,
-		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
-		      size_t whylen)
+		      struct kv_block **blocks, uint32_t n, struct kv_waiter *w, uint64_t *handle,
+		      char *why, size_t whylen)
 {
 	struct kv_swap *sw;
 	uint32_t i, k = 0;
@@ -561,9 +697,9 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv
 	k = sw->k;
 	if (k < n && k && t->lv[L3].on) {
 		sw->m = n - k;
-		sw->run3 = calloc(sw->m, sizeof(*sw->run3));
-		sw->slot3 = calloc(sw->m, sizeof(*sw->slot3));
-		sw->io = calloc(k, sizeof(*sw->io));
+		sw->run3 = calloc(n, sizeof(*sw->run3));
+		sw->slot3 = calloc(n, sizeof(*sw->slot3));
+		sw->io = calloc(n, sizeof(*sw->io));
 		if (!sw->run3 || !sw->slot3 || !sw->io) {
 			tier_swap_free(t, sw, 0);
 			return -ENOMEM;
@@ -579,9 +715,18 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv
 				 "the host and disk tiers cannot hold %u blocks of %llu bytes "
 				 "(%u fit in G2, %u of the other %u in G3)", n,
 				 (unsigned long long)p->block_bytes, k, i, sw->m);
+	} else if (!k && r == -ENOSPC && w && (r = swap_make_room(t)) >= 0) {
+		/* G2 is all other swaps' slots: one of them goes to disk. */
+		tier_swap_free(t, sw, 0);
+		if (r == 1)
+			return kv_tiers_swap_out(t, owner, p, blocks, n, w, handle, why, whylen);
+		kv_list_push_back(&t->space_waiters, &w->link);
+		return -EINPROGRESS;
 	} else if (k < n) {
 		const struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
 
+		if (!k && r >= 0)
+			r = -ENOSPC;
 		if (r == -EDQUOT && (!t->lv[L3].on || !k))
 			snprintf(why, whylen,
 				 "namespace '%s' is at its G2 quota: it holds %llu of %llu bytes; "
@@ -601,7 +746,14 @@ int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv
 			r = -ENOSPC;
 	} else {
 		r = 0;
-		sw->io = calloc(1, sizeof(*sw->io));
+	}
+	if (r >= 0 && t->lv[L3].on && !sw->run3) {
+		/* For a later evacuation (swap_evacuate()). */
+		sw->run3 = calloc(n, sizeof(*sw->run3));
+		sw->slot3 = calloc(n, sizeof(*sw->slot3));
+		sw->io = calloc(n, sizeof(*sw->io));
+		if (!sw->run3 || !sw->slot3 || !sw->io)
+			r = -ENOMEM;
 	}
 	if (r < 0) {
 		tier_swap_free(t, sw, 0);
@@ -655,7 +807,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t h
 	struct kv_block **nb;
 	struct kv_list *pos;
 	uint32_t i, need = 0, j;
-	int r;
+	int r, evacuated;
 
 	kv_list_for_each(pos, &owner->list) {
 		struct kv_swap *s = kv_container_of(pos, struct kv_swap, link);
@@ -670,7 +822,7 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t h
 		return -ENOENT;
 	}
 	kv_assert(!sw->dead && (sw->state == SW_OUT || !sw->err));
-	if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY) {
+	if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY || sw->state == SW_EVAC) {
 		kv_list_push_back(&sw->waiters, &w->link);
 		return -EINPROGRESS;
 	}
@@ -687,6 +839,20 @@ int kv_tiers_swap_in(struct kv_tiers *t, struct kv_swap_owner *owner, uint64_t h
 	if (sw->state == SW_OUT) {
 		for (i = 0; i < sw->n; i++)
 			need += sw->loc[i] != LOC_G1;
+		/* Evacuated: G2 slots to read its blocks back through, as many
+		 * as G2 gives up to one per block. */
+		evacuated = !sw->k;
+		while (evacuated && sw->k < need &&
+		       slot_alloc(t, L2, sw->pool, SWAP_SLOT, &sw->run[sw->k], &sw->slot[sw->k]) == 0) {
+			t->swap_bytes += sw->run[sw->k]->slot_bytes;
+			t->lv[L2].st.blocks++;
+			sw->k++;
+		}
+		if (!sw->k) {
+			snprintf(why, whylen, "the host tier has no free slot to read the swap back "
+				 "through; it is kept, try again");
+			return -ENOSPC;
+		}
 		/* out[] is max >= n long: the new blocks go there first. */
 		nb = out;
 		r = kv_pool_alloc(sw->pool, need, nb, why, whylen);
@@ -731,7 +897,7 @@ void kv_tiers_owner_gone(struct kv_tiers *t, struct kv_swap_owner *owner)
 		struct kv_swap *sw = kv_container_of(kv_list_front(&owner->list), struct kv_swap, link);
 
 		swap_leave_owner(owner, sw);
-		if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY) {
+		if (sw->state == SW_OUT_COPY || sw->state == SW_IN_COPY || sw->state == SW_EVAC) {
 			sw->dead = 1;
 			continue;
 		}

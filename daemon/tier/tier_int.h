@@ -175,7 +175,8 @@ struct copyop {
  *          gone: the blocks are the caller's
  *
  * Each block is in one place, loc[i]: G1 (h[i] holds one reference on it),
- * G2 (block i >= m, in slot i - m), or G3 (block i < m, in run3[i]/slot3[i]).
+ * G2 (block i >= m, in slot i - m), or G3 (in run3[i]/slot3[i]: block i < m, or any
+ * block once evacuated).
  * A copy or disk I/O that fails leaves the block where it was: nothing is
  * lost, the swap rests in OUT with its blocks spread over G1, G2 and G3 (or
  * in IN when all are in G1), and the next swap_in moves what is not in G1.
@@ -186,8 +187,14 @@ struct copyop {
  *             (swap_in requests) or dead set (the owner went: off its list,
  *             freed when the round in flight ends).
  *   OUT       some block is not in G1; err (-EIO) is reported by the next
- *             swap_in. IN: every block in G1 (swap_in hands h[] over). */
-enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN };
+ *             swap_in. IN: every block in G1 (swap_in hands h[] over).
+ *   EVAC      from OUT, when a new swap finds G2 all swap slots: the G2
+ *             blocks are written to new G3 slots (run3[i] set for blocks
+ *             i >= m too), then the k G2 slots freed (k = 0); back to OUT.
+ *             A write that fails keeps every block in G2 (evac_failed: not
+ *             tried again). swap_in with k = 0 first takes G2 slots to read
+ *             through. Waiters and dead as in the _COPY states. */
+enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN, SW_EVAC };
 enum { LOC_G1, LOC_G2, LOC_G3 };
 
 struct kv_swap;
@@ -212,7 +219,7 @@ struct kv_swap {
 	struct kv_list waiters;
 	struct srun **run;         /* [k] its G2 slots */
 	uint16_t *slot;
-	struct srun **run3;        /* [m] G3 slots, NULL once a block left G3 */
+	struct srun **run3;        /* [n] G3 slots (G3 on), NULL where none */
 	uint16_t *slot3;
 	uint8_t *loc;              /* [n] LOC_* */
 	uint64_t *h;               /* [n] G1 blocks of loc G1 */
@@ -222,9 +229,10 @@ struct kv_swap {
 	uint32_t batch;            /* blocks the step in flight moves */
 	uint8_t phase_g2;          /* IN_COPY: the step in flight copies G2 blocks */
 	uint8_t phase_copy;        /* IN_COPY: ... copies a G3 round's blocks */
+	uint8_t evac_failed;       /* an evacuation of it failed: not tried again */
 	uint32_t pending;          /* disk I/Os and checks of the round in flight */
 	int rerr;                  /* a round failed: stop after it */
-	struct swio *io;           /* [k] */
+	struct swio *io;           /* [n] (G3 on) */
 };
 
 struct kv_tiers {
