@@ -191,8 +191,8 @@ struct copyop {
  *   EVAC      from OUT, when a new swap finds G2 all swap slots: the G2
  *             blocks are written to new G3 slots (run3[i] set for blocks
  *             i >= m too), then the k G2 slots freed (k = 0); back to OUT.
- *             A write that fails keeps every block in G2 (evac_failed: not
- *             tried again). swap_in with k = 0 first takes G2 slots to read
+ *             A write that fails keeps that block in G2 and every G2 slot
+ *             (evac_failed: not tried again). swap_in with k = 0 first takes G2 slots to read
  *             through. Waiters and dead as in the _COPY states. */
 enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN, SW_EVAC };
 enum { LOC_G1, LOC_G2, LOC_G3 };
