@@ -1,5 +1,10 @@
 /* Swap: a session's blocks copied into G2 (and, past G2's free room, through
- * G2 onto G3) and back into new G1 blocks. tier_int.h draws the states. */
+ * G2 onto G3) and back into new G1 blocks. tier_int.h draws the states.
+ *
+ * Over 800 lines because the three movements of a swap (out in rounds, in in
+ * rounds, evacuation of a resting swap) share one per-block placement and
+ * one completion path (swap_round_end()); split apart, each file would need
+ * the others' statics. */
 #include "tier_int.h"
 
 #include <errno.h>
