@@ -189,12 +189,15 @@ int kvc_cow(kvc_conn *c, const kvc_block *blocks, size_t n, kvc_block *out);
 
 /* Swaps a sequence out of the device tier (preemption by swap): the daemon
  * copies the n blocks (held by this connection, writable or sealed, all of
- * one pool) into its host tier and drops this connection's references on
- * them when the copy ends; the handles must not be used again. It returns at
+ * one pool) into its host tier (past its free room, through it onto the
+ * disk tier) and drops this connection's references on each when its copy
+ * ends; the handles must not be used again. It returns at
  * once; a kvc_alloc() or kvc_cow() of this namespace that needs the room
  * waits for the copy (so an engine swaps one sequence out and allocates for
  * another right away). *swap names the sequence for kvc_swap_in(). Returns
- * 0, KVC_ENOSPC when the host tier cannot hold it (or none is configured).
+ * 0, KVC_ENOSPC when the host and disk tiers cannot hold it (or no host
+ * tier is configured). When the host tier is all other swaps, it waits
+ * while the oldest of them is moved to the disk tier.
  * Swapped data is freed when the connection closes. */
 int kvc_swap_out(kvc_conn *c, const kvc_block *blocks, size_t n, uint64_t *swap);
 

@@ -55,6 +55,11 @@ struct kv_backend_ops {
 	int (*segment_fd)(struct kv_backend *be, uint32_t dev, uint32_t idx);
 	/* Copies len bytes between offsets of device dev. Returns 0 or -errno. */
 	int (*copy)(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t src, uint64_t len);
+	/* Optional (NULL: nothing to do). A hint that bytes [off, off + len) of
+	 * device dev were just handed to a pool: the backend may make its own
+	 * mapping of them ready, so that its first copy from them does not fault
+	 * page by page. Never fails, never changes a byte; may finish later. */
+	void (*populate)(struct kv_backend *be, uint32_t dev, uint64_t off, uint64_t len);
 	/* Host memory for the G2 arena, zeroed, page aligned, mapped only by the
 	 * daemon. Returns NULL on failure. host_free takes the same bytes. */
 	void *(*host_alloc)(struct kv_backend *be, uint64_t bytes);

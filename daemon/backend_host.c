@@ -9,7 +9,15 @@
  *
  * Asynchronous copies (demotion, promotion, swap) are memcpys on a worker
  * thread (worker.h), so that the event loop does not wait for megabytes to
- * move; the synchronous copy (Cow) stays on the caller's thread. */
+ * move; the synchronous copy (Cow) stays on the caller's thread.
+ *
+ * The daemon's own mapping of a segment gets its page-table entries when a
+ * pool is handed the pages (populate, MADV_POPULATE_WRITE on the worker
+ * thread), not at its first copy from them: otherwise the first demotion of
+ * freshly written blocks faults in the daemon once per 16 pages and runs at
+ * about half of memcpy's speed (docs/benchmarks.md, (g)). The pages are
+ * allocated then rather than at the client's first write; a segment never
+ * handed to a pool still costs no memory. */
 #include "backend.h"
 
 #include <errno.h>
@@ -26,6 +34,10 @@
 #include "log.h"
 #include "worker.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  /* Linux 5.14; older kernels say EINVAL */
+#endif
+
 struct host_seg {
 	int fd;
 	uint8_t *map;
@@ -36,6 +48,7 @@ struct host_backend {
 	struct host_seg *segs;
 	struct hbatch *fin;         /* finished batches not yet reaped */
 	struct kv_worker wk;        /* does copy_async's memcpys; not started: inline */
+	int no_populate;            /* the kernel has no MADV_POPULATE_WRITE */
 };
 
 /* A copy_async batch for the worker: what to move, decided on the loop (the
@@ -122,6 +135,45 @@ static int host_copy(struct kv_backend *be, uint32_t dev, uint64_t dst, uint64_t
 		return -EINVAL;
 	memcpy(d, s, len);
 	return 0;
+}
+
+/* Populating on the worker: the job owns itself. madvise is a system call,
+ * so a segment recreated (unmapped) meanwhile makes it fail (ENOMEM), never
+ * fault; a range mapped again at the same address is only populated early.
+ * The memcpys of later batches queue behind it, which is what they would
+ * wait for anyway: the same page faults. */
+struct hpop {
+	struct kv_job job;
+	uint8_t *p;
+	uint64_t len;
+};
+
+static void hpop_run(struct kv_job *j)
+{
+	struct hpop *w = kv_container_of(j, struct hpop, job);
+
+	(void)madvise(w->p, w->len, MADV_POPULATE_WRITE);
+	free(w);
+}
+
+static void host_populate(struct kv_backend *be, uint32_t dev, uint64_t off, uint64_t len)
+{
+	struct host_backend *h = (struct host_backend *)be;
+	uint8_t *p = host_addr(h, off, len);
+	struct hpop *w;
+
+	if (dev != 0 || !p || h->no_populate)
+		return;
+	if (!h->wk.started) {
+		if (madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
+			h->no_populate = 1;  /* a kernel before 5.14 */
+		return;
+	}
+	w = malloc(sizeof(*w));
+	if (!w)
+		return;  /* a hint: the first copy faults instead */
+	*w = (struct hpop){ .job = { .run = hpop_run }, .p = p, .len = len };
+	kv_worker_submit(&h->wk, &w->job);
 }
 
 /* G2 on the host backend is plain anonymous memory, locked where
@@ -280,6 +332,7 @@ static const struct kv_backend_ops host_ops = {
 	.segment_create = host_segment_create,
 	.segment_fd = host_segment_fd,
 	.copy = host_copy,
+	.populate = host_populate,
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
 	.copy_async = host_copy_async,

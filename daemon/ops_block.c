@@ -581,7 +581,11 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 		return;
 	}
 	rc = kv_tiers_swap_out(q->d->tiers, &q->ss->swaps, p, q->blk, (uint32_t)m->n_blocks,
-			       &handle, why, sizeof(why));
+			       &q->ss->waiter, &handle, why, sizeof(why));
+	if (rc == -EINPROGRESS) {
+		q->out = KV_OP_PARK;  /* another swap goes to disk to make room */
+		return;
+	}
 	if (rc < 0) {
 		kv_op_fail(q, kv_op_errno_code(rc), -1, "swap out: %s", why);
 		return;

@@ -472,6 +472,10 @@ static int pool_run_new(struct kv_pool *p)
 			goto err;
 		kv_pages_fresh(dev, seg);
 	}
+	if (p->pools->be->ops->populate)
+		p->pools->be->ops->populate(p->pools->be, p->device,
+					    (uint64_t)first * dev->page_bytes,
+					    (uint64_t)p->run_pages * dev->page_bytes);
 	for (i = 0; i < p->run_pages; i++)
 		dev->owner[first + i] = run;
 	run->pool = p;

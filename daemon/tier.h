@@ -22,8 +22,9 @@
  * (the request is then run again from the start); concurrent lookups of one
  * block wait on the same promotion.
  *
- * Swap: swap_out copies a session's held blocks into G2 and releases them
- * from G1 (when the copy is done); swap_in copies them into new G1 blocks.
+ * Swap: swap_out copies a session's held blocks into G2 (past G2's free
+ * room, through G2 onto G3) and releases each from G1 when its copy or write
+ * is done; swap_in copies them into new G1 blocks.
  * Swapped data belongs to the session and is freed when it goes.
  *
  * Each tier block and each swap holds its pool (kv_pool_hold), so a pool is
@@ -174,12 +175,16 @@ static inline void kv_swap_owner_init(struct kv_swap_owner *o)
 
 /* Swap. owner is the session's. swap_out takes over the caller's
  * references on blocks[0..n) (all of pool p) and returns a handle; the
- * caller must not touch the blocks again. -ENOSPC when G2 cannot hold them.
+ * caller must not touch the blocks again. -EINPROGRESS, with w queued on
+ * the tiers' space waiters, while another swap is moved to G3 to make G2
+ * room (the request runs again when woken). -ENOSPC when G2 and G3 together
+ * cannot hold them, or G2 has no free slot and no swap can be moved out of
+ * it (-EDQUOT at a namespace quota); the caller keeps its references then.
  * owner->bytes counts n * block_bytes from then until the swap leaves the
  * owner (swapped in, or the owner gone). */
 int kv_tiers_swap_out(struct kv_tiers *t, struct kv_swap_owner *owner, struct kv_pool *p,
-		      struct kv_block **blocks, uint32_t n, uint64_t *handle, char *why,
-		      size_t whylen);
+		      struct kv_block **blocks, uint32_t n, struct kv_waiter *w, uint64_t *handle,
+		      char *why, size_t whylen);
 /* Returns 0 with *n blocks (each carrying one reference, now the caller's) in
  * out, and the swap gone; -EINPROGRESS while copies are in flight (started
  * now or earlier), with w queued to be woken when they are done; -ENOENT for

@@ -3,6 +3,8 @@
  *   - sealed chains pushed past G1 demote to G2 then G3; lookups of the oldest
  *     promote them back with identical bytes;
  *   - swap out and in: identical bytes, new handles, G1 space freed meanwhile;
+ *     a swap bigger than G2's free room spills to G3, and one that finds G2
+ *     all swap slots moves the oldest swap to G3; faults lose nothing;
  *   - a byte flipped in a slot on disk: a miss, the checksum counter rises;
  *   - injected write failures, ENOSPC, read EIO and copy failures: nothing in
  *     use is lost, errors are counted;
@@ -275,6 +277,144 @@ static void test_swap(void)
 		CHECK_EQ(t2.used, 0);
 	}
 	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+}
+
+/* A swap larger than G2's free room spills the rest to G3 through G2 and
+ * comes back byte for byte; with faults injected (fault: a KVCACHED_FAULTS
+ * spec or NULL) nothing is lost: a failed write leaves its blocks in G1, a
+ * failed read makes swap_in say KVC_EIO and keeps the swap for a retry. G2
+ * holds 48 slots and G1 64 blocks (on cuda too: every size doubles). */
+static void test_swap_spill(const char *fault, int read_fails)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t2, t3;
+	kvc_block b[60], back[60];
+	uint64_t sw1, sw2;
+	kvc_conn *c;
+	int pool, j, r;
+
+	fresh_disk();
+	if (fault)
+		setenv("KVCACHED_FAULTS", fault, 1);
+	start(&d);
+	unsetenv("KVCACHED_FAULTS");
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	CHECK_EQ(kvc_alloc(c, pool, 60, b), 60);
+	for (j = 0; j < 60; j++)
+		kvt_mem_fill(c, kvc_block_ptr(c, b[j]), BB, 7000 + (uint64_t)j);
+	/* 40 fit in G2; of the next 20, 8 do and 12 go on to disk. */
+	CHECK_EQ(kvc_swap_out(c, b, 40, &sw1), 0);
+	CHECK_EQ(kvc_swap_out(c, b + 40, 20, &sw2), 0);
+	kvt_tiers_settle();
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	fprintf(stderr, "swap spill (%s): G2 %llu blocks, G3 %llu blocks, %llu bytes used, "
+		"io_errors %llu\n", fault ? fault : "no faults", (unsigned long long)t2.blocks,
+		(unsigned long long)t3.blocks, (unsigned long long)t3.used,
+		(unsigned long long)t3.io_errors);
+	if (!fault) {
+		CHECK_EQ(t2.blocks, 48);
+		CHECK_EQ(t3.blocks, 12);
+	}
+	CHECK_EQ(kvt_check(), 0);
+	/* The old handles are gone (or, where a write failed, still held by
+	 * the swap, not by this connection). */
+	CHECK_EQ(kvc_release(c, b + 59, 1), KVC_ESTALE);
+	r = kvc_swap_in(c, sw2, back, 60);
+	if (read_fails) {
+		CHECK_EQ(r, KVC_EIO);
+		CHECK_EQ(kvt_check(), 0);
+		r = kvc_swap_in(c, sw2, back, 60);
+	}
+	CHECK_EQ(r, 20);
+	for (j = 0; j < 20; j++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, back[j]), BB, 7040 + (uint64_t)j));
+	CHECK_EQ(kvc_release(c, back, 20), 0);
+	CHECK_EQ(kvc_swap_in(c, sw1, back, 60), 40);
+	for (j = 0; j < 40; j++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, back[j]), BB, 7000 + (uint64_t)j));
+	CHECK_EQ(kvc_release(c, back, 40), 0);
+	kvt_tiers_settle();
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t2.used, 0);
+	CHECK_EQ(t3.used, 0);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(kvc_alloc(c, pool, 60, b), 60);
+	CHECK_EQ(kvc_swap_out(c, b, 60, &sw1), 0);
+	/* A swap of a connection that goes is freed from both tiers, also
+	 * while its spill is under way. */
+	kvc_close(c);
+	kvt_wait_sessions(0);
+	kvt_tiers_settle();
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t2.used, 0);
+	CHECK_EQ(t3.used, 0);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+}
+
+/* G2 is all one swap's slots: the next swap waits while that one goes to
+ * disk (evacuated: its blocks written to G3, its G2 slots freed), then takes
+ * the slots; the evacuated swap comes back through G2 slots taken at swap
+ * in. With a write fault the evacuation fails: nothing moves, the new swap
+ * is refused (ENOSPC) and the caller keeps its blocks. */
+static void test_swap_evacuate(const char *fault)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t2, t3;
+	kvc_block b[60], back[60];
+	uint64_t sw1, sw2;
+	kvc_conn *c;
+	int pool, j;
+
+	fresh_disk();
+	if (fault)
+		setenv("KVCACHED_FAULTS", fault, 1);
+	start(&d);
+	unsetenv("KVCACHED_FAULTS");
+	c = kvt_connect(NULL);
+	pool = kvt_pool(c, "p", BB);
+	CHECK_EQ(kvc_alloc(c, pool, 60, b), 60);
+	for (j = 0; j < 60; j++)
+		kvt_mem_fill(c, kvc_block_ptr(c, b[j]), BB, 9000 + (uint64_t)j);
+	CHECK_EQ(kvc_swap_out(c, b, 48, &sw1), 0);
+	kvt_tiers_settle();
+	if (fault) {
+		CHECK_EQ(kvc_swap_out(c, b + 48, 12, &sw2), KVC_ENOSPC);
+		for (j = 48; j < 60; j++)
+			CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[j]), BB, 9000 + (uint64_t)j));
+		CHECK_EQ(kvc_release(c, b + 48, 12), 0);
+		CHECK_EQ(kvt_check(), 0);
+	} else {
+		CHECK_EQ(kvc_swap_out(c, b + 48, 12, &sw2), 0);
+		kvt_tiers_settle();
+		kvt_tier(1, &t2);
+		kvt_tier(2, &t3);
+		fprintf(stderr, "swap evacuated: G2 %llu blocks, G3 %llu blocks\n",
+			(unsigned long long)t2.blocks, (unsigned long long)t3.blocks);
+		CHECK_EQ(t2.blocks, 12);
+		CHECK_EQ(t3.blocks, 48);
+		CHECK_EQ(kvt_check(), 0);
+		CHECK_EQ(kvc_swap_in(c, sw2, back, 60), 12);
+		for (j = 0; j < 12; j++)
+			CHECK(kvt_mem_verify(c, kvc_block_ptr(c, back[j]), BB, 9048 + (uint64_t)j));
+		CHECK_EQ(kvc_release(c, back, 12), 0);
+	}
+	CHECK_EQ(kvc_swap_in(c, sw1, back, 60), 48);
+	for (j = 0; j < 48; j++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, back[j]), BB, 9000 + (uint64_t)j));
+	CHECK_EQ(kvc_release(c, back, 48), 0);
+	kvt_tiers_settle();
+	kvt_tier(1, &t2);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t2.used, 0);
+	CHECK_EQ(t3.used, 0);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c);
 	kvt_stop(&d);
 }
 
@@ -664,6 +804,17 @@ int main(void)
 
 	RUN(test_demote_promote());
 	RUN(test_swap());
+	RUN(test_swap_spill(NULL, 0));
+	/* A spill write fails: that block stays in G1; swap_in still gives
+	 * every byte back. */
+	RUN(test_swap_spill("g3_write=EIO:count=1", 0));
+	RUN(test_swap_spill("g3_write=short:count=1", 0));
+	/* A read back fails: KVC_EIO, the swap is kept, the retry works. */
+	RUN(test_swap_spill("g3_read=EIO:count=1", 1));
+	/* The copy of a spill round fails: the blocks stay in G1. */
+	RUN(test_swap_spill("copy=EIO:skip=1:count=1", 0));
+	RUN(test_swap_evacuate(NULL));
+	RUN(test_swap_evacuate("g3_write=EIO:count=1"));
 	RUN(test_seal_over_lower_tier());
 	RUN(test_corrupt());
 	/* Writes fail: the blocks stay in G2 and are written on a later try. */

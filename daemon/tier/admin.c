@@ -173,12 +173,13 @@ void kv_tiers_count_refs(struct kv_tiers *t)
 		struct kv_swap *sw = kv_container_of(pos, struct kv_swap, all);
 
 		sw->pool->check_holds++;
-		if (sw->state == SW_OUT)
-			continue;
 		for (i = 0; i < sw->n; i++) {
-			struct kv_block *b = kv_block_lookup(t->ps, sw->h[i]);
+			struct kv_block *b = sw->loc[i] == LOC_G1 && sw->h[i]
+						     ? kv_block_lookup(t->ps, sw->h[i]) : NULL;
 
 			if (b)
+				b->check++;
+			if (sw->nh[i] && (b = kv_block_lookup(t->ps, sw->nh[i])))
 				b->check++;
 		}
 	}

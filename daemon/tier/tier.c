@@ -215,7 +215,7 @@ void kv_tiers_destroy(struct kv_tiers *t)
 
 		if (kv_list_linked(&sw->link))
 			kv_list_del(&sw->link);
-		tier_swap_free(t, sw);
+		tier_swap_free(t, sw, 0);
 	}
 	if (t->lv[L3].on && t->jr.fd >= 0)
 		tier_journal_compact(t);

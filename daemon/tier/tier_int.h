@@ -160,39 +160,80 @@ struct copyop {
 };
 
 /* A swap: one session's blocks, parked in G2 slots that are not in the index
- * and on no LRU (occ is SWAP_SLOT).
+ * and on no LRU (occ is SWAP_SLOT), and, when G2 has fewer free slots than the
+ * swap has blocks, in G3 slots too (occ SWAP_SLOT, never journalled: a swap
+ * does not outlive the daemon). The swap holds k G2 slots; its first m
+ * blocks go to G3 (k + m = n, k >= 1), staged through those slots in rounds
+ * of up to k blocks: D2H into the slots, then written to disk; the last k
+ * blocks then stay in the slots. swap_in reverses it: the G2 blocks first,
+ * then rounds of G3 reads into the slots, checked, then H2D.
  *
- *   swap_out --> OUT_COPY --copy done--> OUT --swap_in--> IN_COPY --copy done--> IN
- *                   |                     ^                  |                    |
- *                   | copy failed         +---copy failed----+ (err = -EIO)       | swap_in
- *                   +--> IN, the G1 blocks kept                                   v
- *                                                          gone: the blocks are the caller's
- *   (a swap_in that finds a copy in flight parks on waiters; the owner going
- *   frees the swap, at once or, during a copy, when the copy is done)
+ *   swap_out --> OUT_COPY --all moved, or a copy or write failed--> OUT or IN
+ *                                                                    |
+ *                 IN <--all in G1-- IN_COPY <--swap_in (new G1 blocks)-+ OUT
+ *                  |                   +--a copy, read or check failed--> OUT, err = -EIO
+ *                  v swap_in
+ *          gone: the blocks are the caller's
  *
- *   OUT_COPY  h[] holds the caller's references on the G1 blocks being copied;
- *             every run[i] set.
- *   OUT       the data is in G2 only: every run[i] set; h[] is stale.
- *   IN_COPY   h[] holds one reference on each new G1 block being filled;
- *             every run[i] set.
- *   IN        h[] holds the references swap_in hands over; run[i] set only
- *             when the swap-out copy failed (the slots go with the swap).
- *   waiters (swap_in requests) non-empty only in the _COPY states. dead (the
- *   owner went during a copy: off its list, freed when the copy is done) only
- *   there too. err (-EIO) only in OUT, reported by the next swap_in. */
-enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN };
+ * Each block is in one place, loc[i]: G1 (h[i] holds one reference on it),
+ * G2 (block i >= m, in slot i - m), or G3 (in run3[i]/slot3[i]: block i < m, or any
+ * block once evacuated).
+ * A copy or disk I/O that fails leaves the block where it was: nothing is
+ * lost, the swap rests in OUT with its blocks spread over G1, G2 and G3 (or
+ * in IN when all are in G1), and the next swap_in moves what is not in G1.
+ *
+ *   OUT_COPY  blocks move out of G1 (one round in flight); IN_COPY: into
+ *             new G1 blocks nh[i] (one reference each, for every block not in
+ *             G1), a round in flight. Only these two states have waiters
+ *             (swap_in requests) or dead set (the owner went: off its list,
+ *             freed when the round in flight ends).
+ *   OUT       some block is not in G1; err (-EIO) is reported by the next
+ *             swap_in. IN: every block in G1 (swap_in hands h[] over).
+ *   EVAC      from OUT, when a new swap finds G2 all swap slots: the G2
+ *             blocks are written to new G3 slots (run3[i] set for blocks
+ *             i >= m too), then the k G2 slots freed (k = 0); back to OUT.
+ *             A write that fails keeps that block in G2 and every G2 slot
+ *             (evac_failed: not tried again). swap_in with k = 0 first takes G2 slots to read
+ *             through. Waiters and dead as in the _COPY states. */
+enum { SW_OUT_COPY, SW_OUT, SW_IN_COPY, SW_IN, SW_EVAC };
+enum { LOC_G1, LOC_G2, LOC_G3 };
+
+struct kv_swap;
+
+/* One staging slot's disk I/O in a round. */
+struct swio {
+	struct kv_disk_op dop;
+	struct kv_job job;
+	struct kv_swap *sw;
+	uint32_t blk;              /* the block it moves */
+	int res;                   /* 0, or why it failed */
+	struct slot_hdr want;      /* a read: the header the slot must carry */
+};
 
 struct kv_swap {
 	struct kv_list link;       /* the owner's list */
 	struct kv_list all;        /* t->swaps */
 	uint64_t id;
 	struct kv_pool *pool;
-	uint32_t n;
+	uint32_t n, k, m;
 	int state, dead, err;
 	struct kv_list waiters;
-	struct srun **run;
+	struct srun **run;         /* [k] its G2 slots */
 	uint16_t *slot;
-	uint64_t *h;               /* G1 blocks: SW_OUT_COPY, SW_IN_COPY, SW_IN */
+	struct srun **run3;        /* [n] G3 slots (G3 on), NULL where none */
+	uint16_t *slot3;
+	uint8_t *loc;              /* [n] LOC_* */
+	uint64_t *h;               /* [n] G1 blocks of loc G1 */
+	uint64_t *nh;              /* [n] IN_COPY: the new G1 block of block i (0: none) */
+	struct kv_tiers *t;
+	uint32_t cur;              /* the next block a round takes */
+	uint32_t batch;            /* blocks the step in flight moves */
+	uint8_t phase_g2;          /* IN_COPY: the step in flight copies G2 blocks */
+	uint8_t phase_copy;        /* IN_COPY: ... copies a G3 round's blocks */
+	uint8_t evac_failed;       /* an evacuation of it failed: not tried again */
+	uint32_t pending;          /* disk I/Os and checks of the round in flight */
+	int rerr;                  /* a round failed: stop after it */
+	struct swio *io;           /* [n] (G3 on) */
 };
 
 struct kv_tiers {
@@ -346,9 +387,10 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res);
 
 /* swap.c */
 void tier_swap_done(struct kv_tiers *t, struct copyop *op, int res);
-/* Frees sw's G2 slots and sw, and takes it off t->swaps; the owner's list and
- * the G1 references sw holds are the caller's to handle. */
-void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw);
+/* Frees sw's G2 and G3 slots and sw, and takes it off t->swaps; with unref,
+ * puts the G1 references it holds too (h[] of blocks in G1, nh[]). The
+ * owner's list is the caller's to handle. */
+void tier_swap_free(struct kv_tiers *t, struct kv_swap *sw, int unref);
 
 /* adopt.c */
 /* Rewrites the G3 journal with only what is live now. */
