@@ -24,6 +24,7 @@ B's integers (vLLM's maybe_convert_block_hash of the same digests).
 
 Runs under scripts/vllm-env's python (tests/vllm_env.py); exits 77 without
 it or when the daemon was built without events. No fixed sleeps."""
+import json
 import os
 import struct
 import sys
@@ -300,7 +301,21 @@ def workload(s):
     w.quit()
 
 
-def settle(s, as_int):
+def tiers_settled(s, media=()):
+    """True once no tier copy or disk I/O is in flight and the blocks are
+    in every medium of media (kvctl dump). The workload overflows G1 and G2:
+    demotions and G2's write-back to G3 go on in the background after the
+    last request, so the media are known only once the tiers are idle."""
+    r = s.daemon.kvctl("-o", "json", "status")
+    kvt.check(r.returncode == 0, "kvctl status: %s" % r.stderr, s.daemon.log)
+    if any(t["inflight"] for t in json.loads(r.stdout)["tiers"]):
+        return False
+    return {m for (_, m) in s.dump(False)} >= set(media)
+
+
+def settle(s, as_int, media=()):
+    kvt.check(kvt.wait_for(lambda: tiers_settled(s, media), timeout=60, step=0.1),
+              "the tiers did not settle with blocks in %s" % sorted(media), s.daemon.log)
     want = [None]
 
     def same():
@@ -403,7 +418,7 @@ def main():
                "--events-interval", "0")
     workload(a)
     workload(b)
-    pa = settle(a, False)
+    pa = settle(a, False, (MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE))
     pb = settle(b, True)
     media = {m for (_, m) in pa}
     kvt.check(media >= {MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE},
