@@ -11,8 +11,9 @@
         prefix caching, hits with it, blocks demoted to G2 in offload.
     python3 tests/test_engine_gpu_cpu.py torch    the torch engine on
         torch's CPU against the numpy reference (check_torch.py --device
-        cpu, host backend), with this python's torch or the vLLM
-        environment's (scripts/vllm-env --path); skips (77) with neither.
+        cpu, host backend; check 3 in Llama-3.2-3B's KV geometry), with
+        this python's torch or the vLLM environment's (scripts/vllm-env
+        --path); skips (77) with neither.
 
 Exits 0, 1, or 77 (no numpy; for torch: no torch). Needs KVCACHED_BIN,
 KVCTL_BIN and build/python on PYTHONPATH (meson sets them)."""
@@ -130,11 +131,12 @@ def test_torch():
               "machines have torch; scripts/gpu-check runs this with --device cuda)")
         sys.exit(77)
     print("torch from", py)
-    # check 3 with SmolLM2-135M's shape: light on a CI machine (Llama-3.2-3B's
-    # shape runs on the GPU, and by hand on a CPU: --shape llama-3.2-3b)
+    # check 3 with Llama-3.2-3B's shape: on a CPU its KV geometry (28 layers,
+    # 8 KV heads of 128: blocks of 1.75 MiB, runs of 7 pages of 2 MiB, the
+    # blocks crossing pages) around a narrow model, light on a CI machine
     cmd = [py, os.path.join(EXAMPLES, "engine", "check_torch.py"), "--device", "cpu",
            "--kvcached", os.environ["KVCACHED_BIN"], "--kvctl", os.environ["KVCTL_BIN"],
-           "--shape", "smollm2-135m"]
+           "--shape", "llama-3.2-3b"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(r.stdout[-5000:], r.stderr[-3000:])
     check(r.returncode == 0, "check_torch.py --device cpu exits 0 (%d)" % r.returncode)

@@ -355,12 +355,20 @@ class TorchModel:
 
     @classmethod
     def random(cls, shape: str, seed: int = 0, device="cuda", dtype="bfloat16",
-               n_layers: int | None = None) -> "TorchModel":
+               n_layers: int | None = None, narrow: bool = False) -> "TorchModel":
         """Seeded random weights of SHAPES[shape], made on the device (the
         same seed gives the same weights on the same device and torch);
-        n_layers: fewer layers than the shape's (tests on a CPU)."""
+        n_layers: fewer layers than the shape's (tests on a CPU); narrow:
+        the shape's KV geometry (layers, KV heads, head_dim: the same
+        blocks) around a small model (one query head per KV head, a
+        256-wide FFN, 2,048 tokens), so that a CPU runs the GPU's block
+        layout in seconds."""
         t0 = time.perf_counter()
         c = replace(SHAPES[shape])
+        if narrow:
+            c = Config(n_vocab=2048, n_embd=c.n_kv_heads * c.head_dim, n_layers=c.n_layers,
+                       n_heads=c.n_kv_heads, n_kv_heads=c.n_kv_heads, n_ff=256,
+                       rope_base=c.rope_base, rms_eps=c.rms_eps, n_ctx=c.n_ctx)
         if n_layers:
             c.n_layers = n_layers
         g = torch.Generator(device=device)
@@ -382,8 +390,9 @@ class TorchModel:
         weights = {"token_embd": w(c.n_vocab, c.n_embd), "output_norm": ones(c.n_embd),
                    "layers": layers}
         m = cls(c, weights, byte_tokenizer(c.n_vocab), device=device, dtype=dtype,
-                random=True, source=f"{shape} random(seed={seed})",
-                name=f"{shape}-random-s{seed}" + (f"-l{n_layers}" if n_layers else ""))
+                random=True, source=f"{shape}{' narrow' if narrow else ''} random(seed={seed})",
+                name=f"{shape}-random-s{seed}" + (f"-l{n_layers}" if n_layers else "") +
+                ("-narrow" if narrow else ""))
         if str(device).startswith("cuda"):
             torch.cuda.synchronize()
         m.load_seconds = time.perf_counter() - t0
