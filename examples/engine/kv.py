@@ -215,8 +215,15 @@ class LocalBlockAllocator(BlockAllocator):
     def __init__(self, layout: KVLayout, num_blocks: int):
         self.layout = layout
         self.arena = np.zeros((num_blocks,) + layout.block_shape, layout.np_dtype)
+        self._init_refs(num_blocks)
+
+    def _init_refs(self, num_blocks: int):
         self.refs = np.zeros(num_blocks, np.int64)
         self._free = list(range(num_blocks - 1, -1, -1))
+
+    def _copy_block(self, dst: int, src: int):
+        """Copy-on-write's copy; subclasses with other memory override it."""
+        self.arena[dst] = self.arena[src]
 
     def alloc(self, n):
         if n > len(self._free):
@@ -247,7 +254,7 @@ class LocalBlockAllocator(BlockAllocator):
                 out.append(h)
                 continue
             (new,) = self.alloc(1)
-            self.arena[new] = self.arena[h]
+            self._copy_block(new, h)
             self.release([h])
             out.append(new)
         return out

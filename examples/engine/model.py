@@ -122,6 +122,32 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)[:, None] * w
 
 
+
+def plan_batch(c: "Config", kv, batch) -> tuple[list, list, list]:
+    """A forward's batch [(seq, tokens, start)] checked (each sequence once,
+    some tokens, within the context) and every sequence's KV rows reserved
+    before any compute (kv.reserve: OutOfBlocks leaves nothing half done).
+    Returns segs [(seq, start, first row, end row) in the batch], and the
+    batch's token ids and positions as flat lists. Both engines (numpy here,
+    torch_model.py) plan a step with it."""
+    if len({seq for seq, _, _ in batch}) != len(batch):
+        raise ValueError("a sequence appears twice in one batch")
+    segs, toks, pos = [], [], []
+    n = 0
+    for seq, tokens, start in batch:
+        T = len(tokens)
+        if T == 0:
+            raise ValueError(f"sequence {seq!r}: no tokens")
+        if start + T > c.n_ctx:
+            raise ValueError(f"sequence {seq!r}: {start + T} tokens > context {c.n_ctx}")
+        kv.reserve(seq, start, start + T)
+        segs.append((seq, start, n, n + T))
+        toks.extend(int(t) for t in tokens)
+        pos.extend(range(start, start + T))
+        n += T
+    return segs, toks, pos
+
+
 class Model:
     """The decoder. `forward` runs one step for a batch of sequences; `generate`
     (below) drives it."""
@@ -308,23 +334,10 @@ class Model:
 
     def _forward(self, batch, kv, all_logits):
         c = self.cfg
-        segs, toks, pos = [], [], []
-        n = 0
-        if len({seq for seq, _, _ in batch}) != len(batch):
-            raise ValueError("a sequence appears twice in one batch")
-        for seq, tokens, start in batch:
-            T = len(tokens)
-            if T == 0:
-                raise ValueError(f"sequence {seq!r}: no tokens")
-            if start + T > c.n_ctx:
-                raise ValueError(f"sequence {seq!r}: {start + T} tokens > context {c.n_ctx}")
-            kv.reserve(seq, start, start + T)
-            segs.append((seq, start, n, n + T))
-            toks.append(np.asarray(tokens, dtype=np.int64))
-            pos.append(np.arange(start, start + T))
-            n += T
-        toks = np.concatenate(toks)
-        pos = np.concatenate(pos)
+        segs, toks, pos = plan_batch(c, kv, batch)
+        n = len(toks)
+        toks = np.asarray(toks, dtype=np.int64)
+        pos = np.asarray(pos, dtype=np.int64)
         cos_t, sin_t = self._rope_tables(int(pos.max()) + 1)
         cos, sin = cos_t[pos], sin_t[pos]
         x = self.tok_embd[toks]                                # (N, n_embd) float32

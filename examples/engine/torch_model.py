@@ -47,8 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .kv import BlockAllocator, KVLayout, OutOfBlocks, PagedKV
-from .model import Config, Model, byte_tokenizer
+from .kv import BlockAllocator, KVLayout, LocalBlockAllocator, PagedKV
+from .model import Config, Model, byte_tokenizer, plan_batch
 
 # Architectures (the published configs; RoPE scaling of Llama 3.x is left
 # out: with random weights it changes nothing the figures measure).
@@ -81,60 +81,26 @@ def kv_bytes_per_token(cfg: Config, dtype: str) -> int:
 
 
 # ---------------------------------------------------------------------- allocators
-class TorchLocalAllocator(BlockAllocator):
+class TorchLocalAllocator(LocalBlockAllocator):
     """In-process blocks in one torch tensor (on any device): the torch
-    counterpart of kv.LocalBlockAllocator, for tests without a daemon.
-    Handles are ints; ptr() gives the block's address."""
+    counterpart of kv.LocalBlockAllocator (whose reference counting it
+    keeps), for tests without a daemon. Handles are ints; ptr() gives the
+    block's address."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, device="cpu"):
         self.layout = layout
-        n = num_blocks * layout.block_bytes
-        self.mem = torch.zeros(n, dtype=torch.uint8, device=device)
-        self.refs = [0] * num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self.mem = torch.zeros(num_blocks * layout.block_bytes, dtype=torch.uint8, device=device)
+        self._init_refs(num_blocks)
 
-    def alloc(self, n):
-        if n > len(self._free):
-            raise OutOfBlocks(f"{n} blocks wanted, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(n)]
-        for h in out:
-            self.refs[h] = 1
-        return out
-
-    def release(self, handles):
-        for h in handles:
-            if self.refs[h] <= 0:
-                raise ValueError(f"block {h} released but not held")
-            self.refs[h] -= 1
-            if self.refs[h] == 0:
-                self._free.append(h)
-
-    def fork(self, handles):
-        for h in handles:
-            self.refs[h] += 1
-        return list(handles)
-
-    def cow(self, handles):
-        out = []
+    def _copy_block(self, dst, src):
         bb = self.layout.block_bytes
-        for h in handles:
-            if self.refs[h] == 1:
-                out.append(h)
-                continue
-            (new,) = self.alloc(1)
-            self.mem[new * bb:(new + 1) * bb] = self.mem[h * bb:(h + 1) * bb]
-            self.release([h])
-            out.append(new)
-        return out
+        self.mem[dst * bb:(dst + 1) * bb] = self.mem[src * bb:(src + 1) * bb]
 
     def view(self, handle):
         raise NotImplementedError("torch blocks: use ptr()")
 
     def ptr(self, handle) -> int:
         return self.mem.data_ptr() + handle * self.layout.block_bytes
-
-    def free_blocks(self):
-        return len(self._free)
 
 
 # How arenas were wrapped in this process (check_torch.py prints it).
@@ -465,21 +431,8 @@ class TorchModel:
         sequence's reserve() before any compute), the KV in kv's blocks.
         Returns float32 numpy logits (copied to the host: the step's end)."""
         c = self.cfg
-        if len({seq for seq, _, _ in batch}) != len(batch):
-            raise ValueError("a sequence appears twice in one batch")
-        segs, toks, pos = [], [], []
-        n = 0
-        for seq, tokens, start in batch:
-            T = len(tokens)
-            if T == 0:
-                raise ValueError(f"sequence {seq!r}: no tokens")
-            if start + T > c.n_ctx:
-                raise ValueError(f"sequence {seq!r}: {start + T} tokens > context {c.n_ctx}")
-            kv.reserve(seq, start, start + T)
-            segs.append((seq, start, n, n + T))
-            toks.extend(tokens)
-            pos.extend(range(start, start + T))
-            n += T
+        segs, toks, pos = plan_batch(c, kv, batch)
+        n = len(toks)
         dev = self.device
         toks_t = torch.tensor(toks, dtype=torch.long).to(dev, non_blocking=True)
         pos_t = torch.tensor(pos, dtype=torch.long).to(dev, non_blocking=True)
