@@ -241,17 +241,35 @@ KVC_PUBLIC int kvc_hash_vllm_block_extra(const kvc_hash *parent, const uint32_t 
 	return r;
 }
 
-KVC_PUBLIC int kvc_hash_vllm_chain_extra(const char *pythonhashseed, const uint32_t *tokens,
-					 size_t ntokens, uint32_t block_tokens,
-					 const struct kvc_vllm_extra *extra, kvc_hash *out,
-					 size_t max)
+/* One block of a chain: block i of block_tokens tokens under parent. */
+typedef int (*chain_block_fn)(EVP_MD_CTX *md, const kvc_hash *parent, const uint32_t *tokens,
+			      uint32_t block_tokens, size_t i, const void *keys, kvc_hash *out);
+
+static int one_tagged(EVP_MD_CTX *md, const kvc_hash *parent, const uint32_t *tokens,
+		      uint32_t block_tokens, size_t i, const void *keys, kvc_hash *out)
+{
+	return block_tagged(md, parent, tokens, block_tokens, (uint64_t)i * block_tokens, i, keys,
+			    out);
+}
+
+static int one_legacy(EVP_MD_CTX *md, const kvc_hash *parent, const uint32_t *tokens,
+		      uint32_t block_tokens, size_t i, const void *keys, kvc_hash *out)
+{
+	return block(md, parent, tokens, block_tokens, keys, i == 0, out);
+}
+
+/* The full blocks of tokens as a chain from the seed's NONE_HASH, one()
+ * hashing each: at most max into out. Returns how many, or -errno. */
+static int chain(const char *pythonhashseed, const uint32_t *tokens, size_t ntokens,
+		 uint32_t block_tokens, kvc_hash *out, size_t max, chain_block_fn one,
+		 const void *keys)
 {
 	EVP_MD_CTX *md;
 	kvc_hash parent, cur;
 	size_t n, i;
 	int r = 0;
 
-	if (block_tokens == 0 || (!tokens && ntokens) || (!out && max) || check_extra(extra) < 0)
+	if (block_tokens == 0 || (!tokens && ntokens) || (!out && max))
 		return -EINVAL;
 	if ((r = kvc_hash_vllm_seed(pythonhashseed, &parent)) < 0)
 		return r;
@@ -263,8 +281,7 @@ KVC_PUBLIC int kvc_hash_vllm_chain_extra(const char *pythonhashseed, const uint3
 	if (!(md = EVP_MD_CTX_new()))
 		return -ENOMEM;
 	for (i = 0; i < n; i++) {
-		r = block_tagged(md, &parent, tokens + i * block_tokens, block_tokens,
-				 (uint64_t)i * block_tokens, i, extra, &cur);
+		r = one(md, &parent, tokens + i * block_tokens, block_tokens, i, keys, &cur);
 		if (r < 0)
 			break;
 		out[i] = cur;
@@ -272,6 +289,16 @@ KVC_PUBLIC int kvc_hash_vllm_chain_extra(const char *pythonhashseed, const uint3
 	}
 	EVP_MD_CTX_free(md);
 	return r < 0 ? r : (int)n;
+}
+
+KVC_PUBLIC int kvc_hash_vllm_chain_extra(const char *pythonhashseed, const uint32_t *tokens,
+					 size_t ntokens, uint32_t block_tokens,
+					 const struct kvc_vllm_extra *extra, kvc_hash *out,
+					 size_t max)
+{
+	if (check_extra(extra) < 0)
+		return -EINVAL;
+	return chain(pythonhashseed, tokens, ntokens, block_tokens, out, max, one_tagged, extra);
 }
 
 /* ---- common ---- */
@@ -316,29 +343,5 @@ KVC_PUBLIC int kvc_hash_vllm_chain(const char *pythonhashseed, const uint32_t *t
 				   size_t ntokens, uint32_t block_tokens,
 				   const struct kvc_vllm_keys *keys, kvc_hash *out, size_t max)
 {
-	EVP_MD_CTX *md;
-	kvc_hash parent, cur;
-	size_t n, i;
-	int r;
-
-	if (block_tokens == 0 || (!tokens && ntokens) || (!out && max))
-		return -EINVAL;
-	if ((r = kvc_hash_vllm_seed(pythonhashseed, &parent)) < 0)
-		return r;
-	n = ntokens / block_tokens;
-	if (n > max)
-		n = max;
-	if (n > INT_MAX)
-		n = INT_MAX;
-	if (!(md = EVP_MD_CTX_new()))
-		return -ENOMEM;
-	for (i = 0; i < n; i++) {
-		r = block(md, &parent, tokens + i * block_tokens, block_tokens, keys, i == 0, &cur);
-		if (r < 0)
-			break;
-		out[i] = cur;
-		parent = cur;
-	}
-	EVP_MD_CTX_free(md);
-	return r < 0 ? r : (int)n;
+	return chain(pythonhashseed, tokens, ntokens, block_tokens, out, max, one_legacy, keys);
 }
