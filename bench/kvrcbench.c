@@ -418,7 +418,7 @@ static void get_all(struct kv_rc *rc, const struct keys *k, size_t size, size_t 
 				if (v[j].status != KV_RC_HIT || v[j].len != size ||
 				    memcmp(v[j].data, value_of(i + j), size))
 					die("%s: the value came back wrong", k->name[i + j]);
-			kv_rc_vals_free(m, v);
+			kv_rc_vals_release(rc, m, v);  /* as the tier does */
 			lat[done++] = dt;
 			pass_secs += dt;
 		}

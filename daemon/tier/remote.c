@@ -555,9 +555,9 @@ static void fetch_run(struct kv_job *j)
 		}
 		f->good++;
 	}
-	/* What is not served is not kept: a refused value's bytes go now. */
-	for (; i < f->n; i++)
-		kv_rc_val_free(&f->vals[i]);
+	/* What is not served is not kept: a refused value's bytes go now
+	 * (back to the client's pool, for the next fetch to read into). */
+	kv_rc_vals_release(rc, f->n - i, f->vals + i);
 }
 
 static void fetch_next(struct kv_tiers *t);
@@ -623,7 +623,9 @@ static void fetch_done(struct kv_job *j)
 	kv_list_for_each(pos, &f->waiters)
 		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
 	tier_wake_all(&f->waiters);
-	kv_rc_vals_free(f->n, f->vals);
+	/* The read thread is idle (reading is 0 until fetch_next): the buffers
+	 * go back to its client's pool, pages mapped, for the next fetch. */
+	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	kv_pool_put(f->pool);
 	free(f);
 	fetch_next(t);
