@@ -46,6 +46,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "crc32c.h"
@@ -132,7 +134,7 @@ struct kv_g4 {
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
-	int read_only;             /* remote_write = off */
+	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
 	struct kv_g4_stats st;
 };
 
@@ -234,18 +236,15 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 
 	if (!c->remote_seeds[0])
 		return 0;
-	if (!t->lv[L3].on) {
-		snprintf(err, errlen, "remote_seeds: G4 needs G3 (disk_path): blocks go to the "
-				      "cluster when they are written back to disk");
-		return -EINVAL;
-	}
 	if (!(g = calloc(1, sizeof(*g))))
 		return -ENOMEM;
 	g->ttl_s = (unsigned)(c->remote_ttl_ms / 1000);
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
-	g->read_only = !strcmp(c->remote_write, "off");
+	g->mode = !strcmp(c->remote_write, "off")      ? KV_G4W_OFF
+		  : !strcmp(c->remote_write, "demote") ? KV_G4W_DEMOTE
+						       : KV_G4W_WRITEBACK;
 	t->g4 = g;
 	/* Client 0 is the daemon's; then one per namespace with a user of
 	 * its own. */
@@ -262,6 +261,17 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		snprintf(g->keys[i].ns, sizeof(g->keys[i].ns), "%s", c->remote_keys[i].ns);
 		if ((r = kv_g4mac_load(c->remote_keys[i].key_file, g->keys[i].key, e, sizeof(e))) < 0) {
 			snprintf(err, errlen, "[namespace %s] %s", c->remote_keys[i].ns, e);
+			return r;
+		}
+	}
+	/* Without G3 the threads' completions need an eventfd of their own
+	 * (the loop watches kv_tiers_disk_fd()), and the tier's worker, which
+	 * seals G4 writes made from G2, is started here. */
+	if (!t->lv[L3].on) {
+		t->disk.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (t->disk.efd < 0 || (r = kv_worker_start(&t->wk, t->disk.efd)) < 0) {
+			r = t->disk.efd < 0 ? -errno : r;
+			snprintf(err, errlen, "G4: eventfd or worker: %s", strerror(-r));
 			return r;
 		}
 	}
@@ -354,13 +364,19 @@ static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
 	return 1;
 }
 
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 {
 	struct kv_g4 *g = t->g4;
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
 	uint64_t len;
+	int mode;
 
-	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote || g->read_only)
+	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote)
+		return 0;
+	mode = m->lim.remote_write ? m->lim.remote_write : g->mode;
+	/* writeback's moments come to a demote namespace too: what was not
+	 * written at demotion (throttled, full) gets a second chance. */
+	if (mode == KV_G4W_OFF || (when == KV_G4W_DEMOTE && mode != KV_G4W_DEMOTE))
 		return 0;
 	tb->g4_key = mac_key_of(t, tb->pool->ns);
 	len = value_len(tb->pool, tb->g4_key);
@@ -492,6 +508,88 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	*g->cl[w->cl].pending_tail = w;
 	g->cl[w->cl].pending_tail = &w->next;
 	write_flush(t, w->cl);
+}
+
+/* A write made from a G2 slot on the loop (remote_write = demote, or a block
+ * G2 drops without G3): the copy is the loop's, its checksums and tag the
+ * tier's worker's; the tblock may be gone by then. */
+struct g4_seal {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct g4_write *w;
+	const uint8_t *mac_key;
+};
+
+static void seal_run(struct kv_job *j)
+{
+	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
+	struct g4_write *w = s->w;
+	struct slot_hdr h;
+	size_t body;
+
+	memcpy(&h, w->buf, sizeof(h));
+	body = sizeof(h) + h.payload_len;
+	slot_hdr_seal(&h, kv_crc32c(0, w->buf + sizeof(h), h.payload_len));
+	memcpy(w->buf, &h, sizeof(h));
+	if (s->mac_key && kv_g4mac_tag(s->mac_key, w->buf, body, w->buf + body) < 0) {
+		free(w->buf);   /* not written: counted as dropped */
+		w->buf = NULL;
+	}
+}
+
+static void seal_done(struct kv_job *j)
+{
+	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
+	struct kv_tiers *t = s->t;
+	struct g4_write *w = s->w;
+	struct kv_g4 *g = t->g4;
+
+	free(s);
+	if (!w->buf || t->stopping) {
+		free(w->buf);
+		g->inflight -= w->len;
+		g->st.dropped++;
+		free(w);
+		return;
+	}
+	*g->cl[w->cl].pending_tail = w;
+	g->cl[w->cl].pending_tail = &w->next;
+	write_flush(t, w->cl);
+}
+
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_write *w;
+	struct g4_seal *s;
+	struct slot_hdr h;
+	uint64_t len;
+
+	if (!tb->run[L2] || !tier_remote_want(t, tb, when))
+		return 0;
+	len = value_len(tb->pool, tb->g4_key);
+	w = calloc(1, sizeof(*w));
+	s = calloc(1, sizeof(*s));
+	if (!w || !s || !(w->buf = malloc(len))) {
+		free(w);
+		free(s);
+		g->inflight -= len;
+		g->st.dropped++;
+		return 0;
+	}
+	slot_hdr_fill(t, tb, &h, 0);
+	memcpy(w->buf, &h, sizeof(h));
+	memcpy(w->buf + sizeof(h), tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+	       h.payload_len);
+	w->keylen = key_of(t, tb->pool, tb->ix.hash, w->key);
+	w->len = len;
+	w->cl = client_of(t, tb->pool->ns);
+	tb->g4_ok = 1;   /* written once */
+	s->t = t;
+	s->w = w;
+	s->mac_key = tb->g4_key;
+	tier_offload(t, &s->job, seal_run, seal_done);
+	return 1;
 }
 
 /* ---- reads -------------------------------------------------------------- */
