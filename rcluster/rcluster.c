@@ -790,6 +790,36 @@ static void rc_connected(struct kv_rc *rc, struct rc_node *node)
 	}
 }
 
+/* Appends a command to the node's output buffer, formatted in place: one
+ * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
+ * formats into a malloc'd command, then copies that into the buffer). */
+static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens)
+{
+	char hdr[32];
+	size_t total = 0;
+	sds o;
+	int i, n;
+
+	for (i = 0; i < argc; i++) {
+		if (lens[i] > SIZE_MAX / 2 - total)
+			return -ENOMEM;
+		total += lens[i] + 32;
+	}
+	if (!(o = sdsMakeRoomFor(node->c->obuf, total + 16)))
+		return -ENOMEM;
+	node->c->obuf = o;
+	n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
+	o = sdscatlen(o, hdr, (size_t)n);
+	for (i = 0; i < argc; i++) {
+		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
+		o = sdscatlen(o, hdr, (size_t)n);
+		o = sdscatlen(o, argv[i], lens[i]);
+		o = sdscatlen(o, "\r\n", 2);
+	}
+	kv_assert(o == node->c->obuf);   /* the room was made above */
+	return 0;
+}
+
 /* Appends op's command(s) to the node's output buffer. */
 static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 {
@@ -843,7 +873,7 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
 		lens[1] = call->keys[op->idx].len;
 	}
-	return redisAppendCommandArgv(node->c, argc, argv, lens) == REDIS_OK ? 0 : -ENOMEM;
+	return rc_append_argv(node, argc, argv, lens);
 }
 
 /* Appends commands while the output buffer has room. */
@@ -873,7 +903,10 @@ static void rc_write(struct kv_rc *rc, struct rc_node *node)
 		return;
 	}
 	rc->st.bytes_out += (uint64_t)n;
-	sdsrange(obuf, (int)n, -1);
+	if ((size_t)n == sdslen(obuf))
+		sdsclear(obuf);   /* all out: no move, the allocation stays */
+	else
+		sdsrange(obuf, (int)n, -1);
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
 }
 
