@@ -228,6 +228,12 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 	return r;
 }
 
+/* t->g2_dropping: a copy only G2 holds is about to go. */
+static void g2_dropping(struct kv_tiers *t, struct tblock *tb)
+{
+	tier_remote_put(t, tb, KV_G4W_WRITEBACK);
+}
+
 int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 {
 	const struct kv_tiers_config *c = &t->cfg;
@@ -246,6 +252,7 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		  : !strcmp(c->remote_write, "demote") ? KV_G4W_DEMOTE
 						       : KV_G4W_WRITEBACK;
 	t->g4 = g;
+	t->g2_dropping = g2_dropping;
 	/* Client 0 is the daemon's; then one per namespace with a user of
 	 * its own. */
 	g->ncl = 1;
@@ -321,6 +328,7 @@ void tier_remote_close(struct kv_tiers *t)
 	}
 	free(g);
 	t->g4 = NULL;
+	t->g2_dropping = NULL;
 }
 
 void tier_remote_reap(struct kv_tiers *t)
@@ -846,10 +854,19 @@ void tier_remote_reap(struct kv_tiers *t)
 	(void)t;
 }
 
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 {
 	(void)t;
 	(void)tb;
+	(void)when;
+	return 0;
+}
+
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	(void)t;
+	(void)tb;
+	(void)when;
 	return 0;
 }
 

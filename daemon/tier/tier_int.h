@@ -263,6 +263,10 @@ struct kv_tiers {
 	 * flight finishes. */
 	uint8_t stopping;
 	struct kv_g4 *g4;          /* remote.c; NULL: no G4 */
+	/* Called by tb_drop_g2() for a copy G3 does not hold, before it goes:
+	 * remote.c's, set when G4 is on (a pointer, so that slots.c stays
+	 * below remote.c, which allocates slots). */
+	void (*g2_dropping)(struct kv_tiers *t, struct tblock *tb);
 	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
