@@ -9,8 +9,8 @@
  *
  *   1. kv_rc: SETs N keys (about --mib MiB in all) in batches of B, then
  *      GETs them all in batches of B, --passes times. Only the kv_rc_get()
- *      calls are timed; every value is checked byte for byte (and freed)
- *      between them, outside the clock.
+ *      calls are timed; every value is checked byte for byte (and given back
+ *      to the client's pool) between them, outside the clock.
  *   2. redis-benchmark -t get -n N x passes against the same cluster, per
  *      configuration of --rb (clients, pipeline, threads). redis-benchmark
  *      --cluster reads keys of its own naming, "key:{T}:<12 digits>": T is
@@ -23,6 +23,11 @@
  *      which the masters' keyspace_hits and keyspace_misses (INFO stats,
  *      read before and after) confirm. Its requests/s x the value size is
  *      its GB/s.
+ *
+ *   3. the write path: redis-benchmark -t set -n N x passes of the same size
+ *      with the fair peer's -c/-P (a connection per master, one thread),
+ *      beside kv_rc's SETs of step 1 (--passes times over the N keys, all
+ *      timed).
  *
  * The cluster is flushed between phases, so each side reads from a data set
  * of the same size (about N values).
@@ -418,7 +423,7 @@ static void get_all(struct kv_rc *rc, const struct keys *k, size_t size, size_t 
 				if (v[j].status != KV_RC_HIT || v[j].len != size ||
 				    memcmp(v[j].data, value_of(i + j), size))
 					die("%s: the value came back wrong", k->name[i + j]);
-			kv_rc_vals_free(m, v);
+			kv_rc_vals_release(rc, m, v);  /* as the tier does */
 			lat[done++] = dt;
 			pass_secs += dt;
 		}
@@ -446,8 +451,8 @@ static void rb_label(const struct rb_conf *r, char *out, size_t len)
 		snprintf(out, len, "-c %d -P %d", r->clients, r->pipeline);
 }
 
-static void rb_get(struct kvt_rc *c, const char *port, const struct rb_conf *conf, size_t size,
-		   size_t n, size_t keyspace, struct rb_result *res)
+static void rb_run(struct kvt_rc *c, const char *port, const struct rb_conf *conf,
+		   const char *test, size_t size, size_t n, size_t keyspace, struct rb_result *res)
 {
 	char sz[24], nn[24], cc[24], pp[24], rr[24], tt[24], label[64];
 	char *argv[24];
@@ -468,7 +473,7 @@ static void rb_get(struct kvt_rc *c, const char *port, const struct rb_conf *con
 	argv[a++] = "--cluster";
 	argv[a++] = "-h"; argv[a++] = "127.0.0.1";
 	argv[a++] = "-p"; argv[a++] = (char *)port;
-	argv[a++] = "-t"; argv[a++] = "get";
+	argv[a++] = "-t"; argv[a++] = (char *)test;
 	argv[a++] = "-d"; argv[a++] = sz;
 	argv[a++] = "-n"; argv[a++] = nn;
 	argv[a++] = "-c"; argv[a++] = cc;
@@ -519,7 +524,9 @@ int main(int argc, char **argv)
 		double set_gbs;
 		struct get_result get;
 		struct rb_result rb[MAX_RB];
+		struct rb_result rb_set;   /* the write path's peer */
 	} row[MAX_SIZES];
+	int set_peer = 0;
 
 	for (int a = 1; a < argc; a++) {
 		const char *v = a + 1 < argc ? argv[a + 1] : NULL;
@@ -569,6 +576,11 @@ int main(int argc, char **argv)
 		rb[2] = (struct rb_conf){ MASTERS, (int)batch, 0 };
 		nrb = 3;
 	}
+	/* The write path's peer: the first --rb with a connection per master
+	 * and one thread (the client's shape), else the first. */
+	for (int r = nrb - 1; r >= 0; r--)
+		if (rb[r].clients == MASTERS && rb[r].threads == 1)
+			set_peer = r;
 	for (size_t s = 0; s < nsizes; s++)
 		max_size = sizes[s] > max_size ? sizes[s] : max_size;
 
@@ -623,7 +635,16 @@ int main(int argc, char **argv)
 
 		flush_all(&cluster);
 		keys_make(&k, n, NULL, 0);
-		row[s].set_gbs = (double)n * size / set_all(rc, &k, size, batch) / GB;
+		/* The write path: passes times over the same keys (the first
+		 * creates them, the others overwrite), as redis-benchmark's SETs
+		 * below. */
+		{
+			double secs = 0;
+
+			for (unsigned p = 0; p < passes; p++)
+				secs += set_all(rc, &k, size, batch);
+			row[s].set_gbs = (double)n * passes * size / secs / GB;
+		}
 		if (replicas && kvt_rc_wait_replicated(&cluster, KVT_RC_WAIT_MS))
 			die("replicas did not catch up");
 		get_all(rc, &k, size, batch, passes, &row[s].get);
@@ -649,7 +670,7 @@ int main(int argc, char **argv)
 			struct rb_result *res = &row[s].rb[r];
 			char label[64];
 
-			rb_get(&cluster, port, &rb[r], size, n * passes, per_tag, res);
+			rb_run(&cluster, port, &rb[r], "get", size, n * passes, per_tag, res);
 			rb_label(&rb[r], label, sizeof(label));
 			printf("%s: redis-benchmark %s: %.0f GET/s, %.2f GB/s, p50 %.3f ms; "
 			       "keyspace hits %llu, misses %llu; hits / its whole run %.2f GB/s\n",
@@ -657,9 +678,23 @@ int main(int argc, char **argv)
 			       (double)res->hits * (double)size / res->wall_s / GB);
 			fflush(stdout);
 		}
+		/* The write path: redis-benchmark SETs n x passes values of this
+		 * size over n keys (random below -r), after a flush, as kv_rc's
+		 * SET passes did. */
+		{
+			struct rb_result *res = &row[s].rb_set;
+			char label[64];
+
+			flush_all(&cluster);
+			rb_run(&cluster, port, &rb[set_peer], "set", size, n * passes, per_tag, res);
+			rb_label(&rb[set_peer], label, sizeof(label));
+			printf("%s: redis-benchmark %s -t set: %.0f SET/s, %.2f GB/s, p50 %.3f ms\n",
+			       sz, label, res->rps, res->gbs, res->p50_ms);
+			fflush(stdout);
+		}
 	}
 
-	/* The table, as docs/benchmarks.md shows it. */
+	/* The tables, as docs/benchmarks.md shows them. */
 	printf("\n| value size | keys | kv_rc GB/s (a batch of %zu: p50 ms) |", batch);
 	for (int r = 0; benchmark_bin && r < nrb; r++) {
 		char label[64];
@@ -687,6 +722,24 @@ int main(int argc, char **argv)
 				printf(" - | - |");
 		}
 		printf("\n");
+	}
+	if (benchmark_bin) {
+		char label[64];
+
+		rb_label(&rb[set_peer], label, sizeof(label));
+		printf("\n| value size | keys | kv_rc SET GB/s (batches of %zu) | redis-benchmark `%s "
+		       "-t set` GB/s (p50 ms) | kv_rc / it |\n|---|---|---|---|---|\n", batch, label);
+		for (size_t s = 0; s < nsizes; s++) {
+			const struct rb_result *res = &row[s].rb_set;
+			char sz[24];
+
+			size_str(sizes[s], sz, sizeof(sz));
+			if (res->ok)
+				printf("| %s | %zu | %.2f | %.2f (%.2f) | %.2fx |\n", sz, row[s].n,
+				       row[s].set_gbs, res->gbs, res->p50_ms, row[s].set_gbs / res->gbs);
+			else
+				printf("| %s | %zu | %.2f | - | - |\n", sz, row[s].n, row[s].set_gbs);
+		}
 	}
 	kv_rc_free(rc);
 	kvt_rc_stop(&cluster);

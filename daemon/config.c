@@ -143,7 +143,7 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	/* G4, a Redis Cluster shared by a fleet (docs/g4.md); not reloadable. */
 	{ "remote_seeds", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_seeds), 0, 0, 0, "",
 	  "G4: Redis Cluster nodes to learn the cluster from, host:port[,host:port...] (default: "
-	  "none, no G4; needs host_tier_size and disk_path)", NULL },
+	  "none, no G4; needs host_tier_size)", NULL },
 	{ "remote_prefix", 0, KV_CFG_STRING, KV_CFG_FIELD(tiers.remote_prefix), 0, 0, 0, "kvc",
 	  "G4: the prefix of every key kvcached writes", NULL },
 	{ "remote_ttl", 0, KV_CFG_DURATION, KV_CFG_FIELD(tiers.remote_ttl_ms), 0, 1000,
@@ -157,7 +157,9 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  0, 0, "", "G4: a file holding the password (default: no AUTH)", NULL },
 	{ "remote_write", 0, KV_CFG_CHOICE, KV_CFG_FIELD(tiers.remote_write), 0, 0, 0,
 	  "writeback", "G4: when blocks are written to the cluster: writeback (when they are "
-	  "written back to disk) or off (this node only reads)", "writeback|off" },
+	  "written back to disk, or dropped from the host tier without one), demote (when they "
+	  "come down into the host tier) or off (this node only reads); a namespace may say "
+	  "otherwise", "writeback|demote|off" },
 	{ "remote_write_rate", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.remote_write_rate), 0, 0, 0,
 	  "0", "G4: bytes per second written to the cluster at most; past it blocks are not "
 	  "written (counted; 0: no limit)", NULL },

@@ -45,7 +45,7 @@ struct kv_tiers_config {
 	uint64_t remote_ttl_ms, remote_timeout_ms;
 	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
 	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
-	char remote_write[16];         /* "writeback" (at G3 write-back) or "off" (read only) */
+	char remote_write[16];         /* "writeback", "demote" or "off" (read only): ns.h KV_G4W_* */
 	/* [namespace X] remote_user / remote_password_file: the namespaces
 	 * that talk to the cluster as a user of their own (read at start). */
 	struct kv_remote_user {
@@ -94,6 +94,7 @@ struct kv_ns_conf {
 	int events;                   /* KV_NS_EVENTS_*: 0 = events_token_ids decides */
 	int remote;                   /* remote = yes: the G4 tier (docs/g4.md) */
 	uint64_t quota_g4;            /* quota_g4: bytes per remote_ttl; 0 = none */
+	int remote_write;             /* remote_write: KV_G4W_* (ns.h); 0 = the daemon's */
 	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
 	char remote_password_file[256];
 	char remote_key_file[256];    /* G4 values' HMAC key (g4mac.h); "" = CRC32C only */

@@ -37,6 +37,15 @@ struct kv_ns_limits {
 	uint64_t ttl_ms;              /* a cached prefix older than this is not served */
 	int remote;                   /* its sealed blocks go to G4 and are found there */
 	uint64_t quota_g4;            /* bytes it may write to G4 per remote_ttl; 0 = no limit */
+	int remote_write;             /* KV_G4W_*: when its blocks are written to G4 */
+};
+
+/* remote_write, daemon-wide and per namespace (docs/g4.md): */
+enum {
+	KV_G4W_DEFAULT = 0,    /* a namespace's: the daemon's */
+	KV_G4W_WRITEBACK,      /* when G2 writes it back to G3, or drops it without G3 */
+	KV_G4W_DEMOTE,         /* when it comes down into G2 (and as writeback if not then) */
+	KV_G4W_OFF,            /* never: only reads */
 };
 
 struct kv_ns {

@@ -16,6 +16,7 @@
  *   remote_user = tenant-a     # its own ACL user there (start only)
  *   remote_password_file = /etc/kvcached/tenant-a.redis
  *   remote_key_file = /etc/kvcached/tenant-a.g4key  # HMAC key of its G4 values
+ *   remote_write = demote      # when its blocks go to G4 (default: the daemon's)
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -205,6 +206,17 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			return kv_einval(err, errlen, "quota_g4: '%s' is not a size (64GiB)", value);
 		return 0;
 	}
+	if (!strcmp(key, "remote_write")) {
+		static const char *const v[] = { "", "writeback", "demote", "off" };
+
+		for (int i = 1; i < 4; i++)
+			if (!strcmp(value, v[i])) {
+				n->remote_write = i;
+				return 0;
+			}
+		return kv_einval(err, errlen, "remote_write: '%s' is not writeback, demote or off",
+				 value);
+	}
 	if (!strcmp(key, "remote")) {
 		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1"))
 			n->remote = 1;
@@ -216,7 +228,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 	}
 	return kv_einval(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
 		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
-		    "remote_password_file, remote_key_file)", name, key);
+		    "remote_password_file, remote_key_file, remote_write)", name, key);
 }
 
 _Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_users) /

@@ -88,6 +88,7 @@ void kv_tenant_apply(struct kv_daemon *d, uint32_t id)
 		lim.ttl_ms = c->ttl_ms;
 		lim.remote = c->remote;
 		lim.quota_g4 = c->quota_g4;
+		lim.remote_write = c->remote_write;
 	}
 	kv_ns_set_limits(t, id, &lim);
 }

@@ -47,7 +47,18 @@
  * the process: each reply may take at most max_value + RC_REPLY_SLACK bytes
  * of objects, array headers included (hiredis would calloc() what any
  * "*N" asks), and the bytes waiting in the reader may not pass that either.
- * A GET's value is malloc'd once, by the reader, and handed to the caller. */
+ * A GET's value is copied once out of the reader's buffer, into a buffer of
+ * the value pool, and handed to the caller, who gives it back with
+ * kv_rc_vals_release() (or frees it). The pool keeps buffers, and their
+ * pages, from one batch to the next, up to pool_max bytes in a few size
+ * classes (a class is a capacity rounded up to 4 KiB; the class used
+ * longest ago goes when a new one needs its place): a value of 128 KiB or
+ * more malloc'd per call is an mmap() of its own in glibc, unmapped at its
+ * free(), so without the pool every batch page-faulted through fresh zeroed
+ * memory. The reader's own buffer is kept too (hiredis frees it whenever it
+ * is empty and more than 16 KiB; here it is kept up to twice the largest
+ * value a call allows, plus RC_READER_KEEP). Every string a reply holds
+ * sits behind a struct rc_vhdr, so that kv_rc_val_free() can free any. */
 #include "rcluster.h"
 
 #include <errno.h>
@@ -74,6 +85,25 @@
 #define RC_REPLY_SLACK (16u << 20)
 #define RC_MAX_NODES_CAP 65535u
 #define RC_MAX_VALUE_CAP (1u << 30)  /* sds ranges are ints in hiredis 0.14 */
+#define RC_POOL_MIN 4096u            /* smaller strings are plain malloc()s */
+#define RC_POOL_CLASSES 8
+#define RC_POOL_DEFAULT (128u << 20)
+#define RC_READER_KEEP (4u << 20)
+
+/* What precedes every string this module hands out; the bytes follow it. */
+union rc_vhdr {
+	struct {
+		union rc_vhdr *next;   /* in its pool class */
+		size_t cap;            /* bytes after the header */
+	} h;
+	max_align_t align;
+};
+
+struct rc_pool_class {
+	size_t cap;                /* 0: unused */
+	union rc_vhdr *head;
+	uint64_t used;             /* tick of the last take or give */
+};
 
 enum rc_state { RC_DOWN, RC_CONNECTING, RC_UP };
 enum rc_kind { RC_GET, RC_SET, RC_DEL, RC_SLOTS };
@@ -158,6 +188,11 @@ struct kv_rc {
 	unsigned refresh_rr;
 	struct rc_call *call;      /* the call in progress */
 	char *rbuf;                /* RC_READ_CHUNK */
+	struct {
+		struct rc_pool_class c[RC_POOL_CLASSES];
+		size_t bytes;          /* held in the classes */
+		uint64_t tick;
+	} pool;
 	struct kv_rc_stats st;
 	char err[256];
 	struct {
@@ -279,6 +314,99 @@ void kv_rc_fault(struct kv_rc *rc, enum kv_rc_fault point, unsigned skip, unsign
 	rc->fault[point].armed = count != 0;
 }
 
+/* ---- strings and the value pool ---- */
+
+static size_t rc_pool_cap(size_t need)
+{
+	return (need + RC_POOL_MIN - 1) / RC_POOL_MIN * RC_POOL_MIN;
+}
+
+/* need bytes behind a header, from the pool when one of that class is
+ * there; NULL when malloc fails. */
+static char *rc_str_alloc(struct kv_rc *rc, size_t need)
+{
+	size_t cap = need >= RC_POOL_MIN ? rc_pool_cap(need) : need;
+	union rc_vhdr *h;
+	unsigned i;
+
+	if (rc && need >= RC_POOL_MIN)
+		for (i = 0; i < RC_POOL_CLASSES; i++) {
+			struct rc_pool_class *c = &rc->pool.c[i];
+
+			if (c->cap != cap || !c->head)
+				continue;
+			h = c->head;
+			c->head = h->h.next;
+			c->used = ++rc->pool.tick;
+			rc->pool.bytes -= cap;
+			rc->st.pool_hits++;
+			return (char *)(h + 1);
+		}
+	if (cap > SIZE_MAX - sizeof(*h) || !(h = malloc(sizeof(*h) + cap)))
+		return NULL;
+	h->h.cap = cap;
+	if (rc && need >= RC_POOL_MIN)
+		rc->st.pool_misses++;
+	return (char *)(h + 1);
+}
+
+static void rc_str_free(void *p)
+{
+	if (p)
+		free((union rc_vhdr *)p - 1);
+}
+
+static void rc_pool_drop(struct kv_rc *rc, struct rc_pool_class *c)
+{
+	while (c->head) {
+		union rc_vhdr *h = c->head;
+
+		c->head = h->h.next;
+		rc->pool.bytes -= c->cap;
+		free(h);
+	}
+	c->cap = 0;
+}
+
+/* Keeps p for a later value, or frees it when the pool is full. */
+static void rc_str_give(struct kv_rc *rc, void *p)
+{
+	struct rc_pool_class *c = NULL, *spare = NULL;
+	union rc_vhdr *h;
+	size_t cap;
+	unsigned i;
+
+	if (!p)
+		return;
+	h = (union rc_vhdr *)p - 1;
+	cap = h->h.cap;
+	if (cap < RC_POOL_MIN || rc->pool.bytes > rc->lim.pool_max ||
+	    cap > rc->lim.pool_max - rc->pool.bytes) {
+		free(h);
+		return;
+	}
+	for (i = 0; i < RC_POOL_CLASSES; i++) {
+		struct rc_pool_class *x = &rc->pool.c[i];
+
+		if (x->cap == cap) {
+			c = x;
+			break;
+		}
+		/* An unused class, else the one used longest ago. */
+		if (!spare || (spare->cap && (!x->cap || x->used < spare->used)))
+			spare = x;
+	}
+	if (!c) {
+		c = spare;
+		rc_pool_drop(rc, c);
+		c->cap = cap;
+	}
+	h->h.next = c->head;
+	c->head = h;
+	c->used = ++rc->pool.tick;
+	rc->pool.bytes += cap;
+}
+
 /* ---- replies ---- */
 
 static void rc_reply_free(void *p)
@@ -293,7 +421,7 @@ static void rc_reply_free(void *p)
 			rc_reply_free(r->element[i]);
 		free(r->element);
 	}
-	free(r->str);
+	rc_str_free(r->str);
 	free(r);
 }
 
@@ -333,7 +461,7 @@ static void *rc_reply_string(const redisReadTask *task, char *str, size_t len)
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return NULL;
-	r->str = malloc(len + 1);
+	r->str = rc_str_alloc(((struct rc_node *)task->privdata)->rc, len + 1);
 	if (!r->str) {
 		free(r);
 		return NULL;
@@ -662,6 +790,36 @@ static void rc_connected(struct kv_rc *rc, struct rc_node *node)
 	}
 }
 
+/* Appends a command to the node's output buffer, formatted in place: one
+ * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
+ * formats into a malloc'd command, then copies that into the buffer). */
+static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens)
+{
+	char hdr[32];
+	size_t total = 0;
+	sds o;
+	int i, n;
+
+	for (i = 0; i < argc; i++) {
+		if (lens[i] > SIZE_MAX / 2 - total)
+			return -ENOMEM;
+		total += lens[i] + 32;
+	}
+	if (!(o = sdsMakeRoomFor(node->c->obuf, total + 16)))
+		return -ENOMEM;
+	node->c->obuf = o;
+	n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
+	o = sdscatlen(o, hdr, (size_t)n);
+	for (i = 0; i < argc; i++) {
+		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
+		o = sdscatlen(o, hdr, (size_t)n);
+		o = sdscatlen(o, argv[i], lens[i]);
+		o = sdscatlen(o, "\r\n", 2);
+	}
+	kv_assert(o == node->c->obuf);   /* the room was made above */
+	return 0;
+}
+
 /* Appends op's command(s) to the node's output buffer. */
 static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 {
@@ -715,7 +873,7 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
 		lens[1] = call->keys[op->idx].len;
 	}
-	return redisAppendCommandArgv(node->c, argc, argv, lens) == REDIS_OK ? 0 : -ENOMEM;
+	return rc_append_argv(node, argc, argv, lens);
 }
 
 /* Appends commands while the output buffer has room. */
@@ -745,7 +903,10 @@ static void rc_write(struct kv_rc *rc, struct rc_node *node)
 		return;
 	}
 	rc->st.bytes_out += (uint64_t)n;
-	sdsrange(obuf, (int)n, -1);
+	if ((size_t)n == sdslen(obuf))
+		sdsclear(obuf);   /* all out: no move, the allocation stays */
+	else
+		sdsrange(obuf, (int)n, -1);
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
 }
 
@@ -892,6 +1053,9 @@ static void rc_read(struct kv_rc *rc, struct rc_node *node)
 	rc->st.bytes_in += (uint64_t)n;
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
 	reader = node->c->reader;
+	/* hiredis frees an empty buffer over maxbuf at the next feed: keep
+	 * one that holds the largest value a call allows. */
+	reader->maxbuf = RC_READER_KEEP + 2 * (rc->lim.get_max ? rc->lim.get_max : 0);
 	if (redisReaderFeed(reader, rc->rbuf, (size_t)n) != REDIS_OK) {
 		rc_node_fail(rc, node, "reply: %s", reader->errstr);
 		return;
@@ -1379,11 +1543,26 @@ int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *sta
 	return deleted;
 }
 
+void kv_rc_vals_release(struct kv_rc *rc, size_t n, struct kv_rc_val *v)
+{
+	size_t i;
+
+	if (!rc) {
+		kv_rc_vals_free(n, v);
+		return;
+	}
+	for (i = 0; v && i < n; i++) {
+		rc_str_give(rc, v[i].data);
+		v[i].data = NULL;
+		v[i].len = 0;
+	}
+}
+
 void kv_rc_val_free(struct kv_rc_val *v)
 {
 	if (!v)
 		return;
-	free(v->data);
+	rc_str_free(v->data);
 	v->data = NULL;
 	v->len = 0;
 }
@@ -1406,6 +1585,7 @@ static const struct kv_rc_limits rc_defaults = {
 	.refresh_min_ms = 100,
 	.max_nodes = 1024,
 	.max_value = 512u << 20,
+	.pool_max = RC_POOL_DEFAULT,
 };
 
 int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
@@ -1417,6 +1597,8 @@ int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
 	    l->max_value > RC_MAX_VALUE_CAP || (l->get_max && l->get_max >= l->max_value))
 		return -EINVAL;
 	rc->lim = *l;
+	for (unsigned i = 0; i < RC_POOL_CLASSES && rc->pool.bytes > rc->lim.pool_max; i++)
+		rc_pool_drop(rc, &rc->pool.c[i]);
 	return 0;
 }
 
@@ -1511,6 +1693,8 @@ void kv_rc_free(struct kv_rc *rc)
 	free(rc->active);
 	free(rc->pfd);
 	free(rc->rbuf);
+	for (i = 0; i < RC_POOL_CLASSES; i++)
+		rc_pool_drop(rc, &rc->pool.c[i]);
 	free(rc->user);
 	if (rc->password) {
 		explicit_bzero(rc->password, strlen(rc->password));

@@ -72,8 +72,9 @@ struct kv_rc_key {
 	size_t len;
 };
 
-/* A value: what kv_rc_get() fills in (data malloc'd, owned by the caller,
- * released with kv_rc_val_free()), or what kv_rc_set() stores (data the
+/* A value: what kv_rc_get() fills in (data owned by the caller, given back
+ * with kv_rc_vals_release() for the next calls to reuse, or freed with
+ * kv_rc_val_free(); never free() it), or what kv_rc_set() stores (data the
  * caller's, only read; status unused). */
 struct kv_rc_val {
 	void *data;
@@ -91,6 +92,8 @@ struct kv_rc_stats {
 	uint64_t reconnects;       /* connections made to a node that had one before */
 	uint64_t connect_failures; /* connections that did not come up (AUTH included) */
 	uint64_t bytes_in, bytes_out;
+	uint64_t pool_hits;        /* values of 4 KiB or more read into a kept buffer */
+	uint64_t pool_misses;      /* ... into a new one */
 };
 
 /* Every limit, with its default. */
@@ -109,6 +112,11 @@ struct kv_rc_limits {
 	 * GETRANGE answers a missing key with an empty string, so an empty
 	 * value is KV_RC_MISS then. Keep max_value above get_max. */
 	size_t get_max;
+	/* Value buffers kept by kv_rc_vals_release() for later calls, in
+	 * bytes (128 MiB); 0: none kept. Only values of 4 KiB or more are
+	 * kept, in at most 8 sizes (rounded up to 4 KiB). Lowering it frees
+	 * what is over. */
+	size_t pool_max;
 };
 
 struct kv_rc;
@@ -127,7 +135,7 @@ void kv_rc_free(struct kv_rc *rc);
 /* Batches of n 0 return 0 at once, sending nothing.
  *
  * Reads out[i] for keys[i], i < n. Each out[i] gets a status: KV_RC_HIT
- * (data malloc'd, len bytes, plus a NUL after them that len does not count),
+ * (data the caller's, from the value pool or malloc'd, len bytes, plus a NUL after them that len does not count),
  * KV_RC_MISS or KV_RC_ERROR (data NULL, len 0). A node that is down makes
  * its keys errors; the other nodes' keys are answered. Returns the number of
  * hits, or -EINVAL/-ENOMEM (before anything is sent; out untouched). */
@@ -141,6 +149,11 @@ int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
  * KV_RC_ERROR. Returns the number deleted, or -EINVAL/-ENOMEM. */
 int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status);
 
+/* Gives what kv_rc_get() put in v[0..n) back to rc's value pool (what
+ * does not fit pool_max is freed) and leaves the values empty: the next
+ * kv_rc_get() reads into those buffers, whose pages are already mapped.
+ * Counts as a use of rc (one thread at a time). rc NULL: kv_rc_vals_free(). */
+void kv_rc_vals_release(struct kv_rc *rc, size_t n, struct kv_rc_val *v);
 /* Frees what kv_rc_get() put in v (NULL or an empty value: nothing) and
  * leaves v empty. */
 void kv_rc_val_free(struct kv_rc_val *v);

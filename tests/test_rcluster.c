@@ -402,6 +402,81 @@ static void test_data(struct kvt_rc *c, struct kv_rc *rc)
 	CHECK(st.refreshes >= 1);
 }
 
+/* The value pool: buffers given back are read into again, the bytes come
+ * back right (NUL after them included) whatever buffer they land in, a pool
+ * of many sizes (more than its 8 classes) and a small pool_max stay right,
+ * and pool_max 0 keeps nothing. */
+static void test_pool(struct kvt_rc *c)
+{
+	struct kv_rc_limits lim;
+	struct kv_rc_stats s0, s1;
+	struct kv_rc *rc;
+	char err[128];
+	unsigned i, round;
+
+	CHECK_EQ(kv_rc_new(kvt_rc_seeds(c), NULL, NULL, SLOW_OK_MS, &rc, err, sizeof(err)), 0);
+	kv_rc_get_limits(rc, &lim);
+	CHECK_EQ(lim.pool_max, 128u << 20);
+	/* One size only: the second batch reads into the first's buffers.
+	 * Keys 0..63 hold values of many sizes; key 0's value, 64 times. */
+	{
+		struct kv_rc_key k64[64];
+
+		for (i = 0; i < 64; i++)
+			k64[i] = keys[0];
+		CHECK_EQ(kv_rc_get(rc, 64, k64, out), 64);
+		for (i = 0; i < 64; i++)
+			CHECK(val_ok(&out[i], 0));
+		kv_rc_vals_release(rc, 64, out);
+		for (i = 0; i < 64; i++)
+			CHECK(out[i].data == NULL && out[i].len == 0);
+		kv_rc_stats(rc, &s0);
+		for (i = 0; i < 64; i++)
+			memset(&out[i], 0xa5, sizeof(out[i]));
+		CHECK_EQ(kv_rc_get(rc, 64, k64, out), 64);
+		kv_rc_stats(rc, &s1);
+		CHECK_EQ(s1.pool_hits - s0.pool_hits, 64);
+		CHECK_EQ(s1.pool_misses, s0.pool_misses);
+		for (i = 0; i < 64; i++)
+			CHECK(val_ok(&out[i], 0));
+		kv_rc_vals_release(rc, 64, out);
+	}
+	/* Many sizes, several rounds: classes come and go. */
+	for (round = 0; round < 3; round++) {
+		struct tally t = { 0 };
+
+		CHECK_EQ(kv_rc_get(rc, NKEYS, keys, out), NKEYS);
+		for (i = 0; i < NKEYS; i++)
+			t.wrong += !val_ok(&out[i], i);
+		CHECK_EQ(t.wrong, 0);
+		kv_rc_vals_release(rc, NKEYS, out);
+	}
+	/* A small pool: what does not fit is freed (ASan counts the rest). */
+	lim.pool_max = 3 * MAX_VAL;
+	CHECK_EQ(kv_rc_set_limits(rc, &lim), 0);
+	CHECK_EQ(kv_rc_get(rc, NKEYS, keys, out), NKEYS);
+	for (i = 0; i < NKEYS; i++)
+		CHECK(val_ok(&out[i], i));
+	kv_rc_vals_release(rc, NKEYS, out);
+	/* None kept. */
+	lim.pool_max = 0;
+	CHECK_EQ(kv_rc_set_limits(rc, &lim), 0);
+	CHECK_EQ(kv_rc_get(rc, 64, keys, out), 64);
+	kv_rc_vals_release(rc, 64, out);
+	kv_rc_stats(rc, &s0);
+	CHECK_EQ(kv_rc_get(rc, 64, keys, out), 64);
+	kv_rc_stats(rc, &s1);
+	CHECK_EQ(s1.pool_hits, s0.pool_hits);
+	for (i = 0; i < 64; i++)
+		CHECK(val_ok(&out[i], i));
+	/* Values outlive their client, and kv_rc_val_free() frees them. */
+	kv_rc_free(rc);
+	kv_rc_vals_free(64, out);
+	kv_rc_vals_release(NULL, 0, out);
+	printf("pool: %llu values read into kept buffers, %llu into new ones\n",
+	       (unsigned long long)s1.pool_hits, (unsigned long long)s1.pool_misses);
+}
+
 /* Another master than m. */
 static int other_master(struct kvt_rc *c, int m)
 {
@@ -717,6 +792,7 @@ int main(void)
 	test_slots_server(&c);
 	CHECK_EQ(kv_rc_new(kvt_rc_seeds(&c), NULL, NULL, SLOW_OK_MS, &rc, err, sizeof(err)), 0);
 	test_data(&c, rc);
+	test_pool(&c);
 	test_moved(&c, rc);
 	test_ask(&c, rc);
 	test_timeout(&c);

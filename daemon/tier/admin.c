@@ -68,8 +68,20 @@ uint64_t kv_tiers_flush(struct kv_tiers *t)
 	uint64_t n = 0;
 	uint32_t i;
 
-	if (!t->lv[L3].on)
-		return 0;
+	if (!t->lv[L3].on) {
+		/* No disk: what G2 holds that G4 lacks goes there. */
+		for (i = 0; t->g4 && i < kv_pools_end(t->ps); i++) {
+			struct tpool *tp = t->lv[L2].tp[i];
+			struct kv_list *node;
+
+			if (tp)
+				kv_list_for_each(node, &tp->lru)
+					n += (uint64_t)tier_remote_put(
+						t, kv_container_of(node, struct tblock, lru[L2]),
+						KV_G4W_WRITEBACK);
+		}
+		return n;
+	}
 	for (i = 0; i < kv_pools_end(t->ps); i++) {
 		struct tpool *tp = t->lv[L2].tp[i];
 		struct kv_list *node;

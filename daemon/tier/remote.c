@@ -46,6 +46,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "crc32c.h"
@@ -132,7 +134,7 @@ struct kv_g4 {
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
-	int read_only;             /* remote_write = off */
+	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
 	struct kv_g4_stats st;
 };
 
@@ -226,6 +228,12 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 	return r;
 }
 
+/* t->g2_dropping: a copy only G2 holds is about to go. */
+static void g2_dropping(struct kv_tiers *t, struct tblock *tb)
+{
+	tier_remote_put(t, tb, KV_G4W_WRITEBACK);
+}
+
 int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 {
 	const struct kv_tiers_config *c = &t->cfg;
@@ -234,19 +242,17 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 
 	if (!c->remote_seeds[0])
 		return 0;
-	if (!t->lv[L3].on) {
-		snprintf(err, errlen, "remote_seeds: G4 needs G3 (disk_path): blocks go to the "
-				      "cluster when they are written back to disk");
-		return -EINVAL;
-	}
 	if (!(g = calloc(1, sizeof(*g))))
 		return -ENOMEM;
 	g->ttl_s = (unsigned)(c->remote_ttl_ms / 1000);
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
-	g->read_only = !strcmp(c->remote_write, "off");
+	g->mode = !strcmp(c->remote_write, "off")      ? KV_G4W_OFF
+		  : !strcmp(c->remote_write, "demote") ? KV_G4W_DEMOTE
+						       : KV_G4W_WRITEBACK;
 	t->g4 = g;
+	t->g2_dropping = g2_dropping;
 	/* Client 0 is the daemon's; then one per namespace with a user of
 	 * its own. */
 	g->ncl = 1;
@@ -262,6 +268,17 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		snprintf(g->keys[i].ns, sizeof(g->keys[i].ns), "%s", c->remote_keys[i].ns);
 		if ((r = kv_g4mac_load(c->remote_keys[i].key_file, g->keys[i].key, e, sizeof(e))) < 0) {
 			snprintf(err, errlen, "[namespace %s] %s", c->remote_keys[i].ns, e);
+			return r;
+		}
+	}
+	/* Without G3 the threads' completions need an eventfd of their own
+	 * (the loop watches kv_tiers_disk_fd()), and the tier's worker, which
+	 * seals G4 writes made from G2, is started here. */
+	if (!t->lv[L3].on) {
+		t->disk.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (t->disk.efd < 0 || (r = kv_worker_start(&t->wk, t->disk.efd)) < 0) {
+			r = t->disk.efd < 0 ? -errno : r;
+			snprintf(err, errlen, "G4: eventfd or worker: %s", strerror(-r));
 			return r;
 		}
 	}
@@ -311,6 +328,7 @@ void tier_remote_close(struct kv_tiers *t)
 	}
 	free(g);
 	t->g4 = NULL;
+	t->g2_dropping = NULL;
 }
 
 void tier_remote_reap(struct kv_tiers *t)
@@ -354,13 +372,19 @@ static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
 	return 1;
 }
 
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 {
 	struct kv_g4 *g = t->g4;
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
 	uint64_t len;
+	int mode;
 
-	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote || g->read_only)
+	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote)
+		return 0;
+	mode = m->lim.remote_write ? m->lim.remote_write : g->mode;
+	/* writeback's moments come to a demote namespace too: what was not
+	 * written at demotion (throttled, full) gets a second chance. */
+	if (mode == KV_G4W_OFF || (when == KV_G4W_DEMOTE && mode != KV_G4W_DEMOTE))
 		return 0;
 	tb->g4_key = mac_key_of(t, tb->pool->ns);
 	len = value_len(tb->pool, tb->g4_key);
@@ -494,6 +518,88 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	write_flush(t, w->cl);
 }
 
+/* A write made from a G2 slot on the loop (remote_write = demote, or a block
+ * G2 drops without G3): the copy is the loop's, its checksums and tag the
+ * tier's worker's; the tblock may be gone by then. */
+struct g4_seal {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct g4_write *w;
+	const uint8_t *mac_key;
+};
+
+static void seal_run(struct kv_job *j)
+{
+	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
+	struct g4_write *w = s->w;
+	struct slot_hdr h;
+	size_t body;
+
+	memcpy(&h, w->buf, sizeof(h));
+	body = sizeof(h) + h.payload_len;
+	slot_hdr_seal(&h, kv_crc32c(0, w->buf + sizeof(h), h.payload_len));
+	memcpy(w->buf, &h, sizeof(h));
+	if (s->mac_key && kv_g4mac_tag(s->mac_key, w->buf, body, w->buf + body) < 0) {
+		free(w->buf);   /* not written: counted as dropped */
+		w->buf = NULL;
+	}
+}
+
+static void seal_done(struct kv_job *j)
+{
+	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
+	struct kv_tiers *t = s->t;
+	struct g4_write *w = s->w;
+	struct kv_g4 *g = t->g4;
+
+	free(s);
+	if (!w->buf || t->stopping) {
+		free(w->buf);
+		g->inflight -= w->len;
+		g->st.dropped++;
+		free(w);
+		return;
+	}
+	*g->cl[w->cl].pending_tail = w;
+	g->cl[w->cl].pending_tail = &w->next;
+	write_flush(t, w->cl);
+}
+
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_write *w;
+	struct g4_seal *s;
+	struct slot_hdr h;
+	uint64_t len;
+
+	if (!tb->run[L2] || !tier_remote_want(t, tb, when))
+		return 0;
+	len = value_len(tb->pool, tb->g4_key);
+	w = calloc(1, sizeof(*w));
+	s = calloc(1, sizeof(*s));
+	if (!w || !s || !(w->buf = malloc(len))) {
+		free(w);
+		free(s);
+		g->inflight -= len;
+		g->st.dropped++;
+		return 0;
+	}
+	slot_hdr_fill(t, tb, &h, 0);
+	memcpy(w->buf, &h, sizeof(h));
+	memcpy(w->buf + sizeof(h), tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+	       h.payload_len);
+	w->keylen = key_of(t, tb->pool, tb->ix.hash, w->key);
+	w->len = len;
+	w->cl = client_of(t, tb->pool->ns);
+	tb->g4_ok = 1;   /* written once */
+	s->t = t;
+	s->w = w;
+	s->mac_key = tb->g4_key;
+	tier_offload(t, &s->job, seal_run, seal_done);
+	return 1;
+}
+
 /* ---- reads -------------------------------------------------------------- */
 
 int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const void *data,
@@ -555,9 +661,9 @@ static void fetch_run(struct kv_job *j)
 		}
 		f->good++;
 	}
-	/* What is not served is not kept: a refused value's bytes go now. */
-	for (; i < f->n; i++)
-		kv_rc_val_free(&f->vals[i]);
+	/* What is not served is not kept: a refused value's bytes go now
+	 * (back to the client's pool, for the next fetch to read into). */
+	kv_rc_vals_release(rc, f->n - i, f->vals + i);
 }
 
 static void fetch_next(struct kv_tiers *t);
@@ -623,7 +729,9 @@ static void fetch_done(struct kv_job *j)
 	kv_list_for_each(pos, &f->waiters)
 		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
 	tier_wake_all(&f->waiters);
-	kv_rc_vals_free(f->n, f->vals);
+	/* The read thread is idle (reading is 0 until fetch_next): the buffers
+	 * go back to its client's pool, pages mapped, for the next fetch. */
+	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	kv_pool_put(f->pool);
 	free(f);
 	fetch_next(t);
@@ -746,10 +854,19 @@ void tier_remote_reap(struct kv_tiers *t)
 	(void)t;
 }
 
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb)
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 {
 	(void)t;
 	(void)tb;
+	(void)when;
+	return 0;
+}
+
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	(void)t;
+	(void)tb;
+	(void)when;
 	return 0;
 }
 

@@ -453,6 +453,10 @@ const char *tb_state_problem(const struct tblock *tb)
 void tb_drop_g2(struct kv_tiers *t, struct tblock *tb)
 {
 	kv_assert(!tb->busy && !tb->dead && tb->run[L2] && t->lv[L2].st.blocks > 0);
+	/* A copy nowhere else (no G3, or a quota dropping a dirty one) goes to
+	 * G4 first, when its namespace has it. */
+	if (!tb->g3_ok && t->g2_dropping)
+		t->g2_dropping(t, tb);
 	tb_unlist(tb);
 	t->lv[L2].st.blocks--;
 	if (!tb->g3_ok)

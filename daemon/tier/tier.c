@@ -49,8 +49,9 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 
 void kv_tiers_disk_done(struct kv_tiers *t)
 {
-	if (t->lv[L3].on) {
+	if (t->lv[L3].on)
 		kv_disk_reap(&t->disk);
+	if (t->lv[L3].on || t->g4) {
 		kv_worker_reap(&t->wk);
 		tier_remote_reap(t);
 	}
@@ -206,6 +207,12 @@ void kv_tiers_destroy(struct kv_tiers *t)
 		}
 		break;
 	}
+	/* The checksums of G4 writes made from G2 (remote.c, tier_remote_put)
+	 * finish, and their done()s run, while G4 is still there. */
+	if (t->wk.started) {
+		kv_worker_wait_idle(&t->wk);
+		kv_worker_reap(&t->wk);
+	}
 	tier_remote_close(t);
 	/* The journal is written on this thread again from here on. */
 	kv_journal_detach(&t->jr);
@@ -231,6 +238,8 @@ void kv_tiers_destroy(struct kv_tiers *t)
 	kv_journal_close(&t->jr);
 	if (t->disk.fd >= 0 || t->disk.ring_ok)
 		kv_disk_close(&t->disk);
+	else if (t->disk.efd >= 0)
+		close(t->disk.efd);   /* G4 without G3: tier_remote_open()'s */
 	if (t->g2)
 		t->be->ops->host_free(t->be, t->g2, t->g2_bytes);
 	free(t);
@@ -238,7 +247,7 @@ void kv_tiers_destroy(struct kv_tiers *t)
 
 int kv_tiers_disk_fd(const struct kv_tiers *t)
 {
-	return t->lv[L3].on ? t->disk.efd : -1;
+	return t->lv[L3].on || t->g4 ? t->disk.efd : -1;
 }
 
 int kv_tiers_on(const struct kv_tiers *t)

@@ -263,6 +263,10 @@ struct kv_tiers {
 	 * flight finishes. */
 	uint8_t stopping;
 	struct kv_g4 *g4;          /* remote.c; NULL: no G4 */
+	/* Called by tb_drop_g2() for a copy G3 does not hold, before it goes:
+	 * remote.c's, set when G4 is on (a pointer, so that slots.c stays
+	 * below remote.c, which allocates slots). */
+	void (*g2_dropping)(struct kv_tiers *t, struct tblock *tb);
 	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
 	uint64_t swap_bytes;       /* G2 slot bytes of swapped blocks */
@@ -402,14 +406,20 @@ int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen);
 
 /* remote.c: G4 */
 /* Connects nothing yet: starts the client's threads when remote_seeds is
- * set (G3 is open). Returns 0 or -errno with err set. */
+ * set (after G3, when there is one). Returns 0 or -errno with err set. */
 int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen);
 /* Stops the threads (what is queued runs) and frees G4. */
 void tier_remote_close(struct kv_tiers *t);
 /* The done()s of G4's finished jobs (from kv_tiers_disk_done()). */
 void tier_remote_reap(struct kv_tiers *t);
-/* Whether tb's write-back copies it for G4 too (reserves the room). */
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb);
+/* Whether tb goes to G4 now (reserves the room): when is KV_G4W_WRITEBACK
+ * (its write-back to G3, or G2 dropping it without G3) or KV_G4W_DEMOTE
+ * (it came down into G2), against its namespace's remote_write. */
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when);
+/* Loop, tb's G2 slot holding its payload: when tier_remote_want() says so,
+ * copies it and hands the copy to a worker for its checksums (and tag),
+ * then to the writes. Returns 1 when a write is under way. */
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when);
 /* Whether a G4 value of len bytes at data is the block want describes
  * (want: the header it must carry, hash included, CRCs aside): its length
  * (header, want->payload_len, and a tag when mac_key), header and CRC32Cs,

@@ -56,7 +56,7 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 				       .off = tier_g3_offset(t, tb->run[L3], tb->slot[L3]) };
 	t->wb_bytes += tb->run[L2]->slot_bytes;
 	t->lv[L3].st.inflight++;
-	tb->g4_want = (uint8_t)tier_remote_want(t, tb);
+	tb->g4_want = (uint8_t)tier_remote_want(t, tb, KV_G4W_WRITEBACK);
 	tb->dop_ns = kv_hist_now_ns();
 	tier_offload(t, &tb->job, writeback_sum, writeback_summed);
 	return 0;

@@ -1,0 +1,270 @@
+/* G4 without G3, and G4 written at demotion (issue 28 item 4): a real Redis
+ * Cluster (3 masters) on loopback and kvcached daemons standing for nodes.
+ *
+ *   writeback: node A has no disk tier; namespace "wb" (remote = yes, the
+ *              daemon's remote_write = writeback) seals a chain, evicts G1
+ *              (into G2: nothing written yet) and G2 (each block goes to G4
+ *              as G2 drops it); node B, no disk either, reads every byte;
+ *   demote:    namespace "dm" (remote_write = demote) seals a chain and
+ *              evicts G1 only: every block is written as it lands in G2,
+ *              A still holds it there, B reads it from G4;
+ *   off:       namespace "ro" (remote_write = off) writes nothing, whatever
+ *              G2 drops; B finds none of it;
+ *   flush:     namespace "wb" again: kvctl flush on a node without disk
+ *              writes what G2 holds and G4 lacks;
+ *   with G3:   node C has a disk tier; "dm" writes at demotion there too,
+ *              before any write-back (no flush, no G2 pressure). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvconfig.h"
+
+#if !KV_HAVE_HIREDIS
+int main(void)
+{
+	SKIP("built without hiredis: no G4");
+}
+#else
+#include "rcluster_harness.h"
+
+#define BB 65536u
+#define N 8
+
+static struct kvt_rc rc;
+static char tmp[64], conf_arg[200];
+
+static void node_start(struct kvt_daemon *d, int disk)
+{
+	char path[160];
+
+	snprintf(path, sizeof(path), "%s/g3", tmp);
+	if (disk)
+		kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB",
+			  "--page-size", "64KiB", "--host-tier-size", "2MiB", "--disk-path", path,
+			  "--disk-size", "8MiB", NULL);
+	else
+		kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB",
+			  "--page-size", "64KiB", "--host-tier-size", "2MiB", NULL);
+	setenv("KVCACHED_SOCKET", d->sock, 1);
+}
+
+static Kvcached__Response *stats_of(const char *ns)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs = NULL;
+	kvc_conn *c = kvt_connect(ns);
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
+	kvc_close(c);
+	return rs;
+}
+
+/* G4 writes done by the node, after what is queued or under way is out. */
+static uint64_t writes_settled(const char *ns)
+{
+	for (int tries = 0;; tries++) {
+		Kvcached__Response *rs = stats_of(ns);
+		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
+
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		CHECK_EQ(rs->stats->remote->dropped, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (!in)
+			return w;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+}
+
+static void evict(kvc_conn *c, Kvcached__Tier tier)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *rs = NULL;
+
+	ev.tier = tier;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(!rs->error);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+}
+
+static void flush(kvc_conn *c)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
+	Kvcached__Response *rs = NULL;
+
+	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	rq.flush = &fl;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(!rs->error);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+}
+
+/* Seals ns's chain (block i: seed base + i) and releases it: cached in G1. */
+static kvc_conn *seal_chain(const char *ns, uint64_t base)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB);
+	kvc_block b[N];
+	kvc_hash h[N];
+
+	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
+	for (int i = 0; i < N; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
+		h[i] = kvt_hash(base + (uint64_t)i);
+	}
+	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
+	CHECK_EQ(kvc_release(c, b, N), 0);
+	return c;
+}
+
+/* A lookup of ns's chain: how many blocks it found, every byte checked. */
+static int lookup_chain(const char *ns, uint64_t base)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB), k;
+	kvc_block b[N];
+	kvc_hash h[N];
+
+	for (int i = 0; i < N; i++)
+		h[i] = kvt_hash(base + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, N, b);
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i));
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	return k;
+}
+
+static void write_conf(void)
+{
+	char path[160];
+	FILE *f;
+	unsigned uid = (unsigned)getuid();
+
+	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	CHECK((f = fopen(path, "w")) != NULL);
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "[namespace wb]\nusers = %u\nremote = yes\n\n", uid);
+	fprintf(f, "[namespace dm]\nusers = %u\nremote = yes\nremote_write = demote\n\n", uid);
+	fprintf(f, "[namespace ro]\nusers = %u\nremote = yes\nremote_write = off\n", uid);
+	fclose(f);
+	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
+}
+
+int main(void)
+{
+	struct kvt_daemon a, b, c3;
+	kvc_conn *c;
+	uint64_t w0, w1;
+	int k;
+
+	snprintf(tmp, sizeof(tmp), "/tmp/kvt-g4n.XXXXXX");
+	CHECK(mkdtemp(tmp) != NULL);
+	kvt_rc_start(&rc, 3, 0, NULL);
+	write_conf();
+	node_start(&a, 0);
+
+	/* writeback, without G3: written when G2 drops the blocks */
+	w0 = writes_settled("wb");
+	c = seal_chain("wb", 1000);
+	evict(c, KVCACHED__TIER__TIER_G1);
+	w1 = writes_settled("wb");
+	fprintf(stderr, "writeback: %llu writes after the demotion\n",
+		(unsigned long long)(w1 - w0));
+	CHECK_EQ(w1, w0);
+	evict(c, KVCACHED__TIER__TIER_G2);
+	w1 = writes_settled("wb");
+	fprintf(stderr, "writeback: %llu writes after G2 dropped the chain\n",
+		(unsigned long long)(w1 - w0));
+	CHECK_EQ(w1 - w0, N);
+	kvc_close(c);
+
+	/* demote: written as the blocks land in G2 */
+	w0 = w1;
+	c = seal_chain("dm", 2000);
+	evict(c, KVCACHED__TIER__TIER_G1);
+	w1 = writes_settled("dm");
+	fprintf(stderr, "demote: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
+	CHECK_EQ(w1 - w0, N);
+	kvc_close(c);
+
+	/* off: nothing written, whatever G2 drops */
+	w0 = w1;
+	c = seal_chain("ro", 3000);
+	evict(c, KVCACHED__TIER__TIER_G1);
+	evict(c, KVCACHED__TIER__TIER_G2);
+	kvc_close(c);
+	w1 = writes_settled("ro");
+	CHECK_EQ(w1, w0);
+
+	/* flush without G3: what G2 holds and G4 lacks */
+	c = seal_chain("wb", 4000);
+	evict(c, KVCACHED__TIER__TIER_G1);
+	CHECK_EQ(writes_settled("wb"), w1);
+	flush(c);
+	w1 = writes_settled("wb");
+	fprintf(stderr, "flush: %llu writes\n", (unsigned long long)(w1 - w0));
+	CHECK_EQ(w1 - w0, N);
+	kvc_close(c);
+	/* A's own G2 still holds the chain written at demotion (promoted
+	 * here: demoted again later, it would be written again). */
+	CHECK_EQ(lookup_chain("dm", 2000), N);
+	CHECK_EQ(kvt_check(), 0);
+
+	/* Node B, no disk: reads A's chains from G4. */
+	node_start(&b, 0);
+	k = lookup_chain("wb", 1000);
+	fprintf(stderr, "node B found %d of wb's first chain\n", k);
+	CHECK_EQ(k, N);
+	CHECK_EQ(lookup_chain("dm", 2000), N);
+	CHECK_EQ(lookup_chain("wb", 4000), N);
+	CHECK_EQ(lookup_chain("ro", 3000), 0);
+	{
+		Kvcached__Response *rs = stats_of("wb");
+
+		CHECK(rs->stats->remote->hits >= 3 * N);
+		CHECK_EQ(rs->stats->remote->checksum_failures, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b);
+
+	/* With G3: demote writes at demotion, before any write-back. */
+	node_start(&c3, 1);
+	w0 = writes_settled("dm");
+	c = seal_chain("dm", 5000);
+	evict(c, KVCACHED__TIER__TIER_G1);
+	w1 = writes_settled("dm");
+	fprintf(stderr, "with G3: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
+	CHECK_EQ(w1 - w0, N);
+	/* ... and not again at write-back. */
+	flush(c);
+	CHECK_EQ(writes_settled("dm"), w1);
+	kvc_close(c);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&c3);
+	kvt_stop(&a);
+	node_start(&b, 0);
+	CHECK_EQ(lookup_chain("dm", 5000), N);
+	kvt_stop(&b);
+	kvt_rc_stop(&rc);
+	fprintf(stderr, "ok\n");
+	return 0;
+}
+#endif
