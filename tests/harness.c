@@ -238,6 +238,21 @@ static Kvcached__Response *call(Kvcached__Request *rq)
 	return rs;
 }
 
+Kvcached__Response *kvt_g4_stats(const char *ns)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *rs = NULL;
+	kvc_conn *c = kvt_connect(ns);
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
+	kvc_close(c);
+	return rs;
+}
+
 int kvt_check(void)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;

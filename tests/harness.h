@@ -52,6 +52,10 @@ void kvt_tier(int tier, struct kvt_tier *t);
 /* Waits until no tier copy or disk I/O is in flight (fails the test after
  * a minute). */
 void kvt_tiers_settle(void);
+/* Stats as a client of namespace ns sees them, G4's counters included
+ * (rs->stats->remote; fails the test without them). The caller frees rs
+ * with kvcached__response__free_unpacked(). */
+Kvcached__Response *kvt_g4_stats(const char *ns);
 /* What namespace name holds per tier (G1, G2, G3 bytes) and its quotas. */
 void kvt_ns_usage(const char *name, uint64_t used[3], uint64_t quota[3]);
 uint32_t kvt_sessions(void);

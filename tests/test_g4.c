@@ -38,21 +38,6 @@ static struct kvt_rc rc;
 static char tmp[64], conf_arg[200];
 static int ndaemons;
 
-static Kvcached__Response *stats_of(const char *ns)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Stats st = KVCACHED__STATS__INIT;
-	Kvcached__Response *rs = NULL;
-	kvc_conn *c = kvt_connect(ns);
-
-	rq.op_case = KVCACHED__REQUEST__OP_STATS;
-	rq.stats = &st;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
-	kvc_close(c);
-	return rs;
-}
-
 /* A daemon with G2 and G3 of its own and G4 on the cluster; write: its
  * remote_write. */
 static void node_start_write(struct kvt_daemon *d, const char *write)
@@ -110,7 +95,7 @@ static void seal_chain(const char *ns, int expect, int expect_errors)
 		exit(1);
 	}
 	{
-		Kvcached__Response *rs = stats_of(ns);
+		Kvcached__Response *rs = kvt_g4_stats(ns);
 
 		want = rs->stats->remote->writes + (uint64_t)expect;
 		want_err = rs->stats->remote->write_errors + (uint64_t)expect_errors;
@@ -125,7 +110,7 @@ static void seal_chain(const char *ns, int expect, int expect_errors)
 	rq.flush = &fl;
 	admin(c, &rq);
 	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = stats_of(ns);
+		Kvcached__Response *rs = kvt_g4_stats(ns);
 		uint64_t w = rs->stats->remote->writes, e = rs->stats->remote->write_errors;
 		uint64_t in = rs->stats->remote->inflight_bytes;
 
@@ -163,7 +148,7 @@ static int lookup_chain(const char *ns)
 static void remote_counts(const char *ns, uint64_t *fetches, uint64_t *hits, uint64_t *bad,
 			  uint64_t *errors)
 {
-	Kvcached__Response *rs = stats_of(ns);
+	Kvcached__Response *rs = kvt_g4_stats(ns);
 
 	*fetches = rs->stats->remote->fetches;
 	*hits = rs->stats->remote->hits;
@@ -262,7 +247,7 @@ int main(void)
 		use(&r);
 		CHECK_EQ(lookup_chain("g4a"), N);
 		seal_chain("g4b", 0, 0);   /* a G4 namespace: still not written */
-		rs = stats_of("g4a");
+		rs = kvt_g4_stats("g4a");
 		CHECK_EQ(rs->stats->remote->writes, 0);
 		kvcached__response__free_unpacked(rs, NULL);
 		kvt_stop(&r);
@@ -282,12 +267,12 @@ int main(void)
 	/* quota: g4q may write three blocks; the other five are throttled */
 	use(&a);
 	{
-		Kvcached__Response *rs = stats_of("g4q");
+		Kvcached__Response *rs = kvt_g4_stats("g4q");
 		uint64_t w0 = rs->stats->remote->writes, t0 = rs->stats->remote->throttled;
 
 		kvcached__response__free_unpacked(rs, NULL);
 		seal_chain("g4q", 3, 0);
-		rs = stats_of("g4q");
+		rs = kvt_g4_stats("g4q");
 		fprintf(stderr, "quota: %llu written, %llu throttled\n",
 			(unsigned long long)(rs->stats->remote->writes - w0),
 			(unsigned long long)(rs->stats->remote->throttled - t0));

@@ -56,21 +56,6 @@ static void node_start(struct kvt_daemon *d)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-static Kvcached__Response *stats_of(const char *ns)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Stats st = KVCACHED__STATS__INIT;
-	Kvcached__Response *rs = NULL;
-	kvc_conn *c = kvt_connect(ns);
-
-	rq.op_case = KVCACHED__REQUEST__OP_STATS;
-	rq.stats = &st;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
-	kvc_close(c);
-	return rs;
-}
-
 static void admin(kvc_conn *c, Kvcached__Request *rq)
 {
 	Kvcached__Response *rs = NULL;
@@ -102,7 +87,7 @@ static void seal_chain(const char *ns, uint64_t base)
 	}
 	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
 	CHECK_EQ(kvc_release(c, b, N), 0);
-	rs = stats_of(ns);
+	rs = kvt_g4_stats(ns);
 	want = rs->stats->remote->writes + N;
 	kvcached__response__free_unpacked(rs, NULL);
 	ev.tier = KVCACHED__TIER__TIER_G1;
@@ -116,7 +101,7 @@ static void seal_chain(const char *ns, uint64_t base)
 	for (int tries = 0;; tries++) {
 		uint64_t w, in;
 
-		rs = stats_of(ns);
+		rs = kvt_g4_stats(ns);
 		w = rs->stats->remote->writes;
 		in = rs->stats->remote->inflight_bytes;
 		CHECK_EQ(rs->stats->remote->write_errors, 0);
@@ -313,7 +298,7 @@ int main(void)
 	k = lookup_chain("keyed", 1000);
 	fprintf(stderr, "keyed: node B found %d of %d\n", k, N);
 	CHECK_EQ(k, N);
-	rs = stats_of("keyed");
+	rs = kvt_g4_stats("keyed");
 	CHECK_EQ(rs->stats->remote->hits, N);
 	kvcached__response__free_unpacked(rs, NULL);
 

@@ -51,26 +51,11 @@ static void node_start(struct kvt_daemon *d, int disk)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-static Kvcached__Response *stats_of(const char *ns)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Stats st = KVCACHED__STATS__INIT;
-	Kvcached__Response *rs = NULL;
-	kvc_conn *c = kvt_connect(ns);
-
-	rq.op_case = KVCACHED__REQUEST__OP_STATS;
-	rq.stats = &st;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_STATS && rs->stats->remote);
-	kvc_close(c);
-	return rs;
-}
-
 /* G4 writes done by the node, after what is queued or under way is out. */
 static uint64_t writes_settled(const char *ns)
 {
 	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = stats_of(ns);
+		Kvcached__Response *rs = kvt_g4_stats(ns);
 		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
 
 		CHECK_EQ(rs->stats->remote->write_errors, 0);
@@ -236,7 +221,7 @@ int main(void)
 	CHECK_EQ(lookup_chain("wb", 4000), N);
 	CHECK_EQ(lookup_chain("ro", 3000), 0);
 	{
-		Kvcached__Response *rs = stats_of("wb");
+		Kvcached__Response *rs = kvt_g4_stats("wb");
 
 		CHECK(rs->stats->remote->hits >= 3 * N);
 		CHECK_EQ(rs->stats->remote->checksum_failures, 0);
