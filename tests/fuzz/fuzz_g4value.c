@@ -29,10 +29,6 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const uint8_t key[KV_G4MAC_KEY_BYTES] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-						 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
-						 26, 27, 28, 29, 30, 31, 32 };
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	(void)argc;
@@ -41,6 +37,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 #if KV_HAVE_HIREDIS
+static const uint8_t key[KV_G4MAC_KEY_BYTES] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+						 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+						 26, 27, 28, 29, 30, 31, 32 };
+
 static void finding(const char *what)
 {
 	fprintf(stderr, "finding: %s\n", what);
