@@ -58,6 +58,15 @@ time.sleep(3600)
 '''
 
 
+# Built with AddressSanitizer (scripts/test --asan exports ASAN_OPTIONS): its
+# allocator keeps freed chunks in a quarantine (256 MiB by default) and
+# returns pages to the kernel on its own schedule, so the resident size after
+# the peers go measures the sanitizer, not the daemon: the return to the
+# baseline is asserted in the plain build only (the bounds while the peers
+# are there hold in both).
+SANITIZED = bool(os.environ.get("ASAN_OPTIONS"))
+
+
 def rss(daemon):
     with open("/proc/%d/status" % daemon.proc.pid) as f:
         for line in f:
@@ -153,7 +162,7 @@ def main():
     kvt.wait_for(lambda: rss(daemon) - base < 4 * MIB, 10)
     after = rss(daemon)
     print("after the peers went: RSS %.1f MiB (+%.1f)" % (after / MIB, (after - base) / MIB))
-    if not BEFORE:
+    if not BEFORE and not SANITIZED:
         kvt.check(after - base < 8 * MIB, "RSS not back: +%d" % (after - base), daemon.log)
 
     # --- 20 subscribers that never read ---------------------------------------
