@@ -333,23 +333,45 @@ static struct hconn *hconn_of(struct MHD_Connection *conn)
  * scrape that finds the last exposition older than metrics_min_interval
  * waits (suspended) for the next, which the loop builds once for every
  * scrape waiting. */
-/* Whether the request line as sent had a NUL in its method. libmicrohttpd
- * hands over C strings, so "GET\0\0D /metrics" arrives as method "GET"; but
- * it parses the line in place in its read buffer ("METHOD SP+ URL", the first
- * space made the method's NUL), so the method's string ends one byte before
- * the spaces that lead to url unless the method had a NUL of its own (found
- * by scripts/fuzz, harness http). Where the two strings are not so laid out
- * (another libmicrohttpd), nothing is concluded. */
-static int method_has_nul(const char *method, const char *url)
+/* The query's first key (the lowest address): where the path's '?' was. */
+static enum MHD_Result first_key(void *cls, enum MHD_ValueKind kind, const char *key,
+				 const char *value)
 {
-	size_t n = strlen(method);
-	const char *p;
+	const char **first = cls;
 
-	if (url <= method + n || url - method > KV_HTTP_CONN_MEMORY)
-		return 0;
-	for (p = method + n + 1; p < url; p++)
-		if (*p != ' ')
-			return 1;
+	(void)kind;
+	(void)value;
+	if (key && (!*first || key < *first))
+		*first = key;
+	return MHD_YES;
+}
+
+/* Whether the request line as sent had a NUL in its method or its path.
+ * libmicrohttpd hands over C strings, so "GET\0\0D /metrics" arrives as
+ * method "GET" and "GET /metrics\0x HTTP/1.0" as path "/metrics" (found by
+ * scripts/fuzz, harness http). It parses the line in place in its read
+ * buffer, "METHOD SP+ PATH[?QUERY] SP+ VERSION", each first space and the
+ * '?' made a NUL: so after the method's end come only the spaces before url,
+ * and after url's end either the query's first key or only the spaces
+ * before version. Where the strings are not so laid out (another
+ * libmicrohttpd), nothing is concluded. */
+static int line_has_nul(struct MHD_Connection *conn, const char *method, const char *url,
+			const char *version)
+{
+	size_t m = strlen(method), u = strlen(url);
+	const char *p, *key = NULL;
+
+	if (url > method + m && url - method <= KV_HTTP_CONN_MEMORY)
+		for (p = method + m + 1; p < url; p++)
+			if (*p != ' ')
+				return 1;
+	MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, first_key, &key);
+	if (key && key > url && key - url <= KV_HTTP_CONN_MEMORY)
+		return key != url + u + 1;
+	if (version > url + u && version - url <= KV_HTTP_CONN_MEMORY)
+		for (p = url + u + 1; p < version; p++)
+			if (*p != ' ')
+				return 1;
 	return 0;
 }
 
@@ -360,19 +382,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
 	static const char not_found[] = "not found: kvcached serves /metrics only\n";
 	static const char not_allowed[] = "method not allowed: GET or HEAD /metrics\n";
+	static const char bad_line[] = "bad request line\n";
 	static const char no_memory[] = "out of memory\n";
 	struct kv_http *h = cls;
 	struct hconn *hc = hconn_of(conn);
 	uint64_t now = kv_hist_now_ns();
 
-	(void)version;
 	(void)upload_data;
 	(void)upload_data_size;
 	if (hc)
 		hc->requested = 1;
-	if ((strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD)) ||
-	    method_has_nul(method, url))
+	if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
 		return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof(not_allowed) - 1,
+			     "text/plain; charset=utf-8");
+	/* A NUL in the line (or an empty query, "/metrics?", which this check
+	 * cannot tell from "/metrics\0"): 400. */
+	if (line_has_nul(conn, method, url, version))
+		return reply(conn, MHD_HTTP_BAD_REQUEST, bad_line, sizeof(bad_line) - 1,
 			     "text/plain; charset=utf-8");
 	/* url is the path as sent (no unescaping: on_unescape), so
 	 * "/metrics%00.txt" is not "/metrics". */

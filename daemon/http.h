@@ -22,7 +22,8 @@
  * body read.
  *
  * GET and HEAD of /metrics only, the path compared as sent (no %-decoding:
- * "/metrics%00.txt" is a 404): 404 for another path, 405 for another method.
+ * "/metrics%00.txt" is a 404): 404 for another path, 405 for another method,
+ * 400 for a NUL byte in the request line's method or path.
  * The listening socket is metrics_listen (HOST:PORT, bound here), or the
  * socket systemd passes under the name "metrics" (kvcached-metrics.socket).
  *

@@ -12,7 +12,8 @@ real daemon with 300 pools and metrics_listen, real HTTP clients.
   metrics_header_timeout after accept whatever it sends, and a scraper on
   127.0.0.1 is answered every time meanwhile (counts, not times).
 - 80 connections opened and closed at once: /metrics answers after them.
-- /metrics%00.txt and other spellings are 404, not /metrics.
+- /metrics%00.txt and other spellings are 404, not /metrics; a NUL in the
+  request line (method or path) is 400.
 - kvcached_loop_lag_seconds counts the loop's turns.
 Needs curl (77 without)."""
 import os
@@ -144,7 +145,15 @@ for path in (b"/metrics%00.txt", b"/metrics%00", b"/%6detrics", b"/metrics/", b"
     line = raw(port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     check(" 404 " in line + " ", "GET %s: %s" % (path.decode(), line), daemon.log)
 check(" 200 " in raw(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") + " ", "/metrics 200")
-print("ok: /metrics%00.txt and other spellings are 404")
+# A NUL in the line itself: libmicrohttpd hands over C strings, so these
+# arrived as GET /metrics (the fuzz harness found the first).
+for line_ in (b"GET\0\0\0D /metrics", b"GET /metrics\0x", b"GET /metrics\0?a=b", b"GET /metrics?"):
+    line = raw(port, line_ + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    check(" 400 " in line + " ", "%r: %s" % (line_, line), daemon.log)
+for q in (b"/metrics?a=b", b"/metrics?a=b&c=d"):
+    line = raw(port, b"GET " + q + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    check(" 200 " in line + " ", "GET %s: %s" % (q.decode(), line), daemon.log)
+print("ok: /metrics%00.txt and other spellings are 404, a NUL in the request line 400")
 
 # --- 64 slow connections from 127.0.0.2 -------------------------------------
 REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 400 + b"\r\n\r\n"
