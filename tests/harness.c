@@ -238,6 +238,37 @@ static Kvcached__Response *call(Kvcached__Request *rq)
 	return rs;
 }
 
+void kvt_admin_call(kvc_conn *c, Kvcached__Request *rq)
+{
+	Kvcached__Response *rs = NULL;
+
+	CHECK_EQ(kvc_call(c, rq, &rs), 0);
+	CHECK(!rs->error);
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+}
+
+int kvt_lookup_chain(const char *ns, const char *pool_name, uint32_t block_bytes, int n,
+		     uint64_t base)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, pool_name, block_bytes), k;
+	kvc_block b[64];
+	kvc_hash h[64];
+
+	CHECK(n > 0 && n <= 64);
+	for (int i = 0; i < n; i++)
+		h[i] = kvt_hash(base + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, (size_t)n, b);
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), block_bytes, base + (uint64_t)i));
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	return k;
+}
+
 Kvcached__Response *kvt_g4_stats(const char *ns)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;

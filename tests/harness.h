@@ -56,6 +56,14 @@ void kvt_tiers_settle(void);
  * (rs->stats->remote; fails the test without them). The caller frees rs
  * with kvcached__response__free_unpacked(). */
 Kvcached__Response *kvt_g4_stats(const char *ns);
+/* An admin request on c that must succeed; then waits for the tiers to
+ * settle (an Evict or Flush starts copies and returns). */
+void kvt_admin_call(kvc_conn *c, Kvcached__Request *rq);
+/* A lookup in namespace ns of the chain of n (at most 64) blocks whose
+ * block i holds kvt_mem_fill's pattern of seed base + i, under
+ * kvt_hash(base + i): how many it found, every byte of each checked. */
+int kvt_lookup_chain(const char *ns, const char *pool_name, uint32_t block_bytes, int n,
+		     uint64_t base);
 /* What namespace name holds per tier (G1, G2, G3 bytes) and its quotas. */
 void kvt_ns_usage(const char *name, uint64_t used[3], uint64_t quota[3]);
 uint32_t kvt_sessions(void);

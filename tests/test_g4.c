@@ -61,16 +61,6 @@ static void use(const struct kvt_daemon *d)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-static void admin(kvc_conn *c, Kvcached__Request *rq)
-{
-	Kvcached__Response *rs = NULL;
-
-	CHECK_EQ(kvc_call(c, rq, &rs), 0);
-	CHECK(!rs->error);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
 /* Node A: seals the chain (block i holds seed 1000 + i), releases it,
  * demotes it and writes it back, so that it goes to G4; waits for that. */
 static void seal_chain(const char *ns, int expect, int expect_errors)
@@ -105,10 +95,10 @@ static void seal_chain(const char *ns, int expect, int expect_errors)
 	ev.all_pools = 1;
 	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
 	rq.evict = &ev;
-	admin(c, &rq);
+	kvt_admin_call(c, &rq);
 	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
 	rq.flush = &fl;
-	admin(c, &rq);
+	kvt_admin_call(c, &rq);
 	for (int tries = 0;; tries++) {
 		Kvcached__Response *rs = kvt_g4_stats(ns);
 		uint64_t w = rs->stats->remote->writes, e = rs->stats->remote->write_errors;
@@ -122,27 +112,6 @@ static void seal_chain(const char *ns, int expect, int expect_errors)
 		usleep(1000);
 	}
 	kvc_close(c);
-}
-
-/* A lookup of the chain in ns: how many blocks it found, every byte of
- * each checked. */
-static int lookup_chain(const char *ns)
-{
-	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB), k;
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	for (int i = 0; i < N; i++)
-		h[i] = kvt_hash(1000 + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, N, b);
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, 1000 + (uint64_t)i));
-	if (k)
-		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
-	kvc_close(c);
-	return k;
 }
 
 static void remote_counts(const char *ns, uint64_t *fetches, uint64_t *hits, uint64_t *bad,
@@ -225,7 +194,7 @@ int main(void)
 	seal_chain("g4a", N, 0);
 	CHECK(kvt_rc_wait_replicated(&rc, 30000) == 0);
 	use(&b);
-	k = lookup_chain("g4a");
+	k = kvt_lookup_chain("g4a", "p", BB, N, 1000);
 	remote_counts("g4a", &fetches, &hits, &bad, &errors);
 	fprintf(stderr, "shared: node B found %d of %d blocks; G4 fetches %llu hits %llu\n", k, N,
 		(unsigned long long)fetches, (unsigned long long)hits);
@@ -233,7 +202,7 @@ int main(void)
 	CHECK_EQ(hits, N);
 	CHECK_EQ(kvt_check(), 0);
 	/* The second time it is local. */
-	CHECK_EQ(lookup_chain("g4a"), N);
+	CHECK_EQ(kvt_lookup_chain("g4a", "p", BB, N, 1000), N);
 	remote_counts("g4a", &f2, &h2, &bad, &e2);
 	CHECK_EQ(h2, hits);
 
@@ -245,7 +214,7 @@ int main(void)
 
 		node_start_write(&r, "off");
 		use(&r);
-		CHECK_EQ(lookup_chain("g4a"), N);
+		CHECK_EQ(kvt_lookup_chain("g4a", "p", BB, N, 1000), N);
 		seal_chain("g4b", 0, 0);   /* a G4 namespace: still not written */
 		rs = kvt_g4_stats("g4a");
 		CHECK_EQ(rs->stats->remote->writes, 0);
@@ -255,12 +224,12 @@ int main(void)
 	}
 
 	/* isolation */
-	CHECK_EQ(lookup_chain("g4b"), 0);
+	CHECK_EQ(kvt_lookup_chain("g4b", "p", BB, N, 1000), 0);
 	remote_counts("g4b", &f2, &h2, &bad, &e2);
 	CHECK_EQ(h2, hits);
 	CHECK(f2 > fetches);   /* it asked, under its own keys */
 	fetches = f2;
-	CHECK_EQ(lookup_chain("plain"), 0);
+	CHECK_EQ(kvt_lookup_chain("plain", "p", BB, N, 1000), 0);
 	remote_counts("plain", &f2, &h2, &bad, &e2);
 	CHECK_EQ(f2, fetches);   /* no G4 for it: nothing asked */
 
@@ -283,7 +252,7 @@ int main(void)
 	/* Which three went depends on the order of the write-backs (the oldest
 	 * first: the chain's tail); B finds at most those, every byte right. */
 	use(&b);
-	k = lookup_chain("g4q");
+	k = kvt_lookup_chain("g4q", "p", BB, N, 1000);
 	fprintf(stderr, "quota: node B found %d\n", k);
 	CHECK(k <= 3);
 
@@ -291,7 +260,7 @@ int main(void)
 	corrupt(5);
 	node_start(&b2);
 	use(&b2);
-	k = lookup_chain("g4a");
+	k = kvt_lookup_chain("g4a", "p", BB, N, 1000);
 	remote_counts("g4a", &fetches, &hits, &bad, &errors);
 	fprintf(stderr, "corrupt: found %d, checksum failures %llu\n", k, (unsigned long long)bad);
 	CHECK_EQ(k, 5);
@@ -304,24 +273,24 @@ int main(void)
 	kvt_rc_kill(&rc, 0);
 	node_start(&b3);
 	use(&b3);
-	k = lookup_chain("g4a");
+	k = kvt_lookup_chain("g4a", "p", BB, N, 1000);
 	fprintf(stderr, "failover: during, found %d (no wrong byte)\n", k);
 	CHECK(k <= 5);
 	CHECK(kvt_rc_wait_healthy(&rc, 60000) == 0);
 	kvt_stop(&b3);
 	node_start(&b3);
 	use(&b3);
-	k = lookup_chain("g4a");
+	k = kvt_lookup_chain("g4a", "p", BB, N, 1000);
 	fprintf(stderr, "failover: after, found %d\n", k);
 	CHECK_EQ(k, 5);
 
 	/* down: every node stopped */
 	kvt_rc_stop(&rc);
 	use(&a);
-	CHECK_EQ(lookup_chain("g4a"), N);   /* A's own G2/G3 */
+	CHECK_EQ(kvt_lookup_chain("g4a", "p", BB, N, 1000), N);   /* A's own G2/G3 */
 	use(&b);
-	CHECK_EQ(lookup_chain("g4a"), N);   /* B's, promoted from G4 before */
-	CHECK_EQ(lookup_chain("g4b"), 0);   /* asks, gets errors: a miss */
+	CHECK_EQ(kvt_lookup_chain("g4a", "p", BB, N, 1000), N);   /* B's, promoted from G4 before */
+	CHECK_EQ(kvt_lookup_chain("g4b", "p", BB, N, 1000), 0);   /* asks, gets errors: a miss */
 	remote_counts("g4b", &f2, &h2, &bad, &e2);
 	fprintf(stderr, "down: G4 errors %llu\n", (unsigned long long)e2);
 	CHECK(e2 > 0);
@@ -367,8 +336,8 @@ int main(void)
 		kvt_stop(&u);
 		node_start(&u);   /* nothing local: what it finds comes from G4 */
 		use(&u);
-		CHECK_EQ(lookup_chain("g4u"), N);
-		CHECK_EQ(lookup_chain("g4w"), 0);
+		CHECK_EQ(kvt_lookup_chain("g4u", "p", BB, N, 1000), N);
+		CHECK_EQ(kvt_lookup_chain("g4w", "p", BB, N, 1000), 0);
 		remote_counts("g4w", &f2, &h2, &bad2, &e2);
 		fprintf(stderr, "users: g4u found %d; g4w's lookups: %llu errors\n", N,
 			(unsigned long long)e2);

@@ -56,16 +56,6 @@ static void node_start(struct kvt_daemon *d)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-static void admin(kvc_conn *c, Kvcached__Request *rq)
-{
-	Kvcached__Response *rs = NULL;
-
-	CHECK_EQ(kvc_call(c, rq, &rs), 0);
-	CHECK(!rs->error);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
 /* Seals the chain of ns (block i: seed base + i), demotes and writes it
  * back so that it goes to G4; waits for the N writes. */
 static void seal_chain(const char *ns, uint64_t base)
@@ -94,10 +84,10 @@ static void seal_chain(const char *ns, uint64_t base)
 	ev.all_pools = 1;
 	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
 	rq.evict = &ev;
-	admin(c, &rq);
+	kvt_admin_call(c, &rq);
 	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
 	rq.flush = &fl;
-	admin(c, &rq);
+	kvt_admin_call(c, &rq);
 	for (int tries = 0;; tries++) {
 		uint64_t w, in;
 
@@ -112,26 +102,6 @@ static void seal_chain(const char *ns, uint64_t base)
 		usleep(1000);
 	}
 	kvc_close(c);
-}
-
-/* A lookup of ns's chain: how many blocks it found, every byte checked. */
-static int lookup_chain(const char *ns, uint64_t base)
-{
-	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB), k;
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	for (int i = 0; i < N; i++)
-		h[i] = kvt_hash(base + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, N, b);
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i));
-	if (k)
-		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
-	kvc_close(c);
-	return k;
 }
 
 /* The cluster key of ns's block (seed) and a connection to its master. */
@@ -295,7 +265,7 @@ int main(void)
 
 	/* keyed: B reads every tagged value */
 	node_start(&b);
-	k = lookup_chain("keyed", 1000);
+	k = kvt_lookup_chain("keyed", "p", BB, N, 1000);
 	fprintf(stderr, "keyed: node B found %d of %d\n", k, N);
 	CHECK_EQ(k, N);
 	rs = kvt_g4_stats("keyed");
@@ -306,7 +276,7 @@ int main(void)
 		plant_big("keyed", 1002);
 		node_start(&b3);
 		base_kib = peak_kib(b3.pid);
-		k = lookup_chain("keyed", 1000);
+		k = kvt_lookup_chain("keyed", "p", BB, N, 1000);
 		peak = peak_kib(b3.pid);
 		fprintf(stderr, "before: found %d; peak RSS %ld KiB before the lookup, %ld after "
 			"(the value is %u KiB)\n", k, base_kib, peak, BIG >> 10);
@@ -315,7 +285,7 @@ int main(void)
 	/* forged: block 4 with a valid header and CRC32C but no valid tag */
 	forge("keyed", 1004);
 	node_start(&b2);
-	k = lookup_chain("keyed", 1000);
+	k = kvt_lookup_chain("keyed", "p", BB, N, 1000);
 	fprintf(stderr, "forged: node B2 found %d (the chain up to the forged block)\n", k);
 	CHECK_EQ(k, 4);
 	CHECK_EQ(metric("kvcached_g4_auth_failures_total"), 1);
@@ -326,11 +296,11 @@ int main(void)
 	plant_big("keyed", 1002);
 	node_start(&b3);
 	base_kib = peak_kib(b3.pid);
-	k = lookup_chain("keyed", 1000);
+	k = kvt_lookup_chain("keyed", "p", BB, N, 1000);
 	fprintf(stderr, "oversize: node B3 found %d\n", k);
 	CHECK_EQ(k, 2);
 	/* The other tenant, on the same node and cluster, is served whole. */
-	CHECK_EQ(lookup_chain("other", 3000), N);
+	CHECK_EQ(kvt_lookup_chain("other", "p", BB, N, 3000), N);
 	peak = peak_kib(b3.pid);
 	fprintf(stderr, "oversize: node B3 peak RSS %ld KiB before the lookups, %ld after "
 		"(the value is %u KiB)\n", base_kib, peak, BIG >> 10);
@@ -341,7 +311,7 @@ int main(void)
 
 	/* The forged value counted on the node that met it. */
 	node_start(&b2);
-	CHECK_EQ(lookup_chain("keyed", 1000), 2);   /* block 2 is the big one now */
+	CHECK_EQ(kvt_lookup_chain("keyed", "p", BB, N, 1000), 2);   /* block 2 is the big one now */
 	CHECK_EQ(metric("kvcached_g4_oversize_total"), 1);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&b2);

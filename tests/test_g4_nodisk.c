@@ -116,26 +116,6 @@ static kvc_conn *seal_chain(const char *ns, uint64_t base)
 	return c;
 }
 
-/* A lookup of ns's chain: how many blocks it found, every byte checked. */
-static int lookup_chain(const char *ns, uint64_t base)
-{
-	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB), k;
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	for (int i = 0; i < N; i++)
-		h[i] = kvt_hash(base + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, N, b);
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i));
-	if (k)
-		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
-	kvc_close(c);
-	return k;
-}
-
 static void write_conf(void)
 {
 	char path[160];
@@ -209,17 +189,17 @@ int main(void)
 	kvc_close(c);
 	/* A's own G2 still holds the chain written at demotion (promoted
 	 * here: demoted again later, it would be written again). */
-	CHECK_EQ(lookup_chain("dm", 2000), N);
+	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 2000), N);
 	CHECK_EQ(kvt_check(), 0);
 
 	/* Node B, no disk: reads A's chains from G4. */
 	node_start(&b, 0);
-	k = lookup_chain("wb", 1000);
+	k = kvt_lookup_chain("wb", "p", BB, N, 1000);
 	fprintf(stderr, "node B found %d of wb's first chain\n", k);
 	CHECK_EQ(k, N);
-	CHECK_EQ(lookup_chain("dm", 2000), N);
-	CHECK_EQ(lookup_chain("wb", 4000), N);
-	CHECK_EQ(lookup_chain("ro", 3000), 0);
+	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 2000), N);
+	CHECK_EQ(kvt_lookup_chain("wb", "p", BB, N, 4000), N);
+	CHECK_EQ(kvt_lookup_chain("ro", "p", BB, N, 3000), 0);
 	{
 		Kvcached__Response *rs = kvt_g4_stats("wb");
 
@@ -246,7 +226,7 @@ int main(void)
 	kvt_stop(&c3);
 	kvt_stop(&a);
 	node_start(&b, 0);
-	CHECK_EQ(lookup_chain("dm", 5000), N);
+	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 5000), N);
 	kvt_stop(&b);
 	kvt_rc_stop(&rc);
 	fprintf(stderr, "ok\n");
