@@ -183,6 +183,28 @@ static void spill_summed(struct kv_job *j)
 	kv_disk_submit(&t->disk, &io->dop);
 }
 
+/* Block i of sw, staged in slot (a G2 slot of the swap's), to its G3 slot:
+ * the header written in front, the checksum on the worker (spill_sum), then
+ * the write, whose completion is done. Counted in flight from here, the
+ * checksum included, so that kv_tiers_destroy() waits for it. */
+static void slot_write_start(struct kv_tiers *t, struct kv_swap *sw, struct swio *io, uint32_t i,
+			     uint8_t *slot, void (*done)(struct kv_disk_op *, int))
+{
+	struct slot_hdr h;
+
+	swap_hdr(t, sw, i, &h);
+	memset(slot, 0, HDR_BYTES);
+	memcpy(slot, &h, sizeof(h));
+	io->blk = i;
+	io->sw = sw;
+	io->res = 0;
+	io->dop = (struct kv_disk_op){ .done = done, .write = 1, .buf = slot,
+				       .len = sw->run3[i]->slot_bytes,
+				       .off = tier_g3_offset(t, sw->run3[i], sw->slot3[i]) };
+	t->lv[L3].st.inflight++;
+	tier_offload(t, &io->job, spill_sum, spill_summed);
+}
+
 /* The spill round's copy into the slots ended: write each slot to disk. */
 static void spill_copied(struct kv_tiers *t, struct kv_swap *sw, uint32_t cnt, int res)
 {
@@ -197,22 +219,8 @@ static void spill_copied(struct kv_tiers *t, struct kv_swap *sw, uint32_t cnt, i
 	for (j = 0; j < cnt; j++) {
 		struct swio *io = &sw->io[j];
 		uint32_t i = sw->cur + j;
-		uint8_t *slot = stage_addr(t, sw, j);
-		struct slot_hdr h;
 
-		swap_hdr(t, sw, i, &h);
-		memset(slot, 0, HDR_BYTES);
-		memcpy(slot, &h, sizeof(h));
-		io->blk = i;
-		io->sw = sw;
-		io->res = 0;
-		io->dop = (struct kv_disk_op){ .done = spill_written, .write = 1, .buf = slot,
-					       .len = sw->run3[i]->slot_bytes,
-					       .off = tier_g3_offset(t, sw->run3[i], sw->slot3[i]) };
-		/* In flight from here (the checksum included), so that
-		 * kv_tiers_destroy() waits for it. */
-		t->lv[L3].st.inflight++;
-		tier_offload(t, &io->job, spill_sum, spill_summed);
+		slot_write_start(t, sw, io, i, stage_addr(t, sw, j), spill_written);
 	}
 }
 
@@ -337,24 +345,11 @@ static int swap_evacuate(struct kv_tiers *t, struct kv_swap *sw)
 	sw->pending = cnt;
 	for (i = sw->m, cnt = 0; i < sw->n; i++) {
 		struct swio *io;
-		uint8_t *slot;
-		struct slot_hdr h;
 
 		if (sw->loc[i] != LOC_G2)
 			continue;
 		io = &sw->io[cnt++];
-		slot = stage_addr(t, sw, i - sw->m);
-		swap_hdr(t, sw, i, &h);
-		memset(slot, 0, HDR_BYTES);
-		memcpy(slot, &h, sizeof(h));
-		io->blk = i;
-		io->sw = sw;
-		io->res = 0;
-		io->dop = (struct kv_disk_op){ .done = evac_written, .write = 1, .buf = slot,
-					       .len = sw->run3[i]->slot_bytes,
-					       .off = tier_g3_offset(t, sw->run3[i], sw->slot3[i]) };
-		t->lv[L3].st.inflight++;
-		tier_offload(t, &io->job, spill_sum, spill_summed);
+		slot_write_start(t, sw, io, i, stage_addr(t, sw, i - sw->m), evac_written);
 	}
 	return 0;
 }
