@@ -505,7 +505,12 @@ static const struct fam fams[] = {
 	EVENTS("kvcached_events_total", "counter",
 	       "KV events (BlockStored, BlockRemoved, AllBlocksCleared) in them.", events),
 	EVENTS("kvcached_events_dropped_total", "counter",
-	       "Batches some subscriber had no room for (events_hwm); replay has them.", dropped),
+	       "Batches some subscriber had no room for (events_subscriber_max_bytes; a stalled "
+	       "subscriber counted once); replay has them.", dropped),
+	EVENTS("kvcached_events_dropped_events_total", "counter",
+	       "KV events in the batches of kvcached_events_dropped_total.", dropped_events),
+	EVENTS("kvcached_events_dropped_bytes_total", "counter",
+	       "Bytes of the batches of kvcached_events_dropped_total.", dropped_bytes),
 	EVENTS("kvcached_events_replay_requests_total", "counter", "Replay requests served.",
 	       replay_requests),
 	EVENTS("kvcached_events_replay_truncated_total", "counter",
@@ -515,6 +520,12 @@ static const struct fam fams[] = {
 	EVENTS("kvcached_events_replay_refused_total", "counter",
 	       "Replays refused (the end marker alone): the peer's last replay was still queued, or "
 	       "events_replay_max_bytes were in flight.", replay_refused),
+	EVENTS("kvcached_events_replay_dropped_total", "counter",
+	       "Batches replay requests asked for and did not get (refused or cut short).",
+	       replay_dropped),
+	EVENTS("kvcached_events_replay_dropped_bytes_total", "counter",
+	       "Bytes of the batches of kvcached_events_replay_dropped_total.",
+	       replay_dropped_bytes),
 	EVENTS("kvcached_events_replay_inflight_bytes", "gauge",
 	       "Bytes of replayed batches queued for replay peers (shared with the ring, not "
 	       "copied).", replay_inflight_bytes),
