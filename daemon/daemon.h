@@ -89,6 +89,7 @@ struct kv_daemon {
 	 * fd_reserved, the fds the daemon needs besides worker connections
 	 * and those: its own, the admin socket's connections, a margin. */
 	uint64_t fds_out;
+	uint64_t fds_uid_refused;  /* requests refused over max_fds_per_uid */
 	uint64_t fd_limit, fd_reserved;
 	/* lifecycle.c */
 	int draining;

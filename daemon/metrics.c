@@ -153,7 +153,7 @@ static void g4_hist(FILE *f, const struct expo *x, const struct fam *fm, uint32_
 
 /* The daemon-wide figures, by index (struct fam.off of their rows). */
 enum { V_PAGE_BYTES, V_PAGES_TOTAL, V_PAGES_FREE, V_SESSIONS, V_DRAINING, V_REQUESTS, V_ENOSPC,
-       V_RELOADS, V_RELOAD_FAILURES };
+       V_RELOADS, V_RELOAD_FAILURES, V_FDS_UID_REFUSED };
 
 static void one_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
 {
@@ -164,6 +164,7 @@ static void one_u64(FILE *f, const struct expo *x, const struct fam *fm, uint32_
 		[V_DRAINING] = (uint64_t)d->draining, [V_REQUESTS] = d->requests,
 		[V_ENOSPC] = d->enospc, [V_RELOADS] = d->reloads,
 		[V_RELOAD_FAILURES] = d->reload_failures,
+		[V_FDS_UID_REFUSED] = d->fds_uid_refused,
 	};
 
 	(void)k;
@@ -482,6 +483,9 @@ static const struct fam fams[] = {
 	{ "kvcached_segment_fds_in_flight", "gauge",
 	  "Segment fds passed to clients and not read by them yet (max_fds_in_flight).", F_ONE,
 	  one_queue, (size_t)~0 },
+	ONE("kvcached_segment_fds_uid_refusals_total", "counter",
+	    "Requests answered EAGAIN: their uid's connections had max_fds_per_uid segment fds "
+	    "out.", V_FDS_UID_REFUSED),
 	{ "kvcached_namespace_enospc_total", "counter",
 	  "Allocations of a namespace refused for want of memory after eviction (KV_ENOSPC).",
 	  F_NS, ns_u64, offsetof(struct kv_ns, enospc) },

@@ -120,6 +120,7 @@ static int fds_room(struct req *q, uint64_t n)
 		d->refresh_fds(d);
 	}
 	if (ss->bu->fds > q->nsegs && ss->bu->fds + n > max) {
+		d->fds_uid_refused++;
 		kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
 			   "segment fds: uid %u's connections have %llu that they have not read and "
 			   "this reply needs %llu or more, past the %llu one uid may have out "
