@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,12 +51,32 @@ void kv_metrics_ns_usage(const struct kv_daemon *d, struct kv_ns_usage *u)
  * value can forge a line or break a strict scraper. */
 static void label(FILE *f, const char *name, const char *v, int first)
 {
-	size_t left = strlen(v), n;
+	size_t left = strlen(v), n, run;
 
-	fprintf(f, "%s%s=\"", first ? "" : ",", name);
-	for (; left; v += n, left -= n) {
-		const unsigned char c = (unsigned char)*v;
+	if (!first)
+		fputc(',', f);
+	fputs(name, f);
+	fputs("=\"", f);
+	while (left) {
+		unsigned char c;
 
+		/* The longest run that goes out as it is, in one write: a whole
+		 * name, usually (a write per character was a quarter of the
+		 * CPU time of a page of 1,000 pools' exposition). */
+		for (run = 0; run < left; run += n) {
+			c = (unsigned char)v[run];
+			if (c == '\\' || c == '"' || c < 0x20 || c == 0x7f)
+				break;
+			if (!(n = kv_utf8_len((const unsigned char *)v + run, left - run)))
+				break;
+		}
+		fwrite(v, 1, run, f);
+		v += run;
+		left -= run;
+		if (!left)
+			break;
+		/* What ended the run: an escape, or '?'. */
+		c = (unsigned char)*v;
 		n = kv_utf8_len((const unsigned char *)v, left);
 		if (c == '\\')
 			fputs("\\\\", f);
@@ -63,12 +84,12 @@ static void label(FILE *f, const char *name, const char *v, int first)
 			fputs("\\\"", f);
 		else if (c == '\n')
 			fputs("\\n", f);
-		else if (!n || c < 0x20 || c == 0x7f)
-			fputc('?', f);
 		else
-			fwrite(v, 1, n, f);
+			fputc('?', f);
 		if (!n)
 			n = 1;
+		v += n;
+		left -= n;
 	}
 	fputc('"', f);
 }
@@ -328,6 +349,18 @@ static void one_http(FILE *f, const struct expo *x, const struct fam *fm, uint32
 	fprintf(f, "%s %" PRIu64 "\n", fm->name, *(const uint64_t *)((const char *)&st + fm->off));
 }
 
+/* A kv_http_stats figure in ns, written in seconds. */
+static void one_http_seconds(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
+{
+	struct kv_http_stats st;
+	uint64_t ns;
+
+	(void)k;
+	kv_http_stats(x->d->http, &st);
+	ns = *(const uint64_t *)((const char *)&st + fm->off);
+	fprintf(f, "%s %" PRIu64 ".%09" PRIu64 "\n", fm->name, ns / 1000000000u, ns % 1000000000u);
+}
+
 static void one_lag(FILE *f, const struct expo *x, const struct fam *fm, uint32_t k)
 {
 	(void)k;
@@ -494,6 +527,9 @@ static const struct fam fams[] = {
 	  "request arriving then could wait.", F_ONE, one_lag, 0 },
 	HTTP("kvcached_http_expositions_built_total", "counter",
 	     "Expositions built for GET /metrics (at most one per metrics_min_interval).", builds),
+	{ "kvcached_http_build_cpu_seconds_total", "counter",
+	  "CPU time the event loop spent building those (in pages of 64 KiB, one per turn).",
+	  F_ONE, one_http_seconds, offsetof(struct kv_http_stats, build_cpu_ns) },
 	HTTP("kvcached_http_scrapes_total", "counter", "GET /metrics answered 200.", served),
 	HTTP("kvcached_http_evicted_total", "counter",
 	     "HTTP connections closed, still sending their request, for a newcomer over "
@@ -596,6 +632,9 @@ ssize_t kv_metrics_page(const struct kv_daemon *d, uint64_t *pos, size_t limit, 
 		free(x.u);
 		return -ENOMEM;
 	}
+	/* f is this call's alone: stdio need not lock it for each write
+	 * (that was about half of a page's CPU time, the rest formatting). */
+	__fsetlocking(f, FSETLOCKING_BYCALLER);
 	/* Item by item; past limit, the page ends before the item that went
 	 * over (there is always at least one, so that paging goes on). */
 	*pos = KV_METRICS_DONE;
