@@ -166,7 +166,7 @@ struct kv_http {
 	size_t len;
 	uint64_t built_ns;           /* when the last build finished */
 	uint64_t builds;
-	uint64_t build_cpu_ns;       /* loop thread CPU time in h->page() */
+	uint64_t build_cpu_ns;       /* loop thread CPU time in build_step() */
 	struct kv_ratelimit log_rl;
 
 	/* Shared, under mu. */
@@ -231,8 +231,6 @@ static void build_step(struct kv_http *h)
 	ssize_t n;
 
 	n = h->page(h->d, &h->pos, HTTP_PAGE_BYTES, &t);
-	/* What a page holds the loop for, apart from waiting for a CPU. */
-	h->build_cpu_ns += thread_cpu_ns() - cpu;
 	if (n >= 0) {
 		char *nb = realloc(h->buf, h->len + (size_t)n + 1);
 
@@ -253,6 +251,8 @@ static void build_step(struct kv_http *h)
 		h->len = 0;
 		h->pos = KV_HTTP_PAGE_DONE;
 	}
+	/* What a page holds the loop for, apart from waiting for a CPU. */
+	h->build_cpu_ns += thread_cpu_ns() - cpu;
 	if (h->pos != KV_HTTP_PAGE_DONE) {
 		if (kv_loop_timeout(&h->d->loop, &h->bw, 0) == 0)
 			return;
