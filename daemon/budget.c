@@ -31,7 +31,7 @@ void kv_budget_leave(struct kv_budget *b, struct kv_budget_uid *u)
 	kv_assert(u->conns > 0);
 	if (--u->conns)
 		return;
-	kv_assert(!u->bytes);
+	kv_assert(!u->bytes && !u->fds);
 	for (p = &b->uids; *p != u; p = &(*p)->next)
 		;
 	*p = u->next;

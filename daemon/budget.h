@@ -7,8 +7,13 @@
  * max_memory_per_uid, or past max_connection_memory for all uids together,
  * closes the newest connection of the uid whose connection grows (the one
  * growing, when it is the newest), with a logged reason, until the growth
- * fits: never a connection of another uid. Segment fds in flight have their
- * own bounds (max_fds_per_connection, max_fds_in_flight). Loop thread only. */
+ * fits: never a connection of another uid.
+ *
+ * Segment fds out to a uid's connections (queued for a reply, or sent and not
+ * read yet: session.h) are counted here too (fds), by session.c; ops_req.c
+ * refuses a reply that would take a uid past max_fds_per_uid (EAGAIN to that
+ * client), so one uid cannot take the whole of max_fds_in_flight, nor the
+ * daemon's fd table, from the others. Loop thread only. */
 #ifndef KV_BUDGET_H
 #define KV_BUDGET_H
 
@@ -24,6 +29,7 @@ struct kv_budget_uid {
 	uid_t uid;
 	uint32_t conns;
 	uint64_t bytes;
+	uint64_t fds;              /* segment fds out to its connections */
 	struct kv_list list;       /* of its connections: the caller's links */
 };
 

@@ -89,6 +89,11 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  0, UINT32_MAX, "0",
 	  "segment fds sent to all clients and not read yet past which a request that needs more "
 	  "is refused (EAGAIN); 0: as many as RLIMIT_NOFILE leaves", NULL },
+	{ "max_fds_per_uid", 0, KV_CFG_UINT, KV_CFG_FIELD(max_fds_per_uid), KV_CFG_RELOAD,
+	  0, UINT32_MAX, "0",
+	  "segment fds sent to all connections of one uid and not read yet past which a request "
+	  "of that uid that needs more is refused (EAGAIN), unless the uid has none out; 0: half "
+	  "of max_fds_in_flight (or of what RLIMIT_NOFILE leaves)", NULL },
 	{ "max_memory_per_uid", 0, KV_CFG_SIZE, KV_CFG_FIELD(max_memory_per_uid), KV_CFG_RELOAD, 0,
 	  0, "256MiB", "input and output buffers all connections of one uid may hold; past it "
 	  "that uid's newest connection is closed (0: no bound)", NULL },

@@ -131,6 +131,7 @@ struct kv_config {
 	uint32_t max_output_bytes;    /* unsent replies past which a connection's input waits */
 	uint32_t max_fds_per_conn;    /* segment fds out to one connection past which it waits */
 	uint32_t max_fds_in_flight;   /* all connections together (0: from RLIMIT_NOFILE) */
+	uint32_t max_fds_per_uid;     /* all connections of one uid (0: half of the above) */
 	uint64_t max_memory_per_uid;  /* connection buffers of one uid (budget.h); 0 none */
 	uint64_t max_connection_memory; /* of all connections together; 0 none */
 	int log_level;

@@ -734,6 +734,7 @@ static void conn_close(struct kv_conn *c, const char *why)
 	c->in_cap = c->out_cap = 0;
 	if (c->bu) {
 		conn_charge(c);
+		c->ss.bu = NULL;   /* kv_session_release() gave its fds back */
 		kv_list_del(&c->ulink);
 		kv_budget_leave(&c->cs->budget, c->bu);
 		c->bu = NULL;
@@ -863,6 +864,7 @@ void kv_conn_accept(struct kv_conns *cs, int fd, int admin)
 		return;
 	}
 	kv_session_open(cs->d, &c->ss, &cred, admin);
+	c->ss.bu = c->bu;   /* its segment fds count for its uid too */
 	kv_session_peer_groups(&c->ss, fd);
 	c->ss.waiter.wake = conn_wake;
 	conn_assert_state(c);

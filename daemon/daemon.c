@@ -24,6 +24,15 @@ uint64_t kv_daemon_fds_max(const struct kv_daemon *d)
 	return max;
 }
 
+uint64_t kv_daemon_fds_per_uid_max(const struct kv_daemon *d)
+{
+	uint64_t max = kv_daemon_fds_max(d);
+
+	if (!d->cfg.max_fds_per_uid)
+		return max / 2;
+	return d->cfg.max_fds_per_uid < max ? d->cfg.max_fds_per_uid : max;
+}
+
 uint64_t kv_now_ms(void)
 {
 	struct timespec ts;

@@ -89,6 +89,7 @@ struct kv_daemon {
 	 * fd_reserved, the fds the daemon needs besides worker connections
 	 * and those: its own, the admin socket's connections, a margin. */
 	uint64_t fds_out;
+	uint64_t fds_uid_refused;  /* requests refused over max_fds_per_uid */
 	uint64_t fd_limit, fd_reserved;
 	/* lifecycle.c */
 	int draining;
@@ -144,6 +145,10 @@ void kv_daemon_collect(struct kv_daemon *d);
  * counted (the same limit bounds the fds the kernel holds in flight for the
  * daemon's user); UINT64_MAX when neither is known. */
 uint64_t kv_daemon_fds_max(const struct kv_daemon *d);
+/* The most of them the connections of one uid may have out at once:
+ * max_fds_per_uid when set, else half of kv_daemon_fds_max(); never more
+ * than kv_daemon_fds_max(). */
+uint64_t kv_daemon_fds_per_uid_max(const struct kv_daemon *d);
 
 /* Milliseconds of the wall clock (what operators compare with dates). */
 uint64_t kv_now_ms(void);

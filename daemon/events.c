@@ -520,6 +520,8 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 	if (buf_room(&tp->batch, RANK_MAX) < 0) {
 		/* No room for the rank: the batch cannot be sent right. */
 		ev->st.dropped++;
+		ev->st.dropped_events += tp->nevents;
+		ev->st.dropped_bytes += tp->batch.len;
 		tp->seq++;
 		tp->nevents = 0;
 		tp->batch.len = 0;
@@ -540,10 +542,13 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 	len = tp->batch.len - (HDR_ROOM - h.len);
 	put_be64(seq, tp->seq);
 	r = pub_send(ev, tp, seq, p, len);
-	if (r > 0)
+	if (r != 0) {
+		if (r < 0 && ev->st.dropped == 0)
+			kv_warn("events: send failed: %s", zmq_strerror(zmq_errno()));
 		ev->st.dropped++;
-	else if (r < 0 && ev->st.dropped++ == 0)
-		kv_warn("events: send failed: %s", zmq_strerror(zmq_errno()));
+		ev->st.dropped_events += tp->nevents;
+		ev->st.dropped_bytes += len;
+	}
 	ring_put(ev, t, tp->seq, p, len);
 	tp->seq++;
 	ev->st.batches++;
@@ -803,7 +808,7 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 			const char *topic, size_t tlen)
 {
 	unsigned char seq[8];
-	uint32_t i, t = UINT32_MAX;
+	uint32_t i, t = UINT32_MAX, n = 0;
 	uint64_t bytes = 0;
 	struct rpeer *peer;
 	int all = 0, refused = 0;
@@ -820,8 +825,10 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 	for (i = 0; i < ev->ring_n; i++) {
 		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
 
-		if ((all || r->topic == t) && r->seq >= start)
+		if ((all || r->topic == t) && r->seq >= start) {
 			bytes += r->b->len;
+			n++;
+		}
 	}
 	/* One replay in flight per peer, and events_replay_max_bytes for all
 	 * of them: past either the peer gets the end marker alone (counted). */
@@ -840,7 +847,7 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 		put_be64(seq, r->seq);
 		if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
 			ev->st.replay_truncated++;
-			return;
+			goto unsent;
 		}
 		/* vLLM >= 0.26: [identity, "", topic, seq, payload]. */
 		zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
@@ -849,20 +856,29 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 		zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 		if (replay_batch(ev, peer, r) < 0) {
 			ev->st.replay_truncated++;
-			return;
+			goto unsent;
 		}
 		ev->trim = 1;
+		bytes -= r->b->len;
+		n--;
 	}
 	/* The end, vLLM's END_SEQ: an empty topic, seq -1, an empty payload. */
 	memset(seq, 0xff, sizeof(seq));
 	if (zmq_send(ev->router, id, idlen, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
 		ev->st.replay_truncated++;
-		return;
+		goto unsent;
 	}
 	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
 	zmq_send(ev->router, "", 0, ZMQ_DONTWAIT);
+	if (!refused)
+		return;
+unsent:
+	/* What the request asked for and did not get: bytes and n count down
+	 * as batches go. */
+	ev->st.replay_dropped += n;
+	ev->st.replay_dropped_bytes += bytes;
 }
 
 /* Reads one request: [identity, "", seq (8 bytes, big endian)] as vLLM's

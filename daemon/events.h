@@ -51,12 +51,18 @@ uint32_t kv_events_sub_hwm(const struct kv_config *cfg);
 struct kv_events_stats {
 	uint64_t batches;          /* messages published */
 	uint64_t events;           /* vLLM events in them */
-	uint64_t dropped;          /* batches some subscriber had no room for */
+	uint64_t dropped;          /* batches some subscriber had no room for (a
+				    * stalled subscriber counted once: events.md §5) */
+	uint64_t dropped_events;   /* vLLM events in those batches */
+	uint64_t dropped_bytes;    /* their bytes */
 	uint64_t replay_requests;  /* well-formed replay requests served */
 	uint64_t replay_bad;       /* malformed requests, ignored */
 	uint64_t replay_truncated; /* replays cut short: the peer's queue was full */
 	uint64_t replay_refused;   /* replays refused: the peer's last one still queued,
 				    * or events_replay_max_bytes in flight */
+	uint64_t replay_dropped;   /* batches a replay asked for and did not send
+				    * (refused or cut short) */
+	uint64_t replay_dropped_bytes; /* their bytes */
 	uint64_t replay_inflight_bytes; /* of replay messages ZMQ still holds */
 	uint64_t buffered;         /* batches held for replay */
 	uint64_t buffered_bytes;

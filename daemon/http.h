@@ -44,6 +44,7 @@
 /* For the metrics (kvcached_http_*). */
 struct kv_http_stats {
 	uint64_t builds;            /* expositions built */
+	uint64_t build_cpu_ns;      /* the loop thread's CPU time building them */
 	uint64_t served;            /* scrapes answered 200 */
 	uint64_t evicted;           /* connections closed for a newcomer (over a bound) */
 	uint64_t deadline_closed;   /* closed past metrics_header_timeout */

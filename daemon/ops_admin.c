@@ -253,6 +253,30 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 			r->remote = ri;
 		}
 	}
+	if (d->events) {
+		struct kv_events_stats es;
+		Kvcached__EventsInfo *ei = q_alloc(q, sizeof(*ei));
+
+		kv_events_stats(d->events, &es);
+		if (ei) {
+			kvcached__events_info__init(ei);
+			ei->batches = es.batches;
+			ei->events = es.events;
+			ei->dropped = es.dropped;
+			ei->dropped_events = es.dropped_events;
+			ei->dropped_bytes = es.dropped_bytes;
+			ei->replay_requests = es.replay_requests;
+			ei->replay_refused = es.replay_refused;
+			ei->replay_truncated = es.replay_truncated;
+			ei->replay_bad = es.replay_bad;
+			ei->replay_dropped = es.replay_dropped;
+			ei->replay_dropped_bytes = es.replay_dropped_bytes;
+			ei->replay_inflight_bytes = es.replay_inflight_bytes;
+			ei->buffered = es.buffered;
+			ei->buffered_bytes = es.buffered_bytes;
+			r->events = ei;
+		}
+	}
 	if (stats_tiers(q, r) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "budget.h"
 #include "kvassert.h"
 #include "log.h"
 
@@ -104,6 +105,27 @@ static int fds_room(struct req *q, uint64_t n)
 			   "reply needs %llu or more, past the %llu the daemon passes at once "
 			   "(max_fds_in_flight, RLIMIT_NOFILE); nothing changed, retry",
 			   (unsigned long long)(d->fds_out - q->nsegs),
+			   (unsigned long long)(q->nsegs + n), (unsigned long long)max);
+		return -EAGAIN;
+	}
+	/* One uid's connections together: a uid with none out besides this
+	 * request may take what one reply needs (as a session may), one with
+	 * some out may not pass max_fds_per_uid, so that the others keep
+	 * their share of max_fds_in_flight whatever it holds. */
+	if (!ss->bu)
+		return 0;
+	max = kv_daemon_fds_per_uid_max(d);
+	if (ss->bu->fds > q->nsegs && ss->bu->fds + n > max && d->refresh_fds && !q->refreshed) {
+		q->refreshed = 1;
+		d->refresh_fds(d);
+	}
+	if (ss->bu->fds > q->nsegs && ss->bu->fds + n > max) {
+		d->fds_uid_refused++;
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EAGAIN, -1,
+			   "segment fds: uid %u's connections have %llu that they have not read and "
+			   "this reply needs %llu or more, past the %llu one uid may have out "
+			   "(max_fds_per_uid); nothing changed, retry once they have read them",
+			   (unsigned)ss->cred.uid, (unsigned long long)(ss->bu->fds - q->nsegs),
 			   (unsigned long long)(q->nsegs + n), (unsigned long long)max);
 		return -EAGAIN;
 	}

@@ -64,9 +64,10 @@ static void fds_limits(struct kv_daemon *d)
 			(unsigned long long)d->fd_reserved, d->cfg.max_connections);
 	else
 		kv_info("segment fds in flight: at most %llu (RLIMIT_NOFILE %llu, max_fds_in_flight "
-			"%u), %u per connection", (unsigned long long)max,
+			"%u), %u per connection, %llu per uid", (unsigned long long)max,
 			(unsigned long long)d->fd_limit, d->cfg.max_fds_in_flight,
-			d->cfg.max_fds_per_conn);
+			d->cfg.max_fds_per_conn,
+			(unsigned long long)kv_daemon_fds_per_uid_max(d));
 }
 
 int kv_server_init(struct kv_server *s, const struct kv_config *cfg,

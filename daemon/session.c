@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "kvassert.h"
 #include "kvtext.h"
 #include "log.h"
@@ -95,6 +96,17 @@ static void release_ref(void *key, uint32_t count, void *ctx)
 		kv_block_unref(b);
 }
 
+/* n fds more (negative: fewer) out to ss: the daemon's count and its uid's. */
+static void fds_count(struct kv_session *ss, int64_t n)
+{
+	kv_assert(n >= 0 || (uint64_t)-n <= ss->d->fds_out);
+	ss->d->fds_out = (uint64_t)((int64_t)ss->d->fds_out + n);
+	if (ss->bu) {
+		kv_assert(n >= 0 || (uint64_t)-n <= ss->bu->fds);
+		ss->bu->fds = (uint64_t)((int64_t)ss->bu->fds + n);
+	}
+}
+
 void kv_session_release(struct kv_session *ss)
 {
 	struct kv_daemon *d = ss->d;
@@ -122,8 +134,7 @@ void kv_session_release(struct kv_session *ss)
 	/* What was sent and not read is the peer's to drop with its socket. */
 	for (size_t i = 0; i < ss->nfds; i++)
 		close(ss->fds[i]);
-	kv_assert(d->fds_out >= ss->nfds + ss->fds_unread);
-	d->fds_out -= ss->nfds + ss->fds_unread;
+	fds_count(ss, -(int64_t)(ss->nfds + ss->fds_unread));
 	ss->nfds = 0;
 	ss->fds_unread = 0;
 	free(ss->fds);
@@ -222,7 +233,7 @@ int kv_session_want_segment(struct kv_session *ss, uint32_t dev, uint32_t seg, u
 	if (fd < 0)
 		return -errno;
 	ss->fds[ss->nfds++] = fd;
-	ss->d->fds_out++;
+	fds_count(ss, 1);
 	*old = (*sent)[seg];
 	(*sent)[seg] = be->epoch[dev][seg];
 	return 0;
@@ -232,7 +243,7 @@ void kv_session_unwant_segment(struct kv_session *ss, uint32_t dev, uint32_t seg
 {
 	kv_assert(ss->nfds > 0 && kv_session_has_segment(ss, dev, seg));
 	close(ss->fds[--ss->nfds]);
-	ss->d->fds_out--;
+	fds_count(ss, -1);
 	ss->seg_sent[dev][seg] = old;
 }
 
@@ -250,8 +261,7 @@ void kv_session_fds_sent(struct kv_session *ss, size_t n)
 
 void kv_session_fds_read(struct kv_session *ss)
 {
-	kv_assert(ss->d->fds_out >= ss->fds_unread);
-	ss->d->fds_out -= ss->fds_unread;
+	fds_count(ss, -(int64_t)ss->fds_unread);
 	ss->fds_unread = 0;
 }
 

@@ -26,6 +26,8 @@
 #include "daemon.h"
 #include "refmap.h"
 
+struct kv_budget_uid;
+
 /* Supplementary groups asked for first; a peer in more costs a second call. */
 #define KV_SESSION_GROUPS 64
 
@@ -55,6 +57,9 @@ struct kv_session {
 	 * which the kernel charges to the daemon's user until they are read
 	 * (conn.c counts and clears it). */
 	uint32_t fds_unread;
+	/* Its uid's share (budget.h), which counts nfds + fds_unread of all
+	 * the uid's sessions; NULL for a session without a connection. */
+	struct kv_budget_uid *bu;
 	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
 	struct kv_refmap refs;
 	uint64_t connected_ms, requests;

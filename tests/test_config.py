@@ -68,6 +68,7 @@ ALL = {
     "max_output_per_connection": "16MiB",
     "max_fds_per_connection": "64",
     "max_fds_in_flight": "5000",
+    "max_fds_per_uid": "3000",
     "max_memory_per_uid": "128MiB",
     "max_connection_memory": "512MiB",
     "log_level": "debug",

@@ -11,12 +11,16 @@ batches, real ZeroMQ peers (python3-zmq).
   copied per request), and once the peers go the bytes in flight are 0 and
   the RSS is back near where it was.
 - 20 SUB peers that never read while batches keep coming: the batches they
-  miss are counted (kvcached_events_dropped_total), the RSS stays bounded by
+  miss are counted (kvcached_events_dropped_total, with their events and
+  bytes) and kvctl events (text and JSON) and kvctl status show the same
+  counts as the metrics (so do the replays' refused batches and bytes);
+  the RSS stays bounded by
   events_subscriber_max_bytes per subscriber, and comes back after they go.
 Figures (RSS before/during/after) are printed; the checks are on bytes and
 counts. KVT_BEFORE=1 runs the same peers against a kvcached without these
 bounds (KVCACHED_BIN=...) and only prints the figures.
 Exit 77 without python3-zmq or a daemon built with events."""
+import json
 import os
 import select
 import signal
@@ -86,6 +90,16 @@ def metric(daemon, name):
     kvt.fail("no %s in kvctl metrics" % name, daemon.log)
 
 
+def kvctl_events(daemon):
+    """kvctl events (no --endpoint): its text and its JSON document; the two
+    agree with each other and with the metrics."""
+    r = daemon.kvctl("events")
+    kvt.check(r.returncode == 0, "kvctl events: %s" % r.stderr, daemon.log)
+    rj = daemon.kvctl("-o", "json", "events")
+    kvt.check(rj.returncode == 0, "kvctl -o json events: %s" % rj.stderr, daemon.log)
+    return r.stdout, json.loads(rj.stdout)
+
+
 def ok(w, line):
     r = w.cmd(line)
     kvt.check(r.startswith("ok"), "worker: %s -> %s" % (line, r))
@@ -152,6 +166,20 @@ def main():
         # daemon holds for it a little more (ZMQ's message headers).
         kvt.check(during - base < REPLAY_MAX + 32 * MIB, "RSS grew by %d" % (during - base),
                   daemon.log)
+        # kvctl events shows what the refused and cut replays did not get.
+        text, j = kvctl_events(daemon)
+        print("kvctl events:\n" + text.rstrip())
+        rp = j["replay"]
+        kvt.check(rp["refused"] == metric(daemon, "kvcached_events_replay_refused_total") and
+                  rp["refused"] >= refused, "kvctl events: replay %r" % rp, daemon.log)
+        kvt.check(rp["dropped_batches"] >= rp["refused"] and rp["dropped_bytes"] > 0,
+                  "kvctl events: refused replays but nothing dropped: %r" % rp, daemon.log)
+        kvt.check(rp["dropped_bytes"] ==
+                  metric(daemon, "kvcached_events_replay_dropped_bytes_total"),
+                  "kvctl events and the metrics disagree: %r" % rp, daemon.log)
+        line = [x for x in text.splitlines() if x.startswith("unsent ")]
+        kvt.check(len(line) == 1 and line[0].split()[1] ==
+                  str(rp["dropped_batches"]), "kvctl events: %r" % line, daemon.log)
     for s in peers:
         s.close(linger=0)
     if not BEFORE:
@@ -203,6 +231,25 @@ def main():
           % (seed - start, during2 / MIB, (during2 - base2) / MIB, stalls + dropped))
     if not BEFORE:
         kvt.check(stalls >= 1, "no drop counted", daemon.log)
+        # kvctl events shows the subscribers' drops: batches, their events
+        # and bytes, the same as the metrics.
+        text, j = kvctl_events(daemon)
+        print("kvctl events:\n" + text.rstrip())
+        sb = j["subscribers"]
+        kvt.check(sb["dropped_batches"] == metric(daemon, "kvcached_events_dropped_total") and
+                  sb["dropped_batches"] >= stalls, "kvctl events: %r" % sb, daemon.log)
+        kvt.check(sb["dropped_events"] >= sb["dropped_batches"] and
+                  sb["dropped_bytes"] > sb["dropped_batches"] and
+                  sb["dropped_bytes"] == metric(daemon, "kvcached_events_dropped_bytes_total") and
+                  sb["dropped_events"] == metric(daemon, "kvcached_events_dropped_events_total"),
+                  "kvctl events: subscriber drops %r" % sb, daemon.log)
+        line = [x for x in text.splitlines() if x.startswith("dropped ")]
+        kvt.check(len(line) == 1 and line[0].split()[1] ==
+                  str(sb["dropped_batches"]), "kvctl events: %r" % line, daemon.log)
+        st = daemon.kvctl("-o", "json", "status")
+        kvt.check(st.returncode == 0 and
+                  json.loads(st.stdout)["events"]["subscribers"] == sb,
+                  "kvctl status -o json: no events or other figures", daemon.log)
         kvt.check(during2 - base2 < 20 * SUB_MAX + 32 * MIB, "RSS grew by %d" % (during2 - base2),
                   daemon.log)
     os.kill(sub_proc.pid, signal.SIGKILL)

@@ -22,6 +22,10 @@
  *            is held at max_fds_per_connection, another is served; with
  *            max_fds_in_flight full, or the daemon's fd table, a request
  *            gets EAGAIN, not a closed session, and succeeds later
+ *   fds_uid  a uid whose connections hold segment fds unread is refused more
+ *            past max_fds_per_uid (EAGAIN naming it, to that client only,
+ *            its sessions intact); another uid (a process of its own when
+ *            run as root) is served meanwhile
  *
  * Waits are for conditions (a reply, EOF, a count) under a guard, never for
  * a fixed time. */
@@ -980,8 +984,9 @@ static void case_fds(void)
 	kvt_stop(&dm);
 
 	/* All clients together: max_fds_in_flight. */
+	/* (max_fds_per_uid as high: these clients are all of one uid.) */
 	kvt_start(&dm, "--pool-size", "8MiB", "--segment-size", "64KiB", "--page-size", "64KiB",
-		  "--max-fds-in-flight", "100", NULL);
+		  "--max-fds-in-flight", "100", "--max-fds-per-uid", "100", NULL);
 	c = kvt_connect(NULL);
 	pool = seal_one_per_segment(c, b, h);
 	raw_open(&r);
@@ -1035,6 +1040,132 @@ static void case_fds(void)
 		CHECK_EQ(kvc_release(c2, got, SEGS), 0);
 		kvc_close(c2);
 	}
+	CHECK_EQ(kvc_release(c, b, SEGS), 0);
+	admin_wait_sessions(1);
+	daemon_fine();
+	kvc_close(c);
+	kvt_stop(&dm);
+}
+
+/* Uid A (a child, setuid() to 54321 when run as root) seals SEGS blocks, one
+ * per segment; its first raw connection looks them up (SEGS fds) and does
+ * not read the reply; its second
+ * asks for SEGS more, past max_fds_per_uid (SEGS + 16), and is refused
+ * (EAGAIN naming max_fds_per_uid), its session intact: 16 fit. The parent's
+ * uid is served all SEGS meanwhile. Once the first reads, A is served. */
+struct fds_uid_arg {
+	int up, down;       /* the child's ends: to the parent, from it */
+	int close_up, close_down;
+};
+
+static int fds_uid_child(void *arg)
+{
+	struct fds_uid_arg *a = arg;
+	struct lookup_rq l;
+	struct raw r1, r2;
+	Kvcached__Response *rs;
+	uint64_t deadline;
+	kvc_conn *c;
+	kvc_block b[SEGS];
+	kvc_hash h[SEGS];
+	uint32_t pool;
+	char ok = 1;
+
+	close(a->close_up);
+	close(a->close_down);
+	if (geteuid() == 0 && (setgid(54321) < 0 || setuid(54321) < 0))
+		return 2;
+	/* Its own blocks, in its own namespace, one per segment. */
+	c = kvt_connect(NULL);
+	seal_one_per_segment(c, b, h);
+	raw_open(&r1);
+	raw_hello(&r1);
+	pool = raw_pool(&r1, "seg", SEG_BYTES);
+	lookup_rq(&l, pool, h, SEGS);
+	raw_send(&r1, &l.rq);   /* SEGS fds, not read for now */
+	deadline = now_ms() + 60000;
+	while (frames_waiting(r1.fd) < 1) {
+		CHECK(now_ms() < deadline);
+		nap();
+	}
+	raw_open(&r2);
+	raw_hello(&r2);
+	CHECK_EQ(raw_pool(&r2, "seg", SEG_BYTES), pool);
+	lookup_rq(&l, pool, h, SEGS);
+	rs = raw_call(&r2, &l.rq);
+	CHECK(rs->error != NULL);
+	fprintf(stderr, "fds_uid: uid %u: %s\n", (unsigned)getuid(), rs->error->message);
+	CHECK_EQ(rs->error->code, KVCACHED__ERROR_CODE__EAGAIN);
+	CHECK(strstr(rs->error->message, "max_fds_per_uid") != NULL);
+	kvcached__response__free_unpacked(rs, NULL);
+	/* The session carries on: what stays within the bound fits. */
+	lookup_rq(&l, pool, h, 16);
+	rs = raw_call(&r2, &l.rq);
+	CHECK(!rs->error && rs->blocks->n_blocks == 16 && rs->n_segments == 16);
+	kvcached__response__free_unpacked(rs, NULL);
+	CHECK(write(a->up, &ok, 1) == 1);
+	CHECK(read(a->down, &ok, 1) == 0);
+	/* The first reads at last: its reply is whole, and then the second
+	 * gets the rest. */
+	rs = raw_recv(&r1);
+	CHECK(rs != NULL && !rs->error && rs->blocks->n_blocks == SEGS &&
+	      rs->n_segments == SEGS);
+	kvcached__response__free_unpacked(rs, NULL);
+	CHECK_EQ(r1.nfds, SEGS);
+	lookup_rq(&l, pool, h, SEGS);
+	rs = raw_call(&r2, &l.rq);
+	CHECK(!rs->error && rs->blocks->n_blocks == SEGS && rs->n_segments == SEGS - 16);
+	kvcached__response__free_unpacked(rs, NULL);
+	raw_close(&r1);
+	raw_close(&r2);
+	CHECK_EQ(kvc_release(c, b, SEGS), 0);
+	kvc_close(c);
+	return 0;
+}
+
+static void case_fds_uid(void)
+{
+	struct fds_uid_arg a;
+	kvc_conn *c, *c2;
+	kvc_block b[SEGS], got[SEGS];
+	kvc_hash h[SEGS];
+	int up[2], down[2], pool, root = geteuid() == 0;
+	char ok;
+	pid_t pid;
+
+	if (kvt_cuda()) {
+		fprintf(stderr, "fds_uid: not run on the cuda backend\n");
+		return;
+	}
+	kvt_start(&dm, "--pool-size", "16MiB", "--segment-size", "64KiB", "--page-size", "64KiB",
+		  "--max-fds-per-uid", "80", "--socket-mode", "0666", NULL);
+	CHECK(chmod(dm.dir, 0755) == 0);
+	c = kvt_connect(NULL);
+	pool = seal_one_per_segment(c, b, h);
+	CHECK(pipe(up) == 0 && pipe(down) == 0);
+	a = (struct fds_uid_arg){ .up = up[1], .down = down[0], .close_up = up[0],
+				  .close_down = down[1] };
+	pid = kvt_spawn(fds_uid_child, &a);
+	close(up[1]);
+	close(down[0]);
+	CHECK(read(up[0], &ok, 1) == 1);   /* A holds SEGS + 16 fds unread, or failed */
+	if (root) {
+		/* Another uid: its own share, all SEGS at once. */
+		c2 = kvt_connect(NULL);
+		CHECK_EQ(kvt_pool(c2, "seg", SEG_BYTES), pool);
+		CHECK_EQ(kvc_lookup(c2, pool, h, SEGS, got), SEGS);
+		CHECK(kvt_mem_all(c2, kvc_block_ptr(c2, got[SEGS - 1]), 0, SEG_BYTES));
+		CHECK_EQ(kvc_release(c2, got, SEGS), 0);
+		kvc_close(c2);
+		fprintf(stderr, "fds_uid: uid %u served %d segments beside uid 54321's\n",
+			(unsigned)geteuid(), SEGS);
+	} else {
+		fprintf(stderr, "fds_uid: not root: another uid not tried\n");
+	}
+	CHECK_EQ(admin_check(), 0);
+	close(down[1]);
+	CHECK_EQ(kvt_wait(pid), 0);
+	close(up[0]);
 	CHECK_EQ(kvc_release(c, b, SEGS), 0);
 	admin_wait_sessions(1);
 	daemon_fine();
@@ -1104,6 +1235,7 @@ int main(void)
 	case_partial();
 	case_output();
 	case_fds();
+	case_fds_uid();
 	case_drain_overflow();
 	return 0;
 }

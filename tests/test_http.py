@@ -126,6 +126,10 @@ check(len(b) == 23 and b == sorted(b) and
       b[-1] == value(after, "kvcached_request_duration_seconds_count", 'op="alloc"'),
       "alloc buckets: %s" % b, dm.log)
 check(value(after, "kvcached_demotion_duration_seconds_sum") > 0, "demotion _sum", dm.log)
+# What the builds cost the loop: counted beside the builds themselves.
+check(value(after, "kvcached_http_expositions_built_total") >= 1 and
+      value(after, "kvcached_http_build_cpu_seconds_total") is not None and
+      value(after, "kvcached_http_build_cpu_seconds_total") >= 0, "build CPU time", dm.log)
 for fam in ("kvcached_promotion_duration_seconds_count", "kvcached_writeback_duration_seconds_count",
             "kvcached_parked_requests", "kvcached_output_queued_bytes",
             "kvcached_segment_fds_in_flight", "kvcached_paused_connections"):

@@ -45,6 +45,16 @@ for cmd in status pools clients evict flush drain reload check metrics top; do
 	"$KVCTL_BIN" "$cmd" --help | grep -q "^Usage: kvctl .* $cmd" || fail "kvctl $cmd --help"
 	"$KVCTL_BIN" help "$cmd" | grep -q "^Usage: kvctl .* $cmd" || fail "kvctl help $cmd"
 done
+# kvctl events without --endpoint asks the admin socket for the publisher's
+# counters: this daemon publishes none, which is one line and exit 1; its
+# stream options need --endpoint (a usage error, 2).
+set +e
+out=$("$KVCTL_BIN" events 2>&1); rc=$?
+"$KVCTL_BIN" events --topic x >/dev/null 2>&1; rc2=$?
+set -e
+[ $rc -eq 1 ] && [[ $out == "kvctl: events: the daemon publishes no KV events"* ]] ||
+	fail "kvctl events without events: rc $rc: $out"
+[ $rc2 -eq 2 ] || fail "kvctl events --topic without --endpoint: rc $rc2"
 "$KVCTL_BIN" --help | grep -q "^Commands:" || fail "kvctl --help"
 "$KVCTL_BIN" help | grep -q "^Commands:" || fail "kvctl help"
 

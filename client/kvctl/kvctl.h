@@ -132,6 +132,8 @@ int cmd_reload(kvc_conn *c, const struct args *a);
 
 /* ---- events.c ---- */
 int cmd_events(kvc_conn *c, const struct args *a);   /* c is NULL: no daemon call */
+/* kvctl events without --endpoint: the publisher's counters (Stats). */
+int cmd_events_stats(kvc_conn *c, const struct args *a);
 int cmd_dump(kvc_conn *c, const struct args *a);
 
 /* ---- top.c ---- */

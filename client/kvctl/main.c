@@ -124,10 +124,18 @@ static const struct command commands[] = {
 	  "json, the same figures from the daemon's Stats reply: the document of\n"
 	  "status -o json.\n" },
 	{ "events", cmd_events, O_COUNT | O_EVENTS,
-	  " --endpoint E [--topic PREFIX] [--replay-endpoint R [--from SEQ]] [-n COUNT]",
-	  "follow the KV-event stream",
-	  "Subscribes to the KV events kvcached publishes (docs/events.md) and prints\n"
-	  "one line per event: the batch's sequence number and time, the topic\n"
+	  " [--endpoint E [--topic PREFIX] [--replay-endpoint R [--from SEQ]] [-n COUNT]]",
+	  "KV-event counters, or follow the stream",
+	  "Without --endpoint: the publisher's counters from the admin socket: batches\n"
+	  "and events published; batches, events and bytes some subscriber had no room\n"
+	  "for (a subscriber that stops reading is counted once, at the batch it\n"
+	  "missed first: it then misses batches until it reads and sees the gap in the\n"
+	  "sequence numbers); replay requests served, refused, cut short and\n"
+	  "malformed, and the batches and bytes they asked for and did not get; the\n"
+	  "replay buffer and the replay bytes in flight. With -o json, one document.\n\n"
+	  "With --endpoint: subscribes to the KV events kvcached publishes\n"
+	  "(docs/events.md) and prints one line per event: the batch's sequence\n"
+	  "number and time, the topic\n"
 	  "(kv@NODE@MODEL), the type (BlockStored, BlockRemoved, AllBlocksCleared), the\n"
 	  "medium (GPU, CPU, STORAGE), the block hashes (the first 6 bytes of the first\n"
 	  "four), the parent hash and the number of token ids. With -o json, one\n"
@@ -232,6 +240,7 @@ int main(int argc, char **argv)
 	};
 	const struct kvc_options copt = { .client_name = "kvctl" };
 	struct args a = { .fmt = FMT_HUMAN, .delay = 2.0 };
+	static const struct command events_stats = { .name = "events", .run = cmd_events_stats };
 	const struct command *cmd = NULL;
 	char def[108], wdef[108], *what, *end;
 	bool help = false;
@@ -369,10 +378,16 @@ int main(int argc, char **argv)
 		return usage_error("evict needs --pool ID, --all or --tier TIER");
 	if (cmd->run == cmd_evict && (a.used & O_POOL) && (a.used & O_ALL))
 		return usage_error("evict takes --pool ID or --all, not both");
-	if (cmd->run == cmd_events) {
+	if (cmd->run == cmd_events && !a.endpoint) {
+		/* Without an endpoint: the counters, from the admin socket. */
+		if (a.used & O_EVENTS)
+			return usage_error("events: --topic, --replay-endpoint and --from need "
+					   "--endpoint");
+		if (a.used & O_COUNT)
+			return usage_error("events: -n needs --endpoint");
+		cmd = &events_stats;
+	} else if (cmd->run == cmd_events) {
 		/* The event endpoints, not the admin socket. */
-		if (!a.endpoint)
-			return usage_error("events needs --endpoint (the daemon's events_endpoint)");
 		ret = cmd_events(NULL, &a);
 		fflush(stdout);
 		return ret;

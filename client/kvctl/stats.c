@@ -232,6 +232,79 @@ static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
 	json_close(j, '}');
 }
 
+static void json_events(struct json *j, const Kvcached__EventsInfo *e)
+{
+	json_open(j, '{');
+	json_u64(j, "batches", e->batches);
+	json_u64(j, "events", e->events);
+	json_key(j, "subscribers");
+	json_open(j, '{');
+	json_u64(j, "dropped_batches", e->dropped);
+	json_u64(j, "dropped_events", e->dropped_events);
+	json_u64(j, "dropped_bytes", e->dropped_bytes);
+	json_close(j, '}');
+	json_key(j, "replay");
+	json_open(j, '{');
+	json_u64(j, "requests", e->replay_requests);
+	json_u64(j, "refused", e->replay_refused);
+	json_u64(j, "truncated", e->replay_truncated);
+	json_u64(j, "bad", e->replay_bad);
+	json_u64(j, "dropped_batches", e->replay_dropped);
+	json_u64(j, "dropped_bytes", e->replay_dropped_bytes);
+	json_u64(j, "inflight_bytes", e->replay_inflight_bytes);
+	json_u64(j, "buffered_batches", e->buffered);
+	json_u64(j, "buffered_bytes", e->buffered_bytes);
+	json_close(j, '}');
+	json_close(j, '}');
+}
+
+/* KV events, when configured: what was published, and what subscribers
+ * and replays did not get. */
+static void events_lines(const Kvcached__EventsInfo *e)
+{
+	char *a, *b, *c, *d;
+
+	kv_line("published", "%" PRIu64 " batches, %" PRIu64 " events", e->batches, e->events);
+	kv_line("dropped", "%" PRIu64 " batches, %" PRIu64 " events, %s (some subscriber had no "
+		"room)", e->dropped, e->dropped_events, a = fmt_bytes(e->dropped_bytes));
+	kv_line("replays", "%" PRIu64 " served, %" PRIu64 " refused, %" PRIu64 " cut short, %"
+		PRIu64 " malformed", e->replay_requests, e->replay_refused, e->replay_truncated,
+		e->replay_bad);
+	kv_line("unsent", "%" PRIu64 " batches, %s (replays asked for them: refused or cut short)",
+		e->replay_dropped, b = fmt_bytes(e->replay_dropped_bytes));
+	kv_line("buffered", "%" PRIu64 " batches, %s; %s in flight to replay peers", e->buffered,
+		c = fmt_bytes(e->buffered_bytes), d = fmt_bytes(e->replay_inflight_bytes));
+	free(a);
+	free(b);
+	free(c);
+	free(d);
+}
+
+int cmd_events_stats(kvc_conn *c, const struct args *a)
+{
+	Kvcached__Response *resp = get_stats(c);
+	const Kvcached__EventsInfo *e;
+
+	if (!resp)
+		return 1;
+	e = resp->stats->events;
+	if (!e) {
+		kvcached__response__free_unpacked(resp, NULL);
+		fputs("kvctl: events: the daemon publishes no KV events (events_endpoint)\n",
+		      stderr);
+		return 1;
+	}
+	if (a->fmt == FMT_JSON) {
+		struct json j = { 0 };
+
+		json_events(&j, e);
+	} else {
+		events_lines(e);
+	}
+	kvcached__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
 /* G4, when configured: one line of what it did. */
 static void g4_line(const Kvcached__StatsReply *s)
 {
@@ -327,6 +400,10 @@ static int stats_json(kvc_conn *c)
 		json_pool(&j, s->pools[i]);
 	json_close(&j, ']');
 	json_tiers(&j, s);
+	if (s->events) {
+		json_key(&j, "events");
+		json_events(&j, s->events);
+	}
 	json_close(&j, '}');
 	kvcached__response__free_unpacked(resp, NULL);
 	return 0;
@@ -406,6 +483,10 @@ int cmd_status(kvc_conn *c, const struct args *a)
 		if (s->n_namespaces) {
 			putchar('\n');
 			namespaces_table(s);
+		}
+		if (s->events) {
+			printf("\nKV events:\n");
+			events_lines(s->events);
 		}
 	}
 	kvcached__response__free_unpacked(resp, NULL);
