@@ -3,6 +3,7 @@ sockets, kvt_worker processes, kvctl. Exit codes: 0 pass, 1 fail, 77 skip.
 
 Paths come from the environment meson sets: KVCACHED_BIN, KVCTL_BIN,
 KVT_WORKER_BIN, KVDEMO_BIN, and MESON_SOURCE_ROOT for the source tree."""
+import json
 import os
 import shutil
 import signal
@@ -133,6 +134,14 @@ class Daemon:
 
     def kvctl(self, *args, admin=True):
         return kvctl("-s", self.admin if admin else self.sock, *args)
+
+    def tiers_idle(self):
+        """True when no tier copy or disk I/O is in flight (kvctl status).
+        Demotions and G2's write-back to G3 go on after a workload's last
+        request: what is in which medium is known only once they are done."""
+        r = self.kvctl("-o", "json", "status")
+        check(r.returncode == 0, "kvctl status: %s" % r.stderr, self.log)
+        return not any(t["inflight"] for t in json.loads(r.stdout)["tiers"])
 
 
 def kvctl(*args, timeout=30):

@@ -210,7 +210,15 @@ def main():
         w.quit()
 
     # The daemon's background work (demotion, write-back) settles; the
-    # events must add up to the index whenever it is idle.
+    # events must add up to the index whenever it is idle. The events can
+    # add up before the write-back to G3 has begun (nothing of it published
+    # yet, nothing of it in the dump): so first the tiers idle with blocks in
+    # every medium.
+    kvt.check(kvt.wait_for(lambda: daemon.tiers_idle() and
+                           {m for (h, m) in dump(daemon)} >= {"GPU", "CPU", "STORAGE"},
+                           timeout=60, step=0.1),
+              "the tiers did not settle with blocks in every medium: %s" %
+              {m for (h, m) in dump(daemon)}, daemon.log)
     want = [None]
 
     def same():

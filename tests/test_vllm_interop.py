@@ -306,9 +306,7 @@ def tiers_settled(s, media=()):
     in every medium of media (kvctl dump). The workload overflows G1 and G2:
     demotions and G2's write-back to G3 go on in the background after the
     last request, so the media are known only once the tiers are idle."""
-    r = s.daemon.kvctl("-o", "json", "status")
-    kvt.check(r.returncode == 0, "kvctl status: %s" % r.stderr, s.daemon.log)
-    if any(t["inflight"] for t in json.loads(r.stdout)["tiers"]):
+    if not s.daemon.tiers_idle():
         return False
     return {m for (_, m) in s.dump(False)} >= set(media)
 
