@@ -56,6 +56,16 @@ import kvt  # noqa: E402
 
 BS = 16
 NB = 6
+# A Seal at the bounds (64 keys a block, 1024 bytes a key), with every
+# integer and string width msgspec picks, which vLLM's encoder must write
+# back byte for byte: mm offsets from int64's least to uint64, texts and
+# digests of 31 to 1024 bytes.
+OFFSETS = [-2**63, -2**31 - 1, -32769, -129, -33, -32, -1, 0, 127, 128, 255, 256, 65535, 65536,
+           2**32 - 1, 2**32, 2**63 - 1]
+BOUND_KEYS = [tuple(["k"] * (64 - len(OFFSETS)) + [("m%d" % i, o) for i, o in
+                                                   enumerate(OFFSETS)]),
+              ("s" * 1024, b"\1" * 1024, ("i" * 1024, -2**63), "t" * 31, "u" * 32, "v" * 255,
+               "w" * 256, b"x" * 255, b"y" * 256, "ünï" * 20, b"")]
 DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 ENCODER = msgspec.msgpack.Encoder()
 
@@ -164,7 +174,7 @@ def hostile(c, pool, daemon):
     # at the bounds exactly.
     kvt.check(c.lookup(pool, hs) == [], "a refused Seal sealed blocks", daemon.log)
     out = c.seal(pool, blocks, hs, lora_name="y" * 256, lora_id=2**64 - 1,
-                 extra_keys=[("k",) * 64, ("s" * 1024, b"\1" * 1024, ("i" * 1024, -2**63))])
+                 extra_keys=BOUND_KEYS)
     c.release(out)
     return hs
 
@@ -267,7 +277,8 @@ def main():
             continue
         if h0 in bad:
             # Without token ids each block is its own BlockStored.
-            keys = [("k",) * 64, ("s" * 1024, b"\1" * 1024, ["i" * 1024, -2**63])]
+            keys = [tuple(list(k) if isinstance(k, tuple) else k for k in ks)
+                    for ks in BOUND_KEYS]
             kvt.check(ev.lora_name == "y" * 256 and ev.lora_id == 2**64 - 1 and
                       ev.extra_keys == [keys[bad.index(h0)]],
                       "the Seal at the bounds published %r" % (ev.extra_keys,))
