@@ -1,6 +1,6 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 960 lines, on purpose: the encoder, the batches, the
+ * One file of about 1,280 lines, on purpose: the encoder, the batches, the
  * publisher and the replay server all work on struct kv_events's private
  * state (the pending event, the per-topic batches, the replay ring), which no
  * other module may see; a split would need an internal header exposing all of
