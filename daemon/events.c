@@ -278,7 +278,8 @@ static void send_batch(struct kv_events *ev, uint32_t t);
 #define LIT(s) s, sizeof(s) - 1
 /* msgspec sizes a struct's map header for the most fields it could write
  * (the tag and every field): BlockStored's 16 take a map16 header even for
- * the 8 written; BlockRemoved's 7 and AllBlocksCleared's 1 a fixmap. */
+ * the 8 or 9 (with extra_keys) written; BlockRemoved's 7 and
+ * AllBlocksCleared's 1 a fixmap. */
 static const char stored_head[] = "\xa4type\xab" "BlockStored\xac" "block_hashes";
 static const char parent_key[] = "\xb1parent_block_hash";
 static const char tokens_key[] = "\xa9token_ids";
