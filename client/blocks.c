@@ -9,7 +9,10 @@
 #include "kvc_internal.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "kvtext.h"
 
 enum reply_kind {
 	REPLY_EXACT,   /* BlockList of exactly n blocks */
@@ -150,24 +153,145 @@ KVC_PUBLIC int kvc_seal_tokens(kvc_conn *c, int pool, const kvc_block *blocks,
 			       const kvc_hash *hashes, size_t n, const kvc_hash *parent,
 			       const uint32_t *token_ids, size_t ntokens, kvc_block *out)
 {
+	struct kvc_seal_info info = { .parent = parent, .token_ids = token_ids,
+				      .ntokens = ntokens };
+
+	return kvc_seal_events(c, pool, blocks, hashes, n, &info, out);
+}
+
+/* Whether len bytes at p are UTF-8 without NUL (what the daemon accepts in a
+ * string, proto/pbcheck.h). */
+static bool text_ok(const void *p, size_t len)
+{
+	const unsigned char *s = p;
+
+	if (len && !p)
+		return false;
+	while (len) {
+		size_t k = kv_utf8_len(s, len);
+
+		if (!k || !*s)
+			return false;
+		s += k;
+		len -= k;
+	}
+	return true;
+}
+
+/* The Seal's extra_keys from info (kvcache.h): one BlockKeys per block, in
+ * one allocation (*mem, freed by the caller) with NUL-terminated copies of
+ * the texts. Returns 0 or KVC_EINVAL / -ENOMEM; nothing to free then. */
+static int seal_keys(Kvcached__Seal *s, size_t n, const struct kvc_seal_info *info,
+		     void **mem)
+{
+	size_t total = 0, text = 0, i, k, j;
+	Kvcached__BlockKeys *bk, **bkp;
+	Kvcached__EventKey *ek, **ekp;
+	Kvcached__MmKey *mm;
+	char *t;
+	unsigned char *m;
+
+	for (i = 0; i < n; i++)
+		total += info->nkeys[i];
+	if (total && !info->keys)
+		return KVC_EINVAL;
+	for (k = 0; k < total; k++) {
+		const struct kvc_event_key *e = &info->keys[k];
+
+		if (e->kind == KVC_EVENT_KEY_BYTES) {
+			if (e->len && !e->data)
+				return KVC_EINVAL;
+			continue;
+		}
+		if ((e->kind != KVC_EVENT_KEY_TEXT && e->kind != KVC_EVENT_KEY_MM) ||
+		    !text_ok(e->data, e->len))
+			return KVC_EINVAL;
+		text += e->len + 1;
+	}
+	m = calloc(1, n * (sizeof(*bk) + sizeof(*bkp)) +
+			      total * (sizeof(*ek) + sizeof(*ekp) + sizeof(*mm)) + text);
+	if (!m)
+		return -ENOMEM;
+	*mem = m;
+	/* Pointers first, then the structs (all of pointer alignment), then
+	 * the texts. */
+	bkp = (Kvcached__BlockKeys **)m;
+	ekp = (Kvcached__EventKey **)(bkp + n);
+	bk = (Kvcached__BlockKeys *)(ekp + total);
+	ek = (Kvcached__EventKey *)(bk + n);
+	mm = (Kvcached__MmKey *)(ek + total);
+	t = (char *)(mm + total);
+	for (i = 0, k = 0; i < n; i++) {
+		kvcached__block_keys__init(&bk[i]);
+		bk[i].n_keys = info->nkeys[i];
+		bk[i].keys = ekp + k;
+		bkp[i] = &bk[i];
+		for (j = 0; j < info->nkeys[i]; j++, k++) {
+			const struct kvc_event_key *e = &info->keys[k];
+
+			kvcached__event_key__init(&ek[k]);
+			ekp[k] = &ek[k];
+			if (e->kind == KVC_EVENT_KEY_BYTES) {
+				ek[k].key_case = KVCACHED__EVENT_KEY__KEY_DIGEST;
+				ek[k].digest.data = (uint8_t *)e->data;
+				ek[k].digest.len = e->len;
+				continue;
+			}
+			if (e->len)
+				memcpy(t, e->data, e->len);
+			t[e->len] = 0;
+			if (e->kind == KVC_EVENT_KEY_TEXT) {
+				ek[k].key_case = KVCACHED__EVENT_KEY__KEY_TEXT;
+				ek[k].text = t;
+			} else {
+				kvcached__mm_key__init(&mm[k]);
+				mm[k].identifier = t;
+				mm[k].offset = e->offset;
+				ek[k].key_case = KVCACHED__EVENT_KEY__KEY_MM;
+				ek[k].mm = &mm[k];
+			}
+			t += e->len + 1;
+		}
+	}
+	s->n_extra_keys = n;
+	s->extra_keys = bkp;
+	return 0;
+}
+
+/* Returns n or a negative error. */
+KVC_PUBLIC int kvc_seal_events(kvc_conn *c, int pool, const kvc_block *blocks,
+			       const kvc_hash *hashes, size_t n, const struct kvc_seal_info *info,
+			       kvc_block *out)
+{
+	static const struct kvc_seal_info none;
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Seal s = KVCACHED__SEAL__INIT;
 	struct expect e = { .kind = REPLY_EXACT, .n = n, .pool = &s.pool_id };
+	void *mem = NULL;
 	int r;
 
-	if (!c || (n && (!blocks || !hashes || !out)) || (ntokens && !token_ids))
+	if (!info)
+		info = &none;
+	if (!c || (n && (!blocks || !hashes || !out)) || (info->ntokens && !info->token_ids))
+		return KVC_EINVAL;
+	if (info->lora_name && !kv_utf8_ok(info->lora_name))
 		return KVC_EINVAL;
 	r = check_pool(pool);
 	if (!r)
 		r = check_batch(c, n);
 	if (r < 0 || n == 0)
 		return r;
-	s.n_token_ids = ntokens;
-	s.token_ids = (uint32_t *)token_ids;
-	if (parent) {
-		s.parent_hash.data = (uint8_t *)parent;
-		s.parent_hash.len = sizeof(*parent);
+	if (info->nkeys && (r = seal_keys(&s, n, info, &mem)) < 0)
+		return r;
+	s.n_token_ids = info->ntokens;
+	s.token_ids = (uint32_t *)info->token_ids;
+	if (info->parent) {
+		s.parent_hash.data = (uint8_t *)info->parent;
+		s.parent_hash.len = sizeof(*info->parent);
 	}
+	if (info->lora_name)
+		s.lora_name = (char *)info->lora_name;
+	s.lora_id = info->lora_id;
 	s.pool_id = (uint32_t)pool;
 	s.n_blocks = n;
 	s.blocks = (uint64_t *)blocks;
@@ -175,7 +299,9 @@ KVC_PUBLIC int kvc_seal_tokens(kvc_conn *c, int pool, const kvc_block *blocks,
 	s.hashes.len = n * sizeof(*hashes);
 	req.op_case = KVCACHED__REQUEST__OP_SEAL;
 	req.seal = &s;
-	return call_blocks(c, &req, &e, out);
+	r = call_blocks(c, &req, &e, out);
+	free(mem);
+	return r;
 }
 
 /* Returns the cached prefix length k <= n or a negative error. */

@@ -168,6 +168,59 @@ int kvc_seal_tokens(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_ha
 		    size_t n, const kvc_hash *parent, const uint32_t *token_ids, size_t ntokens,
 		    kvc_block *out);
 
+/* What a worker may say about the blocks it seals, for the KV events'
+ * BlockStored (docs/events.md): what vLLM's own BlockStored carries.
+ *
+ * One extra key of a block as vLLM's events publish it: untagged, in the
+ * order the block was hashed with them (vllm/v1/core/kv_cache_utils.py
+ * to_event_extra_keys): the LoRA name (text), one (identifier, offset) per
+ * multimodal item (mm), the cache salt (text, first block only), the
+ * prompt-embeds digest (bytes). */
+enum kvc_event_key_kind {
+	KVC_EVENT_KEY_TEXT = 1,   /* UTF-8 text: a LoRA name, a cache salt */
+	KVC_EVENT_KEY_BYTES = 2,  /* bytes: a prompt-embeds digest */
+	KVC_EVENT_KEY_MM = 3,     /* a multimodal item: identifier (UTF-8) and offset */
+};
+
+/* Bounds the daemon enforces (a Seal past one fails with KVC_EINVAL and
+ * seals nothing). */
+#define KVC_LORA_NAME_MAX 256    /* bytes of lora_name */
+#define KVC_EVENT_KEYS_MAX 64    /* extra keys of one block */
+#define KVC_EVENT_KEY_MAX 1024   /* bytes of one key's data */
+
+struct kvc_event_key {
+	int kind;                 /* enum kvc_event_key_kind */
+	const void *data;         /* TEXT, MM's identifier: UTF-8, no NUL; BYTES: bytes */
+	size_t len;               /* bytes at data, at most KVC_EVENT_KEY_MAX */
+	int64_t offset;           /* MM: the item's first token minus the block's first
+	                           * token (negative for an item begun in an earlier block) */
+};
+
+/* Read during the call only. Every member may be NULL/0. */
+struct kvc_seal_info {
+	const kvc_hash *parent;   /* as kvc_seal_tokens() */
+	const uint32_t *token_ids;
+	size_t ntokens;
+	const char *lora_name;    /* vLLM's lora_request.name; NULL or "" = none (nil) */
+	uint64_t lora_id;         /* vLLM's lora_request.adapter_id; 0 = none (nil) */
+	/* Per block, how many keys of keys[] it has (0: none, published as
+	 * nil), blocks[0]'s first; NULL: the events leave extra_keys out (as
+	 * kvc_seal_tokens() does). keys: the blocks' keys, concatenated. */
+	const uint32_t *nkeys;
+	const struct kvc_event_key *keys;
+};
+
+/* kvc_seal_tokens() that also says, for the events, the LoRA adapter and the
+ * per-block extra keys the blocks were hashed with; the events then carry
+ * vLLM's lora_id, lora_name and extra_keys as vLLM's own BlockStored does
+ * (the extra keys only where token ids may be published, docs/events.md).
+ * info NULL is kvc_seal(). KVC_EINVAL, nothing sealed: a bad ntokens, a
+ * lora_name or key text that is not UTF-8 or holds a NUL, an unknown kind
+ * (nothing is sent), or past the bounds above (the daemon refuses it).
+ * Returns n. */
+int kvc_seal_events(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_hash *hashes,
+		    size_t n, const struct kvc_seal_info *info, kvc_block *out);
+
 /* Looks up a hash chain (head first) and returns the length k of the longest
  * cached prefix; out[0..k) receive the blocks, each with a reference taken. */
 int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out);

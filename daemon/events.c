@@ -1,6 +1,6 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 960 lines, on purpose: the encoder, the batches, the
+ * One file of about 1,280 lines, on purpose: the encoder, the batches, the
  * publisher and the replay server all work on struct kv_events's private
  * state (the pending event, the per-topic batches, the replay ring), which no
  * other module may see; a split would need an internal header exposing all of
@@ -54,6 +54,12 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
 
 void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+}
+
+void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+			   const uint8_t *parent, int medium, const uint32_t *tokens,
+			   const struct kv_events_meta *meta)
 {
 }
 
@@ -172,6 +178,13 @@ struct kv_events {
 	int pmedium;
 	int phas_parent, phas_tokens;
 	uint8_t pparent[KV_HASH_BYTES];
+	/* What the Seal said (kv_events_meta): the LoRA, and whether the
+	 * event carries extra_keys, each block's encoded in pkeys. */
+	uint64_t plora_id;
+	size_t plora_len;
+	char plora[KV_EVENTS_LORA_MAX];
+	int phas_keys;
+	struct buf pkeys;
 	uint8_t phash[PEND_MAX][KV_HASH_BYTES];
 	uint32_t nph;
 	uint32_t *ptok;
@@ -265,21 +278,18 @@ static void send_batch(struct kv_events *ev, uint32_t t);
 #define LIT(s) s, sizeof(s) - 1
 /* msgspec sizes a struct's map header for the most fields it could write
  * (the tag and every field): BlockStored's 16 take a map16 header even for
- * the 8 written; BlockRemoved's 7 and AllBlocksCleared's 1 a fixmap. */
-static const char stored_head[] =
-	"\xde\x00\x08\xa4type\xab" "BlockStored\xac" "block_hashes";
+ * the 8 or 9 (with extra_keys) written; BlockRemoved's 7 and
+ * AllBlocksCleared's 1 a fixmap. */
+static const char stored_head[] = "\xa4type\xab" "BlockStored\xac" "block_hashes";
 static const char parent_key[] = "\xb1parent_block_hash";
 static const char tokens_key[] = "\xa9token_ids";
 static const char size_key[] = "\xaa" "block_size";
 static const char removed_head[] =
 	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
-/* lora_id nil, medium <m>, lora_name nil; and medium <m> alone. The media
- * are vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE (kv_events.py). */
-static const char *const stored_tail[KV_MEDIUMS] = {
-	"\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0",
-	"\xa7lora_id\xc0\xa6medium\xa3" "CPU\xa9lora_name\xc0",
-	"\xa7lora_id\xc0\xa6medium\xa7" "STORAGE\xa9lora_name\xc0",
-};
+static const char lora_id_key[] = "\xa7lora_id";
+static const char lora_name_key[] = "\xa9lora_name";
+static const char extra_keys_key[] = "\xaa" "extra_keys";
+/* medium <m>, vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE (kv_events.py). */
 static const char *const removed_tail[KV_MEDIUMS] = {
 	"\xa6medium\xa3GPU", "\xa6medium\xa3" "CPU", "\xa6medium\xa7" "STORAGE",
 };
@@ -324,6 +334,75 @@ static char *put_u32(char *w, uint32_t v)
 {
 	return put_u64(w, v);
 }
+
+/* A signed integer in its shortest form, as msgspec writes a Python int:
+ * the unsigned forms for v >= 0, else negative fixint, int8 ... int64. */
+static char *put_i64(char *w, int64_t v)
+{
+	uint64_t u = (uint64_t)v;
+	int i, n;
+
+	if (v >= 0)
+		return put_u64(w, u);
+	if (v >= -32) {
+		*w++ = (char)u;
+		return w;
+	}
+	if (v >= -128)
+		*w++ = (char)0xd0, n = 1;
+	else if (v >= -32768)
+		*w++ = (char)0xd1, n = 2;
+	else if (v >= INT32_MIN)
+		*w++ = (char)0xd2, n = 4;
+	else
+		*w++ = (char)0xd3, n = 8;
+	for (i = (n - 1) * 8; i >= 0; i -= 8)
+		*w++ = (char)(u >> i);
+	return w;
+}
+
+/* str and bin in their shortest forms (msgpack 2.0, as msgspec writes). */
+static char *put_str(char *w, const char *s, size_t n)
+{
+	if (n < 32) {
+		*w++ = (char)(0xa0 | n);
+	} else if (n < 0x100) {
+		*w++ = (char)0xd9;
+		*w++ = (char)n;
+	} else if (n < 0x10000) {
+		*w++ = (char)0xda;
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	} else {
+		*w++ = (char)0xdb;
+		*w++ = (char)(n >> 24);
+		*w++ = (char)(n >> 16);
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	}
+	return put(w, s, n);
+}
+
+static char *put_bin(char *w, const char *s, size_t n)
+{
+	if (n < 0x100) {
+		*w++ = (char)0xc4;
+		*w++ = (char)n;
+	} else if (n < 0x10000) {
+		*w++ = (char)0xc5;
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	} else {
+		*w++ = (char)0xc6;
+		*w++ = (char)(n >> 24);
+		*w++ = (char)(n >> 16);
+		*w++ = (char)(n >> 8);
+		*w++ = (char)n;
+	}
+	return put(w, s, n);
+}
+
+#define STR_HDR 5  /* the most any str/bin/array header takes */
 
 static char *put_array(char *w, uint32_t n)
 {
@@ -375,7 +454,8 @@ static void pend_write(struct kv_events *ev)
 		return;
 	t = ev->pool_topic[ev->ppool] - 1u;
 	tp = &ev->topics[t];
-	room = 256 + (size_t)(ev->nph + 1) * HASH_MAX + ev->nptok * 5;
+	room = 256 + (size_t)(ev->nph + 1) * HASH_MAX + ev->nptok * 5 + ev->plora_len +
+	       ev->pkeys.len;
 	if (topic_open_batch(tp) < 0 || buf_room(&tp->batch, room) < 0)
 		goto out;  /* no memory: the event is lost, the next ones are not */
 	w = tp->batch.p + tp->batch.len;
@@ -383,8 +463,12 @@ static void pend_write(struct kv_events *ev)
 		/* vLLM's BlockStored as a tagged map (tag field "type"), its
 		 * fields in declaration order; those without a default
 		 * (lora_id, medium, lora_name) always, nil when unknown; those
-		 * with a default of None (extra_keys, group_idx, ...) omitted,
-		 * as msgspec's omit_defaults does. */
+		 * with a default of None omitted, as msgspec's omit_defaults
+		 * does: extra_keys unless the Seal gave them, group_idx and
+		 * the rest always. */
+		*w++ = (char)0xde;  /* map16 of 8 fields, 9 with extra_keys */
+		*w++ = 0;
+		*w++ = (char)(8 + !!ev->phas_keys);
 		w = put(w, LIT(stored_head));
 		w = put_array(w, ev->nph);
 		for (i = 0; i < ev->nph; i++)
@@ -400,7 +484,22 @@ static void pend_write(struct kv_events *ev)
 			w = put_u32(w, ev->ptok[i]);
 		w = put(w, LIT(size_key));
 		w = put_u32(w, ev->pool_bs[ev->ppool]);
-		w = put(w, stored_tail[ev->pmedium], strlen(stored_tail[ev->pmedium]));
+		w = put(w, LIT(lora_id_key));
+		if (ev->plora_id)
+			w = put_u64(w, ev->plora_id);
+		else
+			*w++ = (char)0xc0;
+		w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
+		w = put(w, LIT(lora_name_key));
+		if (ev->plora_len)
+			w = put_str(w, ev->plora, ev->plora_len);
+		else
+			*w++ = (char)0xc0;
+		if (ev->phas_keys) {
+			w = put(w, LIT(extra_keys_key));
+			w = put_array(w, ev->nph);
+			w = put(w, ev->pkeys.p, ev->pkeys.len);
+		}
 	} else {
 		w = put(w, LIT(removed_head));
 		w = put_array(w, ev->nph);
@@ -417,6 +516,7 @@ out:
 	ev->pk = PEND_NONE;
 	ev->nph = 0;
 	ev->nptok = 0;
+	ev->pkeys.len = 0;
 }
 
 static void write_cleared(struct kv_events *ev, uint32_t t)
@@ -631,29 +731,84 @@ void kv_events_flush(struct kv_events *ev)
 }
 
 static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
-		     const uint8_t *parent, int has_tokens)
+		     const uint8_t *parent, int has_tokens, const struct kv_events_meta *m,
+		     size_t lora_len)
 {
 	if (ev->pk != kind || ev->ppool != pool || ev->pmedium != medium || ev->nph == PEND_MAX)
 		return 0;
 	if (kind == PEND_REMOVED)
 		return 1;
-	/* One BlockStored is one chain: the new block's parent is the last
-	 * block of the event. */
+	/* One BlockStored is one chain of one request: the new block's parent
+	 * is the last block of the event, and it has the same LoRA. */
 	return ev->phas_tokens == has_tokens && parent &&
-	       !memcmp(parent, ev->phash[ev->nph - 1], KV_HASH_BYTES);
+	       !memcmp(parent, ev->phash[ev->nph - 1], KV_HASH_BYTES) &&
+	       ev->phas_keys == (m && m->has_keys) && ev->plora_id == (m ? m->lora_id : 0) &&
+	       ev->plora_len == lora_len && (!lora_len || !memcmp(ev->plora, m->lora_name, lora_len));
+}
+
+/* Appends one block's extra keys, as msgspec writes the tuple vLLM's
+ * to_event_extra_keys makes of them (nil for none), to the pending event's.
+ * Returns 0 or -ENOMEM. */
+static int keys_put(struct kv_events *ev, const struct kv_events_meta *m)
+{
+	size_t room = STR_HDR, i;
+	char *w;
+
+	for (i = 0; i < m->nkeys; i++)
+		room += 1 + STR_HDR + m->keys[i].len + 9;
+	if (buf_room(&ev->pkeys, room) < 0)
+		return -ENOMEM;
+	w = ev->pkeys.p + ev->pkeys.len;
+	if (!m->nkeys) {
+		*w++ = (char)0xc0;
+	} else {
+		w = put_array(w, (uint32_t)m->nkeys);
+		for (i = 0; i < m->nkeys; i++) {
+			const struct kv_event_key *k = &m->keys[i];
+
+			if (k->kind == KV_EVENT_KEY_DIGEST) {
+				w = put_bin(w, k->p, k->len);
+			} else if (k->kind == KV_EVENT_KEY_MM) {
+				*w++ = (char)0x92;  /* (identifier, offset) */
+				w = put_str(w, k->p, k->len);
+				w = put_i64(w, k->offset);
+			} else {
+				w = put_str(w, k->p, k->len);
+			}
+		}
+	}
+	ev->pkeys.len = (size_t)(w - ev->pkeys.p);
+	return 0;
 }
 
 void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens)
 {
+	kv_events_stored_meta(ev, pool, hash, parent, medium, tokens, NULL);
+}
+
+void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+			   const uint8_t *parent, int medium, const uint32_t *tokens,
+			   const struct kv_events_meta *meta)
+{
+	struct kv_events_meta m0;
+	size_t lora_len;
 	uint32_t bs;
 
 	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
 		return;
-	if (!ev->pool_tokens[pool])
+	if (!ev->pool_tokens[pool]) {
 		tokens = NULL;
+		if (meta && meta->has_keys) {
+			/* The extra keys are as private as the tokens. */
+			m0 = *meta;
+			m0.has_keys = 0;
+			meta = &m0;
+		}
+	}
+	lora_len = meta && meta->lora_name ? strnlen(meta->lora_name, KV_EVENTS_LORA_MAX) : 0;
 	bs = ev->pool_bs[pool];
-	if (!can_merge(ev, PEND_STORED, pool, medium, parent, tokens != NULL)) {
+	if (!can_merge(ev, PEND_STORED, pool, medium, parent, tokens != NULL, meta, lora_len)) {
 		pend_write(ev);
 		ev->pk = PEND_STORED;
 		ev->ppool = pool;
@@ -662,6 +817,11 @@ void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		if (parent)
 			memcpy(ev->pparent, parent, KV_HASH_BYTES);
 		ev->phas_tokens = tokens != NULL;
+		ev->plora_id = meta ? meta->lora_id : 0;
+		ev->plora_len = lora_len;
+		if (lora_len)
+			memcpy(ev->plora, meta->lora_name, lora_len);
+		ev->phas_keys = meta && meta->has_keys;
 	}
 	if (tokens) {
 		if (ev->nptok + bs > ev->ptok_cap) {
@@ -675,7 +835,7 @@ void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 				/* Announce the hash without its tokens rather
 				 * than not at all. */
 				pend_write(ev);
-				kv_events_stored(ev, pool, hash, parent, medium, NULL);
+				kv_events_stored_meta(ev, pool, hash, parent, medium, NULL, meta);
 				return;
 			}
 			ev->ptok = np;
@@ -684,6 +844,13 @@ void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		memcpy(ev->ptok + ev->nptok, tokens, bs * sizeof(*tokens));
 		ev->nptok += bs;
 	}
+	if (ev->phas_keys && keys_put(ev, meta) < 0) {
+		/* No memory for the keys: announce the hash without them
+		 * (the event's other blocks lose theirs too: extra_keys has
+		 * one entry per block or none). */
+		ev->phas_keys = 0;
+		ev->pkeys.len = 0;
+	}
 	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
 }
 
@@ -691,7 +858,7 @@ void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 {
 	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
 		return;
-	if (!can_merge(ev, PEND_REMOVED, pool, medium, NULL, 0)) {
+	if (!can_merge(ev, PEND_REMOVED, pool, medium, NULL, 0, NULL, 0)) {
 		pend_write(ev);
 		ev->pk = PEND_REMOVED;
 		ev->ppool = pool;
@@ -1109,6 +1276,7 @@ void kv_events_close(struct kv_events *ev)
 	free(ev->topics);
 	free(ev->dirty);
 	free(ev->ptok);
+	free(ev->pkeys.p);
 	/* A cancelled watch still gets its last completion: the loop is gone
 	 * by now (daemon fini), so nothing calls back into ev. */
 	free(ev);

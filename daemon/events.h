@@ -90,6 +90,40 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
  * before it in its chain, or NULL; tokens: its block_size token ids, or NULL. */
 void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens);
+
+/* Bounds of what a Seal may say about its blocks for the events
+ * (kvcached.proto, Seal): the daemon refuses more before it gets here. */
+#define KV_EVENTS_LORA_MAX 256    /* bytes of a LoRA name */
+#define KV_EVENTS_KEYS_MAX 64     /* extra keys of one block */
+#define KV_EVENTS_KEY_MAX 1024    /* bytes of one key's text or digest */
+
+/* One extra key of a block as vLLM's events publish it (untagged). */
+enum { KV_EVENT_KEY_TEXT = 1, KV_EVENT_KEY_DIGEST, KV_EVENT_KEY_MM };
+struct kv_event_key {
+	int kind;
+	const char *p;      /* TEXT, MM (the identifier): UTF-8; DIGEST: bytes */
+	size_t len;
+	int64_t offset;     /* MM */
+};
+
+/* What a Seal said about one block, for vLLM's BlockStored fields lora_id,
+ * lora_name and extra_keys; read during the call only, within the bounds
+ * above (checked by the caller). */
+struct kv_events_meta {
+	const char *lora_name;  /* NULL or "": nil */
+	uint64_t lora_id;       /* 0: nil */
+	int has_keys;           /* 0: extra_keys left out of the event */
+	const struct kv_event_key *keys;  /* the block's keys; none: nil */
+	size_t nkeys;
+};
+
+/* kv_events_stored() with what the Seal said; meta NULL: nothing (nil
+ * lora_id and lora_name, no extra_keys). The extra keys are published only
+ * where the pool's token ids are (they carry the cache salt and what
+ * identifies multimodal inputs); the LoRA always. */
+void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+			   const uint8_t *parent, int medium, const uint32_t *tokens,
+			   const struct kv_events_meta *meta);
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
 
 /* Sends the queued batches when they are due (events_interval); once per

@@ -293,10 +293,13 @@ static int seal_plan(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
 
 /* KV events: block i of seal m went into the index. With token ids the
  * blocks of one Seal are one chain (kvcached.proto): block i's parent is
- * block i - 1, block 0's parent_hash. */
+ * block i - 1, block 0's parent_hash. The LoRA and block i's extra keys
+ * (seal_meta_check() bounded them) go with it. */
 static void seal_event(struct kv_daemon *d, const struct kv_pool *p, const Kvcached__Seal *m,
 		       size_t i)
 {
+	struct kv_event_key keys[KV_EVENTS_KEYS_MAX];
+	struct kv_events_meta meta = { .lora_name = m->lora_name, .lora_id = m->lora_id };
 	const uint8_t *parent = NULL;
 
 	if (!d->events)
@@ -304,8 +307,93 @@ static void seal_event(struct kv_daemon *d, const struct kv_pool *p, const Kvcac
 	if (m->n_token_ids)
 		parent = i ? m->hashes.data + (i - 1) * HASH
 			   : m->parent_hash.len ? m->parent_hash.data : NULL;
-	kv_events_stored(d->events, p->id, m->hashes.data + i * HASH, parent, KV_MEDIUM_G1,
-			 m->n_token_ids ? m->token_ids + i * p->block_tokens : NULL);
+	if (m->n_extra_keys) {
+		const Kvcached__BlockKeys *bk = m->extra_keys[i];
+
+		meta.has_keys = 1;
+		meta.keys = keys;
+		meta.nkeys = bk->n_keys;
+		for (size_t k = 0; k < bk->n_keys; k++) {
+			const Kvcached__EventKey *e = bk->keys[k];
+
+			keys[k] = (struct kv_event_key){ 0 };
+			if (e->key_case == KVCACHED__EVENT_KEY__KEY_DIGEST) {
+				keys[k].kind = KV_EVENT_KEY_DIGEST;
+				keys[k].p = (const char *)e->digest.data;
+				keys[k].len = e->digest.len;
+			} else if (e->key_case == KVCACHED__EVENT_KEY__KEY_MM) {
+				keys[k].kind = KV_EVENT_KEY_MM;
+				keys[k].p = e->mm->identifier;
+				keys[k].len = strlen(e->mm->identifier);
+				keys[k].offset = e->mm->offset;
+			} else {
+				keys[k].kind = KV_EVENT_KEY_TEXT;
+				keys[k].p = e->text;
+				keys[k].len = strlen(e->text);
+			}
+		}
+	}
+	kv_events_stored_meta(d->events, p->id, m->hashes.data + i * HASH, parent, KV_MEDIUM_G1,
+			      m->n_token_ids ? m->token_ids + i * p->block_tokens : NULL, &meta);
+}
+
+/* What a Seal says about its blocks for the events (kvcached.proto): a
+ * client's counts and lengths are bounded here, before anything is sealed;
+ * a bad one fails this request alone (EINVAL, with the block's index). The
+ * strings are UTF-8 without NUL already (kv_pb_strings_ok()). Returns 0 or
+ * -EINVAL, q failed. */
+static int seal_meta_check(struct req *q, const Kvcached__Seal *m)
+{
+	size_t i, k;
+
+	if (strlen(m->lora_name) > KV_EVENTS_LORA_MAX) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "seal: lora_name of %zu bytes, at most %d", strlen(m->lora_name),
+			   KV_EVENTS_LORA_MAX);
+		return -EINVAL;
+	}
+	if (m->n_extra_keys && m->n_extra_keys != m->n_blocks) {
+		kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, -1,
+			   "seal of %zu blocks: extra_keys needs one entry per block or none, "
+			   "got %zu", m->n_blocks, m->n_extra_keys);
+		return -EINVAL;
+	}
+	for (i = 0; i < m->n_extra_keys; i++) {
+		const Kvcached__BlockKeys *bk = m->extra_keys[i];
+
+		if (bk->n_keys > KV_EVENTS_KEYS_MAX) {
+			kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, (int)i,
+				   "seal: block %zu has %zu extra keys, at most %d", i, bk->n_keys,
+				   KV_EVENTS_KEYS_MAX);
+			return -EINVAL;
+		}
+		for (k = 0; k < bk->n_keys; k++) {
+			const Kvcached__EventKey *e = bk->keys[k];
+			size_t len;
+
+			switch (e->key_case) {
+			case KVCACHED__EVENT_KEY__KEY_TEXT:
+				len = strlen(e->text);
+				break;
+			case KVCACHED__EVENT_KEY__KEY_DIGEST:
+				len = e->digest.len;
+				break;
+			case KVCACHED__EVENT_KEY__KEY_MM:
+				len = e->mm ? strlen(e->mm->identifier) : SIZE_MAX;
+				break;
+			default:
+				len = SIZE_MAX;
+			}
+			if (len == SIZE_MAX || len > KV_EVENTS_KEY_MAX) {
+				kv_op_fail(q, KVCACHED__ERROR_CODE__EINVAL, (int)i,
+					   "seal: block %zu's extra key %zu is %s", i, k,
+					   len == SIZE_MAX ? "empty (no text, digest or mm)"
+							   : "over 1024 bytes");
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
 }
 
 void kv_op_seal(struct req *q, const Kvcached__Seal *m)
@@ -336,6 +424,8 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 			   "seal: parent_hash has %zu bytes, not %d", m->parent_hash.len, HASH);
 		return;
 	}
+	if (seal_meta_check(q, m) < 0)
+		return;
 	if (kv_op_resolve(q, p, m->blocks, m->n_blocks, 1) < 0)
 		return;
 	for (i = 0; i < m->n_blocks; i++) {

@@ -13,6 +13,10 @@
  *   mpool NAME BYTES MODEL  registers a pool naming its model -> "ok ID"
  *   chain SEED N      allocates N blocks, seals them as one chain of hashes
  *                     derived from SEED with token ids, releases them -> "ok N"
+ *   lchain SEED N     chain, sealed with kvc_seal_events(): LoRA "lora-SEED", id
+ *                     SEED + 1; block i has the first i % 4 of the extra keys
+ *                     text "tSEED-i", 32 bytes of i, mm ("img<i>", -1000 i - 7)
+ *                     (N <= 64) -> "ok N"
  *   lookup SEED N     looks the chain up (promotes what the tiers hold) and
  *                     releases what it found -> "ok K" (the prefix found)
  *   badtokens         seals one block with 15 token ids -> the error
@@ -145,6 +149,45 @@ int main(int argc, char **argv)
 			r = kvc_alloc(c, pool, n, b);
 			if (r >= 0)
 				r = kvc_seal_tokens(c, pool, b, h, n, NULL, tok, (size_t)n * TOKENS, b);
+			if (r >= 0)
+				r = kvc_release(c, b, n) < 0 ? -1 : (int)n;
+			answer(c, r, r);
+		} else if (sscanf(line, "lchain %llu %u", &seed, &n) == 2 && n > 0 && n <= 64) {
+			static kvc_hash h[64];
+			static uint32_t tok[64 * TOKENS], nkeys[64];
+			static struct kvc_event_key keys[64 * 3];
+			static char text[64][32], mm[64][16];
+			static uint8_t dig[64][32];
+			char lora[32];
+			struct kvc_seal_info info = { .token_ids = tok, .ntokens = (size_t)n * TOKENS,
+						      .lora_name = lora, .lora_id = seed + 1,
+						      .nkeys = nkeys, .keys = keys };
+			kvc_block b[64];
+			size_t i, k = 0;
+
+			snprintf(lora, sizeof(lora), "lora-%llu", seed);
+			for (i = 0; i < n; i++) {
+				chain_hash(seed, i, &h[i]);
+				for (size_t t = 0; t < TOKENS; t++)
+					tok[i * TOKENS + t] = (uint32_t)(seed * 1000 + i * TOKENS + t);
+				snprintf(text[i], sizeof(text[i]), "t%llu-%zu", seed, i);
+				snprintf(mm[i], sizeof(mm[i]), "img%zu", i);
+				memset(dig[i], (int)i, sizeof(dig[i]));
+				nkeys[i] = (uint32_t)(i % 4);
+				if (nkeys[i] > 0)
+					keys[k++] = (struct kvc_event_key){ KVC_EVENT_KEY_TEXT, text[i],
+									    strlen(text[i]), 0 };
+				if (nkeys[i] > 1)
+					keys[k++] = (struct kvc_event_key){ KVC_EVENT_KEY_BYTES, dig[i],
+									    32, 0 };
+				if (nkeys[i] > 2)
+					keys[k++] = (struct kvc_event_key){
+						KVC_EVENT_KEY_MM, mm[i], strlen(mm[i]),
+						-1000 * (int64_t)i - 7 };
+			}
+			r = kvc_alloc(c, pool, n, b);
+			if (r >= 0)
+				r = kvc_seal_events(c, pool, b, h, n, &info, b);
 			if (r >= 0)
 				r = kvc_release(c, b, n) < 0 ? -1 : (int)n;
 			answer(c, r, r);

@@ -55,5 +55,20 @@ int main(void)
 	F("VllmExtra", struct kvc_vllm_extra, nmm);
 	F("VllmExtra", struct kvc_vllm_extra, prompt_embeds);
 	F("VllmExtra", struct kvc_vllm_extra, nprompt_embeds);
+
+	S("EventKey", struct kvc_event_key);
+	F("EventKey", struct kvc_event_key, kind);
+	F("EventKey", struct kvc_event_key, data);
+	F("EventKey", struct kvc_event_key, len);
+	F("EventKey", struct kvc_event_key, offset);
+
+	S("SealInfo", struct kvc_seal_info);
+	F("SealInfo", struct kvc_seal_info, parent);
+	F("SealInfo", struct kvc_seal_info, token_ids);
+	F("SealInfo", struct kvc_seal_info, ntokens);
+	F("SealInfo", struct kvc_seal_info, lora_name);
+	F("SealInfo", struct kvc_seal_info, lora_id);
+	F("SealInfo", struct kvc_seal_info, nkeys);
+	F("SealInfo", struct kvc_seal_info, keys);
 	return 0;
 }

@@ -4,7 +4,8 @@
  * closed; the daemon and a bystander holding blocks carry on. Client names
  * that are too long, invalid UTF-8 or full of control characters are shown
  * cut between characters and with '?' in place of what is not text; pool
- * names and dtypes that are not text are refused. */
+ * names and dtypes that are not text are refused. A Seal's KV-event fields
+ * past their bounds are EINVAL for that Seal alone. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +264,167 @@ static void strings_at_the_door(kvc_conn *bystander)
 	CHECK_EQ(kvc_connect(NULL, &o, &c), KVC_EINVAL);
 }
 
+/* One request on a raw connection and its reply (freed by the caller). */
+static Kvcached__Response *raw_call(int fd, Kvcached__Request *rq)
+{
+	size_t len = kvcached__request__get_packed_size(rq);
+	uint8_t *buf = malloc(KV_FRAME_HDR + len);
+	Kvcached__Response *rs;
+
+	CHECK(buf != NULL);
+	send_all(fd, buf, frame(buf, rq));
+	free(buf);
+	rs = recv_resp(fd);
+	CHECK(rs != NULL);
+	return rs;
+}
+
+/* test_seal_event_fields: what a Seal says for the KV events (lora_name,
+ * lora_id, extra_keys, kvcached.proto) is bounded: a count or length past a
+ * bound, a key with nothing in it, extra_keys for some of the blocks, is
+ * EINVAL for that Seal alone (nothing sealed, the connection goes on); a
+ * string that is not UTF-8 deep inside a key is EPROTO at the door (the
+ * connection closes). Then the same blocks seal, at the bounds exactly. */
+static void seal_event_fields(void)
+{
+	static char lora[258], text[1026];
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__RegisterPool rp = KVCACHED__REGISTER_POOL__INIT;
+	Kvcached__Alloc al = KVCACHED__ALLOC__INIT;
+	Kvcached__Seal sl = KVCACHED__SEAL__INIT;
+	Kvcached__BlockKeys bk[2] = { KVCACHED__BLOCK_KEYS__INIT, KVCACHED__BLOCK_KEYS__INIT };
+	Kvcached__BlockKeys *bkp[2] = { &bk[0], &bk[1] };
+	Kvcached__EventKey ek[65], *ekp[65];
+	Kvcached__MmKey mm = KVCACHED__MM_KEY__INIT;
+	Kvcached__Response *rs;
+	uint8_t hashes[64], buf[256];
+	uint64_t blocks[2];
+	int fd = raw_connect();
+
+	send_all(fd, buf, hello(buf, 1, 1));
+	rs = recv_resp(fd);
+	CHECK(rs && !rs->error);
+	kvcached__response__free_unpacked(rs, NULL);
+	rp.name = "evp";
+	rp.block_bytes = 8192;
+	rp.block_tokens = 16;
+	rp.dtype = "fp16";
+	rq.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
+	rq.register_pool = &rp;
+	rs = raw_call(fd, &rq);
+	CHECK(rs->register_pool != NULL);
+	al.pool_id = sl.pool_id = rs->register_pool->pool_id;
+	kvcached__response__free_unpacked(rs, NULL);
+	al.count = 2;
+	rq.op_case = KVCACHED__REQUEST__OP_ALLOC;
+	rq.alloc = &al;
+	rs = raw_call(fd, &rq);
+	CHECK(rs->blocks != NULL && rs->blocks->n_blocks == 2);
+	memcpy(blocks, rs->blocks->blocks, sizeof(blocks));
+	kvcached__response__free_unpacked(rs, NULL);
+
+	for (int i = 0; i < 65; i++) {
+		kvcached__event_key__init(&ek[i]);
+		ek[i].key_case = KVCACHED__EVENT_KEY__KEY_TEXT;
+		ek[i].text = "k";
+		ekp[i] = &ek[i];
+	}
+	memset(lora, 'l', sizeof(lora) - 1);
+	memset(text, 't', sizeof(text) - 1);
+	memset(hashes, 0x5e, sizeof(hashes));
+	hashes[32] = 0x5f;
+	sl.n_blocks = 2;
+	sl.blocks = blocks;
+	sl.hashes.data = hashes;
+	sl.hashes.len = sizeof(hashes);
+	rq.op_case = KVCACHED__REQUEST__OP_SEAL;
+	rq.seal = &sl;
+	for (int c = 0; c < 7; c++) {
+		const char *what = "";
+
+		sl.lora_name = "";
+		sl.n_extra_keys = 2;
+		sl.extra_keys = bkp;
+		bk[0].n_keys = 1;
+		bk[0].keys = ekp;
+		bk[1].n_keys = 0;
+		ek[0].key_case = KVCACHED__EVENT_KEY__KEY_TEXT;
+		ek[0].text = "k";
+		switch (c) {
+		case 0:
+			what = "lora_name of 257 B";
+			sl.lora_name = lora;
+			break;
+		case 1:
+			what = "extra_keys for 1 of 2";
+			sl.n_extra_keys = 1;
+			break;
+		case 2:
+			what = "65 keys in a block";
+			bk[1].n_keys = 65;
+			bk[1].keys = ekp;
+			break;
+		case 3:
+			what = "a key of 1025 B";
+			ek[0].text = text;
+			break;
+		case 4:
+			what = "an empty key";
+			ek[0].key_case = KVCACHED__EVENT_KEY__KEY__NOT_SET;
+			break;
+		case 5:
+			what = "an mm id of 1025 B";
+			ek[0].key_case = KVCACHED__EVENT_KEY__KEY_MM;
+			ek[0].mm = &mm;
+			mm.identifier = text;
+			break;
+		case 6:
+			what = "a digest of 1025 B";
+			ek[0].key_case = KVCACHED__EVENT_KEY__KEY_DIGEST;
+			ek[0].digest.data = (uint8_t *)text;
+			ek[0].digest.len = 1025;
+			break;
+		}
+		rs = raw_call(fd, &rq);
+		CHECK(rs->error != NULL);
+		fprintf(stderr, "%-22s -> code %d: %s\n", what, rs->error->code, rs->error->message);
+		CHECK_EQ(rs->error->code, KVCACHED__ERROR_CODE__EINVAL);
+		kvcached__response__free_unpacked(rs, NULL);
+	}
+	/* At the bounds: sealed. */
+	ek[0].key_case = KVCACHED__EVENT_KEY__KEY_TEXT;
+	ek[0].text = text;
+	lora[256] = 0;
+	text[1024] = 0;
+	sl.lora_name = lora;
+	sl.lora_id = UINT64_MAX;
+	bk[0].n_keys = 64;
+	bk[0].keys = ekp;
+	bk[1].n_keys = 1;
+	bk[1].keys = ekp + 64;
+	ek[64].key_case = KVCACHED__EVENT_KEY__KEY_MM;
+	ek[64].mm = &mm;
+	mm.identifier = text;
+	mm.offset = INT64_MIN;
+	rs = raw_call(fd, &rq);
+	if (rs->error)
+		fprintf(stderr, "at the bounds: %s\n", rs->error->message);
+	CHECK(rs->error == NULL && rs->blocks && rs->blocks->n_blocks == 2);
+	kvcached__response__free_unpacked(rs, NULL);
+	/* Not UTF-8 in a key: at the door. */
+	mm.identifier = "img\xff";
+	bk[0].n_keys = 0;
+	{
+		size_t len = kvcached__request__get_packed_size(&rq);
+		uint8_t *b = malloc(KV_FRAME_HDR + len);
+
+		CHECK(b != NULL);
+		send_all(fd, b, frame(b, &rq));
+		free(b);
+	}
+	expect(fd, 1, KVCACHED__ERROR_CODE__EPROTO, "not UTF-8 in an mm id");
+}
+
 /* The name the daemon shows for a client that called itself name. */
 static void shown_name(const char *name, char *out, size_t len)
 {
@@ -435,6 +597,8 @@ int main(void)
 	bystander_ok(c, pool, &held);
 	client_names();
 	pool_names(c);
+	seal_event_fields();
+	bystander_ok(c, pool, &held);
 
 	CHECK(kvt_alive(&d));
 	CHECK_EQ(kvt_check(), 0);

@@ -49,6 +49,7 @@ class Subscriber:
         self.next = {}     # topic -> next seq to apply
         self.batches = 0
         self.types = set()
+        self.lora = {}     # hash -> (lora_name, lora_id, extra keys) of BlockStored
         self.tokens = 0
         self.replays = 0
         self.replay(start, TOPIC.encode())
@@ -78,6 +79,12 @@ class Subscriber:
                 self.tokens += len(toks)
                 for k in ("parent_block_hash", "lora_id", "lora_name", "medium"):
                     kvt.check(k in ev, "BlockStored without %s: %r" % (k, ev))
+                if ev["lora_name"] is not None:
+                    keys = ev.get("extra_keys") or [None] * len(hs)
+                    kvt.check(len(keys) == len(hs), "%d extra_keys for %d blocks" %
+                              (len(keys), len(hs)))
+                    for h, k in zip(hs, keys):
+                        self.lora[h] = (ev["lora_name"], ev["lora_id"], k)
                 for h in hs:
                     self.state.add((topic, h.hex(), ev["medium"]))
             elif t == "BlockRemoved":
@@ -193,6 +200,8 @@ def main():
     r = workers[0].cmd("badtokens")
     kvt.check(r.startswith("err") and "token ids" in r, "badtokens: %s" % r, daemon.log)
     ok(workers[0], "chain 999 2")
+    # A Seal with the LoRA and extra keys (kvc_seal_events).
+    ok(workers[1], "lchain 7777 6")
 
     # The workload: chains of 8 blocks, more than G1 + G2 hold, interleaved
     # across the workers, the subscriber reading as it goes; then lookups of
@@ -238,6 +247,18 @@ def main():
     kvt.check({"BlockStored", "BlockRemoved", "AllBlocksCleared"} <= sub.types,
               "event types seen: %s" % sub.types)
     kvt.check(sub.tokens > 0, "no token ids published")
+    # lchain's blocks (tests/kvt_worker.c): the LoRA and each block's keys.
+    kvt.check(len(sub.lora) == 6, "%d blocks with a LoRA, not 6" % len(sub.lora))
+    nil = 0
+    for name, lid, keys in sub.lora.values():
+        kvt.check(name == "lora-7777" and lid == 7778, "LoRA %r, id %r" % (name, lid))
+        if keys is None:
+            nil += 1
+            continue
+        i = int(keys[0].split("-")[1])
+        exp = ["t7777-%d" % i, bytes([i]) * 32, ["img%d" % i, -1000 * i - 7]][:i % 4]
+        kvt.check(keys == exp, "block %d's extra keys %r, not %r" % (i, keys, exp))
+    kvt.check(nil == 2, "%d blocks without extra keys, not 2" % nil)
     print("events: %d batches, %d replays, %d pairs (%s)" %
           (sub.batches, sub.replays, len(want[0]), sorted(media)))
 
@@ -272,6 +293,8 @@ def main():
               "kvctl events began with %r" % (lines[:1],))
     kvt.check(any(x["type"] == "BlockStored" and x.get("tokens") for x in lines),
               "kvctl events printed no BlockStored with tokens")
+    kvt.check(any(x.get("lora_name") == "lora-7777" and x.get("lora_id") == 7778
+                  for x in lines), "kvctl events printed no LoRA")
     w.quit()
 
     # Hostile replay requests: ignored and counted; the socket still serves.

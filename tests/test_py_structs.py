@@ -70,7 +70,8 @@ C_INT = {"int": (4, True), "uint32_t": (4, False), "uint64_t": (8, False),
 C_STRUCT = {"kvc_hash": "Hash", "struct kvc_options": "Options",
             "struct kvc_pool_desc": "PoolDesc", "struct kvc_hash_extra": "HashExtra",
             "struct kvc_vllm_keys": "VllmKeys", "struct kvc_vllm_mm": "VllmMm",
-            "struct kvc_vllm_extra": "VllmExtra"}
+            "struct kvc_vllm_extra": "VllmExtra", "struct kvc_event_key": "EventKey",
+            "struct kvc_seal_info": "SealInfo"}
 
 
 def c_kind(t):

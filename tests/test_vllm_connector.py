@@ -3,8 +3,11 @@
 (docs/vllm.md): two vLLM instances in two processes share a system prompt
 through the daemon, B scheduling only the tokens beyond A's sealed prefix
 (with another KV layout, byte-exact); cache salt and LoRA keep prefixes
-apart; kv_producer only saves, kv_consumer only loads; preemption and abort leave no reference held (kvctl clients); the
-daemon killed in the middle: both instances go on, recomputing.
+apart; A's saves reach kvcached's KV events with the request's LoRA and
+extra keys as vLLM's own BlockStored has them; kv_producer only saves,
+kv_consumer only loads; preemption and abort leave no reference held (kvctl
+clients); the daemon killed in the middle: both instances go on,
+recomputing.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
@@ -179,12 +182,64 @@ def child(role, sock, admin, *rest):
         sys.exit(1)
 
 
+def a_events(rep, daemon):
+    """A's saves, as kvcached's events say them (replayed, decoded by vLLM's
+    own KVEventBatch): each request's LoRA and extra keys as vLLM's block
+    pool would publish them (docs/events.md)."""
+    import kvt
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+    dec = msgspec.msgpack.Decoder(KVEventBatch)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.RCVTIMEO, 20000)
+    s.connect(rep)
+    s.send_multipart([b"", (0).to_bytes(8, "big")])
+    stored = []
+    while True:
+        fr = s.recv_multipart()
+        if fr[1] == b"":
+            break
+        stored += [e for e in dec.decode(fr[3]).events if isinstance(e, BlockStored)]
+    s.close(linger=0)
+    ctx.term()
+    kind = {"lora": 0, "salt": 0, "plain": 0}
+    for e in stored:
+        keys = e.extra_keys
+        kvt.check(keys is not None and len(keys) == len(e.block_hashes),
+                  "a save's BlockStored without one extra_keys entry a block: %r" % (keys,))
+        if e.lora_name is not None:
+            kvt.check(e.lora_name == "adapter-1" and isinstance(e.lora_id, int) and
+                      e.lora_id >= 1 and all(k == ("adapter-1",) for k in keys),
+                      "the LoRA request's events: %r %r %r" % (e.lora_name, e.lora_id, keys))
+            kind["lora"] += 1
+        elif e.parent_block_hash is None and keys[0] == ("tenant-1",):
+            kvt.check(all(k is None for k in keys[1:]), "the salt past block 0: %r" % (keys,))
+            kind["salt"] += 1
+        else:
+            kvt.check(e.lora_id is None and all(k is None for k in keys),
+                      "a plain request's events: %r %r" % (e.lora_id, keys))
+            kind["plain"] += 1
+    kvt.check(all(kind.values()), "events of A's saves: %s" % kind, daemon.log)
+    print("A's saves in the events: %s" % kind)
+
+
 def main():
     import kvt
     kvt.need_bins()
     d = kvt.tmpdir()
-    daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
-                        "64KiB")
+    rep = "ipc://" + os.path.join(d, "rp.sock")
+    base = ("--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size", "64KiB")
+    daemon = kvt.Daemon(d, *base, "--events-endpoint", "ipc://" + os.path.join(d, "ev.sock"),
+                        "--events-replay-endpoint", rep, "--events-buffer", "100000",
+                        "--events-token-ids", "yes", wait=False)
+    kvt.check(kvt.wait_for(lambda: kvt.can_connect(daemon.admin) or
+                           daemon.proc.poll() is not None), "daemon did not start", daemon.log)
+    if daemon.proc.poll() is not None:
+        kvt.check("built without KV events" in daemon.logtext(), "daemon exited", daemon.log)
+        daemon = kvt.Daemon(d, *base, log="log2")
+        rep = None
     cur = [daemon]
 
     def run(role, *rest):
@@ -198,6 +253,8 @@ def main():
         return json.loads(res[-1][7:])
 
     run("a")
+    if rep:
+        a_events(rep, daemon)
     run("b")
     run("c")
     run("roles")

@@ -11,6 +11,7 @@
 
 #include "kvconfig.h"
 #include "kvctl.h"
+#include "kvtext.h"
 
 static void hex(char *out, const uint8_t *h, size_t n)
 {
@@ -144,12 +145,16 @@ static void print_event(const struct args *a, struct json *j, uint64_t seq, doub
 {
 	const msgpack_object *hs = field(ev, "block_hashes"), *tok = field(ev, "token_ids");
 	const msgpack_object *parent = field(ev, "parent_block_hash"), *bs = field(ev, "block_size");
-	char type[32], medium[16], h[80];
+	const msgpack_object *lora = field(ev, "lora_name"), *lid = field(ev, "lora_id");
+	char type[32], medium[16], h[80], lname[257], shown[257];
 	uint32_t i, nh = hs && hs->type == MSGPACK_OBJECT_ARRAY ? hs->via.array.size : 0;
 	uint32_t nt = tok && tok->type == MSGPACK_OBJECT_ARRAY ? tok->via.array.size : 0;
 
 	str_of(field(ev, "type"), type, sizeof(type));
 	str_of(field(ev, "medium"), medium, sizeof(medium));
+	if (lora && lora->type != MSGPACK_OBJECT_STR)
+		lora = NULL;
+	str_of(lora, lname, sizeof(lname));
 	if (a->fmt == FMT_JSON) {
 		j->compact = true;
 		json_open(j, '{');
@@ -176,6 +181,10 @@ static void print_event(const struct args *a, struct json *j, uint64_t seq, doub
 			json_u64(j, "tokens", nt);
 		if (bs && bs->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
 			json_u64(j, "block_size", bs->via.u64);
+		if (lid && lid->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+			json_u64(j, "lora_id", lid->via.u64);
+		if (lora)
+			json_str(j, "lora_name", lname);
 		json_close(j, '}');
 		return;
 	}
@@ -206,6 +215,11 @@ static void print_event(const struct args *a, struct json *j, uint64_t seq, doub
 	}
 	if (tok)
 		printf(" %" PRIu32 " tokens", nt);
+	if (lora) {
+		/* The sealer's text: shown cut and without control characters. */
+		kv_text_clean(shown, 64, lname);
+		printf(" lora %s", shown);
+	}
 	putchar('\n');
 }
 

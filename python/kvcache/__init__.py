@@ -59,7 +59,7 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import os
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import lib as _lib
@@ -156,6 +156,38 @@ def _hashes(hs: Iterable[bytes]) -> Tuple[ctypes.Array, int]:
 
 def _hash_out(n: int) -> ctypes.Array:
     return (_native.Hash * max(n, 1))()
+
+
+def _event_keys(extra_keys, n: int, keep: list) -> Tuple[ctypes.Array, ctypes.Array]:
+    """Connection.seal()'s extra_keys as kvc_seal_info's nkeys and keys;
+    the byte strings they point to are appended to keep."""
+    per = list(extra_keys)
+    if len(per) != n:
+        raise ValueError(f"extra_keys has {len(per)} entries for {n} blocks")
+    flat = []
+    counts = (ctypes.c_uint32 * max(n, 1))()
+    for i, ks in enumerate(per):
+        ks = () if ks is None else tuple(ks)
+        counts[i] = len(ks)
+        flat.extend(ks)
+    arr = (_native.EventKey * max(len(flat), 1))()
+    for j, k in enumerate(flat):
+        e = arr[j]
+        if isinstance(k, str):
+            data, e.kind = k.encode(), 1
+        elif isinstance(k, (bytes, bytearray, memoryview)):
+            data, e.kind = bytes(k), 2
+        elif (isinstance(k, (tuple, list)) and len(k) == 2 and isinstance(k[0], str)
+              and isinstance(k[1], int) and not isinstance(k[1], bool)
+              and -2**63 <= k[1] < 2**63):
+            data, e.kind, e.offset = k[0].encode(), 3, k[1]
+        else:
+            raise TypeError(f"extra key {k!r}: a str, bytes or (str, int64) pair")
+        buf = ctypes.create_string_buffer(data, len(data) or 1)
+        keep.append(buf)
+        e.data = ctypes.cast(buf, ctypes.c_void_p)
+        e.len = len(data)
+    return counts, arr
 
 
 def _tokens(tokens: Sequence[int]) -> Tuple[ctypes.Array, int]:
@@ -361,13 +393,27 @@ class Connection:
         return list(out[:n])
 
     def seal(self, pool: Union[Pool, int], blocks: Sequence[Block], hashes: Sequence[Hash],
-             token_ids: Optional[Sequence[int]] = None, parent: Optional[Hash] = None
-             ) -> List[Block]:
+             token_ids: Optional[Sequence[int]] = None, parent: Optional[Hash] = None,
+             lora_name: Optional[str] = None, lora_id: Optional[int] = None,
+             extra_keys: Optional[Sequence[Optional[Sequence[Any]]]] = None) -> List[Block]:
         """Seals full blocks under their hashes; returns the blocks now held in
         their place (the same handle, or an existing block with that hash:
         then the one given was freed). With ``token_ids`` (len(blocks) x
         block_tokens ids; the blocks one chain in order, ``parent`` the hash
-        before the first) KV events carry them."""
+        before the first) KV events carry them.
+
+        For the events' ``BlockStored`` (docs/events.md), as vLLM's own
+        carries them: ``lora_name`` and ``lora_id`` (vLLM's
+        ``lora_request.name`` and ``.adapter_id``; None: nil), and
+        ``extra_keys``, one entry per block, as vLLM's
+        ``to_event_extra_keys()`` makes them (vllm/v1/core/kv_cache_utils.py):
+        None for a block hashed without extra keys, else a tuple of its keys
+        in order, each a ``str`` (LoRA name, cache salt), ``bytes``
+        (prompt-embeds digest) or an ``(identifier, offset)`` pair (a
+        multimodal item). None (the default): the events leave extra_keys
+        out. The daemon refuses (``EINVAL``, nothing sealed) a lora_name over
+        256 bytes, over 64 keys a block, a key over 1024 bytes; a key of
+        another type is a ``TypeError``."""
         b, n = _blocks(blocks)
         h, nh = _hashes(hashes)
         if nh != n:
@@ -375,14 +421,39 @@ class Connection:
         if n == 0:
             return []
         out = (ctypes.c_uint64 * n)()
-        if token_ids is None:
-            r = _lib.kvc_seal(self._h(), int(pool), b, h, n, out)
-        else:
-            t, nt = _tokens(token_ids)
-            par = None
-            if parent is not None:
-                par, _ = _hashes([parent])
-            r = _lib.kvc_seal_tokens(self._h(), int(pool), b, h, n, par, t, nt, out)
+        if lora_name is None and lora_id is None and extra_keys is None:
+            if token_ids is None:
+                r = _lib.kvc_seal(self._h(), int(pool), b, h, n, out)
+            else:
+                t, nt = _tokens(token_ids)
+                par = None
+                if parent is not None:
+                    par, _ = _hashes([parent])
+                r = _lib.kvc_seal_tokens(self._h(), int(pool), b, h, n, par, t, nt, out)
+            self._check(r, "seal")
+            return list(out[:n])
+        info = _native.SealInfo()
+        keep = []      # what info points into, alive until the call returns
+        if token_ids is not None:
+            t, info.ntokens = _tokens(token_ids)
+            info.token_ids = ctypes.cast(t, ctypes.POINTER(ctypes.c_uint32))
+            keep.append(t)
+        if parent is not None:
+            par, _ = _hashes([parent])
+            info.parent = ctypes.cast(par, ctypes.POINTER(_native.Hash))
+            keep.append(par)
+        if lora_name is not None:
+            info.lora_name = str(lora_name).encode()
+        if lora_id is not None:
+            if isinstance(lora_id, bool) or not 0 <= int(lora_id) < 2**64:
+                raise ValueError(f"lora_id {lora_id!r}: an integer in [0, 2**64)")
+            info.lora_id = int(lora_id)
+        if extra_keys is not None:
+            nk, keys = _event_keys(extra_keys, n, keep)
+            info.nkeys = ctypes.cast(nk, ctypes.POINTER(ctypes.c_uint32))
+            info.keys = ctypes.cast(keys, ctypes.POINTER(_native.EventKey))
+            keep += [nk, keys]
+        r = _lib.kvc_seal_events(self._h(), int(pool), b, h, n, ctypes.byref(info), out)
         self._check(r, "seal")
         return list(out[:n])
 

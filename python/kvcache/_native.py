@@ -46,6 +46,18 @@ class VllmExtra(ctypes.Structure):
                 ("nprompt_embeds", ctypes.c_size_t)]
 
 
+class EventKey(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("data", ctypes.c_void_p), ("len", ctypes.c_size_t),
+                ("offset", ctypes.c_int64)]
+
+
+class SealInfo(ctypes.Structure):
+    _fields_ = [("parent", ctypes.POINTER(Hash)), ("token_ids", ctypes.POINTER(ctypes.c_uint32)),
+                ("ntokens", ctypes.c_size_t), ("lora_name", ctypes.c_char_p),
+                ("lora_id", ctypes.c_uint64), ("nkeys", ctypes.POINTER(ctypes.c_uint32)),
+                ("keys", ctypes.POINTER(EventKey))]
+
+
 def _load() -> ctypes.CDLL:
     """$KVCACHE_LIB, else the library meson built or installed with this
     package (_paths.py), else the loader's search path."""
@@ -78,6 +90,8 @@ for name, res, args in [
     ("kvc_seal", _c.c_int, [_conn, _c.c_int, _u64p, _P(Hash), _c.c_size_t, _u64p]),
     ("kvc_seal_tokens", _c.c_int, [_conn, _c.c_int, _u64p, _P(Hash), _c.c_size_t, _P(Hash),
                                    _u32p, _c.c_size_t, _u64p]),
+    ("kvc_seal_events", _c.c_int, [_conn, _c.c_int, _u64p, _P(Hash), _c.c_size_t,
+                                   _P(SealInfo), _u64p]),
     ("kvc_lookup", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p]),
     ("kvc_release", _c.c_int, [_conn, _u64p, _c.c_size_t]),
     ("kvc_fork", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),

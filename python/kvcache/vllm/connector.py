@@ -62,6 +62,8 @@ _check_version()
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    generate_block_hash_extra_keys, to_event_extra_keys)
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, compute_layer_kv_cache_shape_bytes)
 
@@ -88,6 +90,11 @@ class _Save:
     parent: Optional[bytes]    # kvcached hash before hashes[0]; None at the head
     block_ids: List[int]
     token_ids: List[int]       # len(hashes) * block_size
+    # For kvcached's KV events, what vLLM's own BlockStored says of these
+    # blocks (_event_meta): the LoRA and each block's untagged extra keys.
+    lora_name: Optional[str] = None
+    lora_id: Optional[int] = None
+    extra_keys: Optional[List[Any]] = None
 
 
 @dataclass
@@ -157,6 +164,21 @@ def _kh(h) -> bytes:
     if len(h) == kvcache.HASH_BYTES:
         return h
     return hashlib.sha256(b"kvcached/vllm-block-hash\0" + h).digest()
+
+
+def _event_meta(req, a: int, b: int, bs: int):
+    """What vLLM's own BlockStored says of blocks [a, b) of req besides
+    their hashes and tokens, made by vLLM's own functions as its block pool
+    makes it (vllm/v1/core/block_pool.py cache_full_blocks): (lora_name,
+    lora_id, extra_keys), extra_keys one entry per block, untagged
+    (to_event_extra_keys). kvcached's events then carry the same."""
+    lr = getattr(req, "lora_request", None)
+    keys, mm = [], 0
+    for i in range(a, b):
+        k, mm = generate_block_hash_extra_keys(req, i * bs, (i + 1) * bs, mm)
+        keys.append(k)
+    return (lr.name if lr else None, lr.adapter_id if lr else None,
+            to_event_extra_keys(keys))
 
 
 def _dtype_name(dt) -> str:
@@ -495,7 +517,14 @@ class KvcachedConnector(KVConnectorBase_V1):
             hs = [_kh(h) for h in req.block_hashes[a:b]]
             parent = _kh(req.block_hashes[a - 1]) if a > 0 else None
             toks = list(req.all_token_ids[a * bs:b * bs])
-            meta.saves.append(_Save(rid, hs, parent, list(ids[a:b]), toks))
+            try:
+                ev = _event_meta(req, a, b, bs)
+            except Exception as e:   # vLLM's internals moved: events without them
+                if not getattr(self, "_meta_warned", False):
+                    log.warning("kvcached: no LoRA/extra keys for KV events (%s)", e)
+                    self._meta_warned = True
+                ev = (None, None, None)
+            meta.saves.append(_Save(rid, hs, parent, list(ids[a:b]), toks, *ev))
             st.saved_upto = b
         return meta
 
@@ -697,8 +726,7 @@ class KvcachedConnector(KVConnectorBase_V1):
                 k = len(s.hashes)
                 mine = blocks[i:i + k]
                 i += k
-                out = c.seal(self.client.pool, mine, s.hashes, token_ids=s.token_ids,
-                             parent=s.parent)
+                out = self._seal(c, mine, s)
                 # The sealed (or deduplicated) blocks replace ours one for one.
                 for b in mine:
                     held.remove(b)
@@ -716,6 +744,22 @@ class KvcachedConnector(KVConnectorBase_V1):
                 except kvcache.KvError:
                     pass
             self.stats.add("save_seconds", time.perf_counter() - t0)
+
+    def _seal(self, c, blocks: List[int], s: _Save) -> List[int]:
+        """Seals with what the events should say of the blocks; a daemon
+        that refuses the LoRA or the extra keys (past its bounds: a long
+        cache salt, many multimodal items) gets the seal without them."""
+        kw = dict(token_ids=s.token_ids, parent=s.parent)
+        if s.lora_name is None and s.lora_id is None and s.extra_keys is None:
+            return c.seal(self.client.pool, blocks, s.hashes, **kw)
+        try:
+            return c.seal(self.client.pool, blocks, s.hashes, lora_name=s.lora_name,
+                          lora_id=s.lora_id, extra_keys=s.extra_keys, **kw)
+        except (kvcache.KvError, TypeError) as e:
+            if isinstance(e, kvcache.KvError) and e.code != kvcache.EINVAL:
+                raise
+            log.debug("kvcached: sealing without the events' LoRA/extra keys: %s", e)
+            return c.seal(self.client.pool, blocks, s.hashes, **kw)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self.is_scheduler:
