@@ -33,6 +33,19 @@ enum kv_dtype {
 	KV_DTYPE_BF16 = 2,  /* bfloat16 */
 };
 
+/* The format of a block's copy below G1 (the tiers' slot header carries it
+ * in its flags field; docs/tiers.md): raw bytes, or this quantized layout of
+ * the block's 2-byte elements with one scale per KV_QUANT_GROUP of them. */
+enum kv_qfmt {
+	KV_QFMT_RAW = 0,
+	KV_QFMT_E4M3 = 1,
+};
+
+/* Elements per scale of a compressed tier copy: a head row of 128 channels
+ * in the common layouts (docs/kernels.md, "Accuracy": half the RMS error of
+ * one scale per block, for 3% more bytes). */
+#define KV_QUANT_GROUP 128u
+
 /* The element type a pool's dtype string names ("fp16", "float16", "half",
  * "f16"; "bf16", "bfloat16"), or KV_DTYPE_NONE for anything else (which
  * then cannot be compressed). */
