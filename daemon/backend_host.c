@@ -218,9 +218,11 @@ static void hbatch_run(struct kv_job *j)
 		if (!m->qfmt)
 			memcpy(m->dst, m->src, m->len);
 		else if (m->dir == KV_COPY_D2H)
-			(void)kv_quant_block((enum kv_dtype)m->qdtype, m->src, n, KV_QUANT_GROUP, m->dst, q);
+			(void)kv_qfmt_quant((enum kv_qfmt)m->qfmt, (enum kv_dtype)m->qdtype, m->src, n,
+					    KV_QUANT_GROUP, m->dst, q);
 		else
-			(void)kv_dequant_block((enum kv_dtype)m->qdtype, m->src, q, n, KV_QUANT_GROUP, m->dst);
+			(void)kv_qfmt_dequant((enum kv_qfmt)m->qfmt, (enum kv_dtype)m->qdtype, m->src,
+					      q, n, KV_QUANT_GROUP, m->dst);
 	}
 }
 
@@ -258,9 +260,10 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			res = -EINVAL;
 			break;
 		}
-		if (c[i].qfmt && (dir == KV_COPY_D2D || c[i].qfmt != KV_QFMT_E4M3 ||
-				  (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) ||
-				  c[i].len % 2 || !c[i].len)) {
+		if (c[i].qfmt &&
+		    (dir == KV_COPY_D2D || (c[i].qfmt != KV_QFMT_E4M3 && c[i].qfmt != KV_QFMT_E5M2) ||
+		     (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) || c[i].len % 2 ||
+		     !c[i].len)) {
 			res = -EINVAL;
 			break;
 		}

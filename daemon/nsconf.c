@@ -17,8 +17,9 @@
  *   remote_password_file = /etc/kvcached/tenant-a.redis
  *   remote_key_file = /etc/kvcached/tenant-a.g4key  # HMAC key of its G4 values
  *   remote_write = demote      # when its blocks go to G4 (default: the daemon's)
- *   compress = fp8_e4m3        # tier copies of its FP16/BF16 pools in FP8 (default
- *                              # off; fixed when a pool is created; docs/tiers.md)
+ *   compress = fp8_e4m3        # tier copies of its FP16/BF16 pools in FP8: fp8_e4m3,
+ *                              # fp8_e5m2 or off (default; fixed when a pool is
+ *                              # created; docs/tiers.md)
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -229,10 +230,12 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 			n->compress = KV_QFMT_E4M3;
 			return 0;
 		}
-		if (!strcmp(value, "fp8_e5m2"))
-			return kv_einval(err, errlen, "compress: fp8_e5m2 is not implemented (no E5M2 "
-					 "quantizer yet); use fp8_e4m3 or off");
-		return kv_einval(err, errlen, "compress: '%s' is not fp8_e4m3 or off", value);
+		if (!strcmp(value, "fp8_e5m2")) {
+			n->compress = KV_QFMT_E5M2;
+			return 0;
+		}
+		return kv_einval(err, errlen, "compress: '%s' is not fp8_e4m3, fp8_e5m2 or off",
+				 value);
 	}
 	if (!strcmp(key, "remote")) {
 		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1"))

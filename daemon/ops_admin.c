@@ -144,7 +144,9 @@ static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64
 		pi->block_bytes = p->block_bytes;
 		pi->block_tokens = p->block_tokens;
 		pi->dtype = p->dtype;
-		pi->compress = (char *)(p->qfmt == KV_QFMT_E4M3 ? "fp8_e4m3" : "off");
+		pi->compress = (char *)(p->qfmt == KV_QFMT_E4M3   ? "fp8_e4m3"
+					: p->qfmt == KV_QFMT_E5M2 ? "fp8_e5m2"
+								  : "off");
 		pi->run_bytes = (uint64_t)p->run_pages * page_bytes;
 		pi->blocks_per_run = p->blocks_per_run;
 		pi->runs = p->n.runs;

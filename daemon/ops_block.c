@@ -134,8 +134,9 @@ static void pool_compress(struct kv_daemon *d, struct kv_pool *p, const struct k
 	}
 	p->qfmt = (uint8_t)nc->compress;
 	p->qdtype = (uint8_t)t;
-	kv_info("pool '%s' of namespace '%s': tier copies in FP8 E4M3, %llu bytes a block "
-		"instead of %llu", p->name, ns->name, (unsigned long long)kv_pool_stored_bytes(p),
+	kv_info("pool '%s' of namespace '%s': tier copies in FP8 %s, %llu bytes a block "
+		"instead of %llu", p->name, ns->name, p->qfmt == KV_QFMT_E5M2 ? "E5M2" : "E4M3",
+		(unsigned long long)kv_pool_stored_bytes(p),
 		(unsigned long long)p->block_bytes);
 }
 

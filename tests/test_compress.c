@@ -1,4 +1,4 @@
-/* Compress on demote (namespace key compress = fp8_e4m3), with a real daemon
+/* Compress on demote (compress = fp8_e4m3 | fp8_e5m2), with a real daemon
  * on the host backend, a real disk file and io_uring:
  *   - FP16 and BF16 pools of a compressing namespace: blocks of known values
  *     sealed, demoted to G2 (then written to G3 and dropped from G2), looked
@@ -12,6 +12,7 @@
  *     found and read again (warm restart);
  *   - a byte flipped in a compressed slot's payload: a checksum failure and
  *     a miss, never garbage;
+ *   - the same trips with fp8_e5m2: its round trip, its bound;
  *   - a demotion copy that fails on the compressed path: the blocks stay in
  *     G1, untouched.
  * Not in the gpu suite: the cuda backend keeps tier copies raw for now
@@ -71,22 +72,26 @@ static float to_f32(enum kv_dtype t, uint16_t v)
 
 /* What a block of these values is after a trip through a compressed tier:
  * the reference quantizer's round trip, with a group per KV_QUANT_GROUP. */
-static void expected(enum kv_dtype t, const uint16_t *in, uint16_t *out)
+static void expected(enum kv_qfmt f, enum kv_dtype t, const uint16_t *in, uint16_t *out)
 {
 	size_t qn = kv_quant_bytes(NEL, KV_QUANT_GROUP);
 	uint8_t *q = malloc(qn);
 
 	CHECK(q != NULL);
-	CHECK_EQ(kv_quant_block(t, in, NEL, KV_QUANT_GROUP, q, qn), 0);
-	CHECK_EQ(kv_dequant_block(t, q, qn, NEL, KV_QUANT_GROUP, out), 0);
+	CHECK_EQ(kv_qfmt_quant(f, t, in, NEL, KV_QUANT_GROUP, q, qn), 0);
+	CHECK_EQ(kv_qfmt_dequant(f, t, q, qn, NEL, KV_QUANT_GROUP, out), 0);
 	free(q);
 }
 
 /* docs/kernels.md's bound: E4M3 keeps 3 mantissa bits, so a value in its
  * normal range (|x| >= 2^-6 * scale) comes back within 2^-4 of itself, plus
- * the element type's own rounding (2^-8 for BF16). */
-static void check_error(enum kv_dtype t, const uint16_t *in, const uint16_t *got)
+ * the element type's own rounding (2^-8 for BF16); E5M2 keeps 2: 2^-3, from
+ * 2^-14 * scale up (scale = amax / 57344). */
+static void check_error(enum kv_qfmt f, enum kv_dtype t, const uint16_t *in, const uint16_t *got)
 {
+	float max = f == KV_QFMT_E4M3 ? 448.0f : 57344.0f, rel = f == KV_QFMT_E4M3 ? 0x1p-4f : 0x1p-3f;
+	float norm = f == KV_QFMT_E4M3 ? 0x1p-6f : 0x1p-14f, sub = f == KV_QFMT_E4M3 ? 0x1p-9f : 0x1p-16f;
+
 	for (uint32_t g = 0; g < NEL; g += KV_QUANT_GROUP) {
 		float amax = 0;
 
@@ -96,10 +101,11 @@ static void check_error(enum kv_dtype t, const uint16_t *in, const uint16_t *got
 		for (uint32_t i = g; i < g + KV_QUANT_GROUP; i++) {
 			float x = to_f32(t, in[i]), y = to_f32(t, got[i]);
 
-			if (fabsf(x) >= amax / 448.0f * 0x1p-6f)
-				CHECK(fabsf(y - x) <= fabsf(x) * (0x1p-4f + 0x1p-8f) * 1.01f);
-			else  /* E4M3 subnormals: half a step of 2^-9 * scale */
-				CHECK(fabsf(y - x) <= amax / 448.0f * 0x1p-9f * 1.01f);
+			if (fabsf(x) >= amax / max * norm)
+				CHECK(fabsf(y - x) <=
+				      fabsf(x) * (rel + 0x1p-8f) * 1.01f + 0x1p-25f);  /* FP16 subnormals */
+			else  /* subnormals: half a step of the smallest times the scale */
+				CHECK(fabsf(y - x) <= amax / max * sub * 1.01f + 0x1p-25f);
 		}
 	}
 }
@@ -148,8 +154,8 @@ static void put_chain(kvc_conn *c, int which, uint64_t base)
 }
 
 /* Looks chain base up by its original hashes; checks every block found:
- * comp: as the compressed round trip leaves it (and within the documented
- * error), else identical. Returns how many hit. */
+ * comp (a KV_QFMT_*): as that format's round trip leaves it (and within the
+ * documented error); 0: identical. Returns how many hit. */
 static int get_chain(kvc_conn *c, int which, uint64_t base, int comp)
 {
 	int pool = reg(c, which), k;
@@ -169,10 +175,10 @@ static int get_chain(kvc_conn *c, int which, uint64_t base, int comp)
 		values(dtype_of(which), base + (uint64_t)i, v);
 		kvt_mem_read(c, got, kvc_block_ptr(c, b[i]), BB);
 		if (comp) {
-			expected(dtype_of(which), v, want);
+			expected((enum kv_qfmt)comp, dtype_of(which), v, want);
 			CHECK(memcmp(got, want, BB) == 0);
 			CHECK(memcmp(got, v, BB) != 0);  /* it did go through FP8 */
-			check_error(dtype_of(which), v, got);
+			check_error((enum kv_qfmt)comp, dtype_of(which), v, got);
 		} else {
 			CHECK(memcmp(got, v, BB) == 0);
 		}
@@ -243,7 +249,8 @@ static void write_conf(void)
 	snprintf(path, sizeof(path), "%s/kvcached.conf", dir);
 	CHECK((f = fopen(path, "w")) != NULL);
 	fprintf(f, "[namespace cz]\nusers = %u\ncompress = fp8_e4m3\n\n", uid);
-	fprintf(f, "[namespace raw]\nusers = %u\ncompress = off\n", uid);
+	fprintf(f, "[namespace raw]\nusers = %u\ncompress = off\n\n", uid);
+	fprintf(f, "[namespace c5]\nusers = %u\ncompress = fp8_e5m2\n", uid);
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
@@ -370,6 +377,41 @@ static void test_round_trips(void)
 	kvt_stop(&d);
 }
 
+/* compress = fp8_e5m2: the same trips, E5M2's round trip and bound. */
+static void test_e5m2(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t2, t3;
+	kvc_conn *c5, *a;
+	uint64_t q = kv_quant_bytes(NEL, KV_QUANT_GROUP);
+	kvc_hash h;
+	uint32_t flags;
+
+	rm_disk();
+	start(&d, 0);
+	c5 = kvt_connect("c5");
+	a = kvt_connect(NULL);
+	put_chain(c5, 0, 900);
+	put_chain(c5, 1, 910);
+	admin(a, 0, 0);
+	kvt_tier(1, &t2);
+	CHECK_EQ(t2.comp_bytes, 2 * N * q);
+	CHECK_EQ(get_chain(c5, 0, 900, KV_QFMT_E5M2), N);
+	CHECK_EQ(get_chain(c5, 1, 910, KV_QFMT_E5M2), N);
+	all_to_g3(a);
+	kvt_tier(2, &t3);
+	CHECK_EQ(t3.comp_saved, 2 * N * (BB - q));
+	h = kvt_hash(910);
+	CHECK(find_slot(&h, &flags) >= 0);
+	CHECK_EQ(flags, KV_QFMT_E5M2);
+	CHECK_EQ(get_chain(c5, 0, 900, KV_QFMT_E5M2), N);
+	CHECK_EQ(get_chain(c5, 1, 910, KV_QFMT_E5M2), N);
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(c5);
+	kvc_close(a);
+	kvt_stop(&d);
+}
+
 /* The compressed demotion's copy fails: the blocks stay in G1, untouched;
  * the next demotion works. */
 static void test_copy_fault(void)
@@ -413,6 +455,7 @@ int main(void)
 	snprintf(disk, sizeof(disk), "%s/g3", dir);
 	write_conf();
 	test_round_trips();
+	test_e5m2();
 	test_copy_fault();
 	rm_disk();
 	snprintf(path, sizeof(path), "%s/kvcached.conf", dir);
