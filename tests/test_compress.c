@@ -14,7 +14,7 @@
  *     a miss, never garbage;
  *   - the same trips with fp8_e5m2: its round trip, its bound;
  *   - a demotion copy that fails on the compressed path: the blocks stay in
- *     G1, untouched.
+ *     G1, untouched; a compressed slot's read that fails: a miss, counted.
  * Not in the gpu suite: the cuda backend keeps tier copies raw for now
  * (docs/tiers.md), so this exits 77 there. */
 #include <fcntl.h>
@@ -442,6 +442,34 @@ static void test_copy_fault(void)
 	kvt_stop(&d);
 }
 
+/* A compressed slot's read fails: that block and the rest of its chain are
+ * misses, counted; the blocks before it come back right. */
+static void test_read_fault(void)
+{
+	struct kvt_daemon d;
+	struct kvt_tier t3;
+	kvc_conn *cz, *a;
+	int k;
+
+	rm_disk();
+	setenv("KVCACHED_FAULTS", "g3_read=EIO:skip=1:count=1", 1);
+	start(&d, 0);
+	unsetenv("KVCACHED_FAULTS");
+	cz = kvt_connect("cz");
+	a = kvt_connect(NULL);
+	put_chain(cz, 1, 850);
+	all_to_g3(a);
+	k = get_chain(cz, 1, 850, KV_QFMT_E4M3);
+	CHECK_EQ(k, 1);
+	kvt_tier(2, &t3);
+	CHECK(t3.io_errors >= 1);
+	kvt_tiers_settle();
+	CHECK_EQ(kvt_check(), 0);
+	kvc_close(cz);
+	kvc_close(a);
+	kvt_stop(&d);
+}
+
 int main(void)
 {
 	char path[200];
@@ -457,6 +485,7 @@ int main(void)
 	test_round_trips();
 	test_e5m2();
 	test_copy_fault();
+	test_read_fault();
 	rm_disk();
 	snprintf(path, sizeof(path), "%s/kvcached.conf", dir);
 	unlink(path);
