@@ -128,7 +128,8 @@ static void accuracy(void)
 					 groups[g] ? (groups[g] == 128 ? "128" : "32") : "block");
 				printf("%-5s %-8s %-5s %-9s %11.3e %11.3e %11.3e %11.3e %8.3f%% %6.3fx\n",
 				       f == KV_QFMT_E4M3 ? "e4m3" : "e5m2", set_name[s],
-				       t == KV_DTYPE_F16 ? "fp16" : "bf16", gname, maxabs, maxrel, sumrel / (double)nrel, sqrt(e2 / x2),
+				       t == KV_DTYPE_F16 ? "fp16" : "bf16", gname, maxabs, maxrel,
+				       sumrel / (double)nrel, sqrt(e2 / x2),
 				       100.0 * (double)zeroed / (double)nz, (double)qb / (2.0 * N));
 			}
 }

@@ -213,16 +213,16 @@ static void hbatch_run(struct kv_job *j)
 	for (uint32_t i = 0; i < b->n; i++) {
 		const struct hmove *m = &b->m[i];
 		size_t n = m->len / 2, q = kv_quant_bytes(n, KV_QUANT_GROUP);
+		enum kv_qfmt f = (enum kv_qfmt)m->qfmt;
+		enum kv_dtype t = (enum kv_dtype)m->qdtype;
 
 		/* The formats were checked when the batch was made: no failure. */
-		if (!m->qfmt)
+		if (!f)
 			memcpy(m->dst, m->src, m->len);
 		else if (m->dir == KV_COPY_D2H)
-			(void)kv_qfmt_quant((enum kv_qfmt)m->qfmt, (enum kv_dtype)m->qdtype, m->src, n,
-					    KV_QUANT_GROUP, m->dst, q);
+			(void)kv_qfmt_quant(f, t, m->src, n, KV_QUANT_GROUP, m->dst, q);
 		else
-			(void)kv_qfmt_dequant((enum kv_qfmt)m->qfmt, (enum kv_dtype)m->qdtype, m->src,
-					      q, n, KV_QUANT_GROUP, m->dst);
+			(void)kv_qfmt_dequant(f, t, m->src, q, n, KV_QUANT_GROUP, m->dst);
 	}
 }
 
@@ -260,10 +260,10 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			res = -EINVAL;
 			break;
 		}
-		if (c[i].qfmt &&
-		    (dir == KV_COPY_D2D || (c[i].qfmt != KV_QFMT_E4M3 && c[i].qfmt != KV_QFMT_E5M2) ||
-		     (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) || c[i].len % 2 ||
-		     !c[i].len)) {
+		if (c[i].qfmt && (dir == KV_COPY_D2D ||
+				  (c[i].qfmt != KV_QFMT_E4M3 && c[i].qfmt != KV_QFMT_E5M2) ||
+				  (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) ||
+				  c[i].len % 2 || !c[i].len)) {
 			res = -EINVAL;
 			break;
 		}

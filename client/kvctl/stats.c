@@ -292,9 +292,10 @@ static void tiers_table(const Kvcached__StatsReply *s)
 
 		if (!ti->compressed_bytes)
 			continue;
+		a = fmt_bytes(ti->compressed_bytes);
+		b = fmt_bytes(ti->compression_saved_bytes);
 		printf("%s compressed copies: %s stored, %s saved\n",
-		       ti->tier < 3 ? tier_names[ti->tier] : "?", a = fmt_bytes(ti->compressed_bytes),
-		       b = fmt_bytes(ti->compression_saved_bytes));
+		       ti->tier < 3 ? tier_names[ti->tier] : "?", a, b);
 		free(a);
 		free(b);
 	}
