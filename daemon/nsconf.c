@@ -222,7 +222,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 				 value);
 	}
 	if (!strcmp(key, "compress")) {
-		if (!strcmp(value, "off") || !strcmp(value, "no")) {
+		if (!strcmp(value, "off")) {
 			n->compress = KV_QFMT_RAW;
 			return 0;
 		}
