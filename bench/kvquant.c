@@ -2,7 +2,7 @@
  * on the C references (docs/kernels.md has a run's figures).
  *
  * For FP16 and BF16 blocks of 32768 elements (64 KiB), quantized to FP8 E4M3
- * with one scale per block, per 128 elements (one head row of a typical
+ * and E5M2 with one scale per block, per 128 elements (one head row of a typical
  * layout) and per 32, then dequantized:
  *   uniform  values uniform in [-1, 1]
  *   normal   N(0, 1)
@@ -10,7 +10,8 @@
  *            (sigma 0.5), 2 channels of 128 with 20x outliers in every head,
  *            as in key caches
  * it prints the largest absolute error, the largest relative error over
- * elements E4M3 holds as normal numbers (|x| >= 2^-6 * scale), the mean
+ * elements the format holds as normal numbers (|x| >= 2^-6 * scale for E4M3,
+ * 2^-14 * scale for E5M2), the mean
  * relative error there, the error energy relative to the signal's (RMS),
  * and the share of nonzero inputs that came back as zero. Then the
  * throughput of kv_quant_block, kv_dequant_block and kv_crc32c on this CPU.
@@ -82,8 +83,9 @@ static void accuracy(void)
 	static uint8_t q[N + 4 * N];
 	static const size_t groups[] = { 0, 128, 32 };
 
-	printf("%-8s %-5s %-9s %11s %11s %11s %11s %9s %7s\n", "data", "type", "scale per",
-	       "max abs", "max rel", "mean rel", "rms rel", "to zero", "bytes");
+	printf("%-5s %-8s %-5s %-9s %11s %11s %11s %11s %9s %7s\n", "fp8", "data", "type",
+	       "scale per", "max abs", "max rel", "mean rel", "rms rel", "to zero", "bytes");
+	for (int f = KV_QFMT_E4M3; f <= KV_QFMT_E5M2; f++)   /* the format, then as before */
 	for (int s = 0; s < NSETS; s++)
 		for (int t = KV_DTYPE_F16; t <= KV_DTYPE_BF16; t++)
 			for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
@@ -94,8 +96,10 @@ static void accuracy(void)
 
 				for (int b = 0; b < BLOCKS; b++) {
 					make((enum dataset)s, (enum kv_dtype)t, src);
-					kv_quant_block((enum kv_dtype)t, src, N, groups[g], q, sizeof(q));
-					kv_dequant_block((enum kv_dtype)t, q, qb, N, groups[g], dst);
+					kv_qfmt_quant((enum kv_qfmt)f, (enum kv_dtype)t, src, N, groups[g],
+						      q, sizeof(q));
+					kv_qfmt_dequant((enum kv_qfmt)f, (enum kv_dtype)t, q, qb, N,
+							groups[g], dst);
 					for (int i = 0; i < N; i++) {
 						double x = val((enum kv_dtype)t, src[i]);
 						double y = val((enum kv_dtype)t, dst[i]), e = fabs(x - y);
@@ -109,7 +113,9 @@ static void accuracy(void)
 							nz++;
 							zeroed += y == 0;
 						}
-						if (fabs(x) >= 0x1p-6 * scale) {
+						/* In the format's normal range. */
+						if (fabs(x) >= (f == KV_QFMT_E4M3 ? 0x1p-6 : 0x1p-14) *
+								       scale) {
 							double r = e / fabs(x);
 
 							maxrel = r > maxrel ? r : maxrel;
@@ -120,9 +126,10 @@ static void accuracy(void)
 				}
 				snprintf(gname, sizeof(gname), "%s",
 					 groups[g] ? (groups[g] == 128 ? "128" : "32") : "block");
-				printf("%-8s %-5s %-9s %11.3e %11.3e %11.3e %11.3e %8.3f%% %6.3fx\n",
-				       set_name[s], t == KV_DTYPE_F16 ? "fp16" : "bf16", gname, maxabs,
-				       maxrel, sumrel / (double)nrel, sqrt(e2 / x2),
+				printf("%-5s %-8s %-5s %-9s %11.3e %11.3e %11.3e %11.3e %8.3f%% %6.3fx\n",
+				       f == KV_QFMT_E4M3 ? "e4m3" : "e5m2", set_name[s],
+				       t == KV_DTYPE_F16 ? "fp16" : "bf16", gname, maxabs, maxrel,
+				       sumrel / (double)nrel, sqrt(e2 / x2),
 				       100.0 * (double)zeroed / (double)nz, (double)qb / (2.0 * N));
 			}
 }
@@ -146,6 +153,9 @@ static void speed(void)
 	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
 		kv_dequant_block(KV_DTYPE_F16, q, qb, N, 128, dst);
 	printf("  kv_dequant_block fp16, 64 KiB, scale per 128   %7.2f\n", n * 2.0 * N / t / 1e9);
+	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
+		kv_qfmt_quant(KV_QFMT_E5M2, KV_DTYPE_F16, src, N, 128, q, sizeof(q));
+	printf("  kv_qfmt_quant    fp16 to e5m2, scale per 128   %7.2f\n", n * 2.0 * N / t / 1e9);
 	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
 		sink ^= kv_crc32c(0, buf, sizeof(buf));
 	printf("  kv_crc32c (%s), 1 MiB buffers            %7.2f\n", kv_crc32c_impl(),

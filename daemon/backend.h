@@ -36,7 +36,12 @@ struct kv_copy {
 	uint64_t dev_off;   /* device location: the source of D2H, the destination otherwise */
 	uint64_t src_off;   /* D2D: the source */
 	void *host;         /* D2H: destination; H2D: source (arena memory) */
-	uint64_t len;
+	uint64_t len;       /* the device side's bytes */
+	/* D2H and H2D on a backend with quant set: the host side holds the
+	 * block quantized (quant.h), kv_quant_bytes(len / 2, KV_QUANT_GROUP)
+	 * bytes of format qfmt of elements of type qdtype; KV_QFMT_RAW (0):
+	 * len raw bytes. */
+	uint8_t qfmt, qdtype;
 };
 
 /* A finished batch: the tag given to copy_async and 0 or -errno. */
@@ -88,6 +93,10 @@ struct kv_backend {
 	uint32_t *epoch[KV_MAX_DEVICES];
 	/* Readable (an eventfd) while copy_async batches are waiting in reap(). */
 	int completion_fd;
+	/* copy_async quantizes D2H and dequantizes H2D copies that ask for it
+	 * (kv_copy.qfmt); 0: it does not, and no pool's tier copies are
+	 * compressed (the cuda backend today: docs/tiers.md). */
+	int quant;
 	/* cuda: each device's UUID (cuDeviceGetUuid), which Hello sends so that
 	 * a worker with its own CUDA_VISIBLE_DEVICES finds its GPU; host: none. */
 	int has_uuid;

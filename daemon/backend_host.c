@@ -32,6 +32,7 @@
 #include "fault.h"
 #include "list.h"
 #include "log.h"
+#include "quant.h"
 #include "worker.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -63,7 +64,8 @@ struct hbatch {
 	struct hmove {
 		uint8_t *dst;
 		const uint8_t *src;
-		uint64_t len;
+		uint64_t len;        /* raw: the bytes; quantized: the device side's */
+		uint8_t qfmt, qdtype, dir;
 	} m[];
 };
 
@@ -208,8 +210,20 @@ static void hbatch_run(struct kv_job *j)
 {
 	struct hbatch *b = kv_container_of(j, struct hbatch, job);
 
-	for (uint32_t i = 0; i < b->n; i++)
-		memcpy(b->m[i].dst, b->m[i].src, b->m[i].len);
+	for (uint32_t i = 0; i < b->n; i++) {
+		const struct hmove *m = &b->m[i];
+		size_t n = m->len / 2, q = kv_quant_bytes(n, KV_QUANT_GROUP);
+		enum kv_qfmt f = (enum kv_qfmt)m->qfmt;
+		enum kv_dtype t = (enum kv_dtype)m->qdtype;
+
+		/* The formats were checked when the batch was made: no failure. */
+		if (!f)
+			memcpy(m->dst, m->src, m->len);
+		else if (m->dir == KV_COPY_D2H)
+			(void)kv_qfmt_quant(f, t, m->src, n, KV_QUANT_GROUP, m->dst, q);
+		else
+			(void)kv_qfmt_dequant(f, t, m->src, q, n, KV_QUANT_GROUP, m->dst);
+	}
 }
 
 static void hbatch_done(struct kv_job *j)
@@ -246,10 +260,27 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			res = -EINVAL;
 			break;
 		}
+		if (c[i].qfmt && (dir == KV_COPY_D2D ||
+				  (c[i].qfmt != KV_QFMT_E4M3 && c[i].qfmt != KV_QFMT_E5M2) ||
+				  (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) ||
+				  c[i].len % 2 || !c[i].len)) {
+			res = -EINVAL;
+			break;
+		}
 		res = kv_fault(KV_FAULT_COPY);
 		if (res < 0)
 			break;
-		m->len = res == KV_FAULT_SHORT ? c[i].len / 2 : c[i].len;
+		m->qfmt = c[i].qfmt;
+		m->qdtype = c[i].qdtype;
+		m->dir = (uint8_t)dir;
+		m->len = c[i].len;
+		if (res == KV_FAULT_SHORT) {
+			/* Half of the smaller side, raw: a torn copy either way. */
+			if (m->qfmt && kv_quant_bytes(m->len / 2, KV_QUANT_GROUP) < m->len)
+				m->len = kv_quant_bytes(m->len / 2, KV_QUANT_GROUP);
+			m->len /= 2;
+			m->qfmt = 0;
+		}
 		if (dir == KV_COPY_D2H) {
 			m->dst = c[i].host;
 			m->src = d;
@@ -353,6 +384,7 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 		return -ENOMEM;
 	h->be.ops = &host_ops;
 	h->be.name = "host";
+	h->be.quant = 1;
 	h->be.devices = 1;
 	h->be.segment_bytes = seg_bytes;
 	h->be.segments[0] = nseg;

@@ -98,6 +98,7 @@ struct kv_ns_conf {
 	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
 	char remote_password_file[256];
 	char remote_key_file[256];    /* G4 values' HMAC key (g4mac.h); "" = CRC32C only */
+	int compress;                 /* compress: KV_QFMT_* (quant.h) of new pools' tier copies */
 };
 
 /* [namespace NAME] events = off | hashes | tokens (events.h). A pool's choice

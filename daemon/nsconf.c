@@ -17,6 +17,9 @@
  *   remote_password_file = /etc/kvcached/tenant-a.redis
  *   remote_key_file = /etc/kvcached/tenant-a.g4key  # HMAC key of its G4 values
  *   remote_write = demote      # when its blocks go to G4 (default: the daemon's)
+ *   compress = fp8_e4m3        # tier copies of its FP16/BF16 pools in FP8: fp8_e4m3,
+ *                              # fp8_e5m2 or off (default; fixed when a pool is
+ *                              # created; docs/tiers.md)
  *
  * Every section is reloadable. Names of users and groups are looked up when
  * the file is read (start, reload), never while serving. tenant.c applies the
@@ -32,6 +35,7 @@
 #include "config.h"
 #include "kverr.h"
 #include "ns.h"
+#include "quant.h"
 #include "units.h"
 
 const struct kv_ns_conf *kv_nsconf_find(const struct kv_config *c, const char *name)
@@ -217,6 +221,22 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		return kv_einval(err, errlen, "remote_write: '%s' is not writeback, demote or off",
 				 value);
 	}
+	if (!strcmp(key, "compress")) {
+		if (!strcmp(value, "off")) {
+			n->compress = KV_QFMT_RAW;
+			return 0;
+		}
+		if (!strcmp(value, "fp8_e4m3")) {
+			n->compress = KV_QFMT_E4M3;
+			return 0;
+		}
+		if (!strcmp(value, "fp8_e5m2")) {
+			n->compress = KV_QFMT_E5M2;
+			return 0;
+		}
+		return kv_einval(err, errlen, "compress: '%s' is not fp8_e4m3, fp8_e5m2 or off",
+				 value);
+	}
 	if (!strcmp(key, "remote")) {
 		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1"))
 			n->remote = 1;
@@ -228,7 +248,7 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 	}
 	return kv_einval(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
 		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
-		    "remote_password_file, remote_key_file, remote_write)", name, key);
+		    "remote_password_file, remote_key_file, remote_write, compress)", name, key);
 }
 
 _Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_users) /

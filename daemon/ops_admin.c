@@ -144,6 +144,9 @@ static int stats_pools(struct req *q, Kvcached__StatsReply *r, int admin, uint64
 		pi->block_bytes = p->block_bytes;
 		pi->block_tokens = p->block_tokens;
 		pi->dtype = p->dtype;
+		pi->compress = (char *)(p->qfmt == KV_QFMT_E4M3   ? "fp8_e4m3"
+					: p->qfmt == KV_QFMT_E5M2 ? "fp8_e5m2"
+								  : "off");
 		pi->run_bytes = (uint64_t)p->run_pages * page_bytes;
 		pi->blocks_per_run = p->blocks_per_run;
 		pi->runs = p->n.runs;
@@ -195,6 +198,8 @@ static int stats_tiers(struct req *q, Kvcached__StatsReply *r)
 		ti->io_errors = st[t].io_errors;
 		ti->checksum_failures = st[t].checksum_failures;
 		ti->inflight = st[t].inflight;
+		ti->compressed_bytes = st[t].comp_bytes;
+		ti->compression_saved_bytes = st[t].comp_saved;
 		r->tiers[r->n_tiers++] = ti;
 	}
 	return 0;

@@ -113,6 +113,33 @@ static void pool_events(struct kv_daemon *d, const struct kv_pool *p, const stru
 		kv_warn("events: pool '%s': no topic for model '%s'", p->name, name);
 }
 
+/* compress of p's namespace, fixed now that p is created (before the tiers
+ * compute its layout id, which names the format of its tier copies). */
+static void pool_compress(struct kv_daemon *d, struct kv_pool *p, const struct kv_ns *ns)
+{
+	const struct kv_ns_conf *nc = kv_nsconf_find(&d->cfg, ns->name);
+	enum kv_dtype t = kv_dtype_parse(p->dtype);
+
+	if (!nc || !nc->compress)
+		return;
+	if (t == KV_DTYPE_NONE) {
+		kv_info("pool '%s' of namespace '%s': dtype '%s' is not FP16 or BF16: its tier "
+			"copies stay uncompressed", p->name, ns->name, p->dtype);
+		return;
+	}
+	if (!d->be->quant) {
+		kv_info("pool '%s' of namespace '%s': the %s backend does not compress tier "
+			"copies: they stay uncompressed", p->name, ns->name, d->be->name);
+		return;
+	}
+	p->qfmt = (uint8_t)nc->compress;
+	p->qdtype = (uint8_t)t;
+	kv_info("pool '%s' of namespace '%s': tier copies in FP8 %s, %llu bytes a block "
+		"instead of %llu", p->name, ns->name, p->qfmt == KV_QFMT_E5M2 ? "E5M2" : "E4M3",
+		(unsigned long long)kv_pool_stored_bytes(p),
+		(unsigned long long)p->block_bytes);
+}
+
 void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 {
 	struct kv_pool_desc desc = {
@@ -160,6 +187,7 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 	kv_session_keep_pool(q->ss, p);
 	if (rc == 1) {
 		pool_events(d, p, ns, m->model);
+		pool_compress(d, p, ns);
 		kv_tiers_pool_added(d->tiers, p);
 	}
 	if (!(r = q_alloc(q, sizeof(*r))))

@@ -89,6 +89,7 @@
 #include "list.h"
 #include "ns.h"
 #include "pages.h"
+#include "quant.h"
 
 #define KV_MAX_POOLS 4096      /* the pool field of a handle is 12 bits */
 #define KV_MAX_RUN_BLOCKS 4096 /* the slot field is 12 bits */
@@ -146,6 +147,10 @@ struct kv_pool {
 	char dtype[32];
 	uint64_t block_bytes;
 	uint32_t block_tokens;
+	/* compress (its namespace's, when it was created; docs/tiers.md): the
+	 * format of its blocks' tier copies (quant.h KV_QFMT_*; RAW: as in G1)
+	 * and their element type. Set once, before the tiers see the pool. */
+	uint8_t qfmt, qdtype;
 	uint32_t run_pages, blocks_per_run;
 	void *layout;
 	size_t layout_len;
@@ -166,6 +171,13 @@ struct kv_pool {
 };
 
 struct kv_pools;
+
+/* The bytes of a tier copy of one of p's blocks: block_bytes, or its
+ * quantized size (quant.h). */
+static inline uint64_t kv_pool_stored_bytes(const struct kv_pool *p)
+{
+	return p->qfmt ? kv_quant_bytes(p->block_bytes / 2, KV_QUANT_GROUP) : p->block_bytes;
+}
 
 /* Creates the allocator over the backend's segments, cut into page_bytes
  * pages. Returns 0 and *out, or -EINVAL / -ENOMEM. */

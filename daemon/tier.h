@@ -68,6 +68,9 @@ struct kv_tier_stats {
 	uint64_t hits, promotions, demotions, evictions;
 	uint64_t io_errors, checksum_failures, inflight;
 	uint64_t queued;           /* G3: disk I/Os waiting for room in its ring */
+	/* G2, G3: the slots of compressed pools' copies (pool.h qfmt): their
+	 * payload bytes, and what the blocks uncompressed would take more. */
+	uint64_t comp_bytes, comp_saved;
 };
 
 /* The tiers' latency histograms (hist.h), from the start of each copy or

@@ -1,4 +1,4 @@
-/* Scalar conversions between FP32, FP16, BF16 and FP8 E4M3, written once in
+/* Scalar conversions between FP32, FP16, BF16 and FP8 E4M3 and E5M2, written once in
  * integer arithmetic and compiled both by the C compiler (quant.c, the
  * reference) and by nvcc (kernels.cu), so that the device produces exactly
  * the reference's bytes. Every function here is exact or rounds to nearest,
@@ -164,6 +164,50 @@ KV_HD float kv_e4m3_to_f32(uint8_t q)
 	return kv_bits_f32(s | ((e + 120) << 23) | (m << 20));
 }
 
+/* ---- E5M2 --------------------------------------------------------------- */
+
+/* E5M2 as in OFP8 and CUDA's __nv_fp8_e5m2: sign, 5 exponent bits (bias
+ * 15), 2 mantissa bits (FP16's top byte); S.11111.00 is infinity, S.11111.xx
+ * (xx != 0) NaN; largest finite 57344 (0x7B), smallest normal 2^-14 (0x04),
+ * smallest subnormal 2^-16 (0x01). Conversion from FP32 as
+ * __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2): round to nearest
+ * even, finite values from 61440 up (ties to even past 57344 give 65536)
+ * and +-inf saturate to +-57344, NaN becomes 0x7F, below half the smallest
+ * subnormal a signed zero. Wider range than E4M3, one mantissa bit fewer:
+ * twice its relative error (2^-3). */
+#define KV_E5M2_MAX 57344.0f
+#define KV_E5M2_NAN 0x7Fu
+
+KV_HD uint8_t kv_f32_to_e5m2(float f)
+{
+	uint32_t u = kv_f32_bits(f), s = (u >> 24) & 0x80, a = u & 0x7fffffffu, r;
+
+	if (a > 0x7f800000u)
+		return KV_E5M2_NAN;
+	if (a >= 0x38800000u) {  /* >= 2^-14: normal (or saturated) */
+		if (a >= 0x47700000u)  /* >= 61440 (inf too): saturate */
+			return (uint8_t)(s | 0x7b);
+		r = ((a + 0xfffff + ((a >> 21) & 1)) >> 21) - (112u << 2);  /* 112 = 127 - 15 */
+		return (uint8_t)(s | r);
+	}
+	if (a < 0x37000000u)  /* < 2^-17, half the smallest subnormal: zero */
+		return (uint8_t)s;
+	/* Subnormal: value * 2^16 = mant * 2^(E - 134), 22 <= 134 - E <= 24;
+	 * a result of 4 is the smallest normal, the right encoding. */
+	return (uint8_t)(s | kv_rne_shift((a & 0x7fffff) | 0x800000, 134 - (a >> 23)));
+}
+
+KV_HD float kv_e5m2_to_f32(uint8_t q)
+{
+	uint32_t s = (uint32_t)(q & 0x80) << 24, e = (q >> 2) & 0x1f, m = q & 3;
+
+	if (e == 0x1f)
+		return kv_bits_f32(m ? 0x7fc00000u | s : 0x7f800000u | s);
+	if (e == 0)  /* zero or subnormal: m * 2^-16, exact in FP32 */
+		return kv_bits_f32(s | kv_f32_bits((float)m * 0x1p-16f));
+	return kv_bits_f32(s | ((e + 112) << 23) | (m << 21));
+}
+
 /* ---- block quantization ------------------------------------------------- */
 
 /* Below this a group's largest magnitude is treated as zero: scale 1, so the
@@ -171,16 +215,23 @@ KV_HD float kv_e4m3_to_f32(uint8_t q)
  * under 2^-100, instead of an inverse scale that overflows. */
 #define KV_QUANT_TINY 0x1p-100f
 
-/* scale = amax / 448 and inv = 448 / amax, both rounded once. */
-KV_HD void kv_quant_scale(float amax, float *scale, float *inv)
+/* scale = amax / max and inv = max / amax, both rounded once; max is the
+ * format's largest finite value (KV_E4M3_MAX, KV_E5M2_MAX). */
+KV_HD void kv_quant_scale_to(float amax, float max, float *scale, float *inv)
 {
 	if (!(amax >= KV_QUANT_TINY)) {
 		*scale = 1.0f;
 		*inv = 1.0f;
 		return;
 	}
-	*scale = kv_fdiv(amax, KV_E4M3_MAX);
-	*inv = kv_fdiv(KV_E4M3_MAX, amax);
+	*scale = kv_fdiv(amax, max);
+	*inv = kv_fdiv(max, amax);
+}
+
+/* E4M3's: scale = amax / 448 and inv = 448 / amax. */
+KV_HD void kv_quant_scale(float amax, float *scale, float *inv)
+{
+	kv_quant_scale_to(amax, KV_E4M3_MAX, scale, inv);
 }
 
 KV_HD uint8_t kv_quant_elem(float x, float inv)
@@ -194,6 +245,22 @@ KV_HD uint8_t kv_quant_elem(float x, float inv)
 KV_HD float kv_dequant_elem(uint8_t q, float scale)
 {
 	float r = kv_fmul(kv_e4m3_to_f32(q), scale);
+
+	if ((kv_f32_bits(r) & 0x7fffffffu) > 0x7f800000u)
+		return kv_bits_f32(0x7fc00000u);
+	return r;
+}
+
+KV_HD uint8_t kv_quant_elem_e5m2(float x, float inv)
+{
+	return kv_f32_to_e5m2(kv_fmul(x, inv));
+}
+
+/* As kv_dequant_elem(); E5M2's infinity codes (never made by the quantizer)
+ * come back as infinities. */
+KV_HD float kv_dequant_elem_e5m2(uint8_t q, float scale)
+{
+	float r = kv_fmul(kv_e5m2_to_f32(q), scale);
 
 	if ((kv_f32_bits(r) & 0x7fffffffu) > 0x7f800000u)
 		return kv_bits_f32(0x7fc00000u);

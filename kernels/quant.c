@@ -49,14 +49,20 @@ static inline float to_f32(enum kv_dtype t, uint16_t v)
 	return t == KV_DTYPE_F16 ? kv_f16_to_f32(v) : kv_bf16_to_f32(v);
 }
 
-int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, void *dst,
-		   size_t dst_len)
+static inline float fmt_max(enum kv_qfmt f)
+{
+	return f == KV_QFMT_E5M2 ? KV_E5M2_MAX : KV_E4M3_MAX;
+}
+
+int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
+		  void *dst, size_t dst_len)
 {
 	const uint8_t *s = src;
 	uint8_t *d = dst, *q;
 	size_t ng, g, i, j;
 
-	if ((t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) || !n || dst_len < kv_quant_bytes(n, group))
+	if ((f != KV_QFMT_E4M3 && f != KV_QFMT_E5M2) || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) ||
+	    !n || dst_len < kv_quant_bytes(n, group))
 		return -EINVAL;
 	if (!group || group > n)
 		group = n;
@@ -74,22 +80,27 @@ int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, voi
 			if (a > amax)
 				amax = a;
 		}
-		kv_quant_scale(to_f32(t, amax), &scale, &inv);
+		kv_quant_scale_to(to_f32(t, amax), fmt_max(f), &scale, &inv);
 		memcpy(d + 4 * g, &scale, 4);
-		for (j = lo; j < hi; j++)
-			q[j] = kv_quant_elem(to_f32(t, ld16(s, j)), inv);
+		if (f == KV_QFMT_E4M3)
+			for (j = lo; j < hi; j++)
+				q[j] = kv_quant_elem(to_f32(t, ld16(s, j)), inv);
+		else
+			for (j = lo; j < hi; j++)
+				q[j] = kv_quant_elem_e5m2(to_f32(t, ld16(s, j)), inv);
 	}
 	return 0;
 }
 
-int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n, size_t group,
-		     void *dst)
+int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
+		    size_t group, void *dst)
 {
 	const uint8_t *s = src, *q;
 	uint8_t *d = dst;
 	size_t ng, g, i;
 
-	if ((t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) || !n || src_len < kv_quant_bytes(n, group))
+	if ((f != KV_QFMT_E4M3 && f != KV_QFMT_E5M2) || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) ||
+	    !n || src_len < kv_quant_bytes(n, group))
 		return -EINVAL;
 	if (!group || group > n)
 		group = n;
@@ -101,11 +112,24 @@ int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n,
 
 		memcpy(&scale, s + 4 * g, 4);
 		for (i = lo; i < hi; i++) {
-			float x = kv_dequant_elem(q[i], scale);
+			float x = f == KV_QFMT_E4M3 ? kv_dequant_elem(q[i], scale)
+						    : kv_dequant_elem_e5m2(q[i], scale);
 			uint16_t v = t == KV_DTYPE_F16 ? kv_f32_to_f16(x) : kv_f32_to_bf16(x);
 
 			memcpy(d + 2 * i, &v, 2);
 		}
 	}
 	return 0;
+}
+
+int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, void *dst,
+		   size_t dst_len)
+{
+	return kv_qfmt_quant(KV_QFMT_E4M3, t, src, n, group, dst, dst_len);
+}
+
+int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n, size_t group,
+		     void *dst)
+{
+	return kv_qfmt_dequant(KV_QFMT_E4M3, t, src, src_len, n, group, dst);
 }

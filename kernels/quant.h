@@ -1,5 +1,6 @@
 /* Block quantization for compress-on-demote: FP16 or BF16 KV blocks to FP8
- * E4M3 with one float32 scale per group of elements, and back. Lossy: a pool
+ * E4M3 (or E5M2: kv_qfmt_quant) with one float32 scale per group of
+ * elements, and back. Lossy: a pool
  * opts in (off by default); docs/kernels.md has the formats and the measured
  * error.
  *
@@ -33,6 +34,21 @@ enum kv_dtype {
 	KV_DTYPE_BF16 = 2,  /* bfloat16 */
 };
 
+/* The format of a block's copy below G1 (the tiers' slot header carries it
+ * in its flags field; docs/tiers.md): raw bytes, or this quantized layout of
+ * the block's 2-byte elements with one scale per KV_QUANT_GROUP of them, the
+ * bytes E4M3 or E5M2 (fp8.h; E5M2's scale_i = amax_i / 57344). */
+enum kv_qfmt {
+	KV_QFMT_RAW = 0,
+	KV_QFMT_E4M3 = 1,
+	KV_QFMT_E5M2 = 2,
+};
+
+/* Elements per scale of a compressed tier copy: a head row of 128 channels
+ * in the common layouts (docs/kernels.md, "Accuracy": half the RMS error of
+ * one scale per block, for 3% more bytes). */
+#define KV_QUANT_GROUP 128u
+
 /* The element type a pool's dtype string names ("fp16", "float16", "half",
  * "f16"; "bf16", "bfloat16"), or KV_DTYPE_NONE for anything else (which
  * then cannot be compressed). */
@@ -53,6 +69,13 @@ int kv_quant_block(enum kv_dtype t, const void *src, size_t n, size_t group, voi
  * writes n elements of type t to dst. Returns 0 or -EINVAL. */
 int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n, size_t group,
 		     void *dst);
+
+/* The same in format f (KV_QFMT_E4M3: the two above; KV_QFMT_E5M2: E5M2
+ * bytes, scale_i = amax_i / 57344). -EINVAL for another format too. */
+int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
+		  void *dst, size_t dst_len);
+int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
+		    size_t group, void *dst);
 
 #ifdef __cplusplus
 }

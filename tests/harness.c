@@ -340,6 +340,8 @@ static void tier_of(const Kvcached__Response *rs, int tier, struct kvt_tier *t)
 		t->io_errors = ti->io_errors;
 		t->checksum_failures = ti->checksum_failures;
 		t->inflight = ti->inflight;
+		t->comp_bytes = ti->compressed_bytes;
+		t->comp_saved = ti->compression_saved_bytes;
 	}
 }
 

@@ -47,6 +47,7 @@ struct kvt_tier {
 	int present;
 	uint64_t capacity, used, blocks, dirty, hits, promotions, demotions, evictions;
 	uint64_t io_errors, checksum_failures, inflight;
+	uint64_t comp_bytes, comp_saved;   /* compressed copies (compress = fp8_e4m3) */
 };
 void kvt_tier(int tier, struct kvt_tier *t);
 /* Waits until no tier copy or disk I/O is in flight (fails the test after

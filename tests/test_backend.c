@@ -3,8 +3,8 @@
  * without a GPU). Batches of asynchronous copies H2D, D2D and D2H through
  * the G2 arena with completions on completion_fd, many in flight and reaped
  * in any order; the synchronous copy; a host segment's sealed size; a
- * recreated segment (new epoch, zeroed memory); bad offsets; the copy fault
- * point. */
+ * recreated segment (new epoch, zeroed memory); bad offsets; quantized
+ * copies (host); the copy fault point. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,6 +15,8 @@
 #include "backend.h"
 #include "check.h"
 #include "fault.h"
+#include "fp8.h"
+#include "quant.h"
 
 #define SEG (2u << 20)
 #define NSEG 4
@@ -186,6 +188,60 @@ int main(void)
 
 			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, &h, 1, tag), -EINVAL);
 		}
+	}
+
+	/* Quantized copies (compress on demote; the host backend only): D2H
+	 * writes the reference quantizer's bytes, H2D its dequantization;
+	 * an unknown format or dtype, or a D2D copy asking for one, fails. */
+	if (be->quant) {
+		size_t n = BLK / 2, qn = kv_quant_bytes(n, KV_QUANT_GROUP);
+		uint8_t *ref = malloc(qn), *back = malloc(BLK);
+		uint16_t v;
+		static const struct {
+			enum kv_copy_dir dir;
+			uint8_t fmt, dtype;
+		} badq[] = {
+			{ KV_COPY_D2H, 3, KV_DTYPE_F16 },
+			{ KV_COPY_H2D, KV_QFMT_E4M3, KV_DTYPE_NONE },
+			{ KV_COPY_D2D, KV_QFMT_E4M3, KV_DTYPE_F16 },
+		};
+
+		CHECK(ref && back);
+		for (int f = KV_QFMT_E4M3; f <= KV_QFMT_E5M2; f++) {
+			struct kv_copy q = { .dev_off = 0, .host = arena + BLK, .len = BLK,
+					     .qfmt = (uint8_t)f, .qdtype = KV_DTYPE_BF16 };
+
+			for (i = 0; i < n; i++) {
+				v = kv_f32_to_bf16((float)((int)(i * 7919 % 2001) - 1000) / 37.0f);
+				memcpy(arena + 2 * i, &v, 2);
+			}
+			one(KV_COPY_H2D, 0, 0, arena, BLK, tag++);
+			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, &q, 1, tag), 0);
+			CHECK_EQ(wait_tags(tag++, 1, &res), 0);
+			CHECK_EQ(kv_qfmt_quant((enum kv_qfmt)f, KV_DTYPE_BF16, arena, n, KV_QUANT_GROUP,
+					       ref, qn), 0);
+			CHECK(memcmp(arena + BLK, ref, qn) == 0);
+			q.dev_off = BLK;
+			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, &q, 1, tag), 0);
+			CHECK_EQ(wait_tags(tag++, 1, &res), 0);
+			one(KV_COPY_D2H, BLK, 0, arena + 2 * BLK, BLK, tag++);
+			CHECK_EQ(kv_qfmt_dequant((enum kv_qfmt)f, KV_DTYPE_BF16, ref, qn, n,
+						 KV_QUANT_GROUP, back), 0);
+			CHECK(memcmp(arena + 2 * BLK, back, BLK) == 0);
+		}
+		for (i = 0; i < sizeof(badq) / sizeof(badq[0]); i++) {
+			struct kv_copy q = { .dev_off = 0, .src_off = BLK, .host = arena + BLK,
+					     .len = BLK, .qfmt = badq[i].fmt, .qdtype = badq[i].dtype };
+
+			r = be->ops->copy_async(be, 0, badq[i].dir, &q, 1, tag);
+			if (r == 0)
+				CHECK_EQ(wait_tags(tag, 1, &res), 1);
+			else
+				CHECK_EQ(r, -EINVAL);
+			tag++;
+		}
+		free(ref);
+		free(back);
 	}
 
 	/* A host segment's size is sealed: a client that was sent its fd can

@@ -193,7 +193,10 @@ for text, want in [("frobnicate = 1\n", "unknown key 'frobnicate'"),
                    # Checked once the file is read (kv_config_finish, http.c).
                    ("metrics_listen = localhost:9469\n", "metrics_listen: bad value"),
                    ("metrics_listen = [::1]9469\n", "metrics_listen: bad value"),
-                   ("metrics_listen = 127.0.0.1:65536\n", "metrics_listen: bad value")]:
+                   ("metrics_listen = 127.0.0.1:65536\n", "metrics_listen: bad value"),
+                   # Namespace keys: compress names a format.
+                   ("[namespace a]\ncompress = fp8\n", "is not fp8_e4m3, fp8_e5m2 or off"),
+                   ("[namespace a]\ncompress = \n", "compress")]:
     f = write(os.path.join(d, "bad.conf"), text)
     r = run("--config=" + f, "--check-config")
     check(r.returncode == 2 and want in r.stderr, "%r: %d %s" % (text, r.returncode, r.stderr))
@@ -204,6 +207,10 @@ check(r.returncode == 2 and "missing.conf" in r.stderr, "missing explicit file: 
 if not os.path.exists("/etc/kvcached/kvcached.conf"):
     r = run("--check-config")
     check(r.returncode == 0, "missing default file: " + r.stderr)
+for v in ("fp8_e4m3", "fp8_e5m2", "off"):
+    f = write(os.path.join(d, "ok.conf"), "[namespace a]\ncompress = %s\n" % v)
+    r = run("--config=" + f, "--check-config")
+    check(r.returncode == 0, "compress = %s refused: %s" % (v, r.stderr))
 print("ok: unknown keys and sections, syntax, rules, missing files")
 
 # Reload with a client connected.

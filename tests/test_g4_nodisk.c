@@ -13,7 +13,10 @@
  *   flush:     namespace "wb" again: kvctl flush on a node without disk
  *              writes what G2 holds and G4 lacks;
  *   with G3:   node C has a disk tier; "dm" writes at demotion there too,
- *              before any write-back (no flush, no G2 pressure). */
+ *              before any write-back (no flush, no G2 pressure);
+ *   compress:  namespace "cz" (remote_write = demote, compress = fp8_e4m3)
+ *              writes values of half the bytes; B reads them back as the
+ *              quantizer's round trip leaves the blocks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,7 @@
 
 #include "harness.h"
 #include "kvconfig.h"
+#include "quant.h"
 
 #if !KV_HAVE_HIREDIS
 int main(void)
@@ -116,6 +120,39 @@ static kvc_conn *seal_chain(const char *ns, uint64_t base)
 	return c;
 }
 
+/* Namespace cz's chain base as node B finds it: every block as the FP8
+ * round trip of its FP16 values leaves it. Returns how many hit. */
+static int lookup_compressed(uint64_t base)
+{
+	kvc_conn *c = kvt_connect("cz");
+	int pool = kvt_pool(c, "p", BB), k;
+	size_t qn = kv_quant_bytes(BB / 2, KV_QUANT_GROUP);
+	uint8_t *v = malloc(BB), *q = malloc(qn), *want = malloc(BB), *got = malloc(BB);
+	kvc_block b[N];
+	kvc_hash h[N];
+
+	CHECK(v && q && want && got);
+	for (int i = 0; i < N; i++)
+		h[i] = kvt_hash(base + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, N, b);
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++) {
+		kvt_fill(v, BB, base + (uint64_t)i);
+		CHECK_EQ(kv_quant_block(KV_DTYPE_F16, v, BB / 2, KV_QUANT_GROUP, q, qn), 0);
+		CHECK_EQ(kv_dequant_block(KV_DTYPE_F16, q, qn, BB / 2, KV_QUANT_GROUP, want), 0);
+		kvt_mem_read(c, got, kvc_block_ptr(c, b[i]), BB);
+		CHECK(memcmp(got, want, BB) == 0);
+	}
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	free(v);
+	free(q);
+	free(want);
+	free(got);
+	return k;
+}
+
 static void write_conf(void)
 {
 	char path[160];
@@ -127,7 +164,9 @@ static void write_conf(void)
 	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
 	fprintf(f, "[namespace wb]\nusers = %u\nremote = yes\n\n", uid);
 	fprintf(f, "[namespace dm]\nusers = %u\nremote = yes\nremote_write = demote\n\n", uid);
-	fprintf(f, "[namespace ro]\nusers = %u\nremote = yes\nremote_write = off\n", uid);
+	fprintf(f, "[namespace ro]\nusers = %u\nremote = yes\nremote_write = off\n\n", uid);
+	fprintf(f, "[namespace cz]\nusers = %u\nremote = yes\nremote_write = demote\n"
+		"compress = fp8_e4m3\n", uid);
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
@@ -169,6 +208,28 @@ int main(void)
 	CHECK_EQ(w1 - w0, N);
 	kvc_close(c);
 
+	/* compress: values of the compressed size, written at demotion */
+	{
+		Kvcached__Response *rs = kvt_g4_stats("cz");
+		uint64_t out0 = rs->stats->remote->bytes_out, out1, wz0, wz1;
+
+		kvcached__response__free_unpacked(rs, NULL);
+		wz0 = writes_settled("cz");
+		c = seal_chain("cz", 6000);
+		evict(c, KVCACHED__TIER__TIER_G1);
+		wz1 = writes_settled("cz");
+		CHECK_EQ(wz1 - wz0, N);
+		rs = kvt_g4_stats("cz");
+		out1 = rs->stats->remote->bytes_out;
+		kvcached__response__free_unpacked(rs, NULL);
+		fprintf(stderr, "compress: %llu bytes out for %d blocks of %u bytes\n",
+			(unsigned long long)(out1 - out0), N, BB);
+		/* A value: the slot header (80 bytes) and the quantized block. */
+		CHECK_EQ(out1 - out0, N * (80 + kv_quant_bytes(BB / 2, KV_QUANT_GROUP)));
+		kvc_close(c);
+		w1 = writes_settled("wb");
+	}
+
 	/* off: nothing written, whatever G2 drops */
 	w0 = w1;
 	c = seal_chain("ro", 3000);
@@ -200,6 +261,7 @@ int main(void)
 	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 2000), N);
 	CHECK_EQ(kvt_lookup_chain("wb", "p", BB, N, 4000), N);
 	CHECK_EQ(kvt_lookup_chain("ro", "p", BB, N, 3000), 0);
+	CHECK_EQ(lookup_compressed(6000), N);
 	{
 		Kvcached__Response *rs = kvt_g4_stats("wb");
 

@@ -1,4 +1,4 @@
-/* FP8 E4M3 and FP16/BF16 conversions and block quantization (reference):
+/* FP8 E4M3 and E5M2 and FP16/BF16 conversions and block quantization (reference):
  * known answers (NaN, +-inf, saturation, subnormals, ties to even), every
  * encoder against a brute-force nearest-value oracle in double precision,
  * every decoder against its formula, and block round trips within the
@@ -36,6 +36,13 @@ static double e4m3_val(unsigned c)   /* c in 0..0x7e */
 	return e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp(m, -9);
 }
 
+static double e5m2_val(unsigned c)   /* c in 0..0x7b */
+{
+	unsigned e = (c >> 2) & 31, m = c & 3;
+
+	return e ? ldexp(1.0 + m / 4.0, (int)e - 15) : ldexp(m, -16);
+}
+
 static double f16_val(unsigned c)    /* c in 0..0x7bff */
 {
 	unsigned e = (c >> 10) & 31, m = c & 0x3ff;
@@ -58,6 +65,7 @@ struct fmt {
 };
 
 static const struct fmt E4M3 = { e4m3_val, 0x7e, 0, 0 };
+static const struct fmt E5M2 = { e5m2_val, 0x7b, 0, 0 };  /* SATFINITE: no inf made */
 static const struct fmt F16 = { f16_val, 0x7bff, 65536.0, 0x7c00 };
 static const struct fmt BF16 = { bf16_val, 0x7f7f, 0x1p128, 0x7f80 };
 
@@ -99,6 +107,13 @@ static unsigned oracle_e4m3(float x)
 	return (signbit(x) ? 0x80u : 0) | nearest(&E4M3, fabs((double)x));
 }
 
+static unsigned oracle_e5m2(float x)
+{
+	if (isnan(x))
+		return 0x7f;
+	return (signbit(x) ? 0x80u : 0) | nearest(&E5M2, fabs((double)x));
+}
+
 static unsigned oracle_f16(float x)
 {
 	if (isnan(x))
@@ -115,6 +130,10 @@ static void check_float(float x)
 {
 	if (kv_f32_to_e4m3(x) != oracle_e4m3(x)) {
 		fprintf(stderr, "e4m3(%a) = %#x, oracle %#x\n", x, kv_f32_to_e4m3(x), oracle_e4m3(x));
+		exit(1);
+	}
+	if (kv_f32_to_e5m2(x) != oracle_e5m2(x)) {
+		fprintf(stderr, "e5m2(%a) = %#x, oracle %#x\n", x, kv_f32_to_e5m2(x), oracle_e5m2(x));
 		exit(1);
 	}
 	if (kv_f32_to_f16(x) != oracle_f16(x)) {
@@ -203,6 +222,35 @@ static void known_answers(void)
 	CHECK(kv_e4m3_to_f32(0x7e) == 448.0f && kv_e4m3_to_f32(0xfe) == -448.0f);
 	CHECK(kv_e4m3_to_f32(0x01) == 0x1p-9f && kv_e4m3_to_f32(0x08) == 0x1p-6f);
 	CHECK(kv_e4m3_to_f32(0x80) == 0.0f && signbit(kv_e4m3_to_f32(0x80)));
+	/* E5M2 landmarks: FP16's top byte where that is exact; saturation at
+	 * 57344 (61440 is the tie 57344|65536, to the even 65536: saturated
+	 * too); subnormals of 2^-16; no inf made, inf and NaN codes decoded. */
+	CHECK_EQ(kv_f32_to_e5m2(1.0f), 0x3c);
+	CHECK_EQ(kv_f32_to_e5m2(-1.0f), 0xbc);
+	CHECK_EQ(kv_f32_to_e5m2(1.25f), 0x3d);
+	CHECK_EQ(kv_f32_to_e5m2(1.125f), 0x3c);       /* tie 1|1.25 -> even (1) */
+	CHECK_EQ(kv_f32_to_e5m2(1.375f), 0x3e);       /* tie 1.25|1.5 -> even (1.5) */
+	CHECK_EQ(kv_f32_to_e5m2(57344.0f), 0x7b);
+	CHECK_EQ(kv_f32_to_e5m2(61439.0f), 0x7b);
+	CHECK_EQ(kv_f32_to_e5m2(61440.0f), 0x7b);
+	CHECK_EQ(kv_f32_to_e5m2(1e9f), 0x7b);
+	CHECK_EQ(kv_f32_to_e5m2(INFINITY), 0x7b);
+	CHECK_EQ(kv_f32_to_e5m2(-INFINITY), 0xfb);
+	CHECK_EQ(kv_f32_to_e5m2(NAN), 0x7f);
+	CHECK_EQ(kv_f32_to_e5m2(-NAN), 0x7f);
+	CHECK_EQ(kv_f32_to_e5m2(0x1p-14f), 0x04);     /* smallest normal */
+	CHECK_EQ(kv_f32_to_e5m2(0x1.8p-15f), 0x03);   /* largest subnormal, 3 x 2^-16 */
+	CHECK_EQ(kv_f32_to_e5m2(0x1.cp-15f), 0x04);   /* tie 3|4 x 2^-16 -> 4 */
+	CHECK_EQ(kv_f32_to_e5m2(0x1p-16f), 0x01);     /* smallest subnormal */
+	CHECK_EQ(kv_f32_to_e5m2(0x1p-17f), 0x00);     /* tie 0|1 -> 0 */
+	CHECK_EQ(kv_f32_to_e5m2(-0x1p-17f), 0x80);
+	CHECK_EQ(kv_f32_to_e5m2(0x1.000002p-17f), 0x01);
+	CHECK_EQ(kv_f32_to_e5m2(0.0f), 0x00);
+	CHECK_EQ(kv_f32_to_e5m2(-0.0f), 0x80);
+	CHECK(isinf(kv_e5m2_to_f32(0x7c)) && isinf(kv_e5m2_to_f32(0xfc)));
+	CHECK(isnan(kv_e5m2_to_f32(0x7d)) && isnan(kv_e5m2_to_f32(0xff)));
+	CHECK_EQ(kv_f32_bits(kv_dequant_elem_e5m2(0xfe, 2.0f)), 0x7fc00000u);
+	CHECK(kv_e5m2_to_f32(0x7b) == 57344.0f && kv_e5m2_to_f32(0x01) == 0x1p-16f);
 	/* FP16 / BF16 landmarks. */
 	CHECK_EQ(kv_f32_to_f16(65504.0f), 0x7bff);
 	CHECK_EQ(kv_f32_to_f16(65519.99f), 0x7bff);
@@ -235,6 +283,18 @@ static void decoders(void)
 		CHECK((double)v == ((c & 0x80) ? -1 : 1) * e4m3_val(c & 0x7f));
 		CHECK_EQ(kv_f32_to_e4m3(v), c);  /* every code round-trips */
 	}
+	for (c = 0; c < 256; c++) {
+		float v = kv_e5m2_to_f32((uint8_t)c);
+
+		if ((c & 0x7c) == 0x7c) {
+			CHECK((c & 3) ? isnan(v) : isinf(v));
+			continue;
+		}
+		CHECK((double)v == ((c & 0x80) ? -1 : 1) * e5m2_val(c & 0x7f));
+		CHECK_EQ(kv_f32_to_e5m2(v), c);
+		/* E5M2 is FP16's top byte: the same value. */
+		CHECK(v == kv_f16_to_f32((uint16_t)(c << 8)));
+	}
 	for (c = 0; c < 65536; c++) {
 		float h = kv_f16_to_f32((uint16_t)c), b = kv_bf16_to_f32((uint16_t)c);
 		unsigned a = c & 0x7fff;
@@ -260,11 +320,12 @@ static void encoders(void)
 	int i;
 
 	check_boundaries(&E4M3);
+	check_boundaries(&E5M2);
 	check_boundaries(&F16);
 	check_boundaries(&BF16);
 	for (i = 0; i < 200000; i++) {
 		uint32_t u = (uint32_t)rnd();
-		float lin = (float)((urand() * 2 - 1) * 600);
+		float lin = (float)((urand() * 2 - 1) * (i & 2 ? 70000 : 600));
 		float lg = (float)ldexp(1 + urand(), (int)(rnd() % 40) - 28);
 
 		check_float(kv_bits_f32(u));
@@ -368,12 +429,15 @@ static void block_specials(enum kv_dtype t)
 
 /* |x - y| within half an E4M3 ulp of x / scale (2^-4 relative for normals,
  * 2^-10 absolute below 2^-6) plus the element type's own rounding. */
-static void block_roundtrip(enum kv_dtype t, size_t n, size_t group)
+static void block_roundtrip_fmt(enum kv_qfmt f, enum kv_dtype t, size_t n, size_t group)
 {
 	uint16_t *src = malloc(n * 2), *out = malloc(n * 2);
 	size_t qb = kv_quant_bytes(n, group), g = group ? group : n, i;
 	uint8_t *q = malloc(qb);
 	double ulp_t = t == KV_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
+	/* Half an ulp: relative for normals, absolute (times the scale) for
+	 * subnormals. */
+	double rel = f == KV_QFMT_E4M3 ? 0x1p-4 : 0x1p-3, sub = f == KV_QFMT_E4M3 ? 0x1p-10 : 0x1p-17;
 
 	CHECK(src && out && q);
 	for (i = 0; i < n; i++) {
@@ -381,14 +445,14 @@ static void block_roundtrip(enum kv_dtype t, size_t n, size_t group)
 
 		src[i] = enc(t, (float)v);
 	}
-	CHECK_EQ(kv_quant_block(t, src, n, group, q, qb), 0);
-	CHECK_EQ(kv_dequant_block(t, q, qb, n, group, out), 0);
+	CHECK_EQ(kv_qfmt_quant(f, t, src, n, group, q, qb), 0);
+	CHECK_EQ(kv_qfmt_dequant(f, t, q, qb, n, group, out), 0);
 	for (i = 0; i < n; i++) {
 		float scale, x = dec(t, src[i]), y = dec(t, out[i]);
 		double err = fabs((double)x - y), bound;
 
 		memcpy(&scale, q + 4 * (i / g), 4);
-		bound = fabs(x) * (0x1p-4 + 1e-6) + scale * 0x1p-10 + fabs(y) * ulp_t;
+		bound = fabs(x) * (rel + 1e-6) + scale * sub + fabs(y) * ulp_t;
 		if (err > bound) {
 			fprintf(stderr, "dtype %d n %zu group %zu: x %g y %g err %g bound %g\n", t, n,
 				group, x, y, err, bound);
@@ -400,8 +464,46 @@ static void block_roundtrip(enum kv_dtype t, size_t n, size_t group)
 	free(q);
 }
 
+static void block_roundtrip(enum kv_dtype t, size_t n, size_t group)
+{
+	block_roundtrip_fmt(KV_QFMT_E4M3, t, n, group);
+	block_roundtrip_fmt(KV_QFMT_E5M2, t, n, group);
+}
+
+/* E5M2 blocks: the scale is amax / 57344; inf saturates to amax, NaN stays
+ * NaN; the E4M3 entry points are format E4M3; unknown formats refused. */
+static void block_e5m2(void)
+{
+	uint16_t src[4], out[4];
+	uint8_t q[4 + 4], q2[4 + 4];
+	float scale;
+
+	src[0] = kv_f32_to_f16(1.0f);
+	src[1] = kv_f32_to_f16(-2.0f);
+	src[2] = kv_f32_to_f16(INFINITY);
+	src[3] = kv_f32_to_f16(NAN);
+	CHECK_EQ(kv_qfmt_quant(KV_QFMT_E5M2, KV_DTYPE_F16, src, 4, 0, q, sizeof(q)), 0);
+	memcpy(&scale, q, 4);
+	CHECK(scale == 2.0f / 57344.0f);
+	CHECK_EQ(q[4], 0x77);   /* 28672 = 1.75 * 2^14 */
+	CHECK_EQ(q[5], 0xfb);   /* -57344 */
+	CHECK_EQ(q[6], 0x7b);   /* +inf saturates */
+	CHECK_EQ(q[7], 0x7f);
+	CHECK_EQ(kv_qfmt_dequant(KV_QFMT_E5M2, KV_DTYPE_F16, q, sizeof(q), 4, 0, out), 0);
+	CHECK(kv_f16_to_f32(out[0]) == 1.0f && kv_f16_to_f32(out[1]) == -2.0f);
+	CHECK(kv_f16_to_f32(out[2]) == 2.0f && isnan(kv_f16_to_f32(out[3])));
+	CHECK_EQ(kv_qfmt_quant(KV_QFMT_E4M3, KV_DTYPE_F16, src, 4, 0, q, sizeof(q)), 0);
+	CHECK_EQ(kv_quant_block(KV_DTYPE_F16, src, 4, 0, q2, sizeof(q2)), 0);
+	CHECK(memcmp(q, q2, sizeof(q)) == 0);
+	CHECK_EQ(kv_qfmt_quant(KV_QFMT_RAW, KV_DTYPE_F16, src, 4, 0, q, sizeof(q)), -EINVAL);
+	CHECK_EQ(kv_qfmt_quant((enum kv_qfmt)3, KV_DTYPE_F16, src, 4, 0, q, sizeof(q)), -EINVAL);
+	CHECK_EQ(kv_qfmt_dequant(KV_QFMT_RAW, KV_DTYPE_F16, q, sizeof(q), 4, 0, out), -EINVAL);
+	CHECK_EQ(kv_qfmt_quant(KV_QFMT_E5M2, KV_DTYPE_NONE, src, 4, 0, q, sizeof(q)), -EINVAL);
+}
+
 int main(void)
 {
+	block_e5m2();
 	known_answers();
 	decoders();
 	encoders();

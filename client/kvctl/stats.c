@@ -18,6 +18,7 @@ void json_pool(struct json *j, const Kvcached__PoolInfo *p)
 	json_u64(j, "block_bytes", p->block_bytes);
 	json_u64(j, "block_tokens", p->block_tokens);
 	json_str(j, "dtype", p->dtype);
+	json_str(j, "compress", p->compress && *p->compress ? p->compress : "off");
 	json_u64(j, "run_bytes", p->run_bytes);
 	json_u64(j, "blocks_per_run", p->blocks_per_run);
 	json_u64(j, "runs", p->runs);
@@ -197,6 +198,8 @@ static void json_tier(struct json *j, const Kvcached__TierInfo *t)
 	json_u64(j, "io_errors", t->io_errors);
 	json_u64(j, "checksum_failures", t->checksum_failures);
 	json_u64(j, "inflight", t->inflight);
+	json_u64(j, "compressed_bytes", t->compressed_bytes);
+	json_u64(j, "compression_saved_bytes", t->compression_saved_bytes);
 	json_close(j, '}');
 }
 
@@ -355,6 +358,20 @@ static void tiers_table(const Kvcached__StatsReply *s)
 	}
 	putchar('\n');
 	table_print(&t);
+	/* Only where some namespace compresses (compress = fp8_e4m3). */
+	for (i = 0; i < s->n_tiers; i++) {
+		const Kvcached__TierInfo *ti = s->tiers[i];
+		char *b;
+
+		if (!ti->compressed_bytes)
+			continue;
+		a = fmt_bytes(ti->compressed_bytes);
+		b = fmt_bytes(ti->compression_saved_bytes);
+		printf("%s compressed copies: %s stored, %s saved\n",
+		       ti->tier < 3 ? tier_names[ti->tier] : "?", a, b);
+		free(a);
+		free(b);
+	}
 }
 
 static void namespaces_table(const Kvcached__StatsReply *s)

@@ -138,6 +138,22 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 		 * they are in the journal file a kill -9 loses those blocks. */
 		st[KV_TIER_G3].inflight += kv_journal_pending(&t->jr);
 	}
+	/* Compressed copies: the slots of the compressed pools' tpools (their
+	 * swaps have tpools of their own), counted here, off the hot paths. */
+	for (int l = L2; l <= L3; l++)
+		for (d = 0; t->lv[l].on && d < kv_pools_end(t->ps); d++) {
+			const struct tpool *tp = t->lv[l].tp[d];
+			const struct kv_list *n;
+			uint64_t used = 0, q;
+
+			if (!tp || !tp->pool->qfmt)
+				continue;
+			kv_list_for_each(n, &tp->runs)
+				used += kv_container_of(n, const struct srun, link)->nused;
+			q = kv_pool_stored_bytes(tp->pool);
+			st[KV_TIER_G2 + l].comp_bytes += used * q;
+			st[KV_TIER_G2 + l].comp_saved += used * (tp->pool->block_bytes - q);
+		}
 }
 
 const struct kv_hist *kv_tiers_hist(const struct kv_tiers *t, int which)
@@ -316,12 +332,12 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
 	for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {
 		const struct kv_pool *p = kv_pool_get(t->ps, id);
 
-		for (l = 0; l < 2; l++) {
-			const struct tpool *tp = t->lv[l].tp[id];
+		for (l = 0; l < 4; l++) {
+			const struct tpool *tp = l < 2 ? t->lv[l].tp[id] : t->lv[l - 2].sw[id];
 
 			if (tp && tp->pool != p) {
-				snprintf(msg, sizeof(msg), "tier G%d: the state of pool id %u is %s", l + 2,
-					 id, p ? "another pool's" : "left from a freed pool");
+				snprintf(msg, sizeof(msg), "tier G%d: the state of pool id %u is %s",
+					 l % 2 + 2, id, p ? "another pool's" : "left from a freed pool");
 				report(ctx, msg);
 				problems++;
 			}

@@ -306,9 +306,14 @@ void kv_tiers_pool_added(struct kv_tiers *t, struct kv_pool *p)
 	XXH3_64bits_update(st, p->dtype, strlen(p->dtype) + 1);
 	if (p->layout_len)
 		XXH3_64bits_update(st, p->layout, p->layout_len);
+	/* A compressed pool's copies are another format: another layout (an
+	 * uncompressed pool's id is what it was before compression existed, so
+	 * its old G3 slots and G4 values are still found). */
+	if (p->qfmt)
+		XXH3_64bits_update(st, &p->qfmt, sizeof(p->qfmt));
 	t->layout_id[p->id] = XXH3_64bits_digest(st);
 	XXH3_freeState(st);
-	if (!t->lv[L3].on || kv_list_empty(&t->dormant) || !(tp = tpool_get_or_create(t, L3, p)))
+	if (!t->lv[L3].on || kv_list_empty(&t->dormant) || !(tp = tpool_get_or_create(t, L3, p, 0)))
 		return;
 	kv_list_for_each_safe(pos, tmp, &t->dormant) {
 		struct srun *r = kv_container_of(pos, struct srun, link);

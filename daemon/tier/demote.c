@@ -77,7 +77,8 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 			c[op->n] = (struct kv_copy){
 				.dev_off = kv_block_offset(b),
 				.host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
-				.len = tb->pool->block_bytes };
+				.len = tb->pool->block_bytes, .qfmt = tb->pool->qfmt,
+				.qdtype = tb->pool->qdtype };
 			op->tb[op->n] = tb;
 			op->h[op->n] = kv_block_handle(b);
 			op->bytes += tb->pool->block_bytes;

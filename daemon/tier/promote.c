@@ -82,7 +82,8 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	op->h[0] = tb->dst = kv_block_handle(b);
 	c = (struct kv_copy){ .dev_off = kv_block_offset(b),
 			      .host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
-			      .len = tb->pool->block_bytes };
+			      .len = tb->pool->block_bytes, .qfmt = tb->pool->qfmt,
+			      .qdtype = tb->pool->qdtype };
 	tb_busy_set(tb, BUSY_UP);
 	op->start_ns = kv_hist_now_ns();
 	r = tier_copy_async(t, op->dev, KV_COPY_H2D, &c, 1, op);
@@ -190,6 +191,7 @@ static const char *slot_mismatch(struct kv_tiers *t, struct tblock *tb, const ui
 		return h.ns != want.ns ? "another namespace"
 		       : h.layout != want.layout ? "another layout"
 		       : memcmp(h.hash, want.hash, KV_HASH_BYTES) ? "another hash"
+		       : h.flags != want.flags ? "another format (compress)"
 		       : h.payload_len != want.payload_len ? "another length"
 							   : "header checksum mismatch";
 	return NULL;

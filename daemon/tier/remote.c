@@ -163,7 +163,8 @@ static const uint8_t *mac_key_of(struct kv_tiers *t, uint32_t ns)
 /* The length of a value of pool p in the cluster. */
 static size_t value_len(const struct kv_pool *p, const uint8_t *mac_key)
 {
-	return sizeof(struct slot_hdr) + p->block_bytes + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
+	return sizeof(struct slot_hdr) + kv_pool_stored_bytes(p) +
+	       (mac_key ? KV_G4MAC_TAG_BYTES : 0);
 }
 
 static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t *hash, char *key)
@@ -796,7 +797,7 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 	f->n = n < FETCH_MAX ? (uint32_t)n : FETCH_MAX;
 	f->want = (struct slot_hdr){ .magic = SLOT_MAGIC, .version = SLOT_VERSION,
 				     .ns = slot_hdr_ns(t, p), .layout = t->layout_id[p->id],
-				     .payload_len = p->block_bytes };
+				     .payload_len = kv_pool_stored_bytes(p), .flags = p->qfmt };
 	for (i = 0; i < f->n; i++) {
 		memcpy(f->hash[i], hashes + (size_t)i * KV_HASH_BYTES, KV_HASH_BYTES);
 		f->keys[i].data = f->key[i];

@@ -52,11 +52,13 @@ void tier_journal_append(struct kv_tiers *t, int type, const struct srun *r, uin
 		kv_warn("disk tier: index journal append failed: the next start may miss blocks");
 }
 
-struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p)
+struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p, int swap)
 {
 	struct level *L = &t->lv[l];
-	struct tpool *tp = L->tp[p->id];
-	uint64_t slot_bytes = HDR_BYTES + round4k(p->block_bytes);
+	struct tpool **at = swap && p->qfmt ? &L->sw[p->id] : &L->tp[p->id];
+	struct tpool *tp = *at;
+	uint64_t slot_bytes =
+		HDR_BYTES + round4k(swap ? p->block_bytes : kv_pool_stored_bytes(p));
 	uint32_t nslots;
 	int pages;
 
@@ -73,7 +75,7 @@ struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p)
 	tp->run_pages = (uint32_t)pages;
 	tp->nslots = nslots;
 	tp->slot_bytes = slot_bytes;
-	L->tp[p->id] = tp;
+	*at = tp;
 	return tp;
 }
 
@@ -81,18 +83,21 @@ void kv_tiers_pool_gone(struct kv_tiers *t, struct kv_pool *p)
 {
 	int l;
 
-	for (l = L2; l <= L3; l++) {
-		struct tpool *tp = t->lv[l].tp[p->id];
+	for (l = L2; l <= L3; l++)
+		for (int swap = 0; swap < 2; swap++) {
+			struct tpool **at = swap ? &t->lv[l].sw[p->id] : &t->lv[l].tp[p->id];
+			struct tpool *tp = *at;
 
-		if (!tp)
-			continue;
-		/* Nothing of p is left, so neither is a run: runs go with their
-		 * last slot. */
-		kv_assert(tp->pool == p && kv_list_empty(&tp->runs) && kv_list_empty(&tp->partial) &&
-			  kv_list_empty(&tp->lru) && kv_list_empty(&tp->clean));
-		free(tp);
-		t->lv[l].tp[p->id] = NULL;
-	}
+			if (!tp)
+				continue;
+			/* Nothing of p is left, so neither is a run: runs go
+			 * with their last slot. */
+			kv_assert(tp->pool == p && kv_list_empty(&tp->runs) &&
+				  kv_list_empty(&tp->partial) && kv_list_empty(&tp->lru) &&
+				  kv_list_empty(&tp->clean));
+			free(tp);
+			*at = NULL;
+		}
 	t->layout_id[p->id] = 0;
 }
 
@@ -586,7 +591,7 @@ static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot)
 {
-	struct tpool *tp = tpool_get_or_create(t, l, p);
+	struct tpool *tp = tpool_get_or_create(t, l, p, occ == SWAP_SLOT);
 	unsigned tries;
 	int rc;
 
@@ -626,7 +631,8 @@ void slot_hdr_fill(struct kv_tiers *t, struct tblock *tb, struct slot_hdr *h, ui
 	h->ns = slot_hdr_ns(t, tb->pool);
 	h->layout = t->layout_id[tb->pool->id];
 	memcpy(h->hash, tb->ix.hash, KV_HASH_BYTES);
-	h->payload_len = tb->pool->block_bytes;
+	h->payload_len = kv_pool_stored_bytes(tb->pool);
+	h->flags = tb->pool->qfmt;
 	slot_hdr_seal(h, crc);
 }
 

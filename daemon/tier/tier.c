@@ -167,8 +167,10 @@ static void level_fini(struct kv_tiers *t, int l)
 		pg += r->npages - 1;  /* its other pages point at it too */
 		srun_free(r);
 	}
-	for (s = 0; s < KV_MAX_POOLS; s++)
+	for (s = 0; s < KV_MAX_POOLS; s++) {
 		free(L->tp[s]);
+		free(L->sw[s]);
+	}
 	kv_pages_fini(&L->pages);
 }
 

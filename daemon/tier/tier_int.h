@@ -66,6 +66,10 @@ struct level {
 	struct kv_pages pages;
 	uint32_t limit_pages;     /* G3 shrinks to what it holds on ENOSPC */
 	struct tpool *tp[KV_MAX_POOLS];
+	/* A compressed pool's swap slots (swaps stay uncompressed, so their
+	 * slots are another size): on no LRU, as every swap slot. NULL for an
+	 * uncompressed pool, whose swaps use tp[]. */
+	struct tpool *sw[KV_MAX_POOLS];
 	/* Every idle copy of the level across pools (tblock.all), newest
 	 * first: in tick order, so the oldest is the back, found in O(1) (it
 	 * was a walk over every pool per eviction). G2: lru holds the dirty
@@ -295,9 +299,10 @@ uint64_t tier_g3_offset(struct kv_tiers *t, const struct srun *r, uint32_t s);
  * next start may then miss blocks) and keeps t->jlive. */
 void tier_journal_append(struct kv_tiers *t, int type, const struct srun *r, uint32_t slot,
 			 const uint8_t *hash);
-/* The tpool of p in tier l, made on first use; NULL when l is off or out of
- * memory. */
-struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p);
+/* The tpool of p in tier l (swap: of its swaps' slots), made on first use;
+ * NULL when l is off or out of memory. Its slots hold a header and
+ * kv_pool_stored_bytes(p) (swap: block_bytes) rounded to 4 KiB. */
+struct tpool *tpool_get_or_create(struct kv_tiers *t, int l, struct kv_pool *p, int swap);
 /* A run of nslots empty slots, not on any list; dormant: with the per-slot
  * hashes a replayed run carries. NULL when out of memory. */
 struct srun *srun_new(uint32_t nslots, int dormant);

@@ -4,14 +4,16 @@
  * normal suite).
  *
  * Input: byte 0 flags (bit 0: keyed; bit 1: the rest is a whole value, as a
- * hostile cluster would return it; else bytes 1.. are a payload), bytes 1..2
- * a position, the rest data.
+ * hostile cluster would return it; else bytes 1.. are a payload; bit 2: the
+ * pool compresses, its values' header flags say FP8 E4M3), bytes 1..2 a
+ * position, the rest data.
  *   - whole value: checked as it is; accepted only if it is the value a
  *     writer makes for that header and payload (rebuilt and compared);
  *   - payload: the value a writer makes from it must be accepted, and the
  *     same value with the byte at the position flipped must not (a change
  *     anywhere, header, payload or tag, is caught), nor the value one byte
- *     shorter or longer.
+ *     shorter or longer, nor the same payload written in the other format
+ *     (compressed for a raw pool, raw for a compressed one).
  * Findings: a crash or sanitizer report, a value accepted that is not the
  * writer's, the writer's refused. */
 #include <stdint.h>
@@ -22,6 +24,7 @@
 #include "crc32c.h"
 #include "g4mac.h"
 #include "kvconfig.h"
+#include "quant.h"
 #include "tier/tier_int.h"
 
 #define PL 512   /* payload bytes of the pool */
@@ -63,10 +66,11 @@ static size_t make(const struct slot_hdr *want, const uint8_t *payload, int keye
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static const struct slot_hdr want = { .magic = SLOT_MAGIC, .version = SLOT_VERSION,
-					      .ns = 0x1122334455667788ull,
-					      .layout = 0x99aabbccddeeff00ull, .hash = { 7, 7, 7 },
-					      .payload_len = PL };
+	static const struct slot_hdr raw = { .magic = SLOT_MAGIC, .version = SLOT_VERSION,
+					     .ns = 0x1122334455667788ull,
+					     .layout = 0x99aabbccddeeff00ull, .hash = { 7, 7, 7 },
+					     .payload_len = PL };
+	struct slot_hdr want = raw, other = raw;
 	uint8_t payload[PL] = { 0 }, v[sizeof(struct slot_hdr) + PL + KV_G4MAC_TAG_BYTES + 1];
 	const uint8_t *mk;
 	size_t len, pos;
@@ -75,6 +79,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 3)
 		return 0;
 	keyed = data[0] & 1;
+	if (data[0] & 4)
+		want.flags = KV_QFMT_E4M3;
+	else
+		other.flags = KV_QFMT_E4M3;
 	mk = keyed ? key : NULL;
 	pos = (size_t)data[1] | (size_t)data[2] << 8;
 	data += 3;
@@ -108,6 +116,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	v[len] = 0;
 	if (tier_remote_check(&want, mk, v, len + 1) != G4_VALUE_OVERSIZE)
 		finding("a value one byte long not refused as oversize");
+	if (tier_remote_check(&want, mk, v, make(&other, payload, keyed, v)) == G4_VALUE_GOOD)
+		finding("a value of the other format accepted");
+	len = make(&want, payload, keyed, v);
 	pos %= len;
 	v[pos] ^= (uint8_t)((size ? data[0] : 0) | 1);
 	if (tier_remote_check(&want, mk, v, len) == G4_VALUE_GOOD)
