@@ -103,7 +103,8 @@ int kv_daemon_stop_flush(struct kv_daemon *d)
 		d->flushing = 1;
 		return 0;
 	}
-	kv_warn("stop: %llu dirty host-tier blocks cannot be written to disk (full or failing); "
+	kv_warn("stop: %llu dirty host-tier blocks cannot be written to disk (full, failing, or "
+		"their namespaces at their quota_g3); "
 		"they are lost with this process", (unsigned long long)st[KV_TIER_G2].dirty);
 	d->flushing = 0;
 	return 1;

@@ -528,9 +528,12 @@ static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 	}
 	if (!victim && own && (n = kv_list_back(&own->lru)))
 		victim = kv_container_of(n, struct tblock, lru[l]);
-	if (!victim)
+	/* A G3 copy that G2 holds too is not dropped for room in G3: its
+	 * block would be dirty again, and writing it back would drop another
+	 * (a write-back undone for each one done, for ever). */
+	if (!victim || (l == L3 && victim->run[L2]))
 		victim = tier_oldest_idle(t, l, 0);
-	if (!victim)
+	if (!victim || (l == L3 && victim->run[L2]))
 		return 0;
 	if (l == L2)
 		tb_drop_g2(t, victim);
@@ -564,7 +567,8 @@ static struct tblock *ns_oldest_idle(struct kv_tiers *t, int l, uint32_t ns)
 }
 
 /* Room under the quota of tp's namespace in tier l for one more slot: its
- * own idle copies go, oldest first. Returns 0 or -EDQUOT. */
+ * own idle copies go, oldest first, in G3 only those G2 does not hold.
+ * Returns 0 or -EDQUOT. */
 static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
 {
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tp->pool->ns);
@@ -573,7 +577,9 @@ static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
 	while (q && m->used[l + 1] + tp->slot_bytes > q) {
 		struct tblock *v = ns_oldest_idle(t, l, tp->pool->ns);
 
-		if (!v) {
+		/* Not a G3 copy that G2 holds too (slot_evict_one()): the
+		 * caller's write-back would only make that block dirty again. */
+		if (!v || (l == L3 && v->run[L2])) {
 			m->quota_refusals++;
 			return -EDQUOT;
 		}

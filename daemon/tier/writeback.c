@@ -112,18 +112,28 @@ void tier_writeback_kick(struct kv_tiers *t)
 {
 	struct level *L = &t->lv[L2];
 	uint64_t cap = L->st.capacity;
-	uint64_t pinned = t->dirty_bytes + t->swap_bytes, wb = t->wb_bytes;
 	struct tblock *tb;
+	int rc;
 
 	/* Clean copies cost nothing to drop, so what fills G2 is what is
 	 * dirty (and swapped): write back when the rest falls under g2_low
 	 * percent, until it reaches g2_high (counting writes in flight). */
-	if (!t->writing_back && (cap - pinned) * 100 >= cap * t->cfg.g2_low)
+#define DROPPABLE() (cap - t->dirty_bytes - t->swap_bytes + t->wb_bytes)
+	if (!t->writing_back && (cap - t->dirty_bytes - t->swap_bytes) * 100 >= cap * t->cfg.g2_low)
 		return;
 	t->writing_back = 1;
-	while ((cap - pinned + wb) * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0)) &&
-	       tier_writeback_start(t, tb) == 0)
-		wb += tb->run[L2]->slot_bytes;
-	if ((cap - pinned + wb) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
+	while (DROPPABLE() * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0))) {
+		rc = tier_writeback_start(t, tb);
+		/* Its namespace's G3 quota is full of copies that G2 holds
+		 * too (slot_quota_room() does not undo one write-back for
+		 * another): the block cannot be kept below G2, and G2 wants
+		 * the room, so it goes as it would without a G3. */
+		if (rc == -EDQUOT)
+			tb_drop_g2(t, tb);
+		else if (rc < 0)
+			break;
+	}
+	if (DROPPABLE() * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
 		t->writing_back = 0;
+#undef DROPPABLE
 }
