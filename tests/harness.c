@@ -6,11 +6,13 @@
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -630,4 +632,26 @@ int kvt_mem_all(kvc_conn *c, const void *p, int v, size_t n)
 		ok = buf[i] == (uint8_t)v;
 	free(buf);
 	return ok;
+}
+
+off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags)
+{
+	int fd = open(disk, O_RDONLY);
+	uint8_t hdr[80];
+	off_t off, found = -1;
+	struct stat st;
+
+	CHECK(fd >= 0);
+	CHECK(fstat(fd, &st) == 0);
+	for (off = 0; off + 4096 <= st.st_size && found < 0; off += 4096) {
+		if (pread(fd, hdr, sizeof(hdr), off) != (ssize_t)sizeof(hdr))
+			break;
+		if (!memcmp(hdr, "HVG3SLT1", 8) && !memcmp(hdr + 32, h->b, 32)) {
+			found = off;
+			if (flags)
+				memcpy(flags, hdr + 76, 4);   /* struct slot_hdr's flags */
+		}
+	}
+	close(fd);
+	return found;
 }

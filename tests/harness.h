@@ -57,6 +57,9 @@ void kvt_tiers_settle(void);
  * (rs->stats->remote; fails the test without them). The caller frees rs
  * with kvcached__response__free_unpacked(). */
 Kvcached__Response *kvt_g4_stats(const char *ns);
+/* The offset in the disk tier's file disk of the slot that holds hash h
+ * (-1: none), and its header's flags when flags is not NULL. */
+off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
 /* An admin request on c that must succeed; then waits for the tiers to
  * settle (an Evict or Flush starts copies and returns). */
 void kvt_admin_call(kvc_conn *c, Kvcached__Request *rq);

@@ -218,28 +218,6 @@ static void all_to_g3(kvc_conn *a)
 	CHECK_EQ(t2.blocks, 0);
 }
 
-/* The disk slot that holds hash h: its offset, and its header's flags. */
-static off_t find_slot(const kvc_hash *h, uint32_t *flags)
-{
-	int fd = open(disk, O_RDONLY);
-	uint8_t hdr[80];
-	off_t off, found = -1;
-	struct stat st;
-
-	CHECK(fd >= 0);
-	CHECK(fstat(fd, &st) == 0);
-	for (off = 0; off + 4096 <= st.st_size && found < 0; off += 4096) {
-		if (pread(fd, hdr, sizeof(hdr), off) != (ssize_t)sizeof(hdr))
-			break;
-		if (!memcmp(hdr, "HVG3SLT1", 8) && !memcmp(hdr + 32, h->b, 32)) {
-			found = off;
-			memcpy(flags, hdr + 76, 4);   /* struct slot_hdr's flags */
-		}
-	}
-	close(fd);
-	return found;
-}
-
 static void write_conf(void)
 {
 	char path[160];
@@ -311,13 +289,13 @@ static void test_round_trips(void)
 	CHECK_EQ(t3.comp_bytes, 4 * N * q);
 	CHECK_EQ(t3.comp_saved, 4 * N * (BB - q));
 	h = kvt_hash(300);
-	CHECK(find_slot(&h, &flags) >= 0);
+	CHECK(kvt_find_slot(disk, &h, &flags) >= 0);
 	CHECK_EQ(flags, KV_QFMT_E4M3);
 	h = kvt_hash(320);
-	CHECK(find_slot(&h, &flags) >= 0);
+	CHECK(kvt_find_slot(disk, &h, &flags) >= 0);
 	CHECK_EQ(flags, 0);
 	h = kvt_hash(400);
-	CHECK(find_slot(&h, &flags) >= 0);
+	CHECK(kvt_find_slot(disk, &h, &flags) >= 0);
 	CHECK_EQ(flags, 0);
 	for (int w = 0; w < 3; w++)
 		CHECK_EQ(get_chain(cz, w, 300 + 10 * (uint64_t)w, w < 2), N);
@@ -352,7 +330,7 @@ static void test_round_trips(void)
 	put_chain(cz, 0, 700);
 	all_to_g3(a);
 	h = kvt_hash(702);
-	off = find_slot(&h, &flags);
+	off = kvt_find_slot(disk, &h, &flags);
 	CHECK(off >= 0);
 	CHECK_EQ(flags, KV_QFMT_E4M3);
 	fd = open(disk, O_RDWR);
@@ -402,7 +380,7 @@ static void test_e5m2(void)
 	kvt_tier(2, &t3);
 	CHECK_EQ(t3.comp_saved, 2 * N * (BB - q));
 	h = kvt_hash(910);
-	CHECK(find_slot(&h, &flags) >= 0);
+	CHECK(kvt_find_slot(disk, &h, &flags) >= 0);
 	CHECK_EQ(flags, KV_QFMT_E5M2);
 	CHECK_EQ(get_chain(c5, 0, 900, KV_QFMT_E5M2), N);
 	CHECK_EQ(get_chain(c5, 1, 910, KV_QFMT_E5M2), N);

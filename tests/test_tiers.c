@@ -479,25 +479,6 @@ static void test_seal_over_lower_tier(void)
 	kvt_stop(&d);
 }
 
-static off_t find_slot(const kvc_hash *h)
-{
-	int fd = open(disk, O_RDONLY);
-	uint8_t hdr[64];
-	off_t off, found = -1;
-	struct stat st;
-
-	CHECK(fd >= 0);
-	CHECK(fstat(fd, &st) == 0);
-	for (off = 0; off + 4096 <= st.st_size && found < 0; off += 4096) {
-		if (pread(fd, hdr, sizeof(hdr), off) != (ssize_t)sizeof(hdr))
-			break;
-		if (!memcmp(hdr, "HVG3SLT1", 8) && !memcmp(hdr + 32, h->b, 32))
-			found = off;
-	}
-	close(fd);
-	return found;
-}
-
 static void test_corrupt(void)
 {
 	struct kvt_daemon d;
@@ -515,7 +496,7 @@ static void test_corrupt(void)
 	put_chain(c, pool, 3);
 	all_to_g3(c);
 	chain_hashes(3, h);
-	off = find_slot(&h[2]);
+	off = kvt_find_slot(disk, &h[2], NULL);
 	CHECK(off >= 0);
 	fd = open(disk, O_RDWR);
 	CHECK(fd >= 0);
