@@ -144,6 +144,20 @@ class Daemon:
         return not any(t["inflight"] for t in json.loads(r.stdout)["tiers"])
 
 
+def events_daemon(d, *args, **kw):
+    """A Daemon publishing KV events (args name the endpoints): started and
+    waited for; the test is skipped (77) when kvcached was built without
+    KV events."""
+    daemon = Daemon(d, *args, wait=False, **kw)
+    check(wait_for(lambda: can_connect(daemon.admin) or daemon.proc.poll() is not None),
+          "daemon did not start", daemon.log)
+    if daemon.proc.poll() is not None:
+        if "built without KV events" in daemon.logtext():
+            skip("kvcached built without KV events")
+        fail("daemon exited at start", daemon.log)
+    return daemon
+
+
 def kvctl(*args, timeout=30):
     return subprocess.run([KVCTL, *args], capture_output=True, text=True, timeout=timeout)
 

@@ -170,18 +170,12 @@ def main():
     ep = "ipc://" + os.path.join(d, "ev.sock")
     rep = "ipc://" + os.path.join(d, "rp.sock")
     TOPIC = "kv@node-a@model-a"
-    daemon = kvt.Daemon(d, "--pool-size", "2MiB", "--page-size", "128KiB",
-                        "--host-tier-size", "2MiB", "--disk-path", os.path.join(d, "disk"),
-                        "--disk-size", "8MiB", "--writeback-low", "25",
-                        "--events-endpoint", ep, "--events-replay-endpoint", rep,
-                        "--events-buffer", "100000", "--events-token-ids", "yes",
-                        "--node-name", "node-a", wait=False)
-    kvt.check(kvt.wait_for(lambda: kvt.can_connect(daemon.admin) or
-                           daemon.proc.poll() is not None), "daemon did not start", daemon.log)
-    if daemon.proc.poll() is not None:
-        if "built without KV events" in daemon.logtext():
-            kvt.skip("kvcached built without KV events")
-        kvt.fail("daemon exited at start", daemon.log)
+    daemon = kvt.events_daemon(d, "--pool-size", "2MiB", "--page-size", "128KiB",
+                               "--host-tier-size", "2MiB", "--disk-path", os.path.join(d, "disk"),
+                               "--disk-size", "8MiB", "--writeback-low", "25",
+                               "--events-endpoint", ep, "--events-replay-endpoint", rep,
+                               "--events-buffer", "100000", "--events-token-ids", "yes",
+                               "--node-name", "node-a")
     ctx = zmq.Context()
     sub = Subscriber(ctx, ep, rep)
 

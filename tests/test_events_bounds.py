@@ -116,13 +116,7 @@ def main():
     if not BEFORE:
         args += ["--events-replay-max-bytes", str(REPLAY_MAX),
                  "--events-subscriber-max-bytes", str(SUB_MAX)]
-    daemon = kvt.Daemon(d, *args, wait=False)
-    kvt.check(kvt.wait_for(lambda: kvt.can_connect(daemon.admin) or
-                           daemon.proc.poll() is not None), "daemon did not start", daemon.log)
-    if daemon.proc.poll() is not None:
-        if "built without KV events" in daemon.logtext():
-            kvt.skip("kvcached built without KV events")
-        kvt.fail("daemon exited at start", daemon.log)
+    daemon = kvt.events_daemon(d, *args)
     w = kvt.Worker(daemon.sock)
     kvt.check(w.ok(), "worker: %s" % w.hello)
     ok(w, "mpool p 16384 model-a")

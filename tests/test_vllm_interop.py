@@ -206,19 +206,12 @@ class Stream:
         self.ep = "ipc://" + os.path.join(self.d, "ev.sock")
         self.rep = "ipc://" + os.path.join(self.d, "rp.sock")
         self.topic = "kv@%s@%s" % (name, MODEL)
-        self.daemon = kvt.Daemon(
+        self.daemon = kvt.events_daemon(
             self.d, "--pool-size", "2MiB", "--page-size", "128KiB", "--host-tier-size", "2MiB",
             "--disk-path", os.path.join(self.d, "disk"), "--disk-size", "8MiB",
             "--writeback-low", "25", "--events-endpoint", self.ep,
             "--events-replay-endpoint", self.rep, "--events-buffer", "100000",
-            "--events-token-ids", "yes", "--node-name", name, *extra, wait=False)
-        dm = self.daemon
-        kvt.check(kvt.wait_for(lambda: kvt.can_connect(dm.admin) or dm.proc.poll() is not None),
-                  "daemon did not start", dm.log)
-        if dm.proc.poll() is not None:
-            if "built without KV events" in dm.logtext():
-                kvt.skip("kvcached built without KV events")
-            kvt.fail("daemon exited at start", dm.log)
+            "--events-token-ids", "yes", "--node-name", name, *extra)
         self.sub = ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(self.ep)

@@ -188,15 +188,9 @@ def main():
     with open(conf, "w") as f:
         f.write("events_token_ids = yes\nnode_name = n\nevents_buffer = 100000\n"
                 "[namespace quiet]\nusers = *\nevents = hashes\n")
-    daemon = kvt.Daemon(d, "--config=" + conf, "--events-endpoint", ep,
-                        "--events-replay-endpoint", rep, "--pool-size", "16MiB",
-                        argv0=[kvt.BIN, "--socket=" + os.path.join(d, "w.sock")], wait=False)
-    kvt.check(kvt.wait_for(lambda: kvt.can_connect(daemon.admin) or
-                           daemon.proc.poll() is not None), "daemon did not start", daemon.log)
-    if daemon.proc.poll() is not None:
-        if "built without KV events" in daemon.logtext():
-            kvt.skip("kvcached built without KV events")
-        kvt.fail("daemon exited at start", daemon.log)
+    daemon = kvt.events_daemon(d, "--config=" + conf, "--events-endpoint", ep,
+                               "--events-replay-endpoint", rep, "--pool-size", "16MiB",
+                               argv0=[kvt.BIN, "--socket=" + os.path.join(d, "w.sock")])
     ctx = zmq.Context()
     sub = Sub(ctx, ep, rep, daemon)
 
