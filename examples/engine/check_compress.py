@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from engine.bench_engine import Daemon as BenchDaemon  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.model import Model  # noqa: E402
 
@@ -102,37 +102,15 @@ def chunks(n: int) -> list:
     return out
 
 
-class Daemon:
-    def __init__(self, a, d, conf):
-        self.dir = d
-        self.sock = os.path.join(d, "w.sock")
-        self.admin = os.path.join(d, "w-admin.sock")
-        self.kvctl_bin = a.kvctl
-        self.logf = open(os.path.join(d, "kvcached.log"), "ab")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("KVCACHED_SOCKET", "KVCACHED_ADMIN_SOCKET", "NOTIFY_SOCKET")}
-        self.proc = subprocess.Popen(
-            [a.kvcached, "--config=" + conf, "--socket=" + self.sock, "--pool-size", "512MiB",
-             "--segment-size", "16MiB", "--page-size", "2MiB", "--host-tier-size", "1GiB"],
-            stdin=subprocess.DEVNULL, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(self.admin):
-            if self.proc.poll() is not None:
-                raise SystemExit("kvcached exited at start; its log: %s" % self.logf.name)
-            if time.monotonic() > deadline:
-                raise SystemExit("kvcached does not answer on " + self.admin)
-            time.sleep(0.05)
+class Daemon(BenchDaemon):
+    """bench_engine's daemon with the namespaces of conf and a host tier."""
 
-    def kvctl(self, *args) -> str:
-        r = subprocess.run([self.kvctl_bin, "-s", self.admin, *args], capture_output=True,
-                           text=True, timeout=120)
-        if r.returncode:
-            raise SystemExit("kvctl %s: %s" % (" ".join(args), r.stderr))
-        return r.stdout
+    def __init__(self, a, d, conf):
+        super().__init__(a, d, "--config=" + conf, "--pool-size", "512MiB",
+                         "--host-tier-size", "1GiB", page="2MiB")
 
     def tiers(self) -> dict:
-        st = json.loads(self.kvctl("-o", "json", "status"))
-        return {t["tier"]: t for t in st["tiers"]}
+        return {t["tier"]: t for t in self.status()["tiers"]}
 
     def settle(self):
         """Waits until no tier copy is in flight (an evict starts copies and
@@ -143,15 +121,6 @@ class Daemon:
             if time.monotonic() > deadline:
                 raise SystemExit("the tiers do not settle")
             time.sleep(0.05)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.logf.close()
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -174,7 +143,9 @@ def run_namespace(model, d, ns, prompts, gen, base) -> dict:
             eng.generate([ids], 1, stop_at_eog=False)
         t2 = None
         if ns not in ("g1", "f32"):
-            d.kvctl("evict", "--tier", "g1")
+            r = d.kvctl("evict", "--tier", "g1")
+            if r.returncode:
+                raise SystemExit("kvctl evict: " + r.stderr)
             d.settle()
             t2 = d.tiers().get("G2", {})
         free, forced, hits = [], [], []
