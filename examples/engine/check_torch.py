@@ -304,7 +304,8 @@ def fault(a, what, m=None):
             del m._rope_tables
     elif a.fault == "mask" and what == "new":
         orig = torch_model._causal_bias
-        torch_model._causal_bias = lambda T, n: torch.ones(T, n, dtype=torch.bool).tril()
+        from torch.nn.attention.bias import causal_upper_left   # on any device
+        torch_model._causal_bias = causal_upper_left
         try:
             yield
         finally:
