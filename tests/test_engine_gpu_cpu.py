@@ -14,6 +14,12 @@
         cpu, host backend; check 3 in Llama-3.2-3B's KV geometry), with
         this python's torch or the vLLM environment's (scripts/vllm-env
         --path); skips (77) with neither.
+    python3 tests/test_engine_gpu_cpu.py prefix   check 3's cached-prefix
+        checks alone (check_torch.py --device cpu --only prefix: float64
+        verdict, the float32 and bfloat16 attention after a prefix, the
+        cached path under other kernels' rounding, as on a GPU) pass, and
+        fail with each deliberately wrong prefix (--fault shift, mask,
+        blocks); the same torch; skips (77) without.
 
 Exits 0, 1, or 77 (no numpy; for torch: no torch). Needs KVCACHED_BIN,
 KVCTL_BIN and build/python on PYTHONPATH (meson sets them)."""
@@ -142,9 +148,38 @@ def test_torch():
     check(r.returncode == 0, "check_torch.py --device cpu exits 0 (%d)" % r.returncode)
 
 
+def test_prefix():
+    py = torch_python()
+    if py is None:
+        print("SKIP: no python with torch here, nor a complete scripts/vllm-env")
+        sys.exit(77)
+    print("torch from", py)
+    base = [py, os.path.join(EXAMPLES, "engine", "check_torch.py"), "--device", "cpu",
+            "--kvcached", os.environ["KVCACHED_BIN"], "--kvctl", os.environ["KVCTL_BIN"],
+            "--shape", "llama-3.2-3b", "--only", "prefix"]
+    # what each wrong prefix must fail: the float64 comparison of the model,
+    # and for the mask also the attention alone (float32 and bfloat16)
+    for fault, fails_expected in ((None, 0), ("shift", 1), ("blocks", 1), ("mask", 3)):
+        cmd = base + (["--fault", fault] if fault else [])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        out = r.stdout
+        print(out[-3000:], r.stderr[-2000:] if r.returncode not in (0, 1) else "")
+        failed = [ln for ln in out.splitlines() if ln.startswith("FAIL 3 ")]
+        passed = [ln for ln in out.splitlines() if ln.startswith("PASS 3 ")]
+        if fault is None:
+            check(r.returncode == 0 and len(passed) == 3 and not failed,
+                  "the right prefix: 3 checks pass, exit 0 (%d)" % r.returncode)
+            continue
+        model = [ln for ln in failed if "cached prefix vs computing it" in ln]
+        check(r.returncode == 1 and len(failed) == fails_expected and len(model) == 1,
+              "--fault %s: exit 1 (%d), %d failed check(s) of 3 (%d), the float64 comparison "
+              "among them" % (fault, r.returncode, fails_expected, len(failed)))
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "random"
-    {"random": test_random, "bench": test_bench, "torch": test_torch}[what]()
+    {"random": test_random, "bench": test_bench, "torch": test_torch,
+     "prefix": test_prefix}[what]()
     print("%d failed" % fails)
     return 1 if fails else 0
 

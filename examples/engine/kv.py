@@ -65,6 +65,9 @@ _KVC_DTYPE = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
 # numpy has no bfloat16: a bfloat16 block is stored as 16-bit integers (the
 # torch path, torch_model.py, computes with it; the numpy model cannot).
 _NP_STORE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
+# float64: in-process stores only (check_torch.py's exact reference for the
+# cached-prefix path); no kvcached pool is described with it (kvc_dtype).
+_IN_PROCESS = {"float64": "float64"}
 
 
 class OutOfBlocks(MemoryError):
@@ -80,15 +83,16 @@ class KVLayout:
     dtype: str = "float16"
 
     def __post_init__(self):
-        if self.dtype not in _KVC_DTYPE:
-            raise ValueError(f"KV dtype {self.dtype!r}: float16, float32 or bfloat16")
+        if self.dtype not in _KVC_DTYPE and self.dtype not in _IN_PROCESS:
+            raise ValueError(f"KV dtype {self.dtype!r}: float16, float32 or bfloat16 "
+                             f"(float64 in process only)")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
 
     @property
     def np_dtype(self) -> np.dtype:
         """The numpy dtype of a block's elements (uint16 for bfloat16)."""
-        return np.dtype(_NP_STORE[self.dtype])
+        return np.dtype(_NP_STORE.get(self.dtype) or _IN_PROCESS[self.dtype])
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -105,7 +109,10 @@ class KVLayout:
 
     @property
     def kvc_dtype(self) -> str:
-        """The dtype string for kvc_pool_desc ("fp16", "fp32", "bf16")."""
+        """The dtype string for kvc_pool_desc ("fp16", "fp32", "bf16");
+        ValueError for float64 (in-process stores only)."""
+        if self.dtype not in _KVC_DTYPE:
+            raise ValueError(f"KV dtype {self.dtype!r}: in-process stores only, not a pool's")
         return _KVC_DTYPE[self.dtype]
 
     def describe(self) -> bytes:

@@ -67,11 +67,12 @@ SHAPES = {
                            n_ff=14336, rope_base=500000.0, rms_eps=1e-5, n_ctx=131072),
 }
 
-_TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64}   # float64: check_torch.py's exact reference
 # __cuda_array_interface__ has no bfloat16: its rows are wrapped as int16
 # and viewed as bfloat16.
 _CAI = {"float32": ("<f4", torch.float32), "float16": ("<f2", torch.float16),
-        "bfloat16": ("<i2", torch.int16)}
+        "bfloat16": ("<i2", torch.int16), "float64": ("<f8", torch.float64)}
 
 
 def kv_bytes_per_token(cfg: Config, dtype: str) -> int:
@@ -364,6 +365,18 @@ class TorchModel:
         m.load_seconds = time.perf_counter() - t0
         return m
 
+    def cast(self, dtype: str) -> "TorchModel":
+        """The same weights in another dtype (a new model; float64: the exact
+        reference of check_torch.py, whose rounding no random layers can
+        amplify into the differences a check looks for)."""
+        t = _TORCH_DTYPE[dtype]
+        w = {"token_embd": self.tok_embd.to(t), "output_norm": self.out_norm.to(t),
+             "layers": [{k: v.to(t) for k, v in L.items()} for L in self.layers]}
+        if self.out_w is not self.tok_embd:
+            w["output"] = self.out_w.to(t)
+        return TorchModel(self.cfg, w, self.tok, device=self.device, dtype=dtype,
+                          random=self.random, source=self.source, name=self.name)
+
     def kv_layout(self, block_size: int = 16, dtype: str = "float16") -> KVLayout:
         c = self.cfg
         return KVLayout(c.n_layers, c.n_kv_heads, c.head_dim, block_size, dtype)
@@ -395,7 +408,7 @@ class TorchModel:
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
     def _rms(self, x, w):
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))   # float64 stays float64
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)).to(
             self.tdtype) * w
 
@@ -429,7 +442,8 @@ class TorchModel:
                 *, all_logits: bool = False) -> list[np.ndarray]:
         """model.Model.forward on torch: the same contract (every
         sequence's reserve() before any compute), the KV in kv's blocks.
-        Returns float32 numpy logits (copied to the host: the step's end)."""
+        Returns float32 numpy logits (float64 for a float64 model; copied
+        to the host: the step's end)."""
         c = self.cfg
         segs, toks, pos = plan_batch(c, kv, batch)
         n = len(toks)
@@ -471,7 +485,8 @@ class TorchModel:
         rows = torch.arange(n, device=dev) if all_logits else \
             torch.tensor([b - 1 for _, _, _, b in segs], device=dev)
         hN = self._rms(x[rows], self.out_norm)
-        logits = (hN @ self.out_w.T).float().cpu().numpy()
+        logits = (hN @ self.out_w.T).to(torch.promote_types(self.tdtype, torch.float32))
+        logits = logits.cpu().numpy()
         if all_logits:
             return [logits[a:b] for _, _, a, b in segs]
         return [logits[i] for i in range(len(segs))]
