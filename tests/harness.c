@@ -240,12 +240,35 @@ static Kvcached__Response *call(Kvcached__Request *rq)
 	return rs;
 }
 
-void kvt_admin_call(kvc_conn *c, Kvcached__Request *rq)
+uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier)
 {
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *rs = NULL;
+	uint64_t n;
+
+	ev.tier = tier;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
+	n = rs->evict->blocks;
+	kvcached__response__free_unpacked(rs, NULL);
+	kvt_tiers_settle();
+	return n;
+}
+
+void kvt_flush(kvc_conn *c)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
 	Kvcached__Response *rs = NULL;
 
-	CHECK_EQ(kvc_call(c, rq, &rs), 0);
-	CHECK(!rs->error);
+	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
+	rq.flush = &fl;
+	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_FLUSH);
 	kvcached__response__free_unpacked(rs, NULL);
 	kvt_tiers_settle();
 }

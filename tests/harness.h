@@ -60,9 +60,12 @@ Kvcached__Response *kvt_g4_stats(const char *ns);
 /* The offset in the disk tier's file disk of the slot that holds hash h
  * (-1: none), and its header's flags when flags is not NULL. */
 off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
-/* An admin request on c that must succeed; then waits for the tiers to
- * settle (an Evict or Flush starts copies and returns). */
-void kvt_admin_call(kvc_conn *c, Kvcached__Request *rq);
+/* Admin Evict of every pool's cached blocks out of tier (returns how many
+ * it moved) and admin Flush (G2's dirty copies written to G3), each
+ * checked; then each waits for the tiers to settle (they start copies and
+ * return). */
+uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier);
+void kvt_flush(kvc_conn *c);
 /* A lookup in namespace ns of the chain of n (at most 64) blocks whose
  * block i holds kvt_mem_fill's pattern of seed base + i, under
  * kvt_hash(base + i): how many it found, every byte of each checked. */

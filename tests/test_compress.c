@@ -188,32 +188,14 @@ static int get_chain(kvc_conn *c, int which, uint64_t base, int comp)
 	return k;
 }
 
-static void admin(kvc_conn *c, int flush, int tier)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
-
-	if (flush) {
-		rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
-		rq.flush = &fl;
-	} else {
-		ev.tier = (Kvcached__Tier)tier;
-		ev.all_pools = 1;
-		rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-		rq.evict = &ev;
-	}
-	kvt_admin_call(c, &rq);
-}
-
 /* Every cached block to G2, then written to G3 and dropped from G2. */
 static void all_to_g3(kvc_conn *a)
 {
 	struct kvt_tier t2;
 
-	admin(a, 0, 0);
-	admin(a, 1, 0);
-	admin(a, 0, 1);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
+	kvt_flush(a);
+	kvt_evict(a, KVCACHED__TIER__TIER_G2);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, 0);
 }
@@ -265,7 +247,7 @@ static void test_round_trips(void)
 	for (int w = 0; w < 3; w++)
 		put_chain(cz, w, 100 + 10 * (uint64_t)w);
 	put_chain(raw, 0, 200);
-	admin(a, 0, 0);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, 4 * N);
 	/* The FP16 and BF16 pools' copies only; int8 and the raw namespace's stay raw. */
@@ -371,7 +353,7 @@ static void test_e5m2(void)
 	a = kvt_connect(NULL);
 	put_chain(c5, 0, 900);
 	put_chain(c5, 1, 910);
-	admin(a, 0, 0);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.comp_bytes, 2 * N * q);
 	CHECK_EQ(get_chain(c5, 0, 900, KV_QFMT_E5M2), N);
@@ -405,12 +387,12 @@ static void test_copy_fault(void)
 	cz = kvt_connect("cz");
 	a = kvt_connect(NULL);
 	put_chain(cz, 0, 800);
-	admin(a, 0, 0);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK(t2.io_errors >= 1);
 	CHECK_EQ(t2.comp_bytes, 0);
 	CHECK_EQ(get_chain(cz, 0, 800, 0), N);   /* never left G1: identical */
-	admin(a, 0, 0);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, N);
 	CHECK_EQ(get_chain(cz, 0, 800, 1), N);
@@ -463,7 +445,7 @@ static void test_cuda_raw(void)
 	cz = kvt_connect("cz");
 	a = kvt_connect(NULL);
 	put_chain(cz, 0, 100);
-	admin(a, 0, 0);
+	kvt_evict(a, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, N);
 	CHECK_EQ(t2.comp_bytes, 0);

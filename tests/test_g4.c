@@ -65,9 +65,6 @@ static void use(const struct kvt_daemon *d)
  * demotes it and writes it back, so that it goes to G4; waits for that. */
 static void seal_chain(const char *ns, int expect, int expect_errors)
 {
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
 	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, "p", BB);
 	kvc_block b[N];
@@ -91,14 +88,8 @@ static void seal_chain(const char *ns, int expect, int expect_errors)
 		want_err = rs->stats->remote->write_errors + (uint64_t)expect_errors;
 		kvcached__response__free_unpacked(rs, NULL);
 	}
-	ev.tier = KVCACHED__TIER__TIER_G1;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	kvt_admin_call(c, &rq);
-	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
-	rq.flush = &fl;
-	kvt_admin_call(c, &rq);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_flush(c);
 	for (int tries = 0;; tries++) {
 		Kvcached__Response *rs = kvt_g4_stats(ns);
 		uint64_t w = rs->stats->remote->writes, e = rs->stats->remote->write_errors;

@@ -60,9 +60,6 @@ static void node_start(struct kvt_daemon *d)
  * back so that it goes to G4; waits for the N writes. */
 static void seal_chain(const char *ns, uint64_t base)
 {
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
 	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, "p", BB);
 	kvc_block b[N];
@@ -80,14 +77,8 @@ static void seal_chain(const char *ns, uint64_t base)
 	rs = kvt_g4_stats(ns);
 	want = rs->stats->remote->writes + N;
 	kvcached__response__free_unpacked(rs, NULL);
-	ev.tier = KVCACHED__TIER__TIER_G1;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	kvt_admin_call(c, &rq);
-	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
-	rq.flush = &fl;
-	kvt_admin_call(c, &rq);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_flush(c);
 	for (int tries = 0;; tries++) {
 		uint64_t w, in;
 

@@ -72,36 +72,6 @@ static uint64_t writes_settled(const char *ns)
 	}
 }
 
-static void evict(kvc_conn *c, Kvcached__Tier tier)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Response *rs = NULL;
-
-	ev.tier = tier;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(!rs->error);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
-static void flush(kvc_conn *c)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
-	Kvcached__Response *rs = NULL;
-
-	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
-	rq.flush = &fl;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(!rs->error);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
 /* Seals ns's chain (block i: seed base + i) and releases it: cached in G1. */
 static kvc_conn *seal_chain(const char *ns, uint64_t base)
 {
@@ -187,12 +157,12 @@ int main(void)
 	/* writeback, without G3: written when G2 drops the blocks */
 	w0 = writes_settled("wb");
 	c = seal_chain("wb", 1000);
-	evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	w1 = writes_settled("wb");
 	fprintf(stderr, "writeback: %llu writes after the demotion\n",
 		(unsigned long long)(w1 - w0));
 	CHECK_EQ(w1, w0);
-	evict(c, KVCACHED__TIER__TIER_G2);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	w1 = writes_settled("wb");
 	fprintf(stderr, "writeback: %llu writes after G2 dropped the chain\n",
 		(unsigned long long)(w1 - w0));
@@ -202,7 +172,7 @@ int main(void)
 	/* demote: written as the blocks land in G2 */
 	w0 = w1;
 	c = seal_chain("dm", 2000);
-	evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	w1 = writes_settled("dm");
 	fprintf(stderr, "demote: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
@@ -216,7 +186,7 @@ int main(void)
 		kvcached__response__free_unpacked(rs, NULL);
 		wz0 = writes_settled("cz");
 		c = seal_chain("cz", 6000);
-		evict(c, KVCACHED__TIER__TIER_G1);
+		kvt_evict(c, KVCACHED__TIER__TIER_G1);
 		wz1 = writes_settled("cz");
 		CHECK_EQ(wz1 - wz0, N);
 		rs = kvt_g4_stats("cz");
@@ -233,17 +203,17 @@ int main(void)
 	/* off: nothing written, whatever G2 drops */
 	w0 = w1;
 	c = seal_chain("ro", 3000);
-	evict(c, KVCACHED__TIER__TIER_G1);
-	evict(c, KVCACHED__TIER__TIER_G2);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
 	w1 = writes_settled("ro");
 	CHECK_EQ(w1, w0);
 
 	/* flush without G3: what G2 holds and G4 lacks */
 	c = seal_chain("wb", 4000);
-	evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	CHECK_EQ(writes_settled("wb"), w1);
-	flush(c);
+	kvt_flush(c);
 	w1 = writes_settled("wb");
 	fprintf(stderr, "flush: %llu writes\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
@@ -276,12 +246,12 @@ int main(void)
 	node_start(&c3, 1);
 	w0 = writes_settled("dm");
 	c = seal_chain("dm", 5000);
-	evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	w1 = writes_settled("dm");
 	fprintf(stderr, "with G3: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
 	/* ... and not again at write-back. */
-	flush(c);
+	kvt_flush(c);
 	CHECK_EQ(writes_settled("dm"), w1);
 	kvc_close(c);
 	CHECK_EQ(kvt_check(), 0);

@@ -107,47 +107,14 @@ static void fill(kvc_conn *c, int pool)
 	}
 }
 
-static uint64_t admin_evict(kvc_conn *c, int tier)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Response *rs = NULL;
-	uint64_t n;
-
-	ev.tier = (Kvcached__Tier)tier;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
-	n = rs->evict->blocks;
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-	return n;
-}
-
-static void admin_flush(kvc_conn *c)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Flush fl = KVCACHED__FLUSH__INIT;
-	Kvcached__Response *rs = NULL;
-
-	rq.op_case = KVCACHED__REQUEST__OP_FLUSH;
-	rq.flush = &fl;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_FLUSH);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
 /* Moves everything cached down to G3 only. */
 static void all_to_g3(kvc_conn *c)
 {
 	struct kvt_tier t2;
 
-	admin_evict(c, 0);
-	admin_flush(c);
-	admin_evict(c, 1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_flush(c);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, 0);
 }
@@ -464,7 +431,7 @@ static void test_seal_over_lower_tier(void)
 	kvt_tier(2, &t3);
 	CHECK_EQ(t3.blocks, CHAIN);
 	put_chain(c, pool, 0);
-	admin_evict(c, 0);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	CHECK_EQ(t2.blocks, CHAIN);
 	reseal_chain(c, pool, 0, 5000);
@@ -632,7 +599,7 @@ static void test_stop_writes_back(void)
 	for (i = 0; i < 2; i++)
 		put_chain(c, pool, i);
 	kvt_tiers_settle();
-	admin_evict(c, 0);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	kvt_tier(2, &t3);
 	CHECK_EQ(t2.blocks, 2 * CHAIN);
