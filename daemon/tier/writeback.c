@@ -108,21 +108,26 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 	tb_busy_clear(t, tb, 0);
 }
 
+/* What of G2 could be dropped at once were the write-backs in flight done:
+ * its free and clean room (swaps and dirty copies pin theirs). */
+static uint64_t g2_droppable(const struct kv_tiers *t)
+{
+	return t->lv[L2].st.capacity - t->dirty_bytes - t->swap_bytes + t->wb_bytes;
+}
+
 void tier_writeback_kick(struct kv_tiers *t)
 {
-	struct level *L = &t->lv[L2];
-	uint64_t cap = L->st.capacity;
+	uint64_t cap = t->lv[L2].st.capacity;
 	struct tblock *tb;
 	int rc;
 
 	/* Clean copies cost nothing to drop, so what fills G2 is what is
 	 * dirty (and swapped): write back when the rest falls under g2_low
 	 * percent, until it reaches g2_high (counting writes in flight). */
-#define DROPPABLE() (cap - t->dirty_bytes - t->swap_bytes + t->wb_bytes)
 	if (!t->writing_back && (cap - t->dirty_bytes - t->swap_bytes) * 100 >= cap * t->cfg.g2_low)
 		return;
 	t->writing_back = 1;
-	while (DROPPABLE() * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0))) {
+	while (g2_droppable(t) * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0))) {
 		rc = tier_writeback_start(t, tb);
 		/* Its namespace's G3 quota is full of copies that G2 holds
 		 * too (slot_quota_room() does not undo one write-back for
@@ -133,7 +138,6 @@ void tier_writeback_kick(struct kv_tiers *t)
 		else if (rc < 0)
 			break;
 	}
-	if (DROPPABLE() * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
+	if (g2_droppable(t) * 100 >= cap * t->cfg.g2_high || !t->wb_bytes)
 		t->writing_back = 0;
-#undef DROPPABLE
 }
