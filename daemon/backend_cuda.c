@@ -15,6 +15,9 @@
  * - two streams: copy_async batches run in order on one (the copy engines),
  *   copy() (copy-on-write, synchronous) on the other so that a CoW does not
  *   wait behind a long demotion;
+ * - the FP8 kernels (kernels_cuda.h), for compressing copies: a D2H or H2D
+ *   copy with a format is a kernel launch on the copy stream, not a memcpy
+ *   (backend_cuda_quant.h); quant is 0 if a device cannot load them;
  * - a completion thread: each batch ends with an event (blocking-sync, so
  *   the thread sleeps in the driver rather than spinning); the thread waits
  *   for the events in order, moves (tag, result) to the done list and
