@@ -1,4 +1,5 @@
-/* Compress on demote on the cuda backend: see backend_cuda_quant.h. */
+/* Compress on demote on the cuda backend: see backend_cuda_quant.h. Built
+ * only with CUDA (daemon/meson.build). */
 #include "kvconfig.h"
 
 #if KV_HAVE_CUDA
