@@ -1,7 +1,8 @@
 /* The cuda backend: segments are CUDA VMM allocations shared as file
- * descriptors. One file of about 1,000 lines: segments, copies and the
+ * descriptors. One file of about 1,100 lines: segments, copies and the
  * completion thread all work on struct cuda_dev under one lock and one
- * context discipline (use_ctx), which a split would have to expose.
+ * context discipline (use_ctx), which a split would have to expose; the
+ * compressing copies, which need neither, are in backend_cuda_quant.c.
  *
  * Per device (an entry of the device list, a CUDA ordinal):
  * - the primary context, retained for the backend's life (the context the
