@@ -20,6 +20,8 @@
 
 #include <stdint.h>
 
+#include "quant.h"
+
 #define KV_MAX_DEVICES 16
 
 /* The daemon's exit status when a device's context is lost for good (a
@@ -43,6 +45,17 @@ struct kv_copy {
 	 * len raw bytes. */
 	uint8_t qfmt, qdtype;
 };
+
+/* Whether copy c of a dir batch asks for a format a quantizing backend does:
+ * none (raw), or D2H/H2D of a non-empty, even len of FP16 or BF16 elements
+ * in E4M3 or E5M2. Any other copy_async refuses with -EINVAL. */
+static inline int kv_copy_qvalid(enum kv_copy_dir dir, const struct kv_copy *c)
+{
+	return !c->qfmt ||
+	       (dir != KV_COPY_D2D && (c->qfmt == KV_QFMT_E4M3 || c->qfmt == KV_QFMT_E5M2) &&
+		(c->qdtype == KV_DTYPE_F16 || c->qdtype == KV_DTYPE_BF16) && c->len &&
+		c->len % 2 == 0);
+}
 
 /* A finished batch: the tag given to copy_async and 0 or -errno. */
 struct kv_copy_done {
@@ -94,8 +107,10 @@ struct kv_backend {
 	/* Readable (an eventfd) while copy_async batches are waiting in reap(). */
 	int completion_fd;
 	/* copy_async quantizes D2H and dequantizes H2D copies that ask for it
-	 * (kv_copy.qfmt); 0: it does not, and no pool's tier copies are
-	 * compressed (the cuda backend today: docs/tiers.md). */
+	 * (kv_copy.qfmt): host, with the C reference on its copy thread; cuda,
+	 * with the device kernels (backend_cuda_quant.h). 0: it does not (cuda
+	 * when a device could not load its kernels), and no pool's tier copies
+	 * are compressed. */
 	int quant;
 	/* cuda: each device's UUID (cuDeviceGetUuid), which Hello sends so that
 	 * a worker with its own CUDA_VISIBLE_DEVICES finds its GPU; host: none. */

@@ -1,7 +1,8 @@
 /* The cuda backend: segments are CUDA VMM allocations shared as file
- * descriptors. One file of about 1,000 lines: segments, copies and the
+ * descriptors. One file of about 1,100 lines: segments, copies and the
  * completion thread all work on struct cuda_dev under one lock and one
- * context discipline (use_ctx), which a split would have to expose.
+ * context discipline (use_ctx), which a split would have to expose; the
+ * compressing copies, which need neither, are in backend_cuda_quant.c.
  *
  * Per device (an entry of the device list, a CUDA ordinal):
  * - the primary context, retained for the backend's life (the context the
@@ -15,6 +16,9 @@
  * - two streams: copy_async batches run in order on one (the copy engines),
  *   copy() (copy-on-write, synchronous) on the other so that a CoW does not
  *   wait behind a long demotion;
+ * - the FP8 kernels (kernels_cuda.h), for compressing copies: a D2H or H2D
+ *   copy with a format is a kernel launch on the copy stream, not a memcpy
+ *   (backend_cuda_quant.h); quant is 0 if a device cannot load them;
  * - a completion thread: each batch ends with an event (blocking-sync, so
  *   the thread sleeps in the driver rather than spinning); the thread waits
  *   for the events in order, moves (tag, result) to the done list and
@@ -69,7 +73,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backend_cuda_quant.h"
 #include "cudrv.h"
+#include "kernels_cuda.h"
 #include "kverr.h"
 #include "fault.h"
 #include "log.h"
@@ -92,6 +98,7 @@ struct pending {
 	uint64_t tag;
 	int res;
 	int fault;                     /* the 'device' fault point: a sticky error */
+	struct kv_cudaq_descs qd;      /* its quantizing copies' descriptors */
 };
 
 struct cuda_dev {
@@ -100,6 +107,7 @@ struct cuda_dev {
 	CUdevice dev;
 	CUcontext ctx;                 /* retained primary context, NULL if not */
 	CUstream copy_stream, sync_stream;
+	struct kv_cuda_kernels *kern;  /* the quantizers; NULL: not loaded */
 	CUdeviceptr base;              /* 0 until reserved */
 	uint64_t reserved;
 	struct cuda_seg *segs;
@@ -128,6 +136,7 @@ struct cuda_backend {
 	size_t nhost, host_cap;
 	CUdeviceptr *bsrc, *bdst;      /* scratch for cuMemcpyBatchAsync */
 	size_t *bsize, bcap;
+	struct kv_cudaq_copy *bq;      /* scratch: the quantizing copies */
 	int batch_off;                 /* cuMemcpyBatchAsync failed once: per-copy */
 };
 
@@ -466,10 +475,12 @@ static int batch_room(struct cuda_backend *cb, uint32_t n)
 	free(cb->bsrc);
 	free(cb->bdst);
 	free(cb->bsize);
+	free(cb->bq);
 	cb->bsrc = malloc(n * sizeof(*cb->bsrc));
 	cb->bdst = malloc(n * sizeof(*cb->bdst));
 	cb->bsize = malloc(n * sizeof(*cb->bsize));
-	cb->bcap = cb->bsrc && cb->bdst && cb->bsize ? n : 0;
+	cb->bq = malloc(n * sizeof(*cb->bq));
+	cb->bcap = cb->bsrc && cb->bdst && cb->bsize && cb->bq ? n : 0;
 	return cb->bcap ? 0 : -ENOMEM;
 }
 
@@ -510,8 +521,8 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 	struct cuda_backend *cb = (struct cuda_backend *)be;
 	struct cuda_dev *d = get_dev(cb, dev);
 	struct pending *p;
-	uint32_t i, m = 0, started;
-	int res = 0;
+	uint32_t i, m = 0, nr = 0, nq = 0, started, qstarted = 0;
+	int res = 0, qres = 0;
 	CUresult r;
 
 	if (!d || (n && !c))
@@ -519,14 +530,22 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 	if (batch_room(cb, n) < 0)
 		return -ENOMEM;
 	for (i = 0; i < n; i++) {
+		/* A quantized copy's host side is the slot's compressed bytes. */
+		uint64_t hlen = c[i].qfmt ? kv_quant_bytes(c[i].len / 2, KV_QUANT_GROUP) : c[i].len;
 		CUdeviceptr a = dev_addr(cb, d, c[i].dev_off, c[i].len), h = 0, s = 0;
 
-		if (!a || (dir != KV_COPY_D2D && !(h = host_addr(cb, c[i].host, c[i].len))) ||
+		if (!kv_copy_qvalid(dir, &c[i]) || (c[i].qfmt && !d->kern))
+			return -EINVAL;
+		if (!a || (dir != KV_COPY_D2D && !(h = host_addr(cb, c[i].host, hlen))) ||
 		    (dir == KV_COPY_D2D && !(s = dev_addr(cb, d, c[i].src_off, c[i].len))))
+			return -EINVAL;
+		if (c[i].qfmt && (a % 2 || h % 4))  /* backend_cuda_quant.h, alignment */
 			return -EINVAL;
 		cb->bdst[i] = dir == KV_COPY_D2H ? h : a;
 		cb->bsrc[i] = dir == KV_COPY_D2H ? a : dir == KV_COPY_H2D ? h : s;
 		cb->bsize[i] = c[i].len;
+		cb->bq[i] = (struct kv_cudaq_copy){ .dev = a, .host = h, .len = c[i].len,
+						    .qfmt = c[i].qfmt, .qdtype = c[i].qdtype };
 	}
 	/* The fault point fails the copy it hits and the batch with it, after
 	 * the copies before it (as on the host backend). A copy is not short:
@@ -535,6 +554,17 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		;
 	if (res == KV_FAULT_SHORT)
 		res = -EIO;
+	/* Copies [0, m): raw ones to cb->b* [0, nr), quantizing ones (kernel
+	 * launches) to cb->bq [0, nq); in place, as nr, nq <= i. */
+	for (i = 0; i < m; i++) {
+		if (cb->bq[i].qfmt) {
+			cb->bq[nq++] = cb->bq[i];
+		} else {
+			cb->bdst[nr] = cb->bdst[i];
+			cb->bsrc[nr] = cb->bsrc[i];
+			cb->bsize[nr++] = cb->bsize[i];
+		}
+	}
 	pthread_mutex_lock(&cb->lock);
 	if (cb->done_cap < cb->ndone + cb->inflight + 1) {
 		size_t cap = 2 * (cb->ndone + cb->inflight + 1);
@@ -564,8 +594,20 @@ static int cuda_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			goto fail_nothing;
 		}
 	}
-	started = enqueue(cb, d, m, &r);
+	started = enqueue(cb, d, nr, &r);
 	check_lost(d, r, "enqueueing copies");
+	if (r == CUDA_SUCCESS && nq) {
+		qres = kv_cudaq_launch(&p->qd, d->kern, dir, cb->bq, nq, d->copy_stream, &qstarted);
+		started += qstarted;
+		if (qres < 0) {
+			check_lost(d, kv_cu.cuStreamQuery(d->copy_stream), "a quantizing copy");
+			kv_err("cuda: device %d: %s of %u blocks: %s", d->ordinal,
+			       dir == KV_COPY_D2H ? "quantizing" : "dequantizing", nq, strerror(-qres));
+			if (!started)
+				goto fail_nothing;  /* r is CUDA_SUCCESS: qres is returned */
+			res = qres;
+		}
+	}
 	if (r != CUDA_SUCCESS) {
 		kv_err("cuda: device %d: enqueueing copy %u of %u: %s", d->ordinal, started, n,
 		       kv_cu_name(r));
@@ -605,7 +647,7 @@ fail_nothing:
 		d->spare = p;
 		pthread_mutex_unlock(&cb->lock);
 	}
-	return kv_cu_errno(r);
+	return r != CUDA_SUCCESS ? kv_cu_errno(r) : qres;
 }
 
 static int cuda_reap(struct kv_backend *be, struct kv_copy_done *done, int max)
@@ -652,8 +694,11 @@ static void dev_fini(struct cuda_backend *cb, struct cuda_dev *d, uint32_t nseg)
 	while ((p = d->spare)) {
 		d->spare = p->next;
 		kv_cu.cuEventDestroy(p->ev);
+		kv_cudaq_descs_free(&p->qd);
 		free(p);
 	}
+	kv_cuda_kernels_unload(d->kern);
+	d->kern = NULL;
 	for (i = 0; d->segs && i < nseg; i++)
 		seg_drop(cb, d, i);
 	free(d->segs);
@@ -693,6 +738,7 @@ static void cuda_destroy(struct kv_backend *be)
 	free(cb->bsrc);
 	free(cb->bdst);
 	free(cb->bsize);
+	free(cb->bq);
 	if (be->completion_fd >= 0)
 		close(be->completion_fd);
 	pthread_mutex_destroy(&cb->lock);
@@ -821,6 +867,8 @@ static int dev_init(struct cuda_backend *cb, struct cuda_dev *d, uint32_t i, int
 		CU_TRY(seg_install(cb, d, s, h, fd), "mapping a segment");
 		cb->be.epoch[i][s] = 1;
 	}
+	if (kv_cudaq_load(ordinal, &d->kern) < 0)
+		cb->be.quant = 0;
 	if (pthread_create(&d->thread, NULL, completion_thread, d) != 0) {
 		kv_errf(err, errlen, "cannot start the completion thread");
 		return -EAGAIN;
@@ -950,6 +998,7 @@ static int create(const int *devs, uint32_t ndev, uint64_t bytes_per_dev, uint64
 	cb->be.name = "cuda";
 	cb->be.segment_bytes = seg_bytes;
 	cb->be.has_uuid = 1;
+	cb->be.quant = 1;  /* until a device cannot load its kernels */
 	cb->be.completion_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (cb->be.completion_fd < 0) {
 		r = -errno;

@@ -260,10 +260,7 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 			res = -EINVAL;
 			break;
 		}
-		if (c[i].qfmt && (dir == KV_COPY_D2D ||
-				  (c[i].qfmt != KV_QFMT_E4M3 && c[i].qfmt != KV_QFMT_E5M2) ||
-				  (c[i].qdtype != KV_DTYPE_F16 && c[i].qdtype != KV_DTYPE_BF16) ||
-				  c[i].len % 2 || !c[i].len)) {
+		if (!kv_copy_qvalid(dir, &c[i])) {
 			res = -EINVAL;
 			break;
 		}

@@ -128,8 +128,10 @@ static void pool_compress(struct kv_daemon *d, struct kv_pool *p, const struct k
 		return;
 	}
 	if (!d->be->quant) {
+		/* cuda: a device could not load the kernels (logged at start). */
 		kv_info("pool '%s' of namespace '%s': the %s backend does not compress tier "
-			"copies: they stay uncompressed", p->name, ns->name, d->be->name);
+			"copies here (see the start-up log): they stay uncompressed", p->name,
+			ns->name, d->be->name);
 		return;
 	}
 	p->qfmt = (uint8_t)nc->compress;

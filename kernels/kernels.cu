@@ -58,10 +58,28 @@ template <int BF16> __device__ static uint16_t from_f32(float x)
 	return BF16 ? kv_f32_to_bf16(x) : kv_f32_to_f16(x);
 }
 
+template <int E5M2> __device__ static void scale_of(float amax, float *scale, float *inv)
+{
+	kv_quant_scale_to(amax, E5M2 ? KV_E5M2_MAX : KV_E4M3_MAX, scale, inv);
+}
+
+template <int E5M2> __device__ static uint8_t to_fp8(float x, float inv)
+{
+	return E5M2 ? kv_quant_elem_e5m2(x, inv) : kv_quant_elem(x, inv);
+}
+
+template <int E5M2> __device__ static float from_fp8(uint8_t q, float scale)
+{
+	return E5M2 ? kv_dequant_elem_e5m2(q, scale) : kv_dequant_elem(q, scale);
+}
+
 // Grid: x over the groups of a block, y over the blocks (desc entries).
 // desc[i].src: n elements; desc[i].dst: 4-byte aligned, kv_quant_bytes(n,
-// group) bytes (scales, then the E4M3 bytes).
-template <int BF16>
+// group) bytes (scales, then the FP8 bytes: E4M3, or E5M2 when E5M2 is 1).
+// Either side may be pinned host memory through its device address (the
+// cuda backend quantizes straight into a G2 slot): every byte is written
+// once, so a store that crosses the bus is never read back here.
+template <int BF16, int E5M2>
 __device__ static void quant(const struct kv_gather_desc *desc, uint32_t nd, uint64_t n,
 			     uint64_t group, uint64_t ngroups)
 {
@@ -83,7 +101,7 @@ __device__ static void quant(const struct kv_gather_desc *desc, uint32_t nd, uin
 			if (threadIdx.x == 0) {
 				float scale, inv;
 
-				kv_quant_scale(to_f32<BF16>((uint16_t)m), &scale, &inv);
+				scale_of<E5M2>(to_f32<BF16>((uint16_t)m), &scale, &inv);
 				scales[g] = scale;
 				s_inv = inv;
 			}
@@ -91,13 +109,13 @@ __device__ static void quant(const struct kv_gather_desc *desc, uint32_t nd, uin
 			float inv = s_inv;
 
 			for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-				q[i] = kv_quant_elem(to_f32<BF16>(src[i]), inv);
+				q[i] = to_fp8<E5M2>(to_f32<BF16>(src[i]), inv);
 			__syncthreads();  // s_inv is rewritten by the next group
 		}
 	}
 }
 
-template <int BF16>
+template <int BF16, int E5M2>
 __device__ static void dequant(const struct kv_gather_desc *desc, uint32_t nd, uint64_t n,
 			       uint64_t group, uint64_t ngroups)
 {
@@ -111,38 +129,32 @@ __device__ static void dequant(const struct kv_gather_desc *desc, uint32_t nd, u
 			float scale = scales[g];
 
 			for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-				dst[i] = from_f32<BF16>(kv_dequant_elem(q[i], scale));
+				dst[i] = from_f32<BF16>(from_fp8<E5M2>(q[i], scale));
 		}
 	}
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-	kv_quant_f16(const struct kv_gather_desc *d, uint32_t nd, uint64_t n, uint64_t group,
-		     uint64_t ngroups)
-{
-	quant<0>(d, nd, n, group, ngroups);
-}
+// The entry points, by format and element type (kernels_cuda.c looks them
+// up by these names).
+#define KV_QUANT_KERNELS(fmt, e5m2, dt, bf16)                                              \
+	extern "C" __global__ void __launch_bounds__(THREADS)                               \
+		kv_quant_##fmt##dt(const struct kv_gather_desc *d, uint32_t nd, uint64_t n,  \
+				   uint64_t group, uint64_t ngroups)                         \
+	{                                                                                   \
+		quant<bf16, e5m2>(d, nd, n, group, ngroups);                                \
+	}                                                                                   \
+	extern "C" __global__ void __launch_bounds__(THREADS)                               \
+		kv_dequant_##fmt##dt(const struct kv_gather_desc *d, uint32_t nd, uint64_t n, \
+				     uint64_t group, uint64_t ngroups)                       \
+	{                                                                                   \
+		dequant<bf16, e5m2>(d, nd, n, group, ngroups);                              \
+	}
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-	kv_quant_bf16(const struct kv_gather_desc *d, uint32_t nd, uint64_t n, uint64_t group,
-		      uint64_t ngroups)
-{
-	quant<1>(d, nd, n, group, ngroups);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS)
-	kv_dequant_f16(const struct kv_gather_desc *d, uint32_t nd, uint64_t n, uint64_t group,
-		       uint64_t ngroups)
-{
-	dequant<0>(d, nd, n, group, ngroups);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS)
-	kv_dequant_bf16(const struct kv_gather_desc *d, uint32_t nd, uint64_t n, uint64_t group,
-			uint64_t ngroups)
-{
-	dequant<1>(d, nd, n, group, ngroups);
-}
+// E4M3 keeps its first names (kv_quant_f16, ...); E5M2's carry the format.
+KV_QUANT_KERNELS(, 0, f16, 0)
+KV_QUANT_KERNELS(, 0, bf16, 1)
+KV_QUANT_KERNELS(e5m2_, 1, f16, 0)
+KV_QUANT_KERNELS(e5m2_, 1, bf16, 1)
 
 // ---- batched copy (gather / scatter) ----------------------------------------
 

@@ -16,18 +16,21 @@ extern const size_t kv_kernels_fatbin_len;
 
 struct kv_cuda_kernels {
 	CUmodule mod;
-	CUfunction quant[3], dequant[3];  /* by enum kv_dtype */
+	CUfunction quant[3][3], dequant[3][3];  /* by enum kv_qfmt, enum kv_dtype */
 	CUfunction copy, crc;
 };
 
 
 int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errlen)
 {
-	static const char *const names[] = { "kv_quant_f16", "kv_quant_bf16", "kv_dequant_f16",
-					     "kv_dequant_bf16", "kv_copy_batch",
-					     "kv_crc32c_batch" };
+	enum { NFN = 10 };
+	static const char *const names[NFN] = {
+		"kv_quant_f16",      "kv_quant_bf16",      "kv_dequant_f16",      "kv_dequant_bf16",
+		"kv_quant_e5m2_f16", "kv_quant_e5m2_bf16", "kv_dequant_e5m2_f16", "kv_dequant_e5m2_bf16",
+		"kv_copy_batch",     "kv_crc32c_batch"
+	};
 	struct kv_cuda_kernels *k = calloc(1, sizeof(*k));
-	CUfunction *fn[6];
+	CUfunction *fn[NFN];
 	CUresult r;
 	size_t i;
 
@@ -36,12 +39,16 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 		return -ENOMEM;
 	}
 	(void)kv_kernels_fatbin_len;
-	fn[0] = &k->quant[KV_DTYPE_F16];
-	fn[1] = &k->quant[KV_DTYPE_BF16];
-	fn[2] = &k->dequant[KV_DTYPE_F16];
-	fn[3] = &k->dequant[KV_DTYPE_BF16];
-	fn[4] = &k->copy;
-	fn[5] = &k->crc;
+	fn[0] = &k->quant[KV_QFMT_E4M3][KV_DTYPE_F16];
+	fn[1] = &k->quant[KV_QFMT_E4M3][KV_DTYPE_BF16];
+	fn[2] = &k->dequant[KV_QFMT_E4M3][KV_DTYPE_F16];
+	fn[3] = &k->dequant[KV_QFMT_E4M3][KV_DTYPE_BF16];
+	fn[4] = &k->quant[KV_QFMT_E5M2][KV_DTYPE_F16];
+	fn[5] = &k->quant[KV_QFMT_E5M2][KV_DTYPE_BF16];
+	fn[6] = &k->dequant[KV_QFMT_E5M2][KV_DTYPE_F16];
+	fn[7] = &k->dequant[KV_QFMT_E5M2][KV_DTYPE_BF16];
+	fn[8] = &k->copy;
+	fn[9] = &k->crc;
 	r = kv_cu.cuModuleLoadData(&k->mod, kv_kernels_fatbin);
 	if (r != CUDA_SUCCESS) {
 		kv_errf(err, errlen, "loading the kernels: %s%s", kv_cu_name(r),
@@ -53,7 +60,7 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 		return r == CUDA_ERROR_NO_BINARY_FOR_GPU ||
 		       r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION ? -ENOEXEC : kv_cu_errno(r);
 	}
-	for (i = 0; i < 6; i++) {
+	for (i = 0; i < NFN; i++) {
 		r = kv_cu.cuModuleGetFunction(fn[i], k->mod, names[i]);
 		if (r != CUDA_SUCCESS) {
 			kv_errf(err, errlen, "kernel %s: %s", names[i], kv_cu_name(r));
@@ -108,20 +115,28 @@ static int quant_common(CUfunction f, uint64_t desc, uint32_t nd, uint64_t n, ui
 	return launch(f, min_u64(ng, 4096), min_u64(nd, 65535), s, args);
 }
 
-int kv_cuda_quant(struct kv_cuda_kernels *k, enum kv_dtype t, uint64_t desc, uint32_t nd,
-		  uint64_t n, uint64_t group, CUstream s)
+/* The kernel of format f and type t, or NULL for another. */
+static CUfunction pick(CUfunction (*tab)[3], enum kv_qfmt f, enum kv_dtype t)
 {
-	if (!k || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16))
-		return -EINVAL;
-	return quant_common(k->quant[t], desc, nd, n, group, s);
+	if ((f != KV_QFMT_E4M3 && f != KV_QFMT_E5M2) || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16))
+		return NULL;
+	return tab[f][t];
 }
 
-int kv_cuda_dequant(struct kv_cuda_kernels *k, enum kv_dtype t, uint64_t desc, uint32_t nd,
-		    uint64_t n, uint64_t group, CUstream s)
+int kv_cuda_quant(struct kv_cuda_kernels *k, enum kv_qfmt f, enum kv_dtype t, uint64_t desc,
+		  uint32_t nd, uint64_t n, uint64_t group, CUstream s)
 {
-	if (!k || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16))
+	if (!k)
 		return -EINVAL;
-	return quant_common(k->dequant[t], desc, nd, n, group, s);
+	return quant_common(pick(k->quant, f, t), desc, nd, n, group, s);
+}
+
+int kv_cuda_dequant(struct kv_cuda_kernels *k, enum kv_qfmt f, enum kv_dtype t, uint64_t desc,
+		    uint32_t nd, uint64_t n, uint64_t group, CUstream s)
+{
+	if (!k)
+		return -EINVAL;
+	return quant_common(pick(k->dequant, f, t), desc, nd, n, group, s);
 }
 
 int kv_cuda_copy_batch(struct kv_cuda_kernels *k, uint64_t desc, uint32_t nd, uint64_t max_len,

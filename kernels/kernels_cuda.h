@@ -8,8 +8,8 @@
  * unified addressing lets the kernel read directly). The array and every
  * buffer it names must stay valid until the kernel has finished.
  *
- * Every kernel gives exactly the bytes of its C reference: kv_quant_block /
- * kv_dequant_block (quant.h), kv_gather_run (gather.h), kv_crc32c
+ * Every kernel gives exactly the bytes of its C reference: kv_qfmt_quant /
+ * kv_qfmt_dequant (quant.h), kv_gather_run (gather.h), kv_crc32c
  * (crc32c.h); tests/test_kernels_gpu.c compares them on a GPU.
  *
  * Threads: a loaded set belongs to the context that was current at load;
@@ -34,17 +34,18 @@ int kv_cuda_kernels_load(struct kv_cuda_kernels **out, char *err, unsigned errle
 /* Unloads the module. NULL is fine. */
 void kv_cuda_kernels_unload(struct kv_cuda_kernels *k);
 
-/* Quantizes nd blocks of n elements of type t: desc[i].src (n elements,
- * 2-byte aligned) to desc[i].dst (kv_quant_bytes(n, group) bytes, 4-byte
- * aligned); len is not used. Returns 0 or -errno (-EINVAL for bad
+/* Quantizes nd blocks of n elements of type t into format f (KV_QFMT_E4M3
+ * or KV_QFMT_E5M2, quant.h): desc[i].src (n elements, 2-byte aligned) to
+ * desc[i].dst (kv_quant_bytes(n, group) bytes, 4-byte aligned); len is not
+ * used. The bytes are kv_qfmt_quant's. Returns 0 or -errno (-EINVAL for bad
  * arguments, else the launch's error). */
-int kv_cuda_quant(struct kv_cuda_kernels *k, enum kv_dtype t, uint64_t desc, uint32_t nd,
-		  uint64_t n, uint64_t group, CUstream s);
+int kv_cuda_quant(struct kv_cuda_kernels *k, enum kv_qfmt f, enum kv_dtype t, uint64_t desc,
+		  uint32_t nd, uint64_t n, uint64_t group, CUstream s);
 
-/* The inverse: desc[i].src quantized (4-byte aligned), desc[i].dst n
- * elements of type t. */
-int kv_cuda_dequant(struct kv_cuda_kernels *k, enum kv_dtype t, uint64_t desc, uint32_t nd,
-		    uint64_t n, uint64_t group, CUstream s);
+/* The inverse (kv_qfmt_dequant's bytes): desc[i].src quantized (4-byte
+ * aligned), desc[i].dst n elements of type t. */
+int kv_cuda_dequant(struct kv_cuda_kernels *k, enum kv_qfmt f, enum kv_dtype t, uint64_t desc,
+		    uint32_t nd, uint64_t n, uint64_t group, CUstream s);
 
 /* Runs nd copies (gather or scatter, see kv_gather_plan): len bytes from
  * src to dst each. max_len, the largest len (0 if unknown: taken as 64 KiB),

@@ -1,8 +1,11 @@
-/* The device kernels against their C references, bit for bit: FP8
- * quantization and dequantization of FP16 and BF16 blocks (random values,
- * specials, subnormals, outliers, partial groups), CRC32C of buffers of odd
+/* The device kernels against their C references, bit for bit: FP8 E4M3
+ * and E5M2 quantization and dequantization of FP16 and BF16 blocks (random
+ * values, specials, subnormals, outliers, partial groups; the quantized side
+ * in device memory, and in pinned host memory through its device address as
+ * the cuda backend's tier copies use it), CRC32C of buffers of odd
  * lengths and alignments, gather and scatter of many small blocks. Exits 77
  * without a usable GPU. Suite 'gpu'. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,16 +58,29 @@ static uint16_t special(enum kv_dtype t, uint64_t r)
 	return t == KV_DTYPE_F16 ? kv_f32_to_f16(x) : kv_f32_to_bf16(x);
 }
 
-static void quant_case(enum kv_dtype t, uint64_t n, uint64_t group)
+/* mapped: the quantized blocks in pinned host memory, written and read by
+ * the kernels through its device address (zero-copy). */
+static void quant_case(enum kv_qfmt f, enum kv_dtype t, uint64_t n, uint64_t group, int mapped)
 {
 	enum { ND = 6 };
 	size_t qb = kv_quant_bytes(n, group), qs = (qb + 15) & ~(size_t)15;
 	uint16_t *src = malloc(ND * n * 2), *deq = malloc(ND * n * 2), *deq_ref = malloc(n * 2);
-	uint8_t *q = malloc(ND * qs), *q_ref = malloc(qb);
+	uint8_t *q = NULL, *q_ref = malloc(qb);
 	CUdeviceptr dsrc, dq, dd, ddesc;
 	struct kv_gather_desc *d = desc_alloc(ND, &ddesc);
 	uint64_t i, b;
 
+	if (mapped) {
+		void *hp;
+
+		CK(kv_cu.cuMemHostAlloc(&hp, ND * qs,
+					CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+		CK(kv_cu.cuMemHostGetDevicePointer(&dq, hp, 0));
+		q = hp;
+		memset(q, 0xA5, ND * qs);
+	} else {
+		q = malloc(ND * qs);
+	}
 	CHECK(src && deq && deq_ref && q && q_ref);
 	for (b = 0; b < ND; b++)
 		for (i = 0; i < n; i++) {
@@ -80,23 +96,25 @@ static void quant_case(enum kv_dtype t, uint64_t n, uint64_t group)
 			src[b * n + i] = v;
 		}
 	CK(kv_cu.cuMemAlloc(&dsrc, ND * n * 2));
-	CK(kv_cu.cuMemAlloc(&dq, ND * qs));
+	if (!mapped)
+		CK(kv_cu.cuMemAlloc(&dq, ND * qs));
 	CK(kv_cu.cuMemAlloc(&dd, ND * n * 2));
 	CK(kv_cu.cuMemcpyHtoD(dsrc, src, ND * n * 2));
 	uploaded();
 	for (b = 0; b < ND; b++)
 		d[b] = (struct kv_gather_desc){ .src = dsrc + b * n * 2, .dst = dq + b * qs };
-	CHECK_EQ(kv_cuda_quant(K, t, ddesc, ND, n, group, S), 0);
+	CHECK_EQ(kv_cuda_quant(K, f, t, ddesc, ND, n, group, S), 0);
 	CK(kv_cu.cuStreamSynchronize(S));
-	CK(kv_cu.cuMemcpyDtoH(q, dq, ND * qs));
+	if (!mapped)
+		CK(kv_cu.cuMemcpyDtoH(q, dq, ND * qs));
 	for (b = 0; b < ND; b++) {
-		CHECK_EQ(kv_quant_block(t, src + b * n, n, group, q_ref, qb), 0);
+		CHECK_EQ(kv_qfmt_quant(f, t, src + b * n, n, group, q_ref, qb), 0);
 		if (memcmp(q + b * qs, q_ref, qb)) {
 			for (i = 0; i < qb && q[b * qs + i] == q_ref[i]; i++)
 				;
-			fprintf(stderr, "quant dtype %d n %llu group %llu block %llu: byte %llu is "
-				"%#x, reference %#x\n", t, (unsigned long long)n,
-				(unsigned long long)group, (unsigned long long)b,
+			fprintf(stderr, "quant fmt %d dtype %d n %llu group %llu mapped %d block "
+				"%llu: byte %llu is %#x, reference %#x\n", f, t, (unsigned long long)n,
+				(unsigned long long)group, mapped, (unsigned long long)b,
 				(unsigned long long)i, q[b * qs + i], q_ref[i]);
 			exit(1);
 		}
@@ -104,28 +122,33 @@ static void quant_case(enum kv_dtype t, uint64_t n, uint64_t group)
 	/* Dequantize what the device produced (equal to the reference's). */
 	for (b = 0; b < ND; b++)
 		d[b] = (struct kv_gather_desc){ .src = dq + b * qs, .dst = dd + b * n * 2 };
-	CHECK_EQ(kv_cuda_dequant(K, t, ddesc, ND, n, group, S), 0);
+	CHECK_EQ(kv_cuda_dequant(K, f, t, ddesc, ND, n, group, S), 0);
 	CK(kv_cu.cuStreamSynchronize(S));
 	CK(kv_cu.cuMemcpyDtoH(deq, dd, ND * n * 2));
 	for (b = 0; b < ND; b++) {
-		CHECK_EQ(kv_dequant_block(t, q + b * qs, qb, n, group, deq_ref), 0);
+		CHECK_EQ(kv_qfmt_dequant(f, t, q + b * qs, qb, n, group, deq_ref), 0);
 		if (memcmp(deq + b * n, deq_ref, n * 2)) {
 			for (i = 0; i < n && deq[b * n + i] == deq_ref[i]; i++)
 				;
-			fprintf(stderr, "dequant dtype %d block %llu: element %llu is %#x, "
-				"reference %#x\n", t, (unsigned long long)b, (unsigned long long)i,
+			fprintf(stderr, "dequant fmt %d dtype %d n %llu mapped %d block %llu: "
+				"element %llu is %#x, reference %#x\n", f, t, (unsigned long long)n,
+				mapped, (unsigned long long)b, (unsigned long long)i,
 				deq[b * n + i], deq_ref[i]);
 			exit(1);
 		}
 	}
 	CK(kv_cu.cuMemFree(dsrc));
-	CK(kv_cu.cuMemFree(dq));
+	if (mapped)
+		CK(kv_cu.cuMemFreeHost(q));
+	else
+		CK(kv_cu.cuMemFree(dq));
 	CK(kv_cu.cuMemFree(dd));
 	CK(kv_cu.cuMemFreeHost(d));
 	free(src);
 	free(deq);
 	free(deq_ref);
-	free(q);
+	if (!mapped)
+		free(q);
 	free(q_ref);
 }
 
@@ -244,7 +267,7 @@ int main(void)
 	char err[256];
 	CUdevice dev;
 	CUcontext ctx;
-	int n = 0, t;
+	int n = 0, t, f;
 
 	if (kv_cu_load() < 0)
 		GPU_SKIP(kv_cu_error());
@@ -259,12 +282,23 @@ int main(void)
 		return 1;
 	}
 	CK(kv_cu.cuStreamCreate(&S, CU_STREAM_NON_BLOCKING));
-	for (t = KV_DTYPE_F16; t <= KV_DTYPE_BF16; t++) {
-		quant_case((enum kv_dtype)t, 32768, 0);
-		quant_case((enum kv_dtype)t, 32768, 128);
-		quant_case((enum kv_dtype)t, 1000, 96);
-		quant_case((enum kv_dtype)t, 1, 0);
-	}
+	for (f = KV_QFMT_E4M3; f <= KV_QFMT_E5M2; f++)
+		for (t = KV_DTYPE_F16; t <= KV_DTYPE_BF16; t++) {
+			enum kv_qfmt qf = (enum kv_qfmt)f;
+			enum kv_dtype dt = (enum kv_dtype)t;
+
+			quant_case(qf, dt, 32768, 0, 0);
+			quant_case(qf, dt, 32768, 128, 0);
+			quant_case(qf, dt, 1000, 96, 0);
+			quant_case(qf, dt, 1, 0, 0);
+			/* A tier copy's shape: a 16 KiB block, KV_QUANT_GROUP. */
+			quant_case(qf, dt, 8192, KV_QUANT_GROUP, 1);
+			quant_case(qf, dt, 1000, 96, 1);
+		}
+	/* Arguments the launchers refuse. */
+	CHECK_EQ(kv_cuda_quant(K, KV_QFMT_RAW, KV_DTYPE_F16, 4096, 1, 8, 0, S), -EINVAL);
+	CHECK_EQ(kv_cuda_dequant(K, (enum kv_qfmt)3, KV_DTYPE_F16, 4096, 1, 8, 0, S), -EINVAL);
+	CHECK_EQ(kv_cuda_quant(K, KV_QFMT_E5M2, KV_DTYPE_NONE, 4096, 1, 8, 0, S), -EINVAL);
 	crc_case();
 	copy_case();
 	CK(kv_cu.cuStreamDestroy(S));

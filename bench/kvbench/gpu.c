@@ -6,7 +6,11 @@
  *   h2  G1 -> G2 and G2 -> G1 through the cuda backend's copy_async (batches
  *       of 64 KiB and of 2 MiB blocks between segments and the pinned
  *       arena, completions through completion_fd), beside the floor: one
- *       plain cuMemcpyAsync of a large buffer to or from pinned memory
+ *       plain cuMemcpyAsync of a large buffer to or from pinned memory;
+ *       and the compressing copies (compress = fp8_e4m3, BF16 blocks of
+ *       256 KiB and 2 MiB): the quantizing kernel writing the arena (D2H)
+ *       and the dequantizing one reading it (H2D), in GB/s of uncompressed
+ *       block bytes, beside the same floor
  *   h3  64 KiB blocks scattered in device memory to pinned host memory and
  *       back: one cuMemcpyAsync per block, one cuMemcpyBatchAsync, the
  *       gather kernel writing host memory directly, and the gather kernel
@@ -207,9 +211,12 @@ static int reap_n(int n)
 	return bad;
 }
 
-/* GB/s of copy_async over the whole pool in blocks of bs, batches of batch. */
+/* GB/s of copy_async over the whole pool in blocks of bs, batches of batch;
+ * qfmt (a KV_QFMT_*): quantized copies of BF16 blocks, each block's
+ * compressed form at the start of its bs bytes of arena, the rate in
+ * uncompressed bytes. */
 static double tier_rate(enum kv_copy_dir dir, uint8_t *arena, uint64_t pool, uint64_t bs,
-			uint32_t batch)
+			uint32_t batch, uint8_t qfmt)
 {
 	uint64_t n = pool / bs, bytes = 0;
 	struct kv_copy *c = calloc(batch, sizeof(*c));
@@ -225,7 +232,9 @@ static double tier_rate(enum kv_copy_dir dir, uint8_t *arena, uint64_t pool, uin
 
 			for (uint32_t j = 0; j < k; j++)
 				c[j] = (struct kv_copy){ .dev_off = (i + j) * bs,
-							 .host = arena + (i + j) * bs, .len = bs };
+							 .host = arena + (i + j) * bs, .len = bs,
+							 .qfmt = qfmt,
+							 .qdtype = qfmt ? KV_DTYPE_BF16 : 0 };
 			if (be->ops->copy_async(be, 0, dir, c, k, i) < 0) {
 				free(c);
 				return 0;
@@ -263,7 +272,7 @@ static double floor_rate(int d2h, CUdeviceptr dbuf, void *host, uint64_t len, CU
 static void tiers(bool quick)
 {
 	uint64_t pool = quick ? 512 * MIB : 2 * GIB, seg = 256 * MIB, flen = 256 * MIB;
-	static const uint64_t sizes[] = { 64 * KIB, 2 * MIB };
+	static const uint64_t sizes[] = { 64 * KIB, 2 * MIB }, qsizes[] = { 256 * KIB, 2 * MIB };
 	double fd2h = 0, fh2d = 0;
 	CUdeviceptr dbuf = 0;
 	CUstream s = NULL;
@@ -294,11 +303,29 @@ static void tiers(bool quick)
 
 		snprintf(name, sizeof(name), "G1->G2 (D2H) %llu KiB blocks, batches of 256",
 			 (unsigned long long)(sizes[i] / KIB));
-		row(name, tier_rate(KV_COPY_D2H, arena, pool, sizes[i], 256), fd2h);
+		row(name, tier_rate(KV_COPY_D2H, arena, pool, sizes[i], 256, 0), fd2h);
 		snprintf(name, sizeof(name), "G2->G1 (H2D) %llu KiB blocks, batches of 256",
 			 (unsigned long long)(sizes[i] / KIB));
-		row(name, tier_rate(KV_COPY_H2D, arena, pool, sizes[i], 256), fh2d);
+		row(name, tier_rate(KV_COPY_H2D, arena, pool, sizes[i], 256, 0), fh2d);
 	}
+	/* The segments are zeroed: the kernels' work does not depend on the
+	 * values (one scale and one conversion per element either way). */
+	if (!be->quant)
+		printf("  compressing copies: not available (the kernels did not load; see "
+		       "above)\n");
+	for (size_t i = 0; be->quant && i < sizeof(qsizes) / sizeof(qsizes[0]); i++) {
+		char name[96];
+
+		snprintf(name, sizeof(name), "G1->G2 E4M3 quantizing, BF16 %llu KiB blocks",
+			 (unsigned long long)(qsizes[i] / KIB));
+		row(name, tier_rate(KV_COPY_D2H, arena, pool, qsizes[i], 256, KV_QFMT_E4M3), fd2h);
+		snprintf(name, sizeof(name), "G2->G1 E4M3 dequantizing, BF16 %llu KiB blocks",
+			 (unsigned long long)(qsizes[i] / KIB));
+		row(name, tier_rate(KV_COPY_H2D, arena, pool, qsizes[i], 256, KV_QFMT_E4M3), fh2d);
+	}
+	if (be->quant)
+		printf("  (quantizing rows: GB/s of uncompressed bytes; %.3f of them cross the "
+		       "bus)\n", (double)kv_quant_bytes(MIB / 2, KV_QUANT_GROUP) / (double)MIB);
 	row("floor: one cuMemcpyAsync of 256 MiB, D2H", fd2h, 0);
 	row("floor: one cuMemcpyAsync of 256 MiB, H2D", fh2d, 0);
 out:
