@@ -42,57 +42,26 @@
  * default for a cluster: a thread per master; 3 x B in flight). Without
  * redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the client alone. */
-#include <errno.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
 #include "rcluster.h"
-#include "rcluster_harness.h"
+#include "rbench.h"
 
-#define MASTERS 3
+#define MASTERS RB_MASTERS
 #define MAX_SIZES 16
 #define MAX_RB 8
 #define POOL_SPAN 65536   /* values start at one of this many offsets in the pool */
 #define GB 1e9
 
-struct rb_conf {
-	int clients, pipeline, threads;   /* threads 0: redis-benchmark's default */
-};
-
-struct rb_result {
-	double rps, gbs, p50_ms;   /* as redis-benchmark reports them */
-	double wall_s;             /* its process, start to exit */
-	unsigned long long hits, misses;
-	int ok;
-};
-
-static const char *benchmark_bin;
-static char bin_buf[4096];   /* benchmark_bin's, once the checks before it are done */
+static char bin_buf[4096];   /* rb_bin's, once the checks before it are done */
 static unsigned char *pool;
 static size_t pool_len;
-
-__attribute__((format(printf, 1, 2), noreturn))
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("kvrcbench: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	exit(1);
-}
 
 static uint64_t now_ns(void)
 {
@@ -159,176 +128,6 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* ---- the cluster, through the harness's own connections ---- */
-
-static redisReply *node_cmd(struct kvt_rc *c, int i, const char *command)
-{
-	redisContext *ctx = kvt_rc_connect(c, i);
-	redisReply *r;
-
-	if (!ctx)
-		die("cannot connect to node %d (port %d)", i, c->node[i].port);
-	r = redisCommand(ctx, command);
-	redisFree(ctx);
-	if (!r || r->type == REDIS_REPLY_ERROR)
-		die("%s failed", command);
-	return r;
-}
-
-static void flush_all(struct kvt_rc *c)
-{
-	for (int i = 0; i < c->n; i++)
-		if (kvt_rc_is_master(c, i))
-			freeReplyObject(node_cmd(c, i, "FLUSHALL"));
-	if (c->replicas && kvt_rc_wait_replicated(c, KVT_RC_WAIT_MS))
-		die("replicas did not catch up after FLUSHALL");
-}
-
-static unsigned long long info_num(const char *info, const char *field)
-{
-	const char *p = strstr(info, field);
-
-	return p ? strtoull(p + strlen(field), NULL, 10) : 0;
-}
-
-/* Sum of keyspace_hits and keyspace_misses over the masters. */
-static void hit_counters(struct kvt_rc *c, unsigned long long *hits, unsigned long long *misses)
-{
-	*hits = *misses = 0;
-	for (int i = 0; i < c->n; i++) {
-		redisReply *r;
-
-		if (!kvt_rc_is_master(c, i))
-			continue;
-		r = node_cmd(c, i, "INFO stats");
-		*hits += info_num(r->str, "keyspace_hits:");
-		*misses += info_num(r->str, "keyspace_misses:");
-		freeReplyObject(r);
-	}
-}
-
-static int a_master(struct kvt_rc *c)
-{
-	for (int i = 0; i < c->n; i++)
-		if (kvt_rc_is_master(c, i))
-			return i;
-	die("no master");
-}
-
-/* ---- redis-benchmark ---- */
-
-/* Runs redis-benchmark with argv (argv[0] left for the program), its
- * output (stdout and stderr) into out. Returns its exit status, -1 if it
- * did not run. */
-static int run_benchmark(char **argv, char *out, size_t len)
-{
-	int fd[2], st;
-	size_t used = 0;
-	pid_t pid;
-
-	argv[0] = (char *)benchmark_bin;
-	if (pipe(fd) < 0)
-		return -1;
-	fflush(NULL);
-	pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		dup2(fd[1], 1);
-		dup2(fd[1], 2);
-		close(fd[0]);
-		close(fd[1]);
-		execv(benchmark_bin, argv);
-		_exit(127);
-	}
-	close(fd[1]);
-	for (;;) {
-		char sink[4096];
-		ssize_t n;
-
-		/* Keep the tail when the progress lines outgrow out. */
-		if (used + 1 >= len) {
-			memmove(out, out + len / 2, used - len / 2);
-			used -= len / 2;
-		}
-		n = read(fd[0], used + 1 < len ? out + used : sink,
-			 used + 1 < len ? len - 1 - used : sizeof(sink));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		used += (size_t)n;
-	}
-	out[used] = 0;
-	close(fd[0]);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* From the last "GET: R requests per second, p50=L msec" in out: R, and L
- * in *p50_ms; 0 if none. */
-static double parse_rps(const char *out, double *p50_ms)
-{
-	const char *p, *last = NULL, *q;
-
-	for (p = out; (p = strstr(p, " requests per second")); p++)
-		last = p;
-	if (!last)
-		return 0;
-	q = strstr(last, "p50=");
-	*p50_ms = q ? strtod(q + 4, NULL) : 0;
-	for (q = last; q > out && (q[-1] == '.' || (q[-1] >= '0' && q[-1] <= '9')); q--)
-		;
-	return strtod(q, NULL);
-}
-
-/* redis-benchmark's tags: one SET run of its own with -r 1 leaves one key
- * "key:{T}:000000000000" on each master it used. -c 3 --threads 1 puts a
- * connection on each master, on one event loop that lets each send its
- * first request before any gets an answer (with a thread per connection, a
- * late thread may find the run over, as happened here under load). */
-static int learn_tags(struct kvt_rc *c, const char *port, char tags[MASTERS][8])
-{
-	char *argv[] = { NULL, "--cluster", "-h", "127.0.0.1", "-p", (char *)port, "-t", "set",
-			 "-n", "300", "-c", "3", "--threads", "1", "-r", "1", "-d", "1", "-q",
-			 NULL };
-	static char out[1 << 16];
-	int st, n = 0;
-
-	st = run_benchmark(argv, out, sizeof(out));
-	if (st != 0) {
-		fprintf(stderr, "kvrcbench: redis-benchmark (status %d) said:\n%s\n", st, out);
-		return -1;
-	}
-	for (int i = 0; i < c->n; i++) {
-		redisReply *r;
-
-		if (!kvt_rc_is_master(c, i))
-			continue;
-		r = node_cmd(c, i, "KEYS key:*");
-		for (size_t k = 0; k < r->elements && n < MASTERS; k++) {
-			const char *s = r->element[k]->str;
-
-			/* "key:" "{" 3 bytes "}" ":" 12 digits; a tag of 1 or 2 bytes
-			 * is padded with '}' ("{ab}}"): the 5 bytes are taken as they are. */
-			if (r->element[k]->len != 22 || strncmp(s, "key:{", 5) ||
-			    strcmp(s + 9, ":000000000000"))
-				continue;
-			snprintf(tags[n++], 8, "%.5s", s + 4);
-		}
-		freeReplyObject(r);
-	}
-	if (n != MASTERS) {
-		fprintf(stderr, "kvrcbench: found %d redis-benchmark key tags, not %d\n", n,
-			MASTERS);
-		return -1;
-	}
-	flush_all(c);
-	return 0;
-}
-
 /* ---- kv_rc ---- */
 
 struct keys {
@@ -348,8 +147,7 @@ static void keys_make(struct keys *k, size_t n, const char *tag, size_t per_tag)
 		int len;
 
 		if (tag)   /* redis-benchmark's names: tags[i / per_tag], i % per_tag */
-			len = snprintf(k->name[i], sizeof(k->name[i]), "key:%.5s:%012zu",
-				       tag + (i / per_tag) * 8, i % per_tag);
+			len = rb_key_name(k->name[i], sizeof(k->name[i]), tag, i, per_tag);
 		else
 			len = snprintf(k->name[i], sizeof(k->name[i]), "kvrc:%08zu", i);
 		k->key[i].data = k->name[i];
@@ -443,66 +241,6 @@ static void get_all(struct kv_rc *rc, const struct keys *k, size_t size, size_t 
 	free(lat);
 }
 
-static void rb_label(const struct rb_conf *r, char *out, size_t len)
-{
-	if (r->threads)
-		snprintf(out, len, "-c %d -P %d --threads %d", r->clients, r->pipeline, r->threads);
-	else
-		snprintf(out, len, "-c %d -P %d", r->clients, r->pipeline);
-}
-
-static void rb_run(struct kvt_rc *c, const char *port, const struct rb_conf *conf,
-		   const char *test, size_t size, size_t n, size_t keyspace, struct rb_result *res)
-{
-	char sz[24], nn[24], cc[24], pp[24], rr[24], tt[24], label[64];
-	char *argv[24];
-	static char out[1 << 16];
-	unsigned long long h0, m0, h1, m1;
-	int a = 1, st;
-	uint64_t t0;
-
-	snprintf(sz, sizeof(sz), "%zu", size);
-	/* A multiple of the pipeline: redis-benchmark sends whole pipelines
-	 * while fewer than -n requests have gone out. */
-	n = (n + (size_t)conf->pipeline - 1) / (size_t)conf->pipeline * (size_t)conf->pipeline;
-	snprintf(nn, sizeof(nn), "%zu", n);
-	snprintf(cc, sizeof(cc), "%d", conf->clients);
-	snprintf(pp, sizeof(pp), "%d", conf->pipeline);
-	snprintf(rr, sizeof(rr), "%zu", keyspace);
-	snprintf(tt, sizeof(tt), "%d", conf->threads);
-	argv[a++] = "--cluster";
-	argv[a++] = "-h"; argv[a++] = "127.0.0.1";
-	argv[a++] = "-p"; argv[a++] = (char *)port;
-	argv[a++] = "-t"; argv[a++] = (char *)test;
-	argv[a++] = "-d"; argv[a++] = sz;
-	argv[a++] = "-n"; argv[a++] = nn;
-	argv[a++] = "-c"; argv[a++] = cc;
-	argv[a++] = "-P"; argv[a++] = pp;
-	argv[a++] = "-r"; argv[a++] = rr;
-	if (conf->threads) {
-		argv[a++] = "--threads";
-		argv[a++] = tt;
-	}
-	argv[a++] = "-q";
-	argv[a] = NULL;
-
-	memset(res, 0, sizeof(*res));
-	hit_counters(c, &h0, &m0);
-	t0 = now_ns();
-	st = run_benchmark(argv, out, sizeof(out));
-	res->wall_s = (double)(now_ns() - t0) / 1e9;
-	hit_counters(c, &h1, &m1);
-	res->hits = h1 - h0;
-	res->misses = m1 - m0;
-	res->rps = parse_rps(out, &res->p50_ms);
-	res->gbs = res->rps * (double)size / GB;
-	res->ok = st == 0 && res->rps > 0;
-	rb_label(conf, label, sizeof(label));
-	if (!res->ok)
-		fprintf(stderr, "kvrcbench: redis-benchmark %s (status %d) said:\n%s\n", label, st,
-			out);
-}
-
 static void usage(void)
 {
 	fputs("usage: kvrcbench [--replicas 0|1] [--mib M] [--batch B] [--passes P]\n"
@@ -528,6 +266,7 @@ int main(int argc, char **argv)
 	} row[MAX_SIZES];
 	int set_peer = 0;
 
+	rb_prog = "kvrcbench";
 	for (int a = 1; a < argc; a++) {
 		const char *v = a + 1 < argc ? argv[a + 1] : NULL;
 
@@ -592,9 +331,9 @@ int main(int argc, char **argv)
 		       "(Debian: redis-server, redis-tools)\n");
 		return 0;
 	}
-	benchmark_bin = kvt_rc_find_bin("KVRCBENCH_REDIS_BENCHMARK", "redis-benchmark", bin_buf,
+	rb_bin = kvt_rc_find_bin("KVRCBENCH_REDIS_BENCHMARK", "redis-benchmark", bin_buf,
 					sizeof(bin_buf));
-	if (!benchmark_bin)
+	if (!rb_bin)
 		printf("kvrcbench: redis-benchmark not found: the client alone\n");
 
 	fill_pool(max_size);
@@ -603,7 +342,7 @@ int main(int argc, char **argv)
 	 * the middle of a run (seen here with replicas, at load 10). */
 	kvt_rc_start(&cluster, MASTERS, replicas,
 		     &(struct kvt_rc_opts){ .node_timeout_ms = 15000 });
-	snprintf(port, sizeof(port), "%d", cluster.node[a_master(&cluster)].port);
+	snprintf(port, sizeof(port), "%d", cluster.node[rb_a_master(&cluster)].port);
 	/* A long timeout: two busy vCPUs must not turn a slow answer into an
 	 * error (the client's timeouts are not what is measured). */
 	if (kv_rc_new(kvt_rc_seeds(&cluster), NULL, NULL, 10000, &rc, err, sizeof(err)) < 0)
@@ -611,11 +350,11 @@ int main(int argc, char **argv)
 	printf("kvrcbench: %d masters, %d replica%s each, loopback; batches of %zu, %u passes, "
 	       "about %zu MiB per size\n", MASTERS, replicas, replicas == 1 ? "" : "s", batch,
 	       passes, mib);
-	if (benchmark_bin && learn_tags(&cluster, port, tag_rows) < 0) {
+	if (rb_bin && rb_learn_tags(&cluster, port, tag_rows) < 0) {
 		printf("kvrcbench: redis-benchmark's keys not found: the client alone\n");
-		benchmark_bin = NULL;
+		rb_bin = NULL;
 	}
-	if (benchmark_bin) {
+	if (rb_bin) {
 		for (int t = 0; t < MASTERS; t++)
 			memcpy(tags + t * 8, tag_rows[t], 8);
 		printf("kvrcbench: redis-benchmark's hash tags %s %s %s\n", tag_rows[0],
@@ -633,7 +372,7 @@ int main(int argc, char **argv)
 		row[s].n = n;
 		size_str(size, sz, sizeof(sz));
 
-		flush_all(&cluster);
+		rb_flush_all(&cluster);
 		keys_make(&k, n, NULL, 0);
 		/* The write path: passes times over the same keys (the first
 		 * creates them, the others overwrite), as redis-benchmark's SETs
@@ -656,11 +395,11 @@ int main(int argc, char **argv)
 		       batch, row[s].get.mean_ms, row[s].get.p50_ms, row[s].get.p99_ms,
 		       (double)row[s].get.rounds / (double)(passes * ((n + batch - 1) / batch)));
 		fflush(stdout);
-		if (!benchmark_bin)
+		if (!rb_bin)
 			continue;
 
 		/* redis-benchmark's keys: per tag per_tag values of this size. */
-		flush_all(&cluster);
+		rb_flush_all(&cluster);
 		keys_make(&k, per_tag * MASTERS, tags, per_tag);
 		set_all(rc, &k, size, batch);
 		keys_free(&k);
@@ -685,7 +424,7 @@ int main(int argc, char **argv)
 			struct rb_result *res = &row[s].rb_set;
 			char label[64];
 
-			flush_all(&cluster);
+			rb_flush_all(&cluster);
 			rb_run(&cluster, port, &rb[set_peer], "set", size, n * passes, per_tag, res);
 			rb_label(&rb[set_peer], label, sizeof(label));
 			printf("%s: redis-benchmark %s -t set: %.0f SET/s, %.2f GB/s, p50 %.3f ms\n",
@@ -696,14 +435,14 @@ int main(int argc, char **argv)
 
 	/* The tables, as docs/benchmarks.md shows them. */
 	printf("\n| value size | keys | kv_rc GB/s (a batch of %zu: p50 ms) |", batch);
-	for (int r = 0; benchmark_bin && r < nrb; r++) {
+	for (int r = 0; rb_bin && r < nrb; r++) {
 		char label[64];
 
 		rb_label(&rb[r], label, sizeof(label));
 		printf(" redis-benchmark `%s` GB/s (p50 ms) | kv_rc / it |", label);
 	}
 	printf("\n|---|---|---|");
-	for (int r = 0; benchmark_bin && r < nrb; r++)
+	for (int r = 0; rb_bin && r < nrb; r++)
 		printf("---|---|");
 	printf("\n");
 	for (size_t s = 0; s < nsizes; s++) {
@@ -712,7 +451,7 @@ int main(int argc, char **argv)
 
 		size_str(sizes[s], sz, sizeof(sz));
 		printf("| %s | %zu | %.2f (%.2f) |", sz, row[s].n, gbs, row[s].get.p50_ms);
-		for (int r = 0; benchmark_bin && r < nrb; r++) {
+		for (int r = 0; rb_bin && r < nrb; r++) {
 			const struct rb_result *res = &row[s].rb[r];
 
 			if (res->ok)
@@ -723,7 +462,7 @@ int main(int argc, char **argv)
 		}
 		printf("\n");
 	}
-	if (benchmark_bin) {
+	if (rb_bin) {
 		char label[64];
 
 		rb_label(&rb[set_peer], label, sizeof(label));

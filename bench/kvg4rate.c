@@ -1,0 +1,614 @@
+/* kvg4rate: the rate at which the daemon's G4 tier delivers a prefix back
+ * to G1, in uncompressed bytes per second, for a pool with compress = off,
+ * fp8_e4m3 and fp8_e5m2, beside redis-benchmark's GET rate at the value
+ * sizes stored, on the same cluster in the same run (issue 28, item 2).
+ * Figures, never assertions: it exits 0 whatever they are, 1 only when
+ * something did not work (a block that came back wrong, a block that did
+ * not come from G4).
+ *
+ * It starts a Redis Cluster on loopback with tests/rcluster_harness.c (3
+ * masters, no replica, cluster-node-timeout 15 s) and one real kvcached
+ * (tests/harness.c; the host backend) with G2 and G4 but no G3, three
+ * namespaces that write to G4 at demotion (remote_write = demote) and
+ * differ in compress. For each block size and each namespace:
+ *
+ *   1. a chain of N blocks (about --mib MiB) of FP16 values like a KV
+ *      cache's (normal values, a scale per channel, two outlier channels in
+ *      128) is written into G1, sealed and released; Evict G1 demotes it to
+ *      G2 (quantized for a compressing namespace), which writes every block
+ *      to G4 (the counters say N writes, none dropped or failed, nothing in
+ *      flight); Evict G2 drops it: it is now in G4 only;
+ *   2. --passes times: with G1 and G2 holding none of it (the pool's cached
+ *      blocks and G2's blocks are 0, there is no G3), one Lookup of the
+ *      whole chain is timed, from the call to its reply: the tier fetches
+ *      up to 64 blocks per batch from the cluster, copies them into G2
+ *      slots, and the promotion copies (or dequantizes) them into G1, batch
+ *      after batch. G4's hits must have grown by N. Then, outside the
+ *      clock, every block is compared with what it must hold: its bytes
+ *      for a raw pool, the C reference's quantize-dequantize round trip of
+ *      them (bit for bit: the daemon runs that same code) for a compressed
+ *      one; then released and evicted from G1 and G2 again.
+ *
+ * Then the cluster is flushed, and for each value size the tier stored
+ * (the 80-byte slot header + the block or its quantized form; G4's bytes_in
+ * / hits), redis-benchmark --cluster -t get with the fair set-up of
+ * docs/benchmarks.md (-c 3 -P 22 --threads 1: a connection per master, one
+ * thread, ~64 in flight, as the tier's read thread has), every GET a hit
+ * (the masters' keyspace counters are printed).
+ *
+ *   kvg4rate [--mib M] [--passes P] [--rb C:P[:THREADS]] [SIZE...]
+ *
+ * SIZE: block bytes, with k or m (default 256k 2m); --mib 128; --passes 5;
+ * --rb 3:22:1. The daemon is $KVCACHED_BIN, else the one built beside it.
+ * Without redis-server or redis-cli it says it skipped and exits 0; without
+ * redis-benchmark it measures the tier alone. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fp8.h"
+#include "harness.h"
+#include "quant.h"
+#include "rbench.h"
+#include "rcluster.h"
+
+#define MAX_SIZES 8
+#define NFMT 3
+#define HDR 80          /* struct slot_hdr, before each G4 value's payload */
+#define GB 1e9
+
+#ifndef KVG4RATE_DAEMON
+#define KVG4RATE_DAEMON ""
+#endif
+
+static const char *const fmt_ns[NFMT] = { "raw", "e4m3", "e5m2" };
+static const char *const fmt_conf[NFMT] = { "off", "fp8_e4m3", "fp8_e5m2" };
+static const enum kv_qfmt fmt_q[NFMT] = { KV_QFMT_RAW, KV_QFMT_E4M3, KV_QFMT_E5M2 };
+
+struct fmt_row {
+	size_t value_bytes;         /* one G4 value, as the tier read it */
+	double gbs[64];             /* per pass: uncompressed bytes / lookup time */
+	double lookup_ms[64];
+	unsigned passes;
+	uint64_t fetches;           /* G4 fetches of the timed lookups */
+	double dequant_gbs;         /* the reference dequantizer alone, GB/s of FP16 out */
+};
+
+struct size_row {
+	size_t block, n;
+	struct fmt_row f[NFMT];
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static size_t parse_size(const char *s)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (end == s)
+		die("bad size %s", s);
+	if (*end == 'k' || *end == 'K')
+		v <<= 10, end++;
+	else if (*end == 'm' || *end == 'M')
+		v <<= 20, end++;
+	if (*end || v < 4096 || v > (64u << 20) || (v & 4095))
+		die("bad size %s (4 KiB to 64 MiB, a multiple of 4 KiB)", s);
+	return (size_t)v;
+}
+
+static void size_str(size_t n, char *out, size_t len)
+{
+	if (n >= (1u << 20) && !(n & ((1u << 20) - 1)))
+		snprintf(out, len, "%zu MiB", n >> 20);
+	else if (n >= 1024 && !(n & 1023))
+		snprintf(out, len, "%zu KiB", n >> 10);
+	else
+		snprintf(out, len, "%zu B", n);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* ---- the data: FP16 values shaped like a KV cache's ---- */
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+
+static uint64_t xorshift(void)
+{
+	rs ^= rs << 13;
+	rs ^= rs >> 7;
+	rs ^= rs << 17;
+	return rs;
+}
+
+/* About normal (the sum of four uniforms, variance 1), times a scale per
+ * channel of 128 (log-normal, channels 17 and 90 twenty times larger, as
+ * bench/kvquant.c's "kv-like" set). */
+static void fill_values(uint16_t *v, size_t n)
+{
+	float ch[128];
+
+	for (int c = 0; c < 128; c++) {
+		double u = 0;
+
+		for (int k = 0; k < 4; k++)
+			u += (double)(xorshift() >> 11) * 0x1p-53 - 0.5;
+		ch[c] = (float)(exp2(0.5 * u * 1.7320508) * (c == 17 || c == 90 ? 20 : 1));
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint64_t x = xorshift();
+		float u = (float)((x & 0xffff) + ((x >> 16) & 0xffff) + ((x >> 32) & 0xffff) +
+				  (x >> 48)) / 65536.0f - 2.0f;
+
+		v[i] = kv_f32_to_f16(u * 1.7320508f * ch[i % 128]);
+	}
+}
+
+/* ---- the daemon ---- */
+
+static struct kvt_rc cluster;
+static struct kvt_daemon daemon_;
+static char tmp[64];
+
+static void write_conf(char *arg, size_t len, size_t max_inflight)
+{
+	char path[160];
+	unsigned uid = (unsigned)getuid();
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	if (!(f = fopen(path, "w")))
+		die("cannot write %s", path);
+	/* A long timeout: two busy vCPUs must not turn a slow node into
+	 * misses (the timeout is not what is measured). */
+	fprintf(f, "log_level = warn\nremote_seeds = %s\nremote_timeout = 10s\n"
+		"remote_max_inflight = %zu\n\n",
+		kvt_rc_seeds(&cluster), max_inflight);
+	for (int i = 0; i < NFMT; i++)
+		fprintf(f, "[namespace %s]\nusers = %u\nremote = yes\nremote_write = demote\n"
+			"compress = %s\n\n", fmt_ns[i], uid, fmt_conf[i]);
+	fclose(f);
+	snprintf(arg, len, "--config=%s", path);
+}
+
+struct g4c {
+	uint64_t hits, fetches, bytes_in, writes, write_errors, dropped, inflight, sum_fail;
+};
+
+static void g4_read(const char *ns, struct g4c *g)
+{
+	Kvcached__Response *r = kvt_g4_stats(ns);
+	const Kvcached__RemoteInfo *ri = r->stats->remote;
+
+	g->hits = ri->hits;
+	g->fetches = ri->fetches;
+	g->bytes_in = ri->bytes_in;
+	g->writes = ri->writes;
+	g->write_errors = ri->write_errors;
+	g->dropped = ri->dropped;
+	g->inflight = ri->inflight_bytes;
+	g->sum_fail = ri->checksum_failures;
+	kvcached__response__free_unpacked(r, NULL);
+}
+
+/* G4's counters once every write queued or under way is out. */
+static void g4_settled(const char *ns, struct g4c *g)
+{
+	uint64_t t0 = now_ns();
+
+	for (;;) {
+		g4_read(ns, g);
+		if (!g->inflight)
+			return;
+		if (now_ns() - t0 > 120 * 1000000000ull)
+			die("G4 writes still in flight after 2 minutes");
+		usleep(1000);
+	}
+}
+
+/* Neither G1 nor G2 holds any of pool's blocks, and there is no G3. */
+static void check_g4_only(int pool)
+{
+	uint64_t fr, wr, se, ca;
+	struct kvt_tier g2, g3;
+
+	kvt_tiers_settle();
+	kvt_pool_counts(pool, &fr, &wr, &se, &ca);
+	kvt_tier(1, &g2);
+	kvt_tier(2, &g3);
+	if (wr || se || ca || !g2.present || g2.blocks || g3.present)
+		die("before a timed lookup: G1 has %llu writable, %llu sealed, %llu cached blocks; "
+		    "G2 %s %llu; G3 %s", (unsigned long long)wr, (unsigned long long)se,
+		    (unsigned long long)ca, g2.present ? "holds" : "absent,",
+		    (unsigned long long)g2.blocks, g3.present ? "present" : "absent");
+}
+
+/* One block size, one namespace: steps 1 and 2 of the comment above. */
+static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
+		    uint8_t *got, uint64_t base, unsigned passes)
+{
+	size_t bb = row->block, n = row->n;
+	struct fmt_row *fr = &row->f[fi];
+	kvc_conn *c = kvt_connect(fmt_ns[fi]);
+	char name[32];
+	int pool;
+	kvc_block *b = calloc(n, sizeof(*b));
+	kvc_hash *h = calloc(n, sizeof(*h));
+	struct g4c g0, g1;
+
+	if (!b || !h)
+		die("out of memory");
+	snprintf(name, sizeof(name), "p%zu", bb);
+	pool = kvt_pool(c, name, bb);
+	for (size_t i = 0; i < n; i++)
+		h[i] = kvt_hash(base + i);
+
+	/* 1: into G1, sealed, demoted (written to G4), dropped from G2. */
+	if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
+		die("alloc of %zu blocks: %s", n, kvc_last_error(c));
+	for (size_t i = 0; i < n; i++)
+		kvt_mem_write(c, kvc_block_ptr(c, b[i]), (const uint8_t *)values + i * bb, bb);
+	if (kvc_seal(c, pool, b, h, n, b) != (int)n)
+		die("seal: %s", kvc_last_error(c));
+	if (kvc_release(c, b, n))
+		die("release: %s", kvc_last_error(c));
+	g4_settled(fmt_ns[fi], &g0);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	g4_settled(fmt_ns[fi], &g1);
+	if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
+	    g1.write_errors != g0.write_errors)
+		die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed", fmt_ns[fi],
+		    (unsigned long long)(g1.writes - g0.writes), n,
+		    (unsigned long long)(g1.dropped - g0.dropped),
+		    (unsigned long long)(g1.write_errors - g0.write_errors));
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
+
+	/* What each block must read back as: raw bytes, or the reference's
+	 * round trip of them. */
+	if (fmt_q[fi] == KV_QFMT_RAW) {
+		memcpy(want, values, n * bb);
+	} else {
+		size_t qn = kv_quant_bytes(bb / 2, KV_QUANT_GROUP);
+		uint8_t *q = malloc(qn * n);
+		uint64_t t0;
+
+		if (!q)
+			die("out of memory");
+		for (size_t i = 0; i < n; i++)
+			if (kv_qfmt_quant(fmt_q[fi], KV_DTYPE_F16, (const uint8_t *)values + i * bb,
+					  bb / 2, KV_QUANT_GROUP, q + i * qn, qn))
+				die("the reference quantizer failed");
+		/* The dequantizer's rate on its own, here, one thread: what
+		 * the promotion runs on the daemon's copy thread. */
+		t0 = now_ns();
+		for (size_t i = 0; i < n; i++)
+			if (kv_qfmt_dequant(fmt_q[fi], KV_DTYPE_F16, q + i * qn, qn, bb / 2,
+					    KV_QUANT_GROUP, want + i * bb))
+				die("the reference dequantizer failed");
+		fr->dequant_gbs = (double)(n * bb) / ((double)(now_ns() - t0) / 1e9) / GB;
+		free(q);
+	}
+
+	/* 2: the timed lookups. */
+	fr->passes = passes;
+	for (unsigned p = 0; p < passes; p++) {
+		uint64_t t0, t1;
+		int k;
+
+		check_g4_only(pool);
+		g4_settled(fmt_ns[fi], &g0);
+		t0 = now_ns();
+		k = kvc_lookup(c, pool, h, n, b);
+		t1 = now_ns();
+		g4_settled(fmt_ns[fi], &g1);
+		if (k != (int)n)
+			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],
+			    bb, k, n, k < 0 ? kvc_last_error(c) : "G4 misses");
+		if (g1.hits - g0.hits != n || g1.sum_fail != g0.sum_fail)
+			die("%s: %llu blocks came from G4, not %zu (%llu checksum failures)",
+			    fmt_ns[fi], (unsigned long long)(g1.hits - g0.hits), n,
+			    (unsigned long long)(g1.sum_fail - g0.sum_fail));
+		fr->value_bytes = (size_t)((g1.bytes_in - g0.bytes_in) / n);
+		fr->fetches += g1.fetches - g0.fetches;
+		fr->lookup_ms[p] = (double)(t1 - t0) / 1e6;
+		fr->gbs[p] = (double)(n * bb) / ((double)(t1 - t0) / 1e9) / GB;
+		for (size_t i = 0; i < n; i++) {
+			kvt_mem_read(c, got, kvc_block_ptr(c, b[i]), bb);
+			if (memcmp(got, want + i * bb, bb))
+				die("%s: block %zu of %zu bytes came back wrong", fmt_ns[fi], i, bb);
+		}
+		if (kvc_release(c, b, n))
+			die("release: %s", kvc_last_error(c));
+		kvt_evict(c, KVCACHED__TIER__TIER_G1);
+		kvt_evict(c, KVCACHED__TIER__TIER_G2);
+		g4_settled(fmt_ns[fi], &g1);
+	}
+	if (kvt_check())
+		die("the daemon's invariant checker found problems");
+	kvc_close(c);
+	free(b);
+	free(h);
+}
+
+/* ---- redis-benchmark at the sizes the tier stored ---- */
+
+/* SETs per_tag values of size bytes under each of redis-benchmark's tags. */
+static void rb_fill(struct kv_rc *rc, const char *tags, size_t per_tag, size_t size)
+{
+	enum { B = 64 };
+	char name[B][32];
+	struct kv_rc_key key[B];
+	struct kv_rc_val val[B];
+	int st[B];
+	uint8_t *v = malloc(size);
+
+	if (!v)
+		die("out of memory");
+	memset(v, 0x5a, size);
+	for (size_t i = 0; i < per_tag * RB_MASTERS; i += B) {
+		size_t m = per_tag * RB_MASTERS - i < B ? per_tag * RB_MASTERS - i : B;
+
+		for (size_t j = 0; j < m; j++) {
+			key[j].len = (size_t)rb_key_name(name[j], sizeof(name[j]), tags, i + j,
+							  per_tag);
+			key[j].data = name[j];
+			val[j].data = v;
+			val[j].len = size;
+		}
+		if (kv_rc_set(rc, m, key, val, 0, st) != (int)m)
+			die("kv_rc_set: %s", kv_rc_last_error(rc));
+	}
+	free(v);
+}
+
+static void usage(void)
+{
+	fputs("usage: kvg4rate [--mib M] [--passes P] [--rb C:P[:THREADS]] [SIZE...]\n", stderr);
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	static char bin_buf[4096], conf_arg[200];
+	size_t sizes[MAX_SIZES], nsizes = 0, mib = 128, max_bytes = 0, max_block = 0;
+	struct size_row row[MAX_SIZES];
+	struct rb_conf rbc = { RB_MASTERS, 22, 1 };
+	unsigned passes = 5;
+	char tag_rows[RB_MASTERS][8], tags[RB_MASTERS * 8], port[16], err[256], label[64];
+	char pool_arg[40], tier_arg[40];
+	struct {
+		size_t size;
+		struct rb_result r;
+	} rbv[MAX_SIZES * 2];
+	size_t nrbv = 0;
+	uint16_t *values;
+	uint8_t *want, *got;
+	uint64_t t_start = now_ns();
+
+	rb_prog = "kvg4rate";
+	for (int a = 1; a < argc; a++) {
+		const char *v = a + 1 < argc ? argv[a + 1] : NULL;
+
+		if (!strcmp(argv[a], "--mib") && v) {
+			mib = strtoull(v, NULL, 10), a++;
+		} else if (!strcmp(argv[a], "--passes") && v) {
+			passes = (unsigned)strtoul(v, NULL, 10), a++;
+		} else if (!strcmp(argv[a], "--rb") && v) {
+			rbc.threads = 0;
+			if (sscanf(v, "%d:%d:%d", &rbc.clients, &rbc.pipeline, &rbc.threads) < 2 ||
+			    rbc.clients < 1 || rbc.pipeline < 1 || rbc.threads < 0)
+				usage();
+			a++;
+		} else if (argv[a][0] == '-' || nsizes == MAX_SIZES) {
+			usage();
+		} else {
+			sizes[nsizes++] = parse_size(argv[a]);
+		}
+	}
+	if (!mib || mib > 4096 || !passes || passes > 64)
+		usage();
+	if (!nsizes) {
+		sizes[0] = 256 << 10;
+		sizes[1] = 2 << 20;
+		nsizes = 2;
+	}
+	for (size_t s = 0; s < nsizes; s++) {
+		size_t n = ((size_t)mib << 20) / sizes[s];
+
+		row[s].block = sizes[s];
+		row[s].n = n ? n : 1;
+		memset(row[s].f, 0, sizeof(row[s].f));
+		max_bytes = row[s].n * sizes[s] > max_bytes ? row[s].n * sizes[s] : max_bytes;
+		max_block = sizes[s] > max_block ? sizes[s] : max_block;
+	}
+
+	if (!kvt_rc_find_bin("KVT_REDIS_SERVER", "redis-server", bin_buf, sizeof(bin_buf)) ||
+	    !kvt_rc_find_bin("KVT_REDIS_CLI", "redis-cli", bin_buf, sizeof(bin_buf))) {
+		printf("kvg4rate: skipped: redis-server or redis-cli not found "
+		       "(Debian: redis-server, redis-tools)\n");
+		return 0;
+	}
+	rb_bin = kvt_rc_find_bin("KVRCBENCH_REDIS_BENCHMARK", "redis-benchmark", bin_buf,
+				 sizeof(bin_buf));
+	if (!rb_bin)
+		printf("kvg4rate: redis-benchmark not found: the tier alone\n");
+	if (!getenv("KVCACHED_BIN")) {
+		if (!*KVG4RATE_DAEMON || access(KVG4RATE_DAEMON, X_OK))
+			die("no daemon: set KVCACHED_BIN");
+		setenv("KVCACHED_BIN", KVG4RATE_DAEMON, 1);
+	}
+	if (kvt_cuda())
+		die("the host backend only (KVT_BACKEND=cuda is set)");
+
+	values = malloc(max_bytes);
+	want = malloc(max_bytes);
+	got = malloc(max_block);
+	if (!values || !want || !got)
+		die("out of memory");
+	fill_values(values, max_bytes / 2);
+
+	snprintf(tmp, sizeof(tmp), "/tmp/kvg4rate.XXXXXX");
+	if (!mkdtemp(tmp))
+		die("mkdtemp failed");
+	kvt_rc_start(&cluster, RB_MASTERS, 0, &(struct kvt_rc_opts){ .node_timeout_ms = 15000 });
+	snprintf(port, sizeof(port), "%d", cluster.node[rb_a_master(&cluster)].port);
+	write_conf(conf_arg, sizeof(conf_arg), 2 * max_bytes + (64u << 20));
+	/* G1 and G2 hold a chain twice over (G2 keeps the fetched copies while
+	 * the promotion copies them); no G3. */
+	snprintf(pool_arg, sizeof(pool_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
+	snprintf(tier_arg, sizeof(tier_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
+	kvt_start(&daemon_, conf_arg, "--pool-size", pool_arg, "--host-tier-size", tier_arg,
+		  NULL);
+	printf("kvg4rate: %d masters, loopback; one kvcached (host backend, G2 %s, no G3); "
+	       "chains of about %zu MiB, %u timed lookups each\n", RB_MASTERS, tier_arg, mib,
+	       passes);
+	fflush(stdout);
+
+	for (size_t s = 0; s < nsizes; s++) {
+		char sz[24];
+
+		size_str(sizes[s], sz, sizeof(sz));
+		for (int fi = 0; fi < NFMT; fi++) {
+			struct fmt_row *fr = &row[s].f[fi];
+			double sorted[64];
+
+			measure(&row[s], fi, values, want, got, ((uint64_t)s * NFMT + (uint64_t)fi) << 32,
+				passes);
+			memcpy(sorted, fr->gbs, passes * sizeof(double));
+			qsort(sorted, passes, sizeof(double), cmp_double);
+			printf("%s blocks, compress %s: %zu blocks in G4 only, values of %zu bytes; "
+			       "G4 -> G1 %.2f GB/s median (%.2f-%.2f), a lookup %.1f ms first, "
+			       "%.1f fetches", sz, fmt_conf[fi], row[s].n, fr->value_bytes,
+			       sorted[(passes - 1) / 2], sorted[0], sorted[passes - 1],
+			       fr->lookup_ms[0], (double)fr->fetches / passes);
+			if (fr->dequant_gbs > 0)
+				printf("; the dequantizer alone %.2f GB/s", fr->dequant_gbs);
+			printf("\n");
+			fflush(stdout);
+		}
+	}
+	kvt_stop(&daemon_);
+
+	if (rb_bin && rb_learn_tags(&cluster, port, tag_rows) < 0) {
+		printf("kvg4rate: redis-benchmark's keys not found: the tier alone\n");
+		rb_bin = NULL;
+	}
+	if (rb_bin) {
+		struct kv_rc *rc;
+
+		for (int t = 0; t < RB_MASTERS; t++)
+			memcpy(tags + t * 8, tag_rows[t], 8);
+		if (kv_rc_new(kvt_rc_seeds(&cluster), NULL, NULL, 10000, &rc, err, sizeof(err)) < 0)
+			die("kv_rc_new: %s", err);
+		rb_label(&rbc, label, sizeof(label));
+		for (size_t s = 0; s < nsizes; s++) {
+			for (int fi = 0; fi < NFMT; fi++) {
+				size_t vs = row[s].f[fi].value_bytes, per_tag, reqs;
+				int seen = 0;
+
+				for (size_t k = 0; k < nrbv; k++)
+					seen |= rbv[k].size == vs;
+				if (seen)
+					continue;
+				/* The chain's volume as keys; as many GETs as the
+				 * timed lookups made, and at least 512 MiB. */
+				per_tag = (row[s].n + RB_MASTERS - 1) / RB_MASTERS;
+				reqs = row[s].n * passes;
+				if (reqs * vs < (512u << 20))
+					reqs = ((size_t)512 << 20) / vs;
+				rb_flush_all(&cluster);
+				rb_fill(rc, tags, per_tag, vs);
+				rbv[nrbv].size = vs;
+				rb_run(&cluster, port, &rbc, "get", vs, reqs, per_tag, &rbv[nrbv].r);
+				printf("redis-benchmark %s -d %zu: %.0f GET/s, %.2f GB/s, p50 %.3f ms; "
+				       "keyspace hits %llu, misses %llu\n", label, vs, rbv[nrbv].r.rps,
+				       rbv[nrbv].r.gbs, rbv[nrbv].r.p50_ms, rbv[nrbv].r.hits,
+				       rbv[nrbv].r.misses);
+				fflush(stdout);
+				nrbv++;
+			}
+		}
+		rb_flush_all(&cluster);
+		kv_rc_free(rc);
+	}
+
+	/* The table, as docs/benchmarks.md shows it. */
+	printf("\n| block | compress | G4 value bytes | G4 -> G1 GB/s of KV, median (range) | "
+	       "G4 bytes GB/s | / raw pool | dequantizer alone GB/s |");
+	if (rb_bin)
+		printf(" redis-benchmark `%s` GET GB/s at the value size | KV rate / it |", label);
+	printf("\n|---|---|---|---|---|---|---|%s\n", rb_bin ? "---|---|" : "");
+	for (size_t s = 0; s < nsizes; s++) {
+		double raw_med = 0;
+		char sz[24];
+
+		size_str(sizes[s], sz, sizeof(sz));
+		for (int fi = 0; fi < NFMT; fi++) {
+			const struct fmt_row *fr = &row[s].f[fi];
+			double sorted[64], med;
+
+			memcpy(sorted, fr->gbs, passes * sizeof(double));
+			qsort(sorted, passes, sizeof(double), cmp_double);
+			med = sorted[(passes - 1) / 2];
+			if (!fi)
+				raw_med = med;
+			printf("| %s | %s | %zu | %.2f (%.2f-%.2f) | %.2f | %.2fx |", sz, fmt_conf[fi],
+			       fr->value_bytes, med, sorted[0], sorted[passes - 1],
+			       med * (double)fr->value_bytes / (double)sizes[s], med / raw_med);
+			if (fr->dequant_gbs > 0)
+				printf(" %.2f |", fr->dequant_gbs);
+			else
+				printf(" - |");
+			for (size_t k = 0; rb_bin && k < nrbv; k++) {
+				if (rbv[k].size != fr->value_bytes)
+					continue;
+				if (rbv[k].r.ok)
+					printf(" %.2f%s | %.2fx |", rbv[k].r.gbs,
+					       rbv[k].r.misses ? " (misses!)" : "", med / rbv[k].r.gbs);
+				else
+					printf(" - | - |");
+			}
+			printf("\n");
+		}
+	}
+	{
+		FILE *f = fopen("/proc/loadavg", "r");
+		char la[64] = "?";
+
+		if (f) {
+			if (!fgets(la, sizeof(la), f))
+				la[0] = 0;
+			la[strcspn(la, "\n")] = 0;
+			fclose(f);
+		}
+		printf("\nkvg4rate: %.0f s in all; load average now %s\n",
+		       (double)(now_ns() - t_start) / 1e9, la);
+	}
+	kvt_rc_stop(&cluster);
+	{
+		char path[200];
+
+		snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+		unlink(path);
+		rmdir(tmp);
+	}
+	free(values);
+	free(want);
+	free(got);
+	return 0;
+}
