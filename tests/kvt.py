@@ -143,6 +143,15 @@ class Daemon:
         check(r.returncode == 0, "kvctl status: %s" % r.stderr, self.log)
         return not any(t["inflight"] for t in json.loads(r.stdout)["tiers"])
 
+    def wait_tiers_idle(self, timeout=60):
+        """Waits until tiers_idle(). A workload that must leave blocks in
+        every tier paces itself with this: an Alloc that finds G1 full
+        while demotion lags (a loaded machine) drops the oldest cached
+        blocks instead of waiting for disk I/O (docs/tiers.md), so what
+        reaches G2 and G3 would depend on the machine's speed."""
+        check(wait_for(self.tiers_idle, timeout=timeout, step=0.02),
+              "the tiers did not become idle in %d s" % timeout, self.log)
+
 
 def events_daemon(d, *args, **kw):
     """A Daemon publishing KV events (args name the endpoints): started and

@@ -204,10 +204,12 @@ def main():
     for rnd in range(24):
         for w in workers:
             ok(w, "chain %d 8" % seed)
+            daemon.wait_tiers_idle()  # what reaches G2 and G3 must not hang on speed
             seed += 1
         sub.poll(0)
     for s in range(1, 40, 3):
         workers[s % 4].cmd("lookup %d 8" % s)
+        daemon.wait_tiers_idle()
         sub.poll(0)
     for w in workers:
         w.quit()

@@ -287,9 +287,11 @@ def workload(s):
     # others uint16 and uint32 ones, so every integer width msgspec picks.
     for seed, n in [(0, 16), (100000, 2), (4294967, 2)] + [(i, 8) for i in range(1, 49)]:
         kvt.check(w.cmd("chain %d %d" % (seed, n)).startswith("ok"), "chain %d" % seed)
+        s.daemon.wait_tiers_idle()
         s.poll()
     for seed in range(1, 40, 3):
         w.cmd("lookup %d 8" % seed)
+        s.daemon.wait_tiers_idle()
         s.poll()
     w.quit()
 
@@ -305,8 +307,10 @@ def tiers_settled(s, media=()):
 
 
 def settle(s, as_int, media=()):
-    kvt.check(kvt.wait_for(lambda: tiers_settled(s, media), timeout=60, step=0.1),
-              "the tiers did not settle with blocks in %s" % sorted(media), s.daemon.log)
+    if not kvt.wait_for(lambda: tiers_settled(s, media), timeout=60, step=0.1):
+        seen = sorted({m for (_, m) in s.dump(False)})
+        kvt.fail("the tiers did not settle with blocks in %s: media %s, kvctl status:\n%s" %
+                 (sorted(media), seen, s.daemon.kvctl("status").stdout), s.daemon.log)
     want = [None]
 
     def same():
