@@ -1,27 +1,31 @@
 /* Fast host block quantization; see quant_fast.h. Every path gives exactly
- * the reference's bytes (quant.c, fp8.h): tests/test_quant.c checks each one
- * against it over every FP16 and BF16 bit pattern and every FP8 code.
+ * the reference's bytes (quant.c, fp8.h): tests/test_quant_fast.c checks
+ * each against it over every FP16 and BF16 bit pattern and every FP8 code.
  *
  * Why the bytes are the same:
- * - decoding FP8 (dequant) reads a 256-entry table filled at start-up by
- *   fp8.h's own decoders; FP16 -> FP32 (quant) is F16C's vcvtph2ps, exact for
- *   every input (NaN stays NaN, which is all the encoder looks at), or
- *   fp8.h's; BF16 -> FP32 is a shift;
+ * - FP8 -> FP32 (dequant): the portable path reads a 256-entry table filled
+ *   at start-up by fp8.h's own decoders; the AVX2 path computes the same
+ *   floats (bits moved into place; a subnormal's m * 2^-9 is exact), which
+ *   beat a table gather;
+ * - FP16 -> FP32 (quant): F16C's vcvtph2ps, exact for every input (a NaN
+ *   stays a NaN, all the encoder looks at), or fp8.h's; BF16 is a shift;
  * - the one multiply per element is an IEEE single multiply in both (SSE or
- *   AVX, never fused: -ffp-contract=off, and intrinsics are not contracted);
+ *   AVX; nothing to fuse it with, and -ffp-contract=off);
  * - after the multiply a NaN becomes the one quiet NaN, as kv_dequant_elem()
- *   does; FP32 -> FP16 is vcvtps2ph with round to nearest even from the
+ *   does; FP32 -> FP16 is then vcvtps2ph with round to nearest even from the
  *   immediate (not MXCSR), which rounds, overflows to inf and makes
- *   subnormals as kv_f32_to_f16() does, or fp8.h's; FP32 -> BF16 of a
- *   non-NaN (or the canonical NaN) is kv_f32_to_bf16()'s add-and-shift;
- * - FP32 -> FP8 (quant) is fp8.h's kv_f32_to_e4m3 / e5m2 written as one
- *   formula: a normal result rounds the bits less the exponent bias, a
- *   subnormal one the mantissa with its hidden bit, both by round to nearest
- *   even of a right shift ((v + half - 1 + lsb) >> sh, as kv_rne_shift); a
- *   shift of 25 or more (clamped to 31) gives 0, the reference's zero range.
+ *   subnormals as kv_f32_to_f16() does; FP32 -> BF16 of a non-NaN (or of the
+ *   canonical NaN) is kv_f32_to_bf16()'s add-and-shift;
+ * - FP32 -> FP8 (quant): fp8.h's kv_f32_to_e4m3 / e5m2 on the portable path;
+ *   on the AVX2 path the same as one branchless formula: a normal result
+ *   rounds the bits less the exponent bias, a subnormal one the mantissa
+ *   with its hidden bit, both by round to nearest even of a right shift
+ *   ((v + half - 1 + lsb) >> sh, as kv_rne_shift); a shift of 25 or more
+ *   (clamped to 31) gives 0, the reference's zero range; then saturation
+ *   and NaN as the reference's first two tests.
  *
- * The AVX2 path does 8 elements per step within each group and leaves a
- * group's last n % 8 to the portable code. */
+ * The AVX2 path does 8 elements per step (16 for amax) within each group and
+ * leaves a group's last few to the portable code. */
 #include "quant_fast.h"
 
 #include <string.h>
@@ -29,6 +33,7 @@
 #include "fp8.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define KV_QF_X86 1
 #else
@@ -59,9 +64,16 @@ __attribute__((constructor)) static void qfast_init(void)
 	}
 	best = KV_QIMPL_PORTABLE;
 #if KV_QF_X86
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
-		best = KV_QIMPL_AVX2;
+	{
+		/* The builtin checks that the OS saves the AVX state; clang 14's
+		 * does not know "f16c", so CPUID leaf 1 says that. */
+		unsigned a, b, c, d;
+
+		__builtin_cpu_init();
+		if (__builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+		    (c & bit_F16C))
+			best = KV_QIMPL_AVX2;
+	}
 #endif
 	cur = best;
 }
@@ -77,7 +89,7 @@ const char *kv_qfast_impl(void)
 	return cur == KV_QIMPL_AVX2 ? "avx2" : cur == KV_QIMPL_PORTABLE ? "portable" : "reference";
 }
 
-/* ---- portable ----------------------------------------------------------- */
+/* ---- portable: table decode (dequant), a tighter amax loop (quant) ------ */
 
 static inline uint16_t ld16(const uint8_t *p, size_t i)
 {
@@ -85,18 +97,6 @@ static inline uint16_t ld16(const uint8_t *p, size_t i)
 
 	memcpy(&v, p + 2 * i, 2);
 	return v;
-}
-
-static inline uint8_t enc_fp8(const struct fp8_enc *e, uint32_t u)
-{
-	uint32_t a = u & 0x7fffffffu, s = (u >> 24) & 0x80, ex = a >> 23;
-	int norm = a >= e->norm_min;
-	uint32_t v = norm ? a - e->bias : (a & 0x7fffffu) | 0x800000u;
-	uint32_t sh = norm ? e->sh : (e->sub - ex > 31 ? 31 : e->sub - ex);
-	uint32_t r = (v + (1u << (sh - 1)) - 1 + ((v >> sh) & 1)) >> sh;
-
-	r = a >= e->sat_min ? e->sat : r;
-	return a > 0x7f800000u ? 0x7f : (uint8_t)(r | s);
 }
 
 static inline float to_f32(enum kv_dtype t, uint16_t v)
@@ -117,11 +117,17 @@ static uint16_t amax_port(enum kv_dtype t, const uint8_t *s, size_t lo, size_t h
 	return m;
 }
 
+/* fp8.h's encoders themselves: on one element at a time their branches
+ * (predictable on real data) beat the branchless formula. */
 static void quant_port(const struct fp8_enc *e, enum kv_dtype t, const uint8_t *s, size_t lo,
 		       size_t hi, float inv, uint8_t *q)
 {
-	for (size_t i = lo; i < hi; i++)
-		q[i] = enc_fp8(e, kv_f32_bits(kv_fmul(to_f32(t, ld16(s, i)), inv)));
+	if (e == &enc_e4m3)
+		for (size_t i = lo; i < hi; i++)
+			q[i] = kv_quant_elem(to_f32(t, ld16(s, i)), inv);
+	else
+		for (size_t i = lo; i < hi; i++)
+			q[i] = kv_quant_elem_e5m2(to_f32(t, ld16(s, i)), inv);
 }
 
 static void dequant_port(const float *dec, enum kv_dtype t, const uint8_t *q, size_t lo,
@@ -208,15 +214,43 @@ AVX2 static void quant_avx2(const struct fp8_enc *e, enum kv_dtype t, const uint
 	quant_port(e, t, s, i, hi, inv, q);
 }
 
+/* kv_e4m3_to_f32 / kv_e5m2_to_f32 of 8 codes (int32 lanes): a normal code's
+ * bits moved into place, a subnormal's m * 2^-9 (2^-16), exact; NaN the
+ * quiet NaN, E5M2's infinities inf, each with the code's sign. */
+AVX2 static inline __m256 dec8(int e5m2, __m256i c)
+{
+	__m256i q7 = _mm256_and_si256(c, I32(0x7f));
+	__m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, I32(0x80)), 24);
+	__m256 v, sub;
+
+	if (!e5m2) {
+		v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(q7, 20), I32(120u << 23)));
+		sub = _mm256_mul_ps(_mm256_cvtepi32_ps(q7), _mm256_set1_ps(0x1p-9f));
+		v = _mm256_blendv_ps(v, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(I32(8), q7)));
+		v = _mm256_blendv_ps(v, _mm256_castsi256_ps(I32(0x7fc00000)),
+				     _mm256_castsi256_ps(_mm256_cmpeq_epi32(q7, I32(0x7f))));
+	} else {
+		v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(q7, 21), I32(112u << 23)));
+		sub = _mm256_mul_ps(_mm256_cvtepi32_ps(q7), _mm256_set1_ps(0x1p-16f));
+		v = _mm256_blendv_ps(v, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(I32(4), q7)));
+		v = _mm256_blendv_ps(v, _mm256_castsi256_ps(I32(0x7f800000)),
+				     _mm256_castsi256_ps(_mm256_cmpeq_epi32(q7, I32(0x7c))));
+		v = _mm256_blendv_ps(v, _mm256_castsi256_ps(I32(0x7fc00000)),
+				     _mm256_castsi256_ps(_mm256_cmpgt_epi32(q7, I32(0x7c))));
+	}
+	return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
 AVX2 static void dequant_avx2(const float *dec, enum kv_dtype t, const uint8_t *q, size_t lo,
 			      size_t hi, float scale, uint8_t *d)
 {
+	int e5m2 = dec == dec_e5m2;
 	const __m256 vs = _mm256_set1_ps(scale), qnan = _mm256_castsi256_ps(I32(0x7fc00000));
 	size_t i = lo;
 
 	for (; i + 8 <= hi; i += 8) {
 		__m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(q + i)));
-		__m256 x = _mm256_mul_ps(_mm256_i32gather_ps(dec, idx, 4), vs);
+		__m256 x = _mm256_mul_ps(dec8(e5m2, idx), vs);
 		__m128i h;
 
 		x = _mm256_blendv_ps(x, qnan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));

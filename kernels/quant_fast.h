@@ -11,7 +11,7 @@
 
 enum kv_qimpl {
 	KV_QIMPL_REF = 0,       /* the reference, element by element (fp8.h) */
-	KV_QIMPL_PORTABLE = 1,  /* table decode, branchless encode: plain C, any CPU */
+	KV_QIMPL_PORTABLE = 1,  /* table decode: plain C, any CPU */
 	KV_QIMPL_AVX2 = 2,      /* AVX2 + F16C, where the CPU has them (x86-64) */
 };
 
