@@ -89,7 +89,7 @@ const char *kv_qfast_impl(void)
 	return cur == KV_QIMPL_AVX2 ? "avx2" : cur == KV_QIMPL_PORTABLE ? "portable" : "reference";
 }
 
-/* ---- portable: table decode (dequant), a tighter amax loop (quant) ------ */
+/* ---- portable: table decode (dequant), the reference's arithmetic (quant) */
 
 static inline uint16_t ld16(const uint8_t *p, size_t i)
 {
@@ -117,8 +117,9 @@ static uint16_t amax_port(enum kv_dtype t, const uint8_t *s, size_t lo, size_t h
 	return m;
 }
 
-/* fp8.h's encoders themselves: on one element at a time their branches
- * (predictable on real data) beat the branchless formula. */
+/* fp8.h's encoders themselves: one element at a time, their branches
+ * (predictable on real data) cost fewer instructions than the branchless
+ * formula. */
 static void quant_port(const struct fp8_enc *e, enum kv_dtype t, const uint8_t *s, size_t lo,
 		       size_t hi, float inv, uint8_t *q)
 {
