@@ -18,8 +18,8 @@
  *
  * kv_qfmt_quant_ref / kv_qfmt_dequant_ref are the reference versions,
  * element by element: the definition the device kernels and the fast host
- * paths (quant_fast.c: table decode, branchless encode, AVX2 + F16C where the
- * CPU has them) are tested against. The other functions give exactly their
+ * paths (quant_fast.c: portable C with a table decode, and AVX2 + F16C where
+ * the CPU has them) are tested against. The other functions give exactly their
  * bytes, on the fast paths; the host backend runs those. */
 #ifndef KV_QUANT_H
 #define KV_QUANT_H
