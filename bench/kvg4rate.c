@@ -26,7 +26,7 @@
  *      after batch. G4's hits must have grown by N. Then, outside the
  *      clock, every block is compared with what it must hold: its bytes
  *      for a raw pool, the C reference's quantize-dequantize round trip of
- *      them (bit for bit: the daemon runs that same code) for a compressed
+ *      them (bit for bit: the daemon's fast path gives the same bytes) for a compressed
  *      one; then released and evicted from G1 and G2 again.
  *
  * Then the cluster is flushed, and for each value size the tier stored
@@ -75,7 +75,7 @@ struct fmt_row {
 	double lookup_ms[64];
 	unsigned passes;
 	uint64_t fetches;           /* G4 fetches of the timed lookups */
-	double dequant_gbs;         /* the reference dequantizer alone, GB/s of FP16 out */
+	double dequant_gbs;         /* kv_qfmt_dequant alone, GB/s of FP16 out */
 };
 
 struct size_row {
@@ -290,17 +290,24 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 		if (!q)
 			die("out of memory");
 		for (size_t i = 0; i < n; i++)
-			if (kv_qfmt_quant(fmt_q[fi], KV_DTYPE_F16, (const uint8_t *)values + i * bb,
-					  bb / 2, KV_QUANT_GROUP, q + i * qn, qn))
+			if (kv_qfmt_quant_ref(fmt_q[fi], KV_DTYPE_F16,
+					      (const uint8_t *)values + i * bb, bb / 2,
+					      KV_QUANT_GROUP, q + i * qn, qn))
 				die("the reference quantizer failed");
 		/* The dequantizer's rate on its own, here, one thread: what
-		 * the promotion runs on the daemon's copy thread. */
+		 * the promotion runs on the daemon's copy thread (the fast
+		 * path, quant_fast.c); then the reference's bytes, which the
+		 * blocks must match. */
 		t0 = now_ns();
 		for (size_t i = 0; i < n; i++)
 			if (kv_qfmt_dequant(fmt_q[fi], KV_DTYPE_F16, q + i * qn, qn, bb / 2,
 					    KV_QUANT_GROUP, want + i * bb))
-				die("the reference dequantizer failed");
+				die("the dequantizer failed");
 		fr->dequant_gbs = (double)(n * bb) / ((double)(now_ns() - t0) / 1e9) / GB;
+		for (size_t i = 0; i < n; i++)
+			if (kv_qfmt_dequant_ref(fmt_q[fi], KV_DTYPE_F16, q + i * qn, qn, bb / 2,
+						KV_QUANT_GROUP, want + i * bb))
+				die("the reference dequantizer failed");
 		free(q);
 	}
 

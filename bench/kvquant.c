@@ -14,7 +14,9 @@
  * 2^-14 * scale for E5M2), the mean
  * relative error there, the error energy relative to the signal's (RMS),
  * and the share of nonzero inputs that came back as zero. Then the
- * throughput of kv_quant_block, kv_dequant_block and kv_crc32c on this CPU.
+ * throughput of kv_qfmt_quant and kv_qfmt_dequant on each path this CPU has
+ * (the reference, the portable fast path, AVX2 + F16C: quant_fast.h) and of
+ * kv_crc32c.
  *
  * Deterministic (fixed seed). Figures only: exits 0. */
 #include <math.h>
@@ -26,6 +28,7 @@
 #include "crc32c.h"
 #include "fp8.h"
 #include "quant.h"
+#include "quant_fast.h"
 
 #define N 32768
 #define BLOCKS 64
@@ -134,28 +137,55 @@ static void accuracy(void)
 			}
 }
 
-static void speed(void)
+/* GB/s of the uncompressed side of one call on n elements, repeated for
+ * half a second. */
+static double rate(int dequant, enum kv_qfmt f, enum kv_dtype ty, const uint16_t *src,
+		   uint8_t *q, size_t qcap, uint16_t *dst)
 {
-	static uint16_t src[N], dst[N];
-	static uint8_t q[N + 4 * N], buf[1 << 20];
 	size_t qb = kv_quant_bytes(N, 128);
 	double t0, t;
 	uint64_t n;
-	volatile uint32_t sink = 0;
 
-	make(KVLIKE, KV_DTYPE_F16, src);
+	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
+		if (dequant)
+			kv_qfmt_dequant(f, ty, q, qb, N, 128, dst);
+		else
+			kv_qfmt_quant(f, ty, src, N, 128, q, qcap);
+	return n * 2.0 * N / t / 1e9;
+}
+
+static void speed(void)
+{
+	static uint16_t src[2][N], dst[N];
+	static uint8_t q[N + 4 * N], buf[1 << 20];
+	double t0, t;
+	uint64_t n;
+	volatile uint32_t sink = 0;
+	enum kv_qimpl best = kv_qfast_select(KV_QIMPL_AVX2);
+
+	make(KVLIKE, KV_DTYPE_F16, src[0]);
+	make(KVLIKE, KV_DTYPE_BF16, src[1]);
 	for (size_t i = 0; i < sizeof(buf); i++)
 		buf[i] = (uint8_t)(i * 131);
-	printf("\nthroughput on this CPU, one thread (GB/s of the uncompressed side):\n");
-	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
-		kv_quant_block(KV_DTYPE_F16, src, N, 128, q, sizeof(q));
-	printf("  kv_quant_block   fp16, 64 KiB, scale per 128   %7.2f\n", n * 2.0 * N / t / 1e9);
-	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
-		kv_dequant_block(KV_DTYPE_F16, q, qb, N, 128, dst);
-	printf("  kv_dequant_block fp16, 64 KiB, scale per 128   %7.2f\n", n * 2.0 * N / t / 1e9);
-	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
-		kv_qfmt_quant(KV_QFMT_E5M2, KV_DTYPE_F16, src, N, 128, q, sizeof(q));
-	printf("  kv_qfmt_quant    fp16 to e5m2, scale per 128   %7.2f\n", n * 2.0 * N / t / 1e9);
+	printf("\nthroughput on this CPU, one thread (GB/s of the uncompressed side), kv-like "
+	       "blocks of 64 KiB, scale per 128;\nkv_qfmt_quant / kv_qfmt_dequant on each path "
+	       "(the same bytes; reference = kv_qfmt_*_ref):\n");
+	printf("  %-10s %-5s %-5s %8s %8s\n", "path", "fp8", "type", "quant", "dequant");
+	for (int impl = KV_QIMPL_REF; impl <= (int)best; impl++) {
+		kv_qfast_select((enum kv_qimpl)impl);
+		for (int f = KV_QFMT_E4M3; f <= KV_QFMT_E5M2; f++)
+			for (int ty = KV_DTYPE_F16; ty <= KV_DTYPE_BF16; ty++) {
+				double rq = rate(0, (enum kv_qfmt)f, (enum kv_dtype)ty, src[ty - 1], q,
+						 sizeof(q), dst);
+				double rd = rate(1, (enum kv_qfmt)f, (enum kv_dtype)ty, src[ty - 1], q,
+						 sizeof(q), dst);
+
+				printf("  %-10s %-5s %-5s %8.2f %8.2f\n", kv_qfast_impl(),
+				       f == KV_QFMT_E4M3 ? "e4m3" : "e5m2",
+				       ty == KV_DTYPE_F16 ? "fp16" : "bf16", rq, rd);
+			}
+	}
+	kv_qfast_select(best);
 	for (n = 0, t0 = now(); (t = now() - t0) < 0.5; n++)
 		sink ^= kv_crc32c(0, buf, sizeof(buf));
 	printf("  kv_crc32c (%s), 1 MiB buffers            %7.2f\n", kv_crc32c_impl(),

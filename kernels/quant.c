@@ -1,7 +1,11 @@
 /* Reference block quantization; see quant.h. The arithmetic is fp8.h's,
  * shared with the device kernels. Built with -ffp-contract=off (kernels/
  * meson.build): a fused multiply-add would round differently from the
- * device's __fmul_rn. */
+ * device's __fmul_rn.
+ *
+ * kv_qfmt_quant_ref / kv_qfmt_dequant_ref are the definition (element by
+ * element, fp8.h); kv_qfmt_quant / kv_qfmt_dequant check the arguments and
+ * run quant_fast.c's faster paths, which give the same bytes. */
 #include "quant.h"
 
 #include <errno.h>
@@ -9,6 +13,7 @@
 #include <strings.h>
 
 #include "fp8.h"
+#include "quant_fast.h"
 
 enum kv_dtype kv_dtype_parse(const char *s)
 {
@@ -54,8 +59,8 @@ static inline float fmt_max(enum kv_qfmt f)
 	return f == KV_QFMT_E5M2 ? KV_E5M2_MAX : KV_E4M3_MAX;
 }
 
-int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
-		  void *dst, size_t dst_len)
+int kv_qfmt_quant_ref(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
+		      void *dst, size_t dst_len)
 {
 	const uint8_t *s = src;
 	uint8_t *d = dst, *q;
@@ -92,8 +97,8 @@ int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, si
 	return 0;
 }
 
-int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
-		    size_t group, void *dst)
+int kv_qfmt_dequant_ref(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len,
+			size_t n, size_t group, void *dst)
 {
 	const uint8_t *s = src, *q;
 	uint8_t *d = dst;
@@ -119,6 +124,30 @@ int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src
 			memcpy(d + 2 * i, &v, 2);
 		}
 	}
+	return 0;
+}
+
+static int bad_args(enum kv_qfmt f, enum kv_dtype t, size_t n)
+{
+	return (f != KV_QFMT_E4M3 && f != KV_QFMT_E5M2) || (t != KV_DTYPE_F16 && t != KV_DTYPE_BF16) ||
+	       !n;
+}
+
+int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
+		  void *dst, size_t dst_len)
+{
+	if (bad_args(f, t, n) || dst_len < kv_quant_bytes(n, group))
+		return -EINVAL;
+	kv_qfast_quant(f, t, src, n, !group || group > n ? n : group, dst);
+	return 0;
+}
+
+int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
+		    size_t group, void *dst)
+{
+	if (bad_args(f, t, n) || src_len < kv_quant_bytes(n, group))
+		return -EINVAL;
+	kv_qfast_dequant(f, t, src, n, !group || group > n ? n : group, dst);
 	return 0;
 }
 

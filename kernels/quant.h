@@ -16,8 +16,11 @@
  * element type. fp8.h defines every step bit for bit; the device kernels
  * (kernels.cu) produce the same bytes.
  *
- * These are the portable reference versions: what the host backend uses,
- * and what the GPU tests compare the kernels with. */
+ * kv_qfmt_quant_ref / kv_qfmt_dequant_ref are the reference versions,
+ * element by element: the definition the device kernels and the fast host
+ * paths (quant_fast.c: portable C with a table decode, and AVX2 + F16C where
+ * the CPU has them) are tested against. The other functions give exactly their
+ * bytes, on the fast paths; the host backend runs those. */
 #ifndef KV_QUANT_H
 #define KV_QUANT_H
 
@@ -76,6 +79,13 @@ int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, si
 		  void *dst, size_t dst_len);
 int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
 		    size_t group, void *dst);
+
+/* The reference versions of the two above: the same arguments, results and
+ * bytes, element by element (slower). */
+int kv_qfmt_quant_ref(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,
+		      void *dst, size_t dst_len);
+int kv_qfmt_dequant_ref(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len,
+			size_t n, size_t group, void *dst);
 
 #ifdef __cplusplus
 }

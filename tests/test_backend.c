@@ -132,8 +132,8 @@ static void mixed_batch(uint8_t *arena, uint64_t *tag, int cuda)
 			CHECK(memcmp(slots + (size_t)k * BLK, in + (size_t)k * BLK, spec[k].len) == 0);
 			continue;
 		}
-		CHECK_EQ(kv_qfmt_quant((enum kv_qfmt)spec[k].fmt, (enum kv_dtype)spec[k].dtype,
-				       in + (size_t)k * BLK, n, KV_QUANT_GROUP, ref, qn), 0);
+		CHECK_EQ(kv_qfmt_quant_ref((enum kv_qfmt)spec[k].fmt, (enum kv_dtype)spec[k].dtype,
+					   in + (size_t)k * BLK, n, KV_QUANT_GROUP, ref, qn), 0);
 		if (memcmp(slots + (size_t)k * BLK, ref, qn) != 0)
 			fprintf(stderr, "mixed batch: copy %d (format %d, dtype %d, %u bytes): the "
 				"slot is not the reference's\n", k, spec[k].fmt, spec[k].dtype,
@@ -159,8 +159,8 @@ static void mixed_batch(uint8_t *arena, uint64_t *tag, int cuda)
 			CHECK(memcmp(out + (size_t)k * BLK, in + (size_t)k * BLK, spec[k].len) == 0);
 			continue;
 		}
-		CHECK_EQ(kv_qfmt_dequant((enum kv_qfmt)spec[k].fmt, (enum kv_dtype)spec[k].dtype,
-					 slots + (size_t)k * BLK, qn, n, KV_QUANT_GROUP, back), 0);
+		CHECK_EQ(kv_qfmt_dequant_ref((enum kv_qfmt)spec[k].fmt, (enum kv_dtype)spec[k].dtype,
+					     slots + (size_t)k * BLK, qn, n, KV_QUANT_GROUP, back), 0);
 		CHECK(memcmp(out + (size_t)k * BLK, back, spec[k].len) == 0);
 		/* The rest of the block is untouched (zero). */
 		for (size_t i = spec[k].len; i < BLK; i++)
@@ -325,15 +325,15 @@ int main(void)
 			one(KV_COPY_H2D, 0, 0, arena, BLK, tag++);
 			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, &q, 1, tag), 0);
 			CHECK_EQ(wait_tags(tag++, 1, &res), 0);
-			CHECK_EQ(kv_qfmt_quant((enum kv_qfmt)f, KV_DTYPE_BF16, arena, n, KV_QUANT_GROUP,
-					       ref, qn), 0);
+			CHECK_EQ(kv_qfmt_quant_ref((enum kv_qfmt)f, KV_DTYPE_BF16, arena, n,
+						   KV_QUANT_GROUP, ref, qn), 0);
 			CHECK(memcmp(arena + BLK, ref, qn) == 0);
 			q.dev_off = BLK;
 			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, &q, 1, tag), 0);
 			CHECK_EQ(wait_tags(tag++, 1, &res), 0);
 			one(KV_COPY_D2H, BLK, 0, arena + 2 * BLK, BLK, tag++);
-			CHECK_EQ(kv_qfmt_dequant((enum kv_qfmt)f, KV_DTYPE_BF16, ref, qn, n,
-						 KV_QUANT_GROUP, back), 0);
+			CHECK_EQ(kv_qfmt_dequant_ref((enum kv_qfmt)f, KV_DTYPE_BF16, ref, qn, n,
+						     KV_QUANT_GROUP, back), 0);
 			CHECK(memcmp(arena + 2 * BLK, back, BLK) == 0);
 		}
 		for (i = 0; i < sizeof(badq) / sizeof(badq[0]); i++) {

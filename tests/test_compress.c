@@ -87,8 +87,8 @@ static void expected(enum kv_qfmt f, enum kv_dtype t, const uint16_t *in, uint16
 	uint8_t *q = malloc(qn);
 
 	CHECK(q != NULL);
-	CHECK_EQ(kv_qfmt_quant(f, t, in, NEL, KV_QUANT_GROUP, q, qn), 0);
-	CHECK_EQ(kv_qfmt_dequant(f, t, q, qn, NEL, KV_QUANT_GROUP, out), 0);
+	CHECK_EQ(kv_qfmt_quant_ref(f, t, in, NEL, KV_QUANT_GROUP, q, qn), 0);
+	CHECK_EQ(kv_qfmt_dequant_ref(f, t, q, qn, NEL, KV_QUANT_GROUP, out), 0);
 	free(q);
 }
 

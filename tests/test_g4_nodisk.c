@@ -108,8 +108,10 @@ static int lookup_compressed(uint64_t base)
 	CHECK(k >= 0);
 	for (int i = 0; i < k; i++) {
 		kvt_fill(v, BB, base + (uint64_t)i);
-		CHECK_EQ(kv_quant_block(KV_DTYPE_F16, v, BB / 2, KV_QUANT_GROUP, q, qn), 0);
-		CHECK_EQ(kv_dequant_block(KV_DTYPE_F16, q, qn, BB / 2, KV_QUANT_GROUP, want), 0);
+		CHECK_EQ(kv_qfmt_quant_ref(KV_QFMT_E4M3, KV_DTYPE_F16, v, BB / 2, KV_QUANT_GROUP, q,
+					   qn), 0);
+		CHECK_EQ(kv_qfmt_dequant_ref(KV_QFMT_E4M3, KV_DTYPE_F16, q, qn, BB / 2,
+					     KV_QUANT_GROUP, want), 0);
 		kvt_mem_read(c, got, kvc_block_ptr(c, b[i]), BB);
 		CHECK(memcmp(got, want, BB) == 0);
 	}

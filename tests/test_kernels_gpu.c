@@ -108,7 +108,7 @@ static void quant_case(enum kv_qfmt f, enum kv_dtype t, uint64_t n, uint64_t gro
 	if (!mapped)
 		CK(kv_cu.cuMemcpyDtoH(q, dq, ND * qs));
 	for (b = 0; b < ND; b++) {
-		CHECK_EQ(kv_qfmt_quant(f, t, src + b * n, n, group, q_ref, qb), 0);
+		CHECK_EQ(kv_qfmt_quant_ref(f, t, src + b * n, n, group, q_ref, qb), 0);
 		if (memcmp(q + b * qs, q_ref, qb)) {
 			for (i = 0; i < qb && q[b * qs + i] == q_ref[i]; i++)
 				;
@@ -126,7 +126,7 @@ static void quant_case(enum kv_qfmt f, enum kv_dtype t, uint64_t n, uint64_t gro
 	CK(kv_cu.cuStreamSynchronize(S));
 	CK(kv_cu.cuMemcpyDtoH(deq, dd, ND * n * 2));
 	for (b = 0; b < ND; b++) {
-		CHECK_EQ(kv_qfmt_dequant(f, t, q + b * qs, qb, n, group, deq_ref), 0);
+		CHECK_EQ(kv_qfmt_dequant_ref(f, t, q + b * qs, qb, n, group, deq_ref), 0);
 		if (memcmp(deq + b * n, deq_ref, n * 2)) {
 			for (i = 0; i < n && deq[b * n + i] == deq_ref[i]; i++)
 				;
