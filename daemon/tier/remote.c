@@ -755,6 +755,11 @@ static void fetch_done(struct kv_job *j)
 		tb_set_idle(t, tb);
 		made++;
 	}
+	/* The read thread is idle (reading is 0, and nothing was handed to
+	 * it since): the buffers go back to its client's pool, pages mapped,
+	 * for the next fetch; before the waiters run, whose reruns may hand it
+	 * the next fetch (a read-ahead) at once. */
+	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	mark = made < f->n ? kv_tiers_remote_mark(f->pool, f->hash[made]) : 0;
 	kv_list_for_each(pos, &f->waiters)
 		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
@@ -767,9 +772,6 @@ static void fetch_done(struct kv_job *j)
 		f->owner->ahead = NULL;
 	}
 	tier_wake_all(&f->waiters);
-	/* The read thread is idle (reading is 0 until fetch_next): the buffers
-	 * go back to its client's pool, pages mapped, for the next fetch. */
-	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	kv_pool_put(f->pool);
 	free(f);
 	fetch_next(t);
