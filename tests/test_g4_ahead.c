@@ -195,11 +195,15 @@ static void write_chain(const char *ns)
 	kvc_close(c);
 }
 
-/* Every master stopped (1) or going on (0). */
+/* Every master stopped (1) or going on (0, and healthy again: the long
+ * cluster-node-timeout keeps the masters from failing each other for a
+ * pause). */
 static void cluster_pause(int stop)
 {
 	for (int i = 0; i < rc.n; i++)
 		kvt_rc_pause(&rc, i, stop);
+	if (!stop)
+		CHECK(kvt_rc_wait_healthy(&rc, 60000) == 0);
 }
 
 /* Waits until G4's counters satisfy what cond says (polling; the deadline is
@@ -285,7 +289,11 @@ int main(void)
 
 	snprintf(tmp, sizeof(tmp), "/tmp/kvt-g4ra.XXXXXX");
 	CHECK(mkdtemp(tmp) != NULL);
-	kvt_rc_start(&rc, 3, 0, NULL);
+	{
+		struct kvt_rc_opts o = { .node_timeout_ms = 15000 };
+
+		kvt_rc_start(&rc, 3, 0, &o);
+	}
 	write_conf();
 	node_start(&a, "demote", "8MiB");
 	write_chain("ra");
