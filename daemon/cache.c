@@ -37,7 +37,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins)
 {
 	uint32_t old = ss->npins;
-	int parked = 0, expired = 0;
+	int parked = 0, expired = 0, gap = 0;
 	size_t k;
 
 	*old_pins = old;
@@ -62,8 +62,10 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	for (k = 0; k < n; k++) {
 		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
 
-		if (!e)
+		if (!e) {
+			gap = 1;
 			break;
+		}
 		if (kv_pool_expired(p, e)) {
 			/* Past the namespace's TTL: a miss from here on, and
 			 * what is cached of it goes (what a session holds stays
@@ -96,6 +98,12 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		if (r == -ENOMEM)
 			return -ENOMEM;
 		parked = r == 0;
+	} else if (parked && gap) {
+		/* Every tier block before k is on its way up (or this request
+		 * waits for G1 room for the first): the rerun would ask G4
+		 * for the rest then, so ask now, while they are copied (a
+		 * read-ahead: the rerun finds its blocks, or waits on it). */
+		kv_tiers_remote_ahead(d->tiers, p, hashes + k * KV_HASH_BYTES, n - k, &ss->waiter);
 	}
 	if (parked) {
 		/* This run's pins stay; the last run's go. */

@@ -255,6 +255,8 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 			ri->redirects = g.redirects;
 			ri->reconnects = g.reconnects;
 			ri->connect_failures = g.connect_failures;
+			ri->read_aheads = g.read_aheads;
+			ri->fetching = g.fetching;
 			r->remote = ri;
 		}
 	}

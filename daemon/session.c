@@ -119,6 +119,7 @@ void kv_session_release(struct kv_session *ss)
 	kv_refmap_fini(&ss->refs);
 	if (kv_list_linked(&ss->waiter.link))
 		kv_list_del(&ss->waiter.link);
+	kv_tiers_waiter_gone(d->tiers, &ss->waiter, ss->ns);
 	while (ss->npins)
 		kv_block_unref(ss->pins[--ss->npins]);
 	free(ss->pins);

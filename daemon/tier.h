@@ -58,6 +58,7 @@ struct kv_waiter {
 	 * may run later: its connection paused). NULL: none. */
 	void (*hold)(struct kv_waiter *w, struct kv_block *b);
 	uint64_t remote_mark;      /* kv_tiers_remote_fetch() */
+	void *ahead;               /* its G4 read-ahead in flight (kv_tiers_remote_ahead()) */
 };
 
 enum { KV_TIER_G1, KV_TIER_G2, KV_TIER_G3, KV_NTIERS };
@@ -87,7 +88,9 @@ struct kv_tiers;
 
 /* G4 (tier/remote.c, docs/g4.md). */
 struct kv_g4_stats {
-	uint64_t fetches;          /* lookups that asked the cluster */
+	uint64_t fetches;          /* lookups that asked the cluster (read-aheads included) */
+	uint64_t read_aheads;      /* of them, asked ahead of need (kv_tiers_remote_ahead()) */
+	uint64_t fetching;         /* fetches queued or being read now */
 	uint64_t hits, misses;     /* blocks found, and the first not found of a fetch */
 	uint64_t errors;           /* blocks the cluster did not answer for (down, slow) */
 	uint64_t checksum_failures;/* values that did not check out: misses */
@@ -233,6 +236,20 @@ int kv_tiers_check(struct kv_tiers *t, void (*report)(void *ctx, const char *msg
  * then the mark is cleared), -ENOMEM. */
 int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
 			  size_t n, struct kv_waiter *w);
+/* A Lookup parked on the promotion of its chain's tier blocks, whose chain
+ * then misses from hashes[0] on: asks the cluster for them now, without
+ * waiting (a read-ahead: the fetch overlaps the promotions), so that the
+ * rerun that would ask finds them in G2, or the fetch under way (it waits on
+ * that one). At most one per waiter at a time; none where
+ * kv_tiers_remote_fetch() would not ask. Its blocks take G2 slots from free
+ * room or clean copies only (never a dirty one: the chain's own fetched
+ * blocks, not yet promoted, are). Best effort: nothing to report. */
+void kv_tiers_remote_ahead(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			   size_t n, struct kv_waiter *w);
+/* w, of namespace ns, goes (its session closes; it is on no list now): the
+ * fetches of ns queued for no one now (its read-ahead, one only it waited
+ * on) go too; one being read ends as any fetch, its blocks cached in G2. */
+void kv_tiers_waiter_gone(struct kv_tiers *t, struct kv_waiter *w, uint32_t ns);
 /* The mark of (p, hash) that kv_tiers_remote_fetch() leaves in a waiter. */
 uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash);
 /* G4's counters; 0 (st untouched) when there is no G4. */

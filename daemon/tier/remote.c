@@ -22,7 +22,7 @@
  * its connection. Fetches wait in per-namespace queues on the loop and go
  * to the read thread one at a time, namespaces taking turns, so one
  * tenant's fetches (at most FETCH_MAX values of one block each, or a node's
- * timeout) delay another's by one fetch at most.
+ * timeout; read-aheads included) delay another's by one fetch at most.
  *
  * Write: tier_writeback_start() asks remote_want() whether the block goes
  * to G4 too (G4 on, the namespace has remote = yes, the block did not come
@@ -39,7 +39,24 @@
  * request runs again and promotes them the usual way. The waiter's
  * remote_mark then names the first block G4 did not give, so the rerun does
  * not ask again for what just missed. A cluster that is down costs a lookup
- * the client's timeout once, then nothing while its backoff lasts. */
+ * the client's timeout once, then nothing while its backoff lasts.
+ *
+ * Read-ahead: a lookup parked on the promotion of its chain's tier blocks,
+ * whose chain then misses, asks for the next FETCH_MAX at once
+ * (kv_tiers_remote_ahead(), from cache.c): the read thread fetches while the
+ * loop and the copy thread promote, and the rerun finds the blocks in G2 or
+ * waits on that fetch (kv_tiers_remote_fetch() adopts it). One per waiter at
+ * a time (w->ahead, f->owner), queued as any fetch of its namespace, so the
+ * turn-taking above holds as it is written. Until a waiter waits on it, its
+ * blocks take G2 slots from free room or clean copies only
+ * (slot_alloc_clean()): the dirty copies the last fetch brought for the same
+ * lookup may still wait there for G1 room. A session that goes takes the
+ * fetches of its namespace queued for no one with it
+ * (kv_tiers_waiter_gone()).
+ *
+ * About 1,050 lines: the setup, the writes and the reads share struct kv_g4
+ * and its queues, one concern (the tier); the stubs of a build without
+ * hiredis are the last hundred. */
 #include "tier_int.h"
 
 #include <errno.h>
@@ -81,6 +98,11 @@ struct g4_fetch {
 	size_t vlen;              /* what each value's length must be */
 	struct kv_pool *pool;     /* held */
 	struct kv_list waiters;
+	/* A read-ahead (kv_tiers_remote_ahead()): the lookup that asked for
+	 * it while it has not come to wait on it (then it is in waiters) and
+	 * has not gone; NULL otherwise. */
+	struct kv_waiter *owner;
+	uint8_t ahead;
 	uint32_t n, good;         /* asked; leading values that checked out */
 	uint64_t start_ns;
 	struct slot_hdr want;     /* the header every value must carry, hash aside */
@@ -130,6 +152,7 @@ struct kv_g4 {
 	uint32_t fq_last;         /* the namespace served last */
 	uint32_t fq_waiting;
 	int reading;
+	struct g4_fetch *cur;     /* the one being read */
 	struct kv_worker rw, ww;
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
@@ -309,6 +332,8 @@ void tier_remote_close(struct kv_tiers *t)
 			struct g4_fetch *f = g->fq[ns];
 
 			g->fq[ns] = f->next;
+			if (f->owner)
+				f->owner->ahead = NULL;
 			tier_wake_all(&f->waiters);
 			kv_pool_put(f->pool);
 			free(f);
@@ -677,6 +702,7 @@ static void fetch_done(struct kv_job *j)
 	struct kv_list *pos;
 	uint32_t i, made = 0;
 	uint64_t mark;
+	int clean_only;
 
 	g->st.hits += f->good;
 	g->st.misses += f->misses;
@@ -696,7 +722,13 @@ static void fetch_done(struct kv_job *j)
 		kv_warn("G4: a value for pool '%s' is longer than its %zu bytes; refused after "
 			"%zu bytes, treated as a miss", f->pool->name, f->vlen, f->vlen + 1);
 	g->reading = 0;
+	g->cur = NULL;
+	g->st.fetching--;
 	kv_hist_since(&g->st.hist, f->start_ns);
+	/* A read-ahead that its lookup has not come to wait on takes no dirty
+	 * copy's slot: those include the blocks the last fetch brought for
+	 * that lookup, which it may not have promoted yet (G1 full). */
+	clean_only = f->ahead && kv_list_empty(&f->waiters);
 	for (i = 0; i < f->good && !t->stopping; i++) {
 		struct tblock *tb;
 		uint8_t *slot;
@@ -708,7 +740,8 @@ static void fetch_done(struct kv_job *j)
 		}
 		if (!(tb = tb_new(t, f->pool, f->hash[i], kv_mono_ms())))
 			break;
-		if (slot_alloc(t, L2, f->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
+		if ((clean_only ? slot_alloc_clean(t, f->pool, tb, &tb->run[L2], &tb->slot[L2])
+				: slot_alloc(t, L2, f->pool, tb, &tb->run[L2], &tb->slot[L2])) < 0) {
 			tb_dealloc(tb);
 			break;
 		}
@@ -726,13 +759,23 @@ static void fetch_done(struct kv_job *j)
 		tb_set_idle(t, tb);
 		made++;
 	}
+	/* The read thread is idle (reading is 0, and nothing was handed to
+	 * it since): the buffers go back to its client's pool, pages mapped,
+	 * for the next fetch; before the waiters run, whose reruns may hand it
+	 * the next fetch (a read-ahead) at once. */
+	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	mark = made < f->n ? kv_tiers_remote_mark(f->pool, f->hash[made]) : 0;
 	kv_list_for_each(pos, &f->waiters)
 		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
+	if (f->owner) {
+		/* Its lookup, parked elsewhere, will not ask again for the
+		 * block G4 did not have; it will for those that found no G2
+		 * slot here (it may evict for them when it waits). */
+		if (made == f->good && made < f->n)
+			f->owner->remote_mark = mark;
+		f->owner->ahead = NULL;
+	}
 	tier_wake_all(&f->waiters);
-	/* The read thread is idle (reading is 0 until fetch_next): the buffers
-	 * go back to its client's pool, pages mapped, for the next fetch. */
-	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
 	kv_pool_put(f->pool);
 	free(f);
 	fetch_next(t);
@@ -757,6 +800,7 @@ static void fetch_next(struct kv_tiers *t)
 		g->fq_waiting--;
 		g->fq_last = ns;
 		g->reading = 1;
+		g->cur = f;
 		kv_worker_submit(&g->rw, &f->job);
 		return;
 	}
@@ -771,21 +815,16 @@ uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
 	return XXH3_64bits(k, sizeof(k)) | 1;
 }
 
-int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
-			  size_t n, struct kv_waiter *w)
+/* A fetch of hashes[0..min(n, FETCH_MAX)) of pool p, not queued; NULL when
+ * out of memory. */
+static struct g4_fetch *fetch_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+				  size_t n)
 {
-	struct kv_g4 *g = t->g4;
 	struct g4_fetch *f;
 	uint32_t i;
 
-	if (!g || t->stopping || !n || !ns_remote(t, p) || !t->layout_id[p->id])
-		return -ENOENT;
-	if (w->remote_mark == kv_tiers_remote_mark(p, hashes)) {
-		w->remote_mark = 0;   /* asked already: a miss this time */
-		return -ENOENT;
-	}
 	if (!(f = calloc(1, sizeof(*f))))
-		return -ENOMEM;
+		return NULL;
 	f->t = t;
 	f->cl = client_of(t, p->ns);
 	f->ns = p->ns;
@@ -803,18 +842,106 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 		f->keys[i].data = f->key[i];
 		f->keys[i].len = key_of(t, p, f->hash[i], f->key[i]);
 	}
-	f->start_ns = kv_hist_now_ns();
-	g->st.fetches++;
-	kv_list_push_back(&f->waiters, &w->link);
 	f->job.run = fetch_run;
 	f->job.done = fetch_done;
+	return f;
+}
+
+/* Queues f in its namespace's queue (the read thread takes it in turn). */
+static void fetch_queue(struct kv_tiers *t, struct g4_fetch *f)
+{
+	struct kv_g4 *g = t->g4;
+
+	f->start_ns = kv_hist_now_ns();
+	g->st.fetches++;
+	g->st.fetching++;
 	if (!g->fq_tail[f->ns])
 		g->fq_tail[f->ns] = &g->fq[f->ns];
 	*g->fq_tail[f->ns] = f;
 	g->fq_tail[f->ns] = &f->next;
 	g->fq_waiting++;
 	fetch_next(t);
+}
+
+int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			  size_t n, struct kv_waiter *w)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_fetch *f;
+
+	if (!g || t->stopping || !n || !ns_remote(t, p) || !t->layout_id[p->id])
+		return -ENOENT;
+	if (w->remote_mark == kv_tiers_remote_mark(p, hashes)) {
+		w->remote_mark = 0;   /* asked already: a miss this time */
+		return -ENOENT;
+	}
+	if ((f = w->ahead)) {
+		/* Its read-ahead, queued or being read: it waits on that one
+		 * (which is an ordinary fetch from now on). One that asks for
+		 * something else (the chain moved on: another client sealed
+		 * or fetched those blocks) goes on unowned. */
+		w->ahead = NULL;
+		f->owner = NULL;
+		if (f->pool == p && !memcmp(f->hash[0], hashes, KV_HASH_BYTES)) {
+			kv_list_push_back(&f->waiters, &w->link);
+			return 0;
+		}
+	}
+	if (!(f = fetch_new(t, p, hashes, n)))
+		return -ENOMEM;
+	kv_list_push_back(&f->waiters, &w->link);
+	fetch_queue(t, f);
 	return 0;
+}
+
+void kv_tiers_remote_ahead(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			   size_t n, struct kv_waiter *w)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_fetch *f;
+
+	if (!g || t->stopping || !n || w->ahead || !ns_remote(t, p) || !t->layout_id[p->id] ||
+	    w->remote_mark == kv_tiers_remote_mark(p, hashes) || !(f = fetch_new(t, p, hashes, n)))
+		return;
+	f->ahead = 1;
+	f->owner = w;
+	w->ahead = f;
+	g->st.read_aheads++;
+	fetch_queue(t, f);
+}
+
+void kv_tiers_waiter_gone(struct kv_tiers *t, struct kv_waiter *w, uint32_t ns)
+{
+	struct kv_g4 *g = t ? t->g4 : NULL;
+	struct g4_fetch **pp;
+
+	if (w->ahead) {
+		struct g4_fetch *f = w->ahead;
+
+		kv_assert(f->owner == w && kv_list_empty(&f->waiters));
+		w->ahead = NULL;
+		f->owner = NULL;
+	}
+	if (!g || ns > KV_MAX_NS)
+		return;
+	/* What waits in the namespace's queue for nobody now goes (w was
+	 * taken off its fetch's waiters already); the fetch being read ends
+	 * as any fetch, its blocks cached. */
+	for (pp = &g->fq[ns]; *pp;) {
+		struct g4_fetch *f = *pp;
+
+		if (!kv_list_empty(&f->waiters) || f->owner) {
+			pp = &f->next;
+			continue;
+		}
+		*pp = f->next;
+		if (g->fq_tail[ns] == &f->next)
+			g->fq_tail[ns] = pp;
+		g->fq_waiting--;
+		g->st.fetching--;
+		kv_pool_put(f->pool);
+		free(f);
+	}
 }
 
 int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
@@ -888,6 +1015,23 @@ uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
 	(void)p;
 	(void)hash;
 	return 0;
+}
+
+void kv_tiers_remote_ahead(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
+			   size_t n, struct kv_waiter *w)
+{
+	(void)t;
+	(void)p;
+	(void)hashes;
+	(void)n;
+	(void)w;
+}
+
+void kv_tiers_waiter_gone(struct kv_tiers *t, struct kv_waiter *w, uint32_t ns)
+{
+	(void)t;
+	(void)ns;
+	w->ahead = NULL;
 }
 
 int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,

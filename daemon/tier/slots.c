@@ -504,8 +504,9 @@ struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean)
 /* Frees one idle copy in tier l, own pool first, then the oldest of any
  * pool. In G2 clean copies go first; a dirty one only when there is no G3 to
  * write it to (with G3 the caller waits for write-back instead of dropping
- * what could be kept). Returns how many it freed: 1, or 0 when none can go. */
-static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
+ * what could be kept), and never with clean_only. Returns how many it freed:
+ * 1, or 0 when none can go. */
+static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own, int clean_only)
 {
 	struct tblock *victim = NULL;
 	struct kv_list *n;
@@ -523,7 +524,7 @@ static int slot_evict_one(struct kv_tiers *t, int l, struct tpool *own)
 			victim = kv_container_of(n, struct tblock, lru[L2]);
 		else
 			victim = tier_oldest_idle(t, L2, 1);
-		if (!victim && t->lv[L3].on)
+		if (!victim && (t->lv[L3].on || clean_only))
 			return 0;
 	}
 	if (!victim && own && (n = kv_list_back(&own->lru)))
@@ -567,9 +568,9 @@ static struct tblock *ns_oldest_idle(struct kv_tiers *t, int l, uint32_t ns)
 }
 
 /* Room under the quota of tp's namespace in tier l for one more slot: its
- * own idle copies go, oldest first, in G3 only those G2 does not hold.
- * Returns 0 or -EDQUOT. */
-static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
+ * own idle copies go, oldest first, in G3 only those G2 does not hold, in G2
+ * with clean_only only those G3 holds too. Returns 0 or -EDQUOT. */
+static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp, int clean_only)
 {
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tp->pool->ns);
 	uint64_t q = m->lim.quota[l + 1];
@@ -579,7 +580,7 @@ static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
 
 		/* Not a G3 copy that G2 holds too (slot_evict_one()): the
 		 * caller's write-back would only make that block dirty again. */
-		if (!v || (l == L3 && v->run[L2])) {
+		if (!v || (l == L3 && v->run[L2]) || (l == L2 && clean_only && !v->g3_ok)) {
 			m->quota_refusals++;
 			return -EDQUOT;
 		}
@@ -594,8 +595,8 @@ static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp)
 /* A free slot of tier l for pool p: a partial run, a new run, or by evicting
  * idle copies; within the quota of p's namespace in tier l, by dropping its
  * own copies. Returns 0 with *run and *slot, -EDQUOT or -ENOSPC. */
-int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
-	       struct srun **run, uint16_t *slot)
+static int slot_alloc_(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
+		       struct srun **run, uint16_t *slot, int clean_only)
 {
 	struct tpool *tp = tpool_get_or_create(t, l, p, occ == SWAP_SLOT);
 	unsigned tries;
@@ -603,7 +604,7 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 
 	if (!tp)
 		return -ENOSPC;
-	if ((rc = slot_quota_room(t, l, tp)) < 0)
+	if ((rc = slot_quota_room(t, l, tp, clean_only)) < 0)
 		return rc;
 	for (tries = 0; tries < 4 * tp->nslots + 64; tries++) {
 		if (!kv_list_empty(&tp->partial)) {
@@ -616,10 +617,22 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 		}
 		if (tpool_add_run(t, l, tp) == 0)
 			continue;
-		if (!slot_evict_one(t, l, tp))
+		if (!slot_evict_one(t, l, tp, clean_only))
 			break;
 	}
 	return -ENOSPC;
+}
+
+int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
+	       struct srun **run, uint16_t *slot)
+{
+	return slot_alloc_(t, l, p, occ, run, slot, 0);
+}
+
+int slot_alloc_clean(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
+		     struct srun **run, uint16_t *slot)
+{
+	return slot_alloc_(t, L2, p, occ, run, slot, 1);
 }
 
 uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p)

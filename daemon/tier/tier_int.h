@@ -317,6 +317,11 @@ void srun_release(struct kv_tiers *t, int l, struct srun *r);
  * *slot set, or -ENOSPC. */
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot);
+/* slot_alloc() in G2 that drops no dirty copy, its own namespace's
+ * included: what it evicts, G3 holds (a G4 read-ahead's, remote.c: the
+ * copies fetched for a lookup and not yet promoted are dirty). */
+int slot_alloc_clean(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
+		     struct srun **run, uint16_t *slot);
 /* The oldest idle copy in tier l of any pool: on the tpools' clean lists
  * (G2 only) or on their lru lists (in G2, the dirty copies). NULL if none. */
 struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);

@@ -1,0 +1,401 @@
+/* G4 read-ahead (issue 28 item 2): a Lookup that promotes the blocks one
+ * fetch brought asks G4 for the next ones meanwhile (docs/g4.md). A real
+ * Redis Cluster (3 masters) on loopback and kvcached daemons standing for
+ * nodes; node A writes a chain of N blocks (more than two fetches of 64) to
+ * G4 at demotion and drops it, every other node reads it (remote_write =
+ * off: it writes nothing back).
+ *
+ *   long:     node B, holding nothing, finds the whole chain in one Lookup,
+ *             every byte right, all N from G4, and it asked ahead;
+ *   killed:   node C holds the chain's first 64 blocks in G2; every master
+ *             is stopped (SIGSTOP); a client's Lookup promotes those and
+ *             its read-ahead of the next hangs in the read thread; the
+ *             client is killed then (the daemon, which does not read a
+ *             parked connection, learns it when the lookup ends); the
+ *             masters go on: nothing is left over, Check passes, another
+ *             client finds the whole chain right;
+ *   gone:     the same, but the session is closed under the parked lookup
+ *             (a reload that takes its namespace "rb" away from the uid,
+ *             and the worker socket's admin rights, Check's, for a while):
+ *             the read-ahead being read ends as any fetch;
+ *   queued:   the same, but the read thread is busy with another client's
+ *             fetch first, so the read-ahead waits in its queue: closing its
+ *             session takes it out of the queue (fetching drops by one);
+ *   small G2: node D, whose G2 holds fewer blocks than two fetches, still
+ *             finds the whole chain right. */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvconfig.h"
+
+#if !KV_HAVE_HIREDIS
+int main(void)
+{
+	SKIP("built without hiredis: no G4");
+}
+#else
+#include "rcluster_harness.h"
+
+#define BB 16384u
+#define FETCH 64               /* remote.c's FETCH_MAX */
+#define N (2 * FETCH + 40)
+#define BASE 7000
+
+static struct kvt_rc rc;
+static char tmp[64], conf_arg[200];
+
+static int rb_allowed = 1;
+
+static void write_conf(void);
+
+static void node_start(struct kvt_daemon *d, const char *write, const char *g2)
+{
+	char w[64];
+
+	snprintf(w, sizeof(w), "--remote-write=%s", write);
+	kvt_start(d, conf_arg, w, "--pool-size", "8MiB", "--segment-size", "1MiB", "--page-size",
+		  "64KiB", "--host-tier-size", g2, NULL);
+	setenv("KVCACHED_SOCKET", d->sock, 1);
+}
+
+struct g4c {
+	uint64_t fetches, read_aheads, fetching, hits;
+};
+
+static void reload(struct kvt_daemon *d, int allow_rb)
+{
+	rb_allowed = allow_rb;
+	write_conf();
+	CHECK(kill(d->pid, SIGHUP) == 0);
+	if (allow_rb) {
+		/* Applied once a session of rb opens again. */
+		for (int tries = 0;; tries++) {
+			struct kvc_options o = { .ns = "rb", .client_name = "test" };
+			kvc_conn *c = NULL;
+
+			if (kvc_connect(NULL, &o, &c) == 0) {
+				kvc_close(c);
+				break;
+			}
+			CHECK(tries < 60000);
+			usleep(1000);
+		}
+	}
+}
+
+static struct g4c g4c(void)
+{
+	Kvcached__Response *rs = kvt_g4_stats("ra");
+	struct g4c c = { rs->stats->remote->fetches, rs->stats->remote->read_aheads,
+			 rs->stats->remote->fetching, rs->stats->remote->hits };
+
+	kvcached__response__free_unpacked(rs, NULL);
+	return c;
+}
+
+/* Looks up blocks [0, n) of the chain in one Lookup; every block found
+ * must hold its bytes. Returns how many were found (released again). */
+static int lookup(const char *ns, int n)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB), k;
+	kvc_block *b = calloc((size_t)n, sizeof(*b));
+	kvc_hash *h = calloc((size_t)n, sizeof(*h));
+
+	CHECK(b && h);
+	for (int i = 0; i < n; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, (size_t)n, b);
+	if (k < 0)
+		fprintf(stderr, "lookup: %s\n", kvc_last_error(c));
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i));
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	free(b);
+	free(h);
+	return k;
+}
+
+/* A lookup of the whole chain in namespace arg, which may be cut off:
+ * exits 0 when it found it all, else 1. */
+static int child_lookup(void *arg)
+{
+	struct kvc_options o = { .ns = arg, .client_name = "test" };
+	struct kvc_pool_desc pd = { .name = "p", .block_bytes = BB, .block_tokens = 16,
+				    .dtype = "fp16", .layout = "test", .layout_len = 4 };
+	static kvc_block b[N];
+	static kvc_hash h[N];
+	kvc_conn *c = NULL;
+	int pool;
+
+	if (kvc_connect(NULL, &o, &c) < 0 || (pool = kvc_register_pool(c, &pd)) < 0)
+		return 1;
+	for (int i = 0; i < N; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)i);
+	return kvc_lookup(c, pool, h, N, b) == N ? 0 : 1;
+}
+
+/* A lookup of another chain that G4 does not have (it only asks). */
+static int child_miss(void *arg)
+{
+	kvc_conn *c = kvt_connect("ra");
+	int pool = kvt_pool(c, "p", BB);
+	kvc_block b[4];
+	kvc_hash h[4];
+
+	(void)arg;
+	for (int i = 0; i < 4; i++)
+		h[i] = kvt_hash(90000 + (uint64_t)i);
+	CHECK(kvc_lookup(c, pool, h, 4, b) == 0);
+	kvc_close(c);
+	return 0;
+}
+
+/* Node A: seals the chain, demotes it (each block goes to G4 as it lands in
+ * G2), waits for the writes, and drops G2. */
+static void write_chain(const char *ns)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB);
+	kvc_block b[N];
+	kvc_hash h[N];
+	Kvcached__Response *rs0 = kvt_g4_stats(ns);
+	uint64_t want = rs0->stats->remote->writes + N;
+
+	kvcached__response__free_unpacked(rs0, NULL);
+	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
+	for (int i = 0; i < N; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i);
+		h[i] = kvt_hash(BASE + (uint64_t)i);
+	}
+	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
+	CHECK_EQ(kvc_release(c, b, N), 0);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	for (int tries = 0;; tries++) {
+		Kvcached__Response *rs = kvt_g4_stats(ns);
+		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
+
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		CHECK_EQ(rs->stats->remote->dropped, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (w == want && !in)
+			break;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
+	kvc_close(c);
+}
+
+/* Every master stopped (1) or going on (0, and healthy again: the long
+ * cluster-node-timeout keeps the masters from failing each other for a
+ * pause). */
+static void cluster_pause(int stop)
+{
+	for (int i = 0; i < rc.n; i++)
+		kvt_rc_pause(&rc, i, stop);
+	if (!stop)
+		CHECK(kvt_rc_wait_healthy(&rc, 60000) == 0);
+}
+
+/* Waits until G4's counters satisfy what cond says (polling; the deadline is
+ * a guard against a hang). */
+static struct g4c wait_g4(int (*cond)(const struct g4c *c, const struct g4c *base),
+			  const struct g4c *base)
+{
+	for (int tries = 0;; tries++) {
+		struct g4c c = g4c();
+
+		if (cond(&c, base))
+			return c;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+}
+
+static int ahead_in_flight(const struct g4c *c, const struct g4c *b)
+{
+	return c->read_aheads > b->read_aheads && c->fetching >= 1;
+}
+
+static int ahead_queued(const struct g4c *c, const struct g4c *b)
+{
+	return c->read_aheads > b->read_aheads && c->fetching >= 2;
+}
+
+static int one_fetching(const struct g4c *c, const struct g4c *b)
+{
+	(void)b;
+	return c->fetching == 1;
+}
+
+static int none_fetching(const struct g4c *c, const struct g4c *b)
+{
+	(void)b;
+	return c->fetching == 0;
+}
+
+static int fetch_started(const struct g4c *c, const struct g4c *b)
+{
+	return c->fetches > b->fetches && c->fetching == 1;
+}
+
+/* A node holding the chain's first FETCH blocks in G2 only. */
+static void node_with_head(struct kvt_daemon *d, const char *ns)
+{
+	kvc_conn *c;
+
+	node_start(d, "off", "8MiB");
+	CHECK_EQ(lookup(ns, FETCH), FETCH);
+	c = kvt_connect(ns);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvc_close(c);
+}
+
+static void write_conf(void)
+{
+	char path[160];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	CHECK((f = fopen(path, "w")) != NULL);
+	/* A long timeout: a stopped cluster must hold a fetch in flight for as
+	 * long as the test needs, not fail it. */
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\n", kvt_rc_seeds(&rc));
+	/* The test's uid may be root or the daemon's, admins on the worker
+	 * socket, whom a reload never turns away: not while rb is taken. */
+	fprintf(f, "worker_socket_admin = %s\n\n", rb_allowed ? "yes" : "no");
+	fprintf(f, "[namespace ra]\nusers = %u\nremote = yes\n\n", (unsigned)getuid());
+	fprintf(f, "[namespace rb]\nusers = %u\nremote = yes\n",
+		rb_allowed ? (unsigned)getuid() : (unsigned)getuid() + 4242);
+	fclose(f);
+	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
+}
+
+int main(void)
+{
+	struct kvt_daemon a, b, c, d;
+	struct g4c before, after;
+	pid_t pid, miss;
+	int k;
+
+	snprintf(tmp, sizeof(tmp), "/tmp/kvt-g4ra.XXXXXX");
+	CHECK(mkdtemp(tmp) != NULL);
+	{
+		struct kvt_rc_opts o = { .node_timeout_ms = 15000 };
+
+		kvt_rc_start(&rc, 3, 0, &o);
+	}
+	write_conf();
+	node_start(&a, "demote", "8MiB");
+	write_chain("ra");
+	write_chain("rb");
+
+	/* long */
+	node_start(&b, "off", "8MiB");
+	before = g4c();
+	k = lookup("ra", N);
+	after = g4c();
+	fprintf(stderr, "long: found %d of %d; G4 fetches %llu, read-ahead %llu, hits %llu\n", k,
+		N, (unsigned long long)(after.fetches - before.fetches),
+		(unsigned long long)(after.read_aheads - before.read_aheads),
+		(unsigned long long)(after.hits - before.hits));
+	CHECK_EQ(k, N);
+	CHECK_EQ(after.hits - before.hits, N);
+	CHECK(after.read_aheads > before.read_aheads);
+	CHECK_EQ(after.fetching, 0);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(lookup("ra", N), N);   /* local now */
+	CHECK_EQ(g4c().hits, after.hits);
+	kvt_stop(&b);
+
+	/* killed: the client goes while its read-ahead is read */
+	node_with_head(&c, "ra");
+	before = g4c();
+	cluster_pause(1);
+	pid = kvt_spawn(child_lookup, "ra");
+	wait_g4(ahead_in_flight, &before);
+	CHECK(kill(pid, SIGKILL) == 0);
+	CHECK_EQ(kvt_wait(pid), 128 + SIGKILL);
+	cluster_pause(0);
+	kvt_wait_sessions(0);
+	wait_g4(none_fetching, NULL);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(lookup("ra", N), N);
+	CHECK_EQ(kvt_check(), 0);
+	fprintf(stderr, "killed: the chain is whole after its client went mid-read-ahead\n");
+	kvt_stop(&c);
+
+	/* gone: the session closed while its read-ahead is read */
+	node_with_head(&c, "rb");
+	before = g4c();
+	cluster_pause(1);
+	pid = kvt_spawn(child_lookup, "rb");
+	wait_g4(ahead_in_flight, &before);
+	reload(&c, 0);
+	CHECK_EQ(kvt_wait(pid), 1);   /* cut off */
+	kvt_wait_sessions(0);
+	cluster_pause(0);
+	wait_g4(none_fetching, NULL);
+	reload(&c, 1);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(lookup("rb", N), N);
+	CHECK_EQ(kvt_check(), 0);
+	fprintf(stderr, "gone: a read-ahead in flight outlived its session; the chain is whole\n");
+	kvt_stop(&c);
+
+	/* queued: the read-ahead waits behind another client's fetch */
+	node_with_head(&c, "rb");
+	before = g4c();
+	cluster_pause(1);
+	miss = kvt_spawn(child_miss, NULL);
+	wait_g4(fetch_started, &before);
+	pid = kvt_spawn(child_lookup, "rb");
+	wait_g4(ahead_queued, &before);
+	reload(&c, 0);
+	CHECK_EQ(kvt_wait(pid), 1);   /* cut off */
+	kvt_wait_sessions(1);
+	wait_g4(one_fetching, NULL);   /* out of the queue as its session went */
+	cluster_pause(0);
+	CHECK_EQ(kvt_wait(miss), 0);
+	wait_g4(none_fetching, NULL);
+	reload(&c, 1);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(lookup("rb", N), N);
+	CHECK_EQ(kvt_check(), 0);
+	fprintf(stderr, "queued: a queued read-ahead went with its session\n");
+	kvt_stop(&c);
+
+	/* small G2: 90 slots of 16 KiB and a 4 KiB header, fewer than two
+	 * fetches */
+	node_start(&d, "off", "1920KiB");
+	before = g4c();
+	k = lookup("ra", N);
+	after = g4c();
+	fprintf(stderr, "small G2: found %d of %d; G4 fetches %llu, read-ahead %llu, hits %llu\n",
+		k, N, (unsigned long long)(after.fetches - before.fetches),
+		(unsigned long long)(after.read_aheads - before.read_aheads),
+		(unsigned long long)(after.hits - before.hits));
+	CHECK_EQ(k, N);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+
+	kvt_stop(&a);
+	kvt_rc_stop(&rc);
+	{
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
+		CHECK(system(cmd) == 0);
+	}
+	return 0;
+}
+#endif
