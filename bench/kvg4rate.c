@@ -83,40 +83,6 @@ struct size_row {
 	struct fmt_row f[NFMT];
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-
-	if (end == s)
-		die("bad size %s", s);
-	if (*end == 'k' || *end == 'K')
-		v <<= 10, end++;
-	else if (*end == 'm' || *end == 'M')
-		v <<= 20, end++;
-	if (*end || v < 4096 || v > (64u << 20) || (v & 4095))
-		die("bad size %s (4 KiB to 64 MiB, a multiple of 4 KiB)", s);
-	return (size_t)v;
-}
-
-static void size_str(size_t n, char *out, size_t len)
-{
-	if (n >= (1u << 20) && !(n & ((1u << 20) - 1)))
-		snprintf(out, len, "%zu MiB", n >> 20);
-	else if (n >= 1024 && !(n & 1023))
-		snprintf(out, len, "%zu KiB", n >> 10);
-	else
-		snprintf(out, len, "%zu B", n);
-}
-
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -209,13 +175,13 @@ static void g4_read(const char *ns, struct g4c *g)
 /* G4's counters once every write queued or under way is out. */
 static void g4_settled(const char *ns, struct g4c *g)
 {
-	uint64_t t0 = now_ns();
+	uint64_t t0 = rb_now_ns();
 
 	for (;;) {
 		g4_read(ns, g);
 		if (!g->inflight)
 			return;
-		if (now_ns() - t0 > 120 * 1000000000ull)
+		if (rb_now_ns() - t0 > 120 * 1000000000ull)
 			die("G4 writes still in flight after 2 minutes");
 		usleep(1000);
 	}
@@ -298,12 +264,12 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 		 * the promotion runs on the daemon's copy thread (the fast
 		 * path, quant_fast.c); then the reference's bytes, which the
 		 * blocks must match. */
-		t0 = now_ns();
+		t0 = rb_now_ns();
 		for (size_t i = 0; i < n; i++)
 			if (kv_qfmt_dequant(fmt_q[fi], KV_DTYPE_F16, q + i * qn, qn, bb / 2,
 					    KV_QUANT_GROUP, want + i * bb))
 				die("the dequantizer failed");
-		fr->dequant_gbs = (double)(n * bb) / ((double)(now_ns() - t0) / 1e9) / GB;
+		fr->dequant_gbs = (double)(n * bb) / ((double)(rb_now_ns() - t0) / 1e9) / GB;
 		for (size_t i = 0; i < n; i++)
 			if (kv_qfmt_dequant_ref(fmt_q[fi], KV_DTYPE_F16, q + i * qn, qn, bb / 2,
 						KV_QUANT_GROUP, want + i * bb))
@@ -319,9 +285,9 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 
 		check_g4_only(pool);
 		g4_settled(fmt_ns[fi], &g0);
-		t0 = now_ns();
+		t0 = rb_now_ns();
 		k = kvc_lookup(c, pool, h, n, b);
-		t1 = now_ns();
+		t1 = rb_now_ns();
 		g4_settled(fmt_ns[fi], &g1);
 		if (k != (int)n)
 			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],
@@ -405,7 +371,7 @@ int main(int argc, char **argv)
 	size_t nrbv = 0;
 	uint16_t *values;
 	uint8_t *want, *got;
-	uint64_t t_start = now_ns();
+	uint64_t t_start = rb_now_ns();
 
 	rb_prog = "kvg4rate";
 	for (int a = 1; a < argc; a++) {
@@ -424,7 +390,7 @@ int main(int argc, char **argv)
 		} else if (argv[a][0] == '-' || nsizes == MAX_SIZES) {
 			usage();
 		} else {
-			sizes[nsizes++] = parse_size(argv[a]);
+			sizes[nsizes++] = rb_parse_size(argv[a], 4096, 64u << 20, 4096);
 		}
 	}
 	if (!mib || mib > 4096 || !passes || passes > 64)
@@ -489,7 +455,7 @@ int main(int argc, char **argv)
 	for (size_t s = 0; s < nsizes; s++) {
 		char sz[24];
 
-		size_str(sizes[s], sz, sizeof(sz));
+		rb_size_str(sizes[s], sz, sizeof(sz));
 		for (int fi = 0; fi < NFMT; fi++) {
 			struct fmt_row *fr = &row[s].f[fi];
 			double sorted[64];
@@ -564,7 +530,7 @@ int main(int argc, char **argv)
 		double raw_med = 0;
 		char sz[24];
 
-		size_str(sizes[s], sz, sizeof(sz));
+		rb_size_str(sizes[s], sz, sizeof(sz));
 		for (int fi = 0; fi < NFMT; fi++) {
 			const struct fmt_row *fr = &row[s].f[fi];
 			double sorted[64], med;
@@ -604,7 +570,7 @@ int main(int argc, char **argv)
 			fclose(f);
 		}
 		printf("\nkvg4rate: %.0f s in all; load average now %s\n",
-		       (double)(now_ns() - t_start) / 1e9, la);
+		       (double)(rb_now_ns() - t_start) / 1e9, la);
 	}
 	kvt_rc_stop(&cluster);
 	{

@@ -63,40 +63,6 @@ static char bin_buf[4096];   /* rb_bin's, once the checks before it are done */
 static unsigned char *pool;
 static size_t pool_len;
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-
-	if (end == s)
-		die("bad size %s", s);
-	if (*end == 'k' || *end == 'K')
-		v <<= 10, end++;
-	else if (*end == 'm' || *end == 'M')
-		v <<= 20, end++;
-	if (*end || !v || v > (256u << 20))
-		die("bad size %s (1 byte to 256 MiB)", s);
-	return (size_t)v;
-}
-
-static void size_str(size_t n, char *out, size_t len)
-{
-	if (n >= (1u << 20) && !(n & ((1u << 20) - 1)))
-		snprintf(out, len, "%zu MiB", n >> 20);
-	else if (n >= 1024 && !(n & 1023))
-		snprintf(out, len, "%zu KiB", n >> 10);
-	else
-		snprintf(out, len, "%zu B", n);
-}
-
 /* Value i of a size: size bytes of the random pool from an offset that
  * differs for 65536 consecutive i (8191 is odd), so a value that comes back
  * under another key's name, or shifted, does not compare equal. */
@@ -166,7 +132,7 @@ static double set_all(struct kv_rc *rc, const struct keys *k, size_t size, size_
 {
 	struct kv_rc_val *v = calloc(b, sizeof(*v));
 	int *st = calloc(b, sizeof(*st));
-	uint64_t t0 = now_ns();
+	uint64_t t0 = rb_now_ns();
 
 	if (!v || !st)
 		die("out of memory");
@@ -182,7 +148,7 @@ static double set_all(struct kv_rc *rc, const struct keys *k, size_t size, size_
 	}
 	free(v);
 	free(st);
-	return (double)(now_ns() - t0) / 1e9;
+	return (double)(rb_now_ns() - t0) / 1e9;
 }
 
 struct get_result {
@@ -211,9 +177,9 @@ static void get_all(struct kv_rc *rc, const struct keys *k, size_t size, size_t 
 
 		for (size_t i = 0; i < k->n; i += b) {
 			size_t m = k->n - i < b ? k->n - i : b;
-			uint64_t t0 = now_ns();
+			uint64_t t0 = rb_now_ns();
 			int hits = kv_rc_get(rc, m, k->key + i, v);
-			double dt = (double)(now_ns() - t0) / 1e9;
+			double dt = (double)(rb_now_ns() - t0) / 1e9;
 
 			if (hits != (int)m)
 				die("kv_rc_get: not all hits: %s", kv_rc_last_error(rc));
@@ -298,7 +264,7 @@ int main(int argc, char **argv)
 		} else if (argv[a][0] == '-' || nsizes == MAX_SIZES) {
 			usage();
 		} else {
-			sizes[nsizes++] = parse_size(argv[a]);
+			sizes[nsizes++] = rb_parse_size(argv[a], 1, 256u << 20, 1);
 		}
 	}
 	if (!mib || !batch || !passes)
@@ -370,7 +336,7 @@ int main(int argc, char **argv)
 			n = batch;
 		per_tag = (n + MASTERS - 1) / MASTERS;
 		row[s].n = n;
-		size_str(size, sz, sizeof(sz));
+		rb_size_str(size, sz, sizeof(sz));
 
 		rb_flush_all(&cluster);
 		keys_make(&k, n, NULL, 0);
@@ -449,7 +415,7 @@ int main(int argc, char **argv)
 		double gbs = (double)row[s].n * passes * sizes[s] / row[s].get.secs / GB;
 		char sz[24];
 
-		size_str(sizes[s], sz, sizeof(sz));
+		rb_size_str(sizes[s], sz, sizeof(sz));
 		printf("| %s | %zu | %.2f (%.2f) |", sz, row[s].n, gbs, row[s].get.p50_ms);
 		for (int r = 0; rb_bin && r < nrb; r++) {
 			const struct rb_result *res = &row[s].rb[r];
@@ -472,7 +438,7 @@ int main(int argc, char **argv)
 			const struct rb_result *res = &row[s].rb_set;
 			char sz[24];
 
-			size_str(sizes[s], sz, sizeof(sz));
+			rb_size_str(sizes[s], sz, sizeof(sz));
 			if (res->ok)
 				printf("| %s | %zu | %.2f | %.2f (%.2f) | %.2fx |\n", sz, row[s].n,
 				       row[s].set_gbs, res->gbs, res->p50_ms, row[s].set_gbs / res->gbs);

@@ -38,6 +38,40 @@ void die(const char *fmt, ...)
 	exit(1);
 }
 
+uint64_t rb_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+size_t rb_parse_size(const char *s, size_t lo, size_t hi, size_t align)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (end == s)
+		die("bad size %s", s);
+	if (*end == 'k' || *end == 'K')
+		v <<= 10, end++;
+	else if (*end == 'm' || *end == 'M')
+		v <<= 20, end++;
+	if (*end || v < lo || v > hi || v % align)
+		die("bad size %s (%zu to %zu bytes, a multiple of %zu)", s, lo, hi, align);
+	return (size_t)v;
+}
+
+void rb_size_str(size_t n, char *out, size_t len)
+{
+	if (n >= (1u << 20) && !(n & ((1u << 20) - 1)))
+		snprintf(out, len, "%zu MiB", n >> 20);
+	else if (n >= 1024 && !(n & 1023))
+		snprintf(out, len, "%zu KiB", n >> 10);
+	else
+		snprintf(out, len, "%zu B", n);
+}
+
 
 /* ---- the cluster, through the harness's own connections ---- */
 

@@ -6,6 +6,9 @@
 #ifndef KV_BENCH_RBENCH_H
 #define KV_BENCH_RBENCH_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include <hiredis/hiredis.h>
 
 #include "rcluster_harness.h"
@@ -30,6 +33,14 @@ extern const char *rb_bin;
 
 __attribute__((format(printf, 1, 2), noreturn))
 void die(const char *fmt, ...);
+
+/* CLOCK_MONOTONIC in ns. */
+uint64_t rb_now_ns(void);
+/* A size argument: bytes, with k or m for KiB or MiB; dies unless it is in
+ * [lo, hi] and a multiple of align. */
+size_t rb_parse_size(const char *s, size_t lo, size_t hi, size_t align);
+/* n as "4 MiB", "256 KiB" or "1000 B". */
+void rb_size_str(size_t n, char *out, size_t len);
 
 /* A command on node i, through a connection of its own; dies on an error
  * reply. The caller frees the reply. */

@@ -41,19 +41,6 @@ size_t kv_quant_bytes(size_t n, size_t group)
 	return 4 * ((n + group - 1) / group) + n;
 }
 
-static inline uint16_t ld16(const uint8_t *p, size_t i)
-{
-	uint16_t v;
-
-	memcpy(&v, p + 2 * i, 2);
-	return v;
-}
-
-static inline float to_f32(enum kv_dtype t, uint16_t v)
-{
-	return t == KV_DTYPE_F16 ? kv_f16_to_f32(v) : kv_bf16_to_f32(v);
-}
-
 static inline float fmt_max(enum kv_qfmt f)
 {
 	return f == KV_QFMT_E5M2 ? KV_E5M2_MAX : KV_E4M3_MAX;

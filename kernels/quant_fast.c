@@ -91,19 +91,6 @@ const char *kv_qfast_impl(void)
 
 /* ---- portable: table decode (dequant), the reference's arithmetic (quant) */
 
-static inline uint16_t ld16(const uint8_t *p, size_t i)
-{
-	uint16_t v;
-
-	memcpy(&v, p + 2 * i, 2);
-	return v;
-}
-
-static inline float to_f32(enum kv_dtype t, uint16_t v)
-{
-	return t == KV_DTYPE_F16 ? kv_f16_to_f32(v) : kv_bf16_to_f32(v);
-}
-
 static uint16_t amax_port(enum kv_dtype t, const uint8_t *s, size_t lo, size_t hi)
 {
 	uint16_t lim = t == KV_DTYPE_F16 ? 0x7c00 : 0x7f80, m = 0;

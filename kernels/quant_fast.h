@@ -6,8 +6,24 @@
 #define KV_QUANT_FAST_H
 
 #include <stddef.h>
+#include <string.h>
 
+#include "fp8.h"
 #include "quant.h"
+
+/* Element i of 2-byte elements at p, whatever p's alignment. */
+static inline uint16_t ld16(const uint8_t *p, size_t i)
+{
+	uint16_t v;
+
+	memcpy(&v, p + 2 * i, 2);
+	return v;
+}
+
+static inline float to_f32(enum kv_dtype t, uint16_t v)
+{
+	return t == KV_DTYPE_F16 ? kv_f16_to_f32(v) : kv_bf16_to_f32(v);
+}
 
 enum kv_qimpl {
 	KV_QIMPL_REF = 0,       /* the reference, element by element (fp8.h) */
