@@ -33,7 +33,8 @@
  * per write job (pipelined to every master at once), one job at a time.
  *
  * Read: a Lookup whose chain misses from block k on asks G4 for blocks
- * k..k+63 (kv_tiers_remote_fetch(): one job, one batched round); the read
+ * k..k+63, fewer where they would pass FETCH_BYTES of values
+ * (kv_tiers_remote_fetch(): one job, one batched round); the read
  * thread checks each value; on the loop the leading run of good values
  * becomes tier blocks with a G2 copy (dirty: not on G3), and the parked
  * request runs again and promotes them the usual way. The waiter's
@@ -42,7 +43,7 @@
  * the client's timeout once, then nothing while its backoff lasts.
  *
  * Read-ahead: a lookup parked on the promotion of its chain's tier blocks,
- * whose chain then misses, asks for the next FETCH_MAX at once
+ * whose chain then misses, asks for the next fetch's worth at once
  * (kv_tiers_remote_ahead(), from cache.c): the read thread fetches while the
  * loop and the copy thread promote, and the rerun finds the blocks in G2 or
  * waits on that fetch (kv_tiers_remote_fetch() adopts it). One per waiter at
@@ -76,6 +77,13 @@
 #include "rcluster.h"
 
 #define FETCH_MAX 64          /* blocks one lookup asks G4 for */
+/* ... and bytes of blocks (as stored: compressed or not): a fetch of large
+ * blocks asks for fewer (at least one), so that what the read client buffers
+ * for one fetch stays bounded whatever the block size, and a chain of large
+ * blocks is several fetches, which the read-ahead overlaps with the
+ * promotions (16 MiB: 64 blocks up to 256 KiB, 8 of 2 MiB, 15 of 2 MiB
+ * compressed). */
+#define FETCH_BYTES (16u << 20)
 #define WRITE_BATCH 256       /* writes one job sends */
 #define KEY_MAX 200
 
@@ -815,12 +823,14 @@ uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
 	return XXH3_64bits(k, sizeof(k)) | 1;
 }
 
-/* A fetch of hashes[0..min(n, FETCH_MAX)) of pool p, not queued; NULL when
- * out of memory. */
+/* A fetch of the first hashes of hashes[0..n) of pool p, not queued: at most
+ * FETCH_MAX, at most FETCH_BYTES of values but at least one; NULL when out
+ * of memory. */
 static struct g4_fetch *fetch_new(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hashes,
 				  size_t n)
 {
 	struct g4_fetch *f;
+	uint64_t pl;
 	uint32_t i;
 
 	if (!(f = calloc(1, sizeof(*f))))
@@ -834,6 +844,9 @@ static struct g4_fetch *fetch_new(struct kv_tiers *t, struct kv_pool *p, const u
 	kv_pool_hold(p);
 	kv_list_init(&f->waiters);
 	f->n = n < FETCH_MAX ? (uint32_t)n : FETCH_MAX;
+	pl = kv_pool_stored_bytes(p);   /* a value less its header and tag */
+	if (f->n > 1 && (uint64_t)f->n * pl > FETCH_BYTES)
+		f->n = pl < FETCH_BYTES ? (uint32_t)(FETCH_BYTES / pl) : 1;
 	f->want = (struct slot_hdr){ .magic = SLOT_MAGIC, .version = SLOT_VERSION,
 				     .ns = slot_hdr_ns(t, p), .layout = t->layout_id[p->id],
 				     .payload_len = kv_pool_stored_bytes(p), .flags = p->qfmt };
