@@ -81,9 +81,10 @@
  * blocks asks for fewer (at least one), so that what the read client buffers
  * for one fetch stays bounded whatever the block size, and a chain of large
  * blocks is several fetches, which the read-ahead overlaps with the
- * promotions (16 MiB: 64 blocks up to 256 KiB, 8 of 2 MiB, 15 of 2 MiB
- * compressed). */
-#define FETCH_BYTES (16u << 20)
+ * promotions (4 MiB: 64 blocks up to 64 KiB, 16 of 256 KiB, 2 of 2 MiB, 3 of
+ * 2 MiB compressed; kvg4rate measured 1 to 16 MiB: 4 was the fastest,
+ * docs/benchmarks.md). */
+#define FETCH_BYTES (4u << 20)
 #define WRITE_BATCH 256       /* writes one job sends */
 #define KEY_MAX 200
 
