@@ -21,9 +21,10 @@
  *   2. --passes times: with G1 and G2 holding none of it (the pool's cached
  *      blocks and G2's blocks are 0, there is no G3), one Lookup of the
  *      whole chain is timed, from the call to its reply: the tier fetches
- *      up to 64 blocks per batch from the cluster, copies them into G2
- *      slots, and the promotion copies (or dequantizes) them into G1, batch
- *      after batch. G4's hits must have grown by N. Then, outside the
+ *      up to 64 blocks (at most 4 MiB of them) per batch from the cluster,
+ *      copies them into G2 slots, and the promotion copies (or dequantizes)
+ *      them into G1, the next batch read ahead meanwhile (docs/g4.md). G4's
+ *      hits must have grown by N. Then, outside the
  *      clock, every block is compared with what it must hold: its bytes
  *      for a raw pool, the C reference's quantize-dequantize round trip of
  *      them (bit for bit: the daemon's fast path gives the same bytes) for a compressed
