@@ -159,25 +159,27 @@ static int child_miss(void *arg)
 	return 0;
 }
 
-/* Node A: seals the chain, demotes it (each block goes to G4 as it lands in
- * G2), waits for the writes, and drops G2. */
-static void write_chain(const char *ns)
+/* Node A: seals n blocks of bb bytes (seeds base...) in pool pname of ns,
+ * demotes them (each block goes to G4 as it lands in G2), waits for the
+ * writes, and drops G2. */
+static void write_blocks(const char *ns, const char *pname, uint32_t bb, int n, uint64_t base)
 {
 	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB);
-	kvc_block b[N];
-	kvc_hash h[N];
+	int pool = kvt_pool(c, pname, bb);
+	kvc_block *b = calloc((size_t)n, sizeof(*b));
+	kvc_hash *h = calloc((size_t)n, sizeof(*h));
 	Kvcached__Response *rs0 = kvt_g4_stats(ns);
-	uint64_t want = rs0->stats->remote->writes + N;
+	uint64_t want = rs0->stats->remote->writes + (uint64_t)n;
 
+	CHECK(b && h);
 	kvcached__response__free_unpacked(rs0, NULL);
-	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
-	for (int i = 0; i < N; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i);
-		h[i] = kvt_hash(BASE + (uint64_t)i);
+	CHECK_EQ(kvc_alloc(c, pool, (size_t)n, b), n);
+	for (int i = 0; i < n; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), bb, base + (uint64_t)i);
+		h[i] = kvt_hash(base + (uint64_t)i);
 	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
-	CHECK_EQ(kvc_release(c, b, N), 0);
+	CHECK_EQ(kvc_seal(c, pool, b, h, (size_t)n, b), n);
+	CHECK_EQ(kvc_release(c, b, (size_t)n), 0);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	for (int tries = 0;; tries++) {
 		Kvcached__Response *rs = kvt_g4_stats(ns);
@@ -193,6 +195,14 @@ static void write_chain(const char *ns)
 	}
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
+	free(b);
+	free(h);
+}
+
+/* The chain the cases look up: N blocks of BB in pool p. */
+static void write_chain(const char *ns)
+{
+	write_blocks(ns, "p", BB, N, BASE);
 }
 
 /* Every master stopped (1) or going on (0, and healthy again: the long
@@ -273,43 +283,17 @@ static void big_blocks(void)
 	kvc_block b[NBIG];
 	kvc_hash h[NBIG];
 	struct g4c before, after;
-	Kvcached__Response *rs;
-	uint64_t want;
 	kvc_conn *c;
 	int pool, k;
 
 	kvt_start(&w, conf_arg, "--remote-write=demote", "--pool-size", "32MiB", "--segment-size",
 		  "1MiB", "--page-size", "64KiB", "--host-tier-size", "32MiB", NULL);
 	setenv("KVCACHED_SOCKET", w.sock, 1);
-	c = kvt_connect("ra");
-	pool = kvt_pool(c, "big", BIG);
-	rs = kvt_g4_stats("ra");
-	want = rs->stats->remote->writes + NBIG;
-	kvcached__response__free_unpacked(rs, NULL);
-	CHECK_EQ(kvc_alloc(c, pool, NBIG, b), NBIG);
-	for (int i = 0; i < NBIG; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BIG, BIGBASE + (uint64_t)i);
-		h[i] = kvt_hash(BIGBASE + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, NBIG, b), NBIG);
-	CHECK_EQ(kvc_release(c, b, NBIG), 0);
-	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	for (int tries = 0;; tries++) {
-		uint64_t wr, in;
-
-		rs = kvt_g4_stats("ra");
-		wr = rs->stats->remote->writes;
-		in = rs->stats->remote->inflight_bytes;
-		CHECK_EQ(rs->stats->remote->write_errors, 0);
-		kvcached__response__free_unpacked(rs, NULL);
-		if (wr == want && !in)
-			break;
-		CHECK(tries < 60000);
-		usleep(1000);
-	}
-	kvc_close(c);
+	write_blocks("ra", "big", BIG, NBIG, BIGBASE);
 	kvt_stop(&w);
 
+	for (int i = 0; i < NBIG; i++)
+		h[i] = kvt_hash(BIGBASE + (uint64_t)i);
 	kvt_start(&r, conf_arg, "--remote-write=off", "--pool-size", "32MiB", "--segment-size",
 		  "1MiB", "--page-size", "64KiB", "--host-tier-size", "32MiB", NULL);
 	setenv("KVCACHED_SOCKET", r.sock, 1);
