@@ -1,7 +1,9 @@
 /* kvg4rate: the rate at which the daemon's G4 tier delivers a prefix back
- * to G1, in uncompressed bytes per second, for a pool with compress = off,
- * fp8_e4m3 and fp8_e5m2, beside redis-benchmark's GET rate at the value
- * sizes stored, on the same cluster in the same run (issue 28, item 2).
+ * to G1, and the rate at which it writes a prefix to G4 at demotion, in
+ * uncompressed bytes per second (and, for the writes, bytes stored per
+ * second), for a pool with compress = off, fp8_e4m3 and fp8_e5m2, beside
+ * redis-benchmark's GET and SET rates at the value sizes stored, on the
+ * same cluster in the same run (issue 28, item 2).
  * Figures, never assertions: it exits 0 whatever they are, 1 only when
  * something did not work (a block that came back wrong, a block that did
  * not come from G4).
@@ -12,12 +14,20 @@
  * namespaces that write to G4 at demotion (remote_write = demote) and
  * differ in compress. For each block size and each namespace:
  *
- *   1. a chain of N blocks (about --mib MiB) of FP16 values like a KV
- *      cache's (normal values, a scale per channel, two outlier channels in
- *      128) is written into G1, sealed and released; Evict G1 demotes it to
- *      G2 (quantized for a compressing namespace), which writes every block
- *      to G4 (the counters say N writes, none dropped or failed, nothing in
- *      flight); Evict G2 drops it: it is now in G4 only;
+ *   1. --passes times: a chain of N blocks (about --mib MiB) of FP16 values
+ *      like a KV cache's (normal values, a scale per channel, two outlier
+ *      channels in 128) is written into G1, sealed and released (outside
+ *      the clock); then timed, from the Evict G1 call to the first poll of
+ *      the daemon's Stats (every 0.5 ms, on the same connection) whose G4
+ *      counters say N more blocks written and no byte in flight: the
+ *      demotion to G2 (quantized for a compressing namespace: the copy
+ *      thread), the loop's copy of each block into a G4 value, its CRC32C
+ *      on the tier's worker, and the pipelined SETs of the write thread
+ *      until the last reply (none may be dropped or fail). The time the
+ *      Evict reply took is printed too (the demotion alone, about). Evict
+ *      G2 drops the chain: it is now in G4 only. The same hashes every
+ *      pass: the first pass creates the keys, the others overwrite them
+ *      (as redis-benchmark -t set below does with its keyspace);
  *   2. --passes times: with G1 and G2 holding none of it (the pool's cached
  *      blocks and G2's blocks are 0, there is no G3), one Lookup of the
  *      whole chain is timed, from the call to its reply: the tier fetches
@@ -34,8 +44,13 @@
  * (the 80-byte slot header + the block or its quantized form; G4's bytes_in
  * / hits), redis-benchmark --cluster -t get with the fair set-up of
  * docs/benchmarks.md (-c 3 -P 22 --threads 1: a connection per master, one
- * thread, ~64 in flight, as the tier's read thread has), every GET a hit
- * (the masters' keyspace counters are printed).
+ * thread, ~64 in flight, as the tier's read and write threads have), every
+ * GET a hit (the masters' keyspace counters are printed), then -t set with
+ * the same set-up over a keyspace of the chain's size (as many SETs as the
+ * write passes made, at least 512 MiB). The write ratio is the tier's
+ * bytes stored per second over redis-benchmark's SET bytes per second at
+ * the same value size: the tier's clock also holds the demotion and the
+ * copies, redis-benchmark's only its SETs.
  *
  *   kvg4rate [--mib M] [--passes P] [--rb C:P[:THREADS]] [SIZE...]
  *
@@ -77,6 +92,11 @@ struct fmt_row {
 	unsigned passes;
 	uint64_t fetches;           /* G4 fetches of the timed lookups */
 	double dequant_gbs;         /* kv_qfmt_dequant alone, GB/s of FP16 out */
+	/* The writes at demotion, per pass: */
+	size_t wvalue_bytes;        /* one G4 value, as the tier wrote it */
+	double wgbs[64];            /* uncompressed bytes / (Evict G1 -> all written) */
+	double wstored_gbs[64];     /* bytes stored / the same time */
+	double wms[64], evict_ms[64];
 };
 
 struct size_row {
@@ -154,7 +174,8 @@ static void write_conf(char *arg, size_t len, size_t max_inflight)
 }
 
 struct g4c {
-	uint64_t hits, fetches, bytes_in, writes, write_errors, dropped, inflight, sum_fail;
+	uint64_t hits, fetches, bytes_in, bytes_out, writes, write_errors, dropped, inflight,
+		sum_fail;
 };
 
 static void g4_read(const char *ns, struct g4c *g)
@@ -165,12 +186,39 @@ static void g4_read(const char *ns, struct g4c *g)
 	g->hits = ri->hits;
 	g->fetches = ri->fetches;
 	g->bytes_in = ri->bytes_in;
+	g->bytes_out = ri->bytes_out;
 	g->writes = ri->writes;
 	g->write_errors = ri->write_errors;
 	g->dropped = ri->dropped;
 	g->inflight = ri->inflight_bytes;
 	g->sum_fail = ri->checksum_failures;
 	kvcached__response__free_unpacked(r, NULL);
+}
+
+/* G4's counters through c (no connection made per poll). */
+static void g4_read_on(kvc_conn *c, struct g4c *g)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Stats st = KVCACHED__STATS__INIT;
+	Kvcached__Response *resp = NULL;
+	const Kvcached__RemoteInfo *ri;
+
+	rq.op_case = KVCACHED__REQUEST__OP_STATS;
+	rq.stats = &st;
+	if (kvc_call(c, &rq, &resp) || resp->result_case != KVCACHED__RESPONSE__RESULT_STATS ||
+	    !resp->stats->remote)
+		die("Stats failed: %s", kvc_last_error(c));
+	ri = resp->stats->remote;
+	g->hits = ri->hits;
+	g->fetches = ri->fetches;
+	g->bytes_in = ri->bytes_in;
+	g->bytes_out = ri->bytes_out;
+	g->writes = ri->writes;
+	g->write_errors = ri->write_errors;
+	g->dropped = ri->dropped;
+	g->inflight = ri->inflight_bytes;
+	g->sum_fail = ri->checksum_failures;
+	kvcached__response__free_unpacked(resp, NULL);
 }
 
 /* G4's counters once every write queued or under way is out. */
@@ -205,6 +253,37 @@ static void check_g4_only(int pool)
 		    (unsigned long long)g2.blocks, g3.present ? "present" : "absent");
 }
 
+/* Evict G1 of every pool through c, returning with its reply (the tiers
+ * not waited for: kvt_evict() would). */
+static void evict_g1(kvc_conn *c)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
+	Kvcached__Response *resp = NULL;
+
+	ev.tier = KVCACHED__TIER__TIER_G1;
+	ev.all_pools = 1;
+	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
+	rq.evict = &ev;
+	if (kvc_call(c, &rq, &resp) || resp->error ||
+	    resp->result_case != KVCACHED__RESPONSE__RESULT_EVICT)
+		die("Evict G1 failed");
+	kvcached__response__free_unpacked(resp, NULL);
+}
+
+static double median(const double *v, unsigned n, double *lo, double *hi)
+{
+	double sorted[64];
+
+	memcpy(sorted, v, n * sizeof(double));
+	qsort(sorted, n, sizeof(double), cmp_double);
+	if (lo)
+		*lo = sorted[0];
+	if (hi)
+		*hi = sorted[n - 1];
+	return sorted[(n - 1) / 2];
+}
+
 /* One block size, one namespace: steps 1 and 2 of the comment above. */
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
 		    uint8_t *got, uint64_t base, unsigned passes)
@@ -225,25 +304,51 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	for (size_t i = 0; i < n; i++)
 		h[i] = kvt_hash(base + i);
 
-	/* 1: into G1, sealed, demoted (written to G4), dropped from G2. */
-	if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
-		die("alloc of %zu blocks: %s", n, kvc_last_error(c));
-	for (size_t i = 0; i < n; i++)
-		kvt_mem_write(c, kvc_block_ptr(c, b[i]), (const uint8_t *)values + i * bb, bb);
-	if (kvc_seal(c, pool, b, h, n, b) != (int)n)
-		die("seal: %s", kvc_last_error(c));
-	if (kvc_release(c, b, n))
-		die("release: %s", kvc_last_error(c));
-	g4_settled(fmt_ns[fi], &g0);
-	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	g4_settled(fmt_ns[fi], &g1);
-	if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
-	    g1.write_errors != g0.write_errors)
-		die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed", fmt_ns[fi],
-		    (unsigned long long)(g1.writes - g0.writes), n,
-		    (unsigned long long)(g1.dropped - g0.dropped),
-		    (unsigned long long)(g1.write_errors - g0.write_errors));
-	kvt_evict(c, KVCACHED__TIER__TIER_G2);
+	/* 1: into G1, sealed, demoted (written to G4: timed), dropped from
+	 * G2; --passes times, the same hashes. */
+	for (unsigned p = 0; p < passes; p++) {
+		uint64_t t0, t_ev, t1;
+
+		if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
+			die("alloc of %zu blocks: %s", n, kvc_last_error(c));
+		for (size_t i = 0; i < n; i++)
+			kvt_mem_write(c, kvc_block_ptr(c, b[i]), (const uint8_t *)values + i * bb,
+				      bb);
+		if (kvc_seal(c, pool, b, h, n, b) != (int)n)
+			die("seal: %s", kvc_last_error(c));
+		if (kvc_release(c, b, n))
+			die("release: %s", kvc_last_error(c));
+		g4_settled(fmt_ns[fi], &g0);
+		t0 = rb_now_ns();
+		evict_g1(c);
+		t_ev = rb_now_ns();
+		for (;;) {
+			g4_read_on(c, &g1);
+			if (g1.writes + g1.dropped + g1.write_errors >=
+				    g0.writes + g0.dropped + g0.write_errors + n &&
+			    !g1.inflight)
+				break;
+			if (rb_now_ns() - t0 > 120 * 1000000000ull)
+				die("%s: %llu of %zu G4 writes after 2 minutes", fmt_ns[fi],
+				    (unsigned long long)(g1.writes - g0.writes), n);
+			usleep(500);
+		}
+		t1 = rb_now_ns();
+		if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
+		    g1.write_errors != g0.write_errors)
+			die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed",
+			    fmt_ns[fi], (unsigned long long)(g1.writes - g0.writes), n,
+			    (unsigned long long)(g1.dropped - g0.dropped),
+			    (unsigned long long)(g1.write_errors - g0.write_errors));
+		fr->wvalue_bytes = (size_t)((g1.bytes_out - g0.bytes_out) / n);
+		fr->wms[p] = (double)(t1 - t0) / 1e6;
+		fr->evict_ms[p] = (double)(t_ev - t0) / 1e6;
+		fr->wgbs[p] = (double)(n * bb) / ((double)(t1 - t0) / 1e9) / GB;
+		fr->wstored_gbs[p] = (double)(g1.bytes_out - g0.bytes_out) /
+				     ((double)(t1 - t0) / 1e9) / GB;
+		kvt_evict(c, KVCACHED__TIER__TIER_G1);   /* settles the tiers */
+		kvt_evict(c, KVCACHED__TIER__TIER_G2);
+	}
 
 	/* What each block must read back as: raw bytes, or the reference's
 	 * round trip of them. */
@@ -367,8 +472,8 @@ int main(int argc, char **argv)
 	char pool_arg[40], tier_arg[40];
 	struct {
 		size_t size;
-		struct rb_result r;
-	} rbv[MAX_SIZES * 2];
+		struct rb_result r, set;
+	} rbv[MAX_SIZES * NFMT];
 	size_t nrbv = 0;
 	uint16_t *values;
 	uint8_t *want, *got;
@@ -473,6 +578,17 @@ int main(int argc, char **argv)
 			if (fr->dequant_gbs > 0)
 				printf("; the dequantizer alone %.2f GB/s", fr->dequant_gbs);
 			printf("\n");
+			{
+				double lo, hi, med = median(fr->wstored_gbs, passes, &lo, &hi);
+
+				printf("%s blocks, compress %s: demotion -> G4, values of %zu bytes: "
+				       "%.2f GB/s stored median (%.2f-%.2f), %.2f GB/s of KV; "
+				       "%.1f ms median (the Evict reply %.2f ms)\n", sz, fmt_conf[fi],
+				       fr->wvalue_bytes, med, lo, hi,
+				       median(fr->wgbs, passes, NULL, NULL),
+				       median(fr->wms, passes, NULL, NULL),
+				       median(fr->evict_ms, passes, NULL, NULL));
+			}
 			fflush(stdout);
 		}
 	}
@@ -513,6 +629,16 @@ int main(int argc, char **argv)
 				       "keyspace hits %llu, misses %llu\n", label, vs, rbv[nrbv].r.rps,
 				       rbv[nrbv].r.gbs, rbv[nrbv].r.p50_ms, rbv[nrbv].r.hits,
 				       rbv[nrbv].r.misses);
+				fflush(stdout);
+				/* The write path's peer: as many SETs as the write
+				 * passes made (the first pass creates the keys, as the
+				 * tier's first pass did), at least 512 MiB. */
+				rb_flush_all(&cluster);
+				rb_run(&cluster, port, &rbc, "set", vs, reqs, per_tag,
+				       &rbv[nrbv].set);
+				printf("redis-benchmark %s -t set -d %zu: %.0f SET/s, %.2f GB/s, "
+				       "p50 %.3f ms\n", label, vs, rbv[nrbv].set.rps, rbv[nrbv].set.gbs,
+				       rbv[nrbv].set.p50_ms);
 				fflush(stdout);
 				nrbv++;
 			}
@@ -556,6 +682,38 @@ int main(int argc, char **argv)
 					       rbv[k].r.misses ? " (misses!)" : "", med / rbv[k].r.gbs);
 				else
 					printf(" - | - |");
+			}
+			printf("\n");
+		}
+	}
+	/* The writes at demotion. */
+	printf("\n| block | compress | G4 value bytes | demotion -> G4 written, GB/s stored, median "
+	       "(range) | GB/s of KV | ms, median (the Evict reply) |");
+	if (rb_bin)
+		printf(" redis-benchmark `%s` SET GB/s at the value size | stored / it | KV / it |",
+		       label);
+	printf("\n|---|---|---|---|---|---|%s\n", rb_bin ? "---|---|---|" : "");
+	for (size_t s = 0; s < nsizes; s++) {
+		char sz[24];
+
+		rb_size_str(sizes[s], sz, sizeof(sz));
+		for (int fi = 0; fi < NFMT; fi++) {
+			const struct fmt_row *fr = &row[s].f[fi];
+			double lo, hi, med = median(fr->wstored_gbs, passes, &lo, &hi),
+				       kv = median(fr->wgbs, passes, NULL, NULL);
+
+			printf("| %s | %s | %zu | %.2f (%.2f-%.2f) | %.2f | %.1f (%.2f) |", sz,
+			       fmt_conf[fi], fr->wvalue_bytes, med, lo, hi, kv,
+			       median(fr->wms, passes, NULL, NULL),
+			       median(fr->evict_ms, passes, NULL, NULL));
+			for (size_t k = 0; rb_bin && k < nrbv; k++) {
+				if (rbv[k].size != fr->wvalue_bytes)
+					continue;
+				if (rbv[k].set.ok)
+					printf(" %.2f | %.2fx | %.2fx |", rbv[k].set.gbs,
+					       med / rbv[k].set.gbs, kv / rbv[k].set.gbs);
+				else
+					printf(" - | - | - |");
 			}
 			printf("\n");
 		}
