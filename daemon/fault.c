@@ -11,6 +11,7 @@ static const char *const point_names[KV_FAULT_NPOINTS] = {
 	[KV_FAULT_G3_READ] = "g3_read",
 	[KV_FAULT_G3_INDEX] = "g3_index",
 	[KV_FAULT_DEVICE] = "device",
+	[KV_FAULT_G4_BUF] = "g4_buf",
 };
 
 static const struct {
@@ -66,8 +67,8 @@ static int parse_one(char *item, char *err, unsigned errlen)
 		if (!strcmp(tok, point_names[i]))
 			p = (int)i;
 	if (p < 0) {
-		snprintf(err, errlen, "unknown fault point '%s' (copy, g3_write, g3_read, g3_index)",
-			 tok);
+		snprintf(err, errlen, "unknown fault point '%s' (copy, g3_write, g3_read, g3_index, "
+			 "device, g4_buf)", tok);
 		return -EINVAL;
 	}
 	if (!strcmp(eq, "short"))

@@ -1,5 +1,5 @@
 /* Fault injection for the tier I/O paths, so that tests can make a copy, a
- * disk write or a disk read fail on the n-th call.
+ * disk write, a disk read or a G4 write's buffer fail on the n-th call.
  *
  * Points are armed from the environment at start:
  *
@@ -18,6 +18,7 @@ enum kv_fault_point {
 	KV_FAULT_G3_READ,    /* a slot read from the disk tier */
 	KV_FAULT_G3_INDEX,   /* an append to the disk tier's index journal */
 	KV_FAULT_DEVICE,     /* cuda: a copy batch ends in a sticky error (the daemon exits 3) */
+	KV_FAULT_G4_BUF,     /* a G4 write's value buffer (the write is dropped; ERR is ignored) */
 	KV_FAULT_NPOINTS
 };
 

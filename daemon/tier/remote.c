@@ -26,11 +26,30 @@
  *
  * Write: tier_writeback_start() asks remote_want() whether the block goes
  * to G4 too (G4 on, the namespace has remote = yes, the block did not come
- * from G4, room under remote_max_inflight: reserved then); the write-back's
- * checksum job, on the tier's worker thread while the slot is busy, copies
- * header and payload into a buffer of their own (remote_copy()); back on
- * the loop the buffer joins the pending writes, which go out as one batch
- * per write job (pipelined to every master at once), one job at a time.
+ * from G4, room under remote_max_inflight: reserved then, and a value
+ * buffer taken from the write pool); the write-back's checksum job, on the
+ * tier's worker thread while the slot is busy, copies header and payload
+ * into that buffer (remote_copy()); back on the loop the buffer joins the
+ * pending writes, which go out as one batch per write job (pipelined to
+ * every master at once), one job at a time per client, in the client's own
+ * job (fixed arrays: nothing allocated per batch). A write made from a G2
+ * slot (remote_put()) is copied on the loop and sealed on the worker.
+ *
+ * Write buffers (issue 28): a value's buffer goes back to the write pool
+ * when its SET is answered (or the write is dropped), and the next write
+ * of that length takes it, pages mapped, instead of a malloc() per value
+ * that glibc hands back to the kernel at each free() (128 KiB or more is
+ * an mmap() of its own). Classes of one exact length (a pool's values all
+ * have one), at most WPOOL_CLASSES, the one used longest ago making room;
+ * a buffer is kept only while the pool's idle bytes and the bytes reserved
+ * in flight stay within remote_max_inflight, so G4's write buffers, in use
+ * or idle, never hold more than that (one value over at most). The pool is
+ * the loop's alone: buffers are taken in remote_want() and given back in
+ * write_done(), seal_done() and remote_queue(), all on the loop; the
+ * worker and the write thread only fill and read the buffers they were
+ * handed (the worker may free() one whose tag failed: it never reaches
+ * the pool). The fault point g4_buf (fault.h) fails the taking: the write
+ * is dropped and counted, as an allocation failure is.
  *
  * Read: a Lookup whose chain misses from block k on asks G4 for blocks
  * k..k+63, fewer where they would pass FETCH_BYTES of values
@@ -55,7 +74,7 @@
  * fetches of its namespace queued for no one with it
  * (kv_tiers_waiter_gone()).
  *
- * About 1,050 lines: the setup, the writes and the reads share struct kv_g4
+ * About 1,150 lines: the setup, the writes and the reads share struct kv_g4
  * and its queues, one concern (the tier); the stubs of a build without
  * hiredis are the last hundred. */
 #include "tier_int.h"
@@ -69,6 +88,7 @@
 #include <xxhash.h>
 
 #include "crc32c.h"
+#include "fault.h"
 #include "g4mac.h"
 #include "kvconfig.h"
 #include "log.h"
@@ -87,13 +107,19 @@
 #define FETCH_BYTES (4u << 20)
 #define WRITE_BATCH 256       /* writes one job sends */
 #define KEY_MAX 200
+#define WPOOL_CLASSES 8       /* value lengths the write pool keeps buffers of */
 
+/* A write: from remote_want() to write_done(), the loop's, except while a
+ * job holds it (the worker's seal job, the write thread's batch). */
 struct g4_write {
 	struct g4_write *next;
+	struct kv_job job;        /* the seal job of a write made from G2 */
+	struct kv_tiers *t;
+	const uint8_t *mac_key;   /* for that job */
 	uint32_t cl;              /* the client (user) it goes out with */
 	char key[KEY_MAX];
 	size_t keylen;
-	uint8_t *buf;             /* header + payload */
+	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool */
 	size_t len;
 };
 
@@ -123,6 +149,8 @@ struct g4_fetch {
 	struct kv_rc_stats rc;    /* the client's counters after this job */
 };
 
+/* A client's write job, one at a time: the loop's while its client's
+ * writing is 0, the write thread's from kv_worker_submit() to write_done(). */
 struct g4_wjob {
 	struct kv_job job;
 	struct kv_tiers *t;
@@ -130,6 +158,9 @@ struct g4_wjob {
 	struct g4_write *list;
 	uint32_t n, ok;
 	struct kv_rc_stats rc;
+	struct kv_rc_key keys[WRITE_BATCH];
+	struct kv_rc_val vals[WRITE_BATCH];
+	int status[WRITE_BATCH];
 };
 
 /* A user the cluster is talked to as: the daemon's (remote_user), or a
@@ -139,8 +170,17 @@ struct g4_client {
 	char ns[64];              /* "" for the daemon's */
 	struct kv_rc *rd, *wr;    /* each used by its own thread only */
 	struct g4_write *pending, **pending_tail;
-	int writing;              /* a write job of this client is under way */
+	int writing;              /* wj is under way */
+	struct g4_wjob *wj;       /* its write job, made at start */
 	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
+};
+
+/* The write pool's buffers of one length (the loop's: see the top). An
+ * idle buffer's first bytes link it to the next. */
+struct g4_wclass {
+	size_t len;               /* 0: unused */
+	void *head;
+	uint64_t used;            /* wpool_tick when last taken or given */
 };
 
 /* A namespace's HMAC key (remote_key_file), read at start, never changed:
@@ -167,6 +207,8 @@ struct kv_g4 {
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
 	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
+	struct g4_wclass wpool[WPOOL_CLASSES];
+	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
 	struct kv_g4_stats st;
 };
 
@@ -217,6 +259,75 @@ static int ns_remote(struct kv_tiers *t, const struct kv_pool *p)
 	return m && m->lim.remote;
 }
 
+/* ---- the write pool (loop only) ------------------------------------------ */
+
+/* A buffer of len bytes for a G4 value: a kept one of that length, else a
+ * new one; NULL when there is none (malloc, or the fault point g4_buf). */
+static uint8_t *wbuf_get(struct kv_g4 *g, size_t len)
+{
+	if (kv_fault(KV_FAULT_G4_BUF))
+		return NULL;
+	for (unsigned i = 0; i < WPOOL_CLASSES; i++) {
+		struct g4_wclass *c = &g->wpool[i];
+		void *b = c->head;
+
+		if (c->len != len || !b)
+			continue;
+		memcpy(&c->head, b, sizeof(void *));
+		c->used = ++g->wpool_tick;
+		g->wpool_bytes -= len;
+		return b;
+	}
+	return malloc(len);
+}
+
+static void wclass_drop(struct kv_g4 *g, struct g4_wclass *c)
+{
+	while (c->head) {
+		void *b = c->head;
+
+		memcpy(&c->head, b, sizeof(void *));
+		g->wpool_bytes -= c->len;
+		free(b);
+	}
+	c->len = 0;
+}
+
+/* Gives back buf (len bytes, from wbuf_get(); NULL: nothing), once its
+ * bytes no longer count in g->inflight: kept while the idle bytes and the
+ * bytes in flight stay within remote_max_inflight, else freed. */
+static void wbuf_put(struct kv_g4 *g, uint8_t *buf, size_t len)
+{
+	struct g4_wclass *c = NULL, *spare = NULL;
+
+	if (!buf)
+		return;
+	if (g->wpool_bytes + g->inflight + len > g->max_inflight) {
+		free(buf);
+		return;
+	}
+	for (unsigned i = 0; i < WPOOL_CLASSES; i++) {
+		struct g4_wclass *x = &g->wpool[i];
+
+		if (x->len == len) {
+			c = x;
+			break;
+		}
+		/* An unused class, else the one used longest ago. */
+		if (!spare || (spare->len && (!x->len || x->used < spare->used)))
+			spare = x;
+	}
+	if (!c) {
+		c = spare;
+		wclass_drop(g, c);
+		c->len = len;
+	}
+	memcpy(buf, &c->head, sizeof(void *));
+	c->head = buf;
+	c->used = ++g->wpool_tick;
+	g->wpool_bytes += len;
+}
+
 /* ---- setup -------------------------------------------------------------- */
 
 static int read_password(const char *path, char *buf, size_t len, char *err, size_t errlen)
@@ -248,6 +359,10 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 
 	snprintf(cl->ns, sizeof(cl->ns), "%s", ns);
 	cl->pending_tail = &cl->pending;
+	if (!(cl->wj = calloc(1, sizeof(*cl->wj)))) {
+		snprintf(err, errlen, "G4: out of memory");
+		return -ENOMEM;
+	}
 	if (file && file[0] && (r = read_password(file, pw, sizeof(pw), err, errlen)) < 0)
 		return r;
 	r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
@@ -360,7 +475,10 @@ void tier_remote_close(struct kv_tiers *t)
 		}
 		kv_rc_free(cl->rd);
 		kv_rc_free(cl->wr);
+		free(cl->wj);
 	}
+	for (unsigned i = 0; i < WPOOL_CLASSES; i++)
+		wclass_drop(g, &g->wpool[i]);
 	free(g);
 	t->g4 = NULL;
 	t->g2_dropping = NULL;
@@ -423,11 +541,13 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 		return 0;
 	tb->g4_key = mac_key_of(t, tb->pool->ns);
 	len = value_len(tb->pool, tb->g4_key);
-	if (g->inflight + len > g->max_inflight) {
+	if (g->inflight + len > g->max_inflight || !(tb->g4_buf = wbuf_get(g, len))) {
 		g->st.dropped++;
 		return 0;
 	}
 	if (!write_allowed(t, m, len)) {
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
 		g->st.throttled++;
 		return 0;
 	}
@@ -435,6 +555,9 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 	return 1;
 }
 
+/* Worker thread: fills the buffer remote_want() took on the loop; a
+ * buffer whose tag fails is freed here (plain free(): the pool is the
+ * loop's, and this buffer simply never goes back to it). */
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
 {
 	struct slot_hdr h;
@@ -442,9 +565,6 @@ void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
 
 	memcpy(&h, slot, sizeof(h));
 	len = sizeof(h) + h.payload_len;
-	tb->g4_buf = malloc(len + (tb->g4_key ? KV_G4MAC_TAG_BYTES : 0));
-	if (!tb->g4_buf)
-		return;
 	memcpy(tb->g4_buf, &h, sizeof(h));
 	memcpy(tb->g4_buf + sizeof(h), slot + HDR_BYTES, h.payload_len);
 	if (tb->g4_key && kv_g4mac_tag(tb->g4_key, tb->g4_buf, len, tb->g4_buf + len) < 0) {
@@ -457,24 +577,16 @@ static void write_run(struct kv_job *j)
 {
 	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
 	struct kv_g4 *g = w->t->g4;
-	struct kv_rc_key *keys = calloc(w->n, sizeof(*keys));
-	struct kv_rc_val *vals = calloc(w->n, sizeof(*vals));
-	int *status = calloc(w->n, sizeof(*status));
 	struct g4_write *x;
 	uint32_t i = 0;
 
-	if (keys && vals && status) {
-		for (x = w->list; x; x = x->next, i++) {
-			keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
-			vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
-		}
-		if (kv_rc_set(g->cl[w->cl].wr, w->n, keys, vals, g->ttl_s, status) >= 0)
-			for (i = 0; i < w->n; i++)
-				w->ok += status[i] == KV_RC_OK;
+	for (x = w->list; x; x = x->next, i++) {
+		w->keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
+		w->vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
 	}
-	free(keys);
-	free(vals);
-	free(status);
+	if (kv_rc_set(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
+		for (i = 0; i < w->n; i++)
+			w->ok += w->status[i] == KV_RC_OK;
 	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
 }
 
@@ -494,12 +606,11 @@ static void write_done(struct kv_job *j)
 		w->list = x->next;
 		g->st.bytes_out += x->len;
 		g->inflight -= x->len;
-		free(x->buf);
+		wbuf_put(g, x->buf, x->len);
 		free(x);
 	}
 	g->cl[w->cl].writing = 0;
 	write_flush(w->t, w->cl);
-	free(w);
 }
 
 /* Hands what client cl has pending to the write thread, one job of it at a
@@ -512,10 +623,10 @@ static void write_flush(struct kv_tiers *t, uint32_t cl)
 
 	if (c->writing || !c->pending || t->stopping)
 		return;
-	if (!(w = calloc(1, sizeof(*w))))
-		return;   /* tried again with the next write */
+	w = c->wj;
 	w->t = t;
 	w->cl = cl;
+	w->n = w->ok = 0;
 	w->list = c->pending;
 	for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
 		w->n++;
@@ -536,9 +647,9 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	struct g4_write *w;
 
 	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
-		free(tb->g4_buf);
-		tb->g4_buf = NULL;
 		g->inflight -= len;
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
 		g->st.dropped++;
 		return;
 	}
@@ -555,18 +666,11 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 
 /* A write made from a G2 slot on the loop (remote_write = demote, or a block
  * G2 drops without G3): the copy is the loop's, its checksums and tag the
- * tier's worker's; the tblock may be gone by then. */
-struct g4_seal {
-	struct kv_job job;
-	struct kv_tiers *t;
-	struct g4_write *w;
-	const uint8_t *mac_key;
-};
-
+ * tier's worker's (w->job); the tblock may be gone by then. A buffer whose
+ * tag fails is freed on the worker (see tier_remote_copy()). */
 static void seal_run(struct kv_job *j)
 {
-	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
-	struct g4_write *w = s->w;
+	struct g4_write *w = kv_container_of(j, struct g4_write, job);
 	struct slot_hdr h;
 	size_t body;
 
@@ -574,7 +678,7 @@ static void seal_run(struct kv_job *j)
 	body = sizeof(h) + h.payload_len;
 	slot_hdr_seal(&h, kv_crc32c(0, w->buf + sizeof(h), h.payload_len));
 	memcpy(w->buf, &h, sizeof(h));
-	if (s->mac_key && kv_g4mac_tag(s->mac_key, w->buf, body, w->buf + body) < 0) {
+	if (w->mac_key && kv_g4mac_tag(w->mac_key, w->buf, body, w->buf + body) < 0) {
 		free(w->buf);   /* not written: counted as dropped */
 		w->buf = NULL;
 	}
@@ -582,15 +686,13 @@ static void seal_run(struct kv_job *j)
 
 static void seal_done(struct kv_job *j)
 {
-	struct g4_seal *s = kv_container_of(j, struct g4_seal, job);
-	struct kv_tiers *t = s->t;
-	struct g4_write *w = s->w;
+	struct g4_write *w = kv_container_of(j, struct g4_write, job);
+	struct kv_tiers *t = w->t;
 	struct kv_g4 *g = t->g4;
 
-	free(s);
 	if (!w->buf || t->stopping) {
-		free(w->buf);
 		g->inflight -= w->len;
+		wbuf_put(g, w->buf, w->len);
 		g->st.dropped++;
 		free(w);
 		return;
@@ -604,22 +706,21 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 {
 	struct kv_g4 *g = t->g4;
 	struct g4_write *w;
-	struct g4_seal *s;
 	struct slot_hdr h;
 	uint64_t len;
 
 	if (!tb->run[L2] || !tier_remote_want(t, tb, when))
 		return 0;
 	len = value_len(tb->pool, tb->g4_key);
-	w = calloc(1, sizeof(*w));
-	s = calloc(1, sizeof(*s));
-	if (!w || !s || !(w->buf = malloc(len))) {
-		free(w);
-		free(s);
+	if (!(w = calloc(1, sizeof(*w)))) {
 		g->inflight -= len;
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
 		g->st.dropped++;
 		return 0;
 	}
+	w->buf = tb->g4_buf;
+	tb->g4_buf = NULL;
 	slot_hdr_fill(t, tb, &h, 0);
 	memcpy(w->buf, &h, sizeof(h));
 	memcpy(w->buf + sizeof(h), tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
@@ -628,10 +729,9 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->len = len;
 	w->cl = client_of(t, tb->pool->ns);
 	tb->g4_ok = 1;   /* written once */
-	s->t = t;
-	s->w = w;
-	s->mac_key = tb->g4_key;
-	tier_offload(t, &s->job, seal_run, seal_done);
+	w->t = t;
+	w->mac_key = tb->g4_key;
+	tier_offload(t, &w->job, seal_run, seal_done);
 	return 1;
 }
 
