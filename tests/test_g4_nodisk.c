@@ -16,7 +16,12 @@
  *              before any write-back (no flush, no G2 pressure);
  *   compress:  namespace "cz" (remote_write = demote, compress = fp8_e4m3)
  *              writes values of half the bytes; B reads them back as the
- *              quantizer's round trip leaves the blocks. */
+ *              quantizer's round trip leaves the blocks;
+ *   no buffer: node D cannot have 3 of its G4 value buffers (fault point
+ *              g4_buf): those writes at demotion are dropped and counted,
+ *              the others go out; G2 dropping the chain writes the 3; a
+ *              second chain goes out whole in buffers of the write pool;
+ *              B reads both. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +72,24 @@ static uint64_t writes_settled(const char *ns)
 		kvcached__response__free_unpacked(rs, NULL);
 		if (!in)
 			return w;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+}
+
+/* G4 writes done and dropped by the node once nothing is in flight. */
+static void counts_settled(const char *ns, uint64_t *writes, uint64_t *dropped)
+{
+	for (int tries = 0;; tries++) {
+		Kvcached__Response *rs = kvt_g4_stats(ns);
+		uint64_t in = rs->stats->remote->inflight_bytes;
+
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		*writes = rs->stats->remote->writes;
+		*dropped = rs->stats->remote->dropped;
+		kvcached__response__free_unpacked(rs, NULL);
+		if (!in)
+			return;
 		CHECK(tries < 60000);
 		usleep(1000);
 	}
@@ -145,7 +168,8 @@ static void write_conf(void)
 
 int main(void)
 {
-	struct kvt_daemon a, b, c3;
+	struct kvt_daemon a, b, c3, d;
+	uint64_t dr;
 	kvc_conn *c;
 	uint64_t w0, w1;
 	int k;
@@ -261,6 +285,37 @@ int main(void)
 	kvt_stop(&a);
 	node_start(&b, 0);
 	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 5000), N);
+	kvt_stop(&b);
+
+	/* No buffer: the 3rd to 5th value buffers node D takes fail. */
+	setenv("KVCACHED_FAULTS", "g4_buf=ENOMEM:skip=2:count=3", 1);
+	node_start(&d, 0);
+	unsetenv("KVCACHED_FAULTS");
+	c = seal_chain("dm", 7000);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	counts_settled("dm", &w1, &dr);
+	fprintf(stderr, "no buffer: %llu written at demotion, %llu dropped\n",
+		(unsigned long long)w1, (unsigned long long)dr);
+	CHECK_EQ(w1, N - 3);
+	CHECK_EQ(dr, 3);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
+	counts_settled("dm", &w1, &dr);
+	fprintf(stderr, "no buffer: %llu written after G2 dropped the chain\n",
+		(unsigned long long)w1);
+	CHECK_EQ(w1, N);
+	CHECK_EQ(dr, 3);
+	kvc_close(c);
+	c = seal_chain("dm", 8000);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	counts_settled("dm", &w1, &dr);
+	CHECK_EQ(w1, 2 * N);
+	CHECK_EQ(dr, 3);
+	kvc_close(c);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&d);
+	node_start(&b, 0);
+	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 7000), N);
+	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 8000), N);
 	kvt_stop(&b);
 	kvt_rc_stop(&rc);
 	fprintf(stderr, "ok\n");
