@@ -21,7 +21,11 @@
  *              g4_buf): those writes at demotion are dropped and counted,
  *              the others go out; G2 dropping the chain writes the 3; a
  *              second chain goes out whole in buffers of the write pool;
- *              B reads both. */
+ *              then values of two more lengths (cz's, and 128 KiB blocks)
+ *              on D's remote_max_inflight of 1 MiB: the third length finds
+ *              the idle buffers of the others past the bound, and the ones
+ *              used longest ago go (the daemon asserts the bound each time
+ *              a buffer comes back); B reads every chain. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +54,11 @@ static void node_start(struct kvt_daemon *d, int disk)
 	char path[160];
 
 	snprintf(path, sizeof(path), "%s/g3", tmp);
-	if (disk)
+	if (disk < 0)   /* node D: G4's write buffers bounded at 1 MiB */
+		kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB",
+			  "--page-size", "64KiB", "--host-tier-size", "2MiB",
+			  "--remote-max-inflight", "1MiB", NULL);
+	else if (disk)
 		kvt_start(d, conf_arg, "--pool-size", "4MiB", "--segment-size", "1MiB",
 			  "--page-size", "64KiB", "--host-tier-size", "2MiB", "--disk-path", path,
 			  "--disk-size", "8MiB", NULL);
@@ -95,22 +103,30 @@ static void counts_settled(const char *ns, uint64_t *writes, uint64_t *dropped)
 	}
 }
 
-/* Seals ns's chain (block i: seed base + i) and releases it: cached in G1. */
-static kvc_conn *seal_chain(const char *ns, uint64_t base)
+/* Seals ns's chain of n blocks of bb bytes in pool name (block i: seed
+ * base + i) and releases it: cached in G1. */
+static kvc_conn *seal_chain_of(const char *ns, const char *name, uint32_t bb, uint32_t n,
+			       uint64_t base)
 {
 	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB);
+	int pool = kvt_pool(c, name, bb);
 	kvc_block b[N];
 	kvc_hash h[N];
 
-	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
-	for (int i = 0; i < N; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
+	CHECK(n <= N);
+	CHECK_EQ(kvc_alloc(c, pool, n, b), (int)n);
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), bb, base + (uint64_t)i);
 		h[i] = kvt_hash(base + (uint64_t)i);
 	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
-	CHECK_EQ(kvc_release(c, b, N), 0);
+	CHECK_EQ(kvc_seal(c, pool, b, h, n, b), (int)n);
+	CHECK_EQ(kvc_release(c, b, n), 0);
 	return c;
+}
+
+static kvc_conn *seal_chain(const char *ns, uint64_t base)
+{
+	return seal_chain_of(ns, "p", BB, N, base);
 }
 
 /* Namespace cz's chain base as node B finds it: every block as the FP8
@@ -289,7 +305,7 @@ int main(void)
 
 	/* No buffer: the 3rd to 5th value buffers node D takes fail. */
 	setenv("KVCACHED_FAULTS", "g4_buf=ENOMEM:skip=2:count=3", 1);
-	node_start(&d, 0);
+	node_start(&d, -1);
 	unsetenv("KVCACHED_FAULTS");
 	c = seal_chain("dm", 7000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
@@ -311,11 +327,29 @@ int main(void)
 	CHECK_EQ(w1, 2 * N);
 	CHECK_EQ(dr, 3);
 	kvc_close(c);
+	/* Idle now: 8 values of 64 KiB blocks (0.5 MiB); then 8 of cz's
+	 * (about 0.26 MiB), kept too; then 4 of 128 KiB blocks (0.5 MiB):
+	 * past 1 MiB with the idle ones, which go, the 64 KiB ones first. */
+	c = seal_chain("cz", 6100);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	counts_settled("cz", &w1, &dr);
+	CHECK_EQ(w1, 3 * N);
+	kvc_close(c);
+	c = seal_chain_of("dm", "q", 2 * BB, 4, 9000);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	counts_settled("dm", &w1, &dr);
+	fprintf(stderr, "no buffer: %llu written in all, %llu dropped\n", (unsigned long long)w1,
+		(unsigned long long)dr);
+	CHECK_EQ(w1, 3 * N + 4);
+	CHECK_EQ(dr, 3);
+	kvc_close(c);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&d);
 	node_start(&b, 0);
 	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 7000), N);
 	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 8000), N);
+	CHECK_EQ(lookup_compressed(6100), N);
+	CHECK_EQ(kvt_lookup_chain("dm", "q", 2 * BB, 4, 9000), 4);
 	kvt_stop(&b);
 	kvt_rc_stop(&rc);
 	fprintf(stderr, "ok\n");

@@ -42,8 +42,9 @@
  * an mmap() of its own). Classes of one exact length (a pool's values all
  * have one), at most WPOOL_CLASSES, the one used longest ago making room;
  * a buffer is kept only while the pool's idle bytes and the bytes reserved
- * in flight stay within remote_max_inflight, so G4's write buffers, in use
- * or idle, never hold more than that (one value over at most). The pool is
+ * in flight stay within remote_max_inflight, and a new one is made only
+ * after idle ones of other lengths go to make that hold, so G4's write
+ * buffers, in use or idle, never hold more than that. The pool is
  * the loop's alone: buffers are taken in remote_want() and given back in
  * write_done(), seal_done() and remote_queue(), all on the loop; the
  * worker and the write thread only fill and read the buffers they were
@@ -278,6 +279,21 @@ static uint8_t *wbuf_get(struct kv_g4 *g, size_t len)
 		g->wpool_bytes -= len;
 		return b;
 	}
+	/* A new one: idle buffers of other lengths go first, those used
+	 * longest ago, while they and the bytes in flight and this one would
+	 * pass remote_max_inflight. */
+	while (g->wpool_bytes && g->wpool_bytes + g->inflight + len > g->max_inflight) {
+		struct g4_wclass *lru = NULL;
+		void *b;
+
+		for (unsigned i = 0; i < WPOOL_CLASSES; i++)
+			if (g->wpool[i].head && (!lru || g->wpool[i].used < lru->used))
+				lru = &g->wpool[i];
+		b = lru->head;
+		memcpy(&lru->head, b, sizeof(void *));
+		g->wpool_bytes -= lru->len;
+		free(b);
+	}
 	return malloc(len);
 }
 
@@ -326,6 +342,7 @@ static void wbuf_put(struct kv_g4 *g, uint8_t *buf, size_t len)
 	c->head = buf;
 	c->used = ++g->wpool_tick;
 	g->wpool_bytes += len;
+	kv_assert(g->wpool_bytes + g->inflight <= g->max_inflight);
 }
 
 /* ---- setup -------------------------------------------------------------- */
