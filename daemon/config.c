@@ -169,8 +169,9 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "0", "G4: bytes per second written to the cluster at most; past it blocks are not "
 	  "written (counted; 0: no limit)", NULL },
 	{ "remote_max_inflight", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.remote_max_inflight), 0,
-	  1048576, 0, "64MiB", "G4: block bytes queued for the cluster at most; past it blocks are "
-	  "not written (counted)", NULL },
+	  1048576, 0, "64MiB", "G4: block bytes queued for the cluster at most (and the write "
+	  "buffers kept idle for the next writes count in it); past it blocks are not written "
+	  "(counted)", NULL },
 	/* Prometheus over HTTP (http.h, docs/operations.md "Scraping metrics
 	 * over HTTP"). */
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",
