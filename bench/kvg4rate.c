@@ -26,10 +26,10 @@
  *      until the last reply (none may be dropped or fail). Printed too:
  *      when the Evict reply came, and the first poll that saw G2's
  *      demotions grown by N (the demotion done; the G4 writes of its
- *      first blocks overlap it, the rest follow). Evict
- *      G2 drops the chain: it is now in G4 only. The same hashes every
- *      pass: the first pass creates the keys, the others overwrite them
- *      (as redis-benchmark -t set below does with its keyspace);
+ *      first blocks overlap it, the rest follow). Evict G2 drops the
+ *      chain: it is now in G4 only. The same hashes every pass: the
+ *      first pass creates the keys, the others overwrite them (as
+ *      redis-benchmark -t set below does with its keyspace);
  *   2. --passes times: with G1 and G2 holding none of it (the pool's cached
  *      blocks and G2's blocks are 0, there is no G3), one Lookup of the
  *      whole chain is timed, from the call to its reply: the tier fetches
@@ -46,8 +46,9 @@
  * (the 80-byte slot header + the block or its quantized form; G4's bytes_in
  * / hits), redis-benchmark --cluster -t get with the fair set-up of
  * docs/benchmarks.md (-c 3 -P 22 --threads 1: a connection per master, one
- * thread, ~64 in flight, as the tier's read and write threads have), every
- * GET a hit (the masters' keyspace counters are printed), then -t set with
+ * thread, ~64 in flight, as the tier's read thread has; its write thread
+ * sends a batch of up to 256 at a time), every GET a hit (the masters'
+ * keyspace counters are printed), then, the cluster flushed, -t set with
  * the same set-up over a keyspace of the chain's size (as many SETs as the
  * write passes made, at least 512 MiB). The write ratio is the tier's
  * bytes stored per second over redis-benchmark's SET bytes per second at
