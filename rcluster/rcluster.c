@@ -178,6 +178,8 @@ struct rc_call {
 	const struct kv_rc_key *keys;
 	const struct kv_rc_val *vals;
 	const struct kv_rc_dst *dst;   /* RC_GET: kv_rc_get_into()'s; NULL: none */
+	kv_rc_value_fn *on_value;      /* ... and its callback (NULL: none) */
+	void *arg;
 	char ttl[24];              /* "" for none */
 };
 
@@ -1064,6 +1066,10 @@ static void rc_reply(struct kv_rc *rc, struct rc_node *node, struct rc_reply *r)
 			op->data = r->str;
 			op->len = r->len;
 			r->str = NULL;
+			/* Final (an answered key is not asked again): the caller
+			 * may look at the value while its bytes are in cache. */
+			if (r->dst == RC_DST_WRITTEN && rc->call->on_value)
+				rc->call->on_value(rc->call->arg, op->idx, r->len);
 		} else if (r->type == REDIS_REPLY_NIL) {
 			op->status = KV_RC_MISS;
 		}
@@ -1516,9 +1522,11 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 }
 
 int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
-		   const struct kv_rc_dst *dst, struct kv_rc_val *out)
+		   const struct kv_rc_dst *dst, kv_rc_value_fn *on_value, void *arg,
+		   struct kv_rc_val *out)
 {
-	struct rc_call call = { .kind = RC_GET, .keys = keys, .dst = dst };
+	struct rc_call call = { .kind = RC_GET, .keys = keys, .dst = dst, .on_value = on_value,
+				.arg = arg };
 	struct rc_op *ops;
 	int hits = 0, rv;
 	size_t i;
@@ -1560,7 +1568,7 @@ int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
 
 int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out)
 {
-	return kv_rc_get_into(rc, n, keys, NULL, out);
+	return kv_rc_get_into(rc, n, keys, NULL, NULL, NULL, out);
 }
 
 int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,

@@ -156,6 +156,12 @@ void kv_rc_free(struct kv_rc *rc);
  * its keys errors; the other nodes' keys are answered. Returns the number of
  * hits, or -EINVAL/-ENOMEM (before anything is sent; out untouched). */
 int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out);
+/* Called by kv_rc_get_into() on its thread, during the call, for each key i
+ * whose value was just written into its destination (len bytes), as soon as
+ * that answer is final: the bytes are still in the CPU's caches. It must
+ * not call rc. */
+typedef void kv_rc_value_fn(void *arg, size_t i, size_t len);
+
 /* kv_rc_get() that writes the value of keys[i] into dst[i] (dst NULL: no
  * destination for any key) straight from the socket reader's buffer, one
  * copy, instead of into a buffer of its own. For a key with a destination:
@@ -166,6 +172,8 @@ int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct k
  *     length, nothing was written (never past the end, nor partly);
  *   - KV_RC_MISS, KV_RC_ERROR: nothing was written.
  * Keys without one (nparts 0) are answered as kv_rc_get() answers them.
+ * on_value (NULL: none) is called with arg for every KV_RC_HIT written into
+ * a destination, before the call returns.
  * The destinations are written only during the call, by the calling thread;
  * a hostile server can put any bytes there, up to the capacity (a reply that
  * answers another key's command lands in that key's destination), so the
@@ -173,7 +181,8 @@ int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct k
  * (more than KV_RC_DST_PARTS parts, a NULL part with a length) / -ENOMEM
  * before anything is sent. */
 int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
-		   const struct kv_rc_dst *dst, struct kv_rc_val *out);
+		   const struct kv_rc_dst *dst, kv_rc_value_fn *on_value, void *arg,
+		   struct kv_rc_val *out);
 /* SET keys[i] vals[i] (EX ttl_s unless ttl_s is 0: no expiry); status[i]
  * gets KV_RC_OK or KV_RC_ERROR. Returns the number stored, or -EINVAL/-ENOMEM
  * (nothing sent, status untouched). */

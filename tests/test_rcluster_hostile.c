@@ -656,6 +656,16 @@ static int dst_holds(int i, const char *want, size_t len)
 	return 1;
 }
 
+static unsigned ncalled;
+
+static void on_value(void *arg, size_t i, size_t len)
+{
+	static const size_t want[8] = { 3, 7, 0, 0, 0, 0, 0, 0 };
+
+	CHECK(arg == &ncalled && i < 8 && len == want[i] && !(ncalled & (1u << i)));
+	ncalled |= 1u << i;
+}
+
 static void test_into(void)
 {
 	struct kv_rc *rc = client(NULL, SLOW_OK_MS, 0);
@@ -676,7 +686,10 @@ static void test_into(void)
 	expect_hit(rc, "hit", "abc", 3);
 	dst_init(d, 8);
 	kv_rc_stats(rc, &a);
-	CHECK_EQ(kv_rc_get_into(rc, 8, k, d, out), 3);
+	ncalled = 0;
+	CHECK_EQ(kv_rc_get_into(rc, 8, k, d, on_value, &ncalled, out), 3);
+	/* Called for the values written: hit, seven, empty. */
+	CHECK_EQ(ncalled, (1u << 0) | (1u << 1) | (1u << 7));
 	kv_rc_stats(rc, &b);
 	for (i = 0; i < 8; i++) {
 		CHECK_EQ(out[i].status, want[i]);
@@ -696,7 +709,7 @@ static void test_into(void)
 	 * value comes in a buffer of the client's, as kv_rc_get() gives it. */
 	dst_init(d, 2);
 	d[0].nparts = 0;
-	CHECK_EQ(kv_rc_get_into(rc, 2, k, d, out), 2);
+	CHECK_EQ(kv_rc_get_into(rc, 2, k, d, NULL, NULL, out), 2);
 	CHECK(out[0].status == KV_RC_HIT && out[0].len == 3 && !memcmp(out[0].data, "abc", 3));
 	CHECK(dst_holds(0, "", 0));
 	CHECK(out[1].status == KV_RC_HIT && out[1].data == NULL && dst_holds(1, "abcdefg", 7));
@@ -706,7 +719,7 @@ static void test_into(void)
 	dst_init(d, 1);
 	d[0].part[0].len = 0;
 	d[0].nparts = 1;
-	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, out), 0);
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), 0);
 	CHECK(out[0].status == KV_RC_TOOLONG && out[0].len == 3 && dst_holds(0, "", 0));
 
 	/* A reply slipped into the pipeline lands in the next key's
@@ -717,7 +730,7 @@ static void test_into(void)
 		struct kv_rc_key sk[2] = { { "extrastr", 8 }, { "slow", 4 } };
 
 		dst_init(d, 2);
-		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, out), 2);
+		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, NULL, NULL, out), 2);
 		CHECK(out[0].status == KV_RC_HIT && out[0].len == 1 && dst_holds(0, "x", 1));
 		CHECK(out[1].status == KV_RC_HIT && out[1].len == 5 && dst_holds(1, "shift", 5));
 		expect_hit(rc, "hit", "abc", 3);
@@ -727,17 +740,17 @@ static void test_into(void)
 		struct kv_rc_key sk[2] = { { "askself", 7 }, { "movedself", 9 } };
 
 		dst_init(d, 2);
-		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, out), 0);
+		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, NULL, NULL, out), 0);
 		CHECK(out[0].status == KV_RC_ERROR && dst_holds(0, "", 0));
 		CHECK(out[1].status == KV_RC_ERROR && dst_holds(1, "", 0));
 	}
 	/* Bad destinations are refused before anything is sent. */
 	dst_init(d, 1);
 	d[0].nparts = KV_RC_DST_PARTS + 1;
-	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, out), -EINVAL);
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), -EINVAL);
 	dst_init(d, 1);
 	d[0].part[1].p = NULL;
-	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, out), -EINVAL);
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), -EINVAL);
 	kv_rc_free(rc);
 }
 

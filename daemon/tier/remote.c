@@ -126,6 +126,7 @@ struct g4_fetch {
 	struct tblock *res[FETCH_MAX];
 	uint8_t *slot[FETCH_MAX];
 	struct kv_rc_dst dst[FETCH_MAX];
+	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
 };
@@ -680,6 +681,19 @@ static int check_in_slot(const struct slot_hdr *want, const uint8_t *slot, size_
 	return memcmp(&h, &w, sizeof(h)) ? G4_VALUE_BAD : G4_VALUE_GOOD;
 }
 
+/* The read thread, during kv_rc_get_into(): value i was just read into
+ * its slot; checked at once, while its bytes are in cache. */
+static void fetch_value(void *arg, size_t i, size_t len)
+{
+	struct g4_fetch *f = arg;
+	struct slot_hdr want = f->want;
+
+	if (i >= f->n || !f->slot[i])
+		return;
+	memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
+	f->chk[i] = (uint8_t)(check_in_slot(&want, f->slot[i], len) + 1);
+}
+
 /* The read thread: the values, and which of them check out. */
 static void fetch_run(struct kv_job *j)
 {
@@ -693,7 +707,7 @@ static void fetch_run(struct kv_job *j)
 	kv_rc_get_limits(rc, &lim);
 	lim.get_max = f->vlen;
 	lim.max_value = f->vlen + 4096;
-	if (kv_rc_set_limits(rc, &lim) < 0 || kv_rc_get_into(rc, f->n, f->keys, f->dst, f->vals) < 0) {
+	if (kv_rc_set_limits(rc, &lim) < 0 || kv_rc_get_into(rc, f->n, f->keys, f->dst, fetch_value, f, f->vals) < 0) {
 		f->errors = f->n;
 		kv_rc_stats(rc, &f->rc);
 		return;
@@ -715,8 +729,10 @@ static void fetch_run(struct kv_job *j)
 			break;
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-		c = f->slot[i] ? check_in_slot(&want, f->slot[i], v->len)
-			       : tier_remote_check(&want, f->mac_key, v->data, v->len);
+		if (f->slot[i])
+			c = f->chk[i] ? f->chk[i] - 1 : check_in_slot(&want, f->slot[i], v->len);
+		else
+			c = tier_remote_check(&want, f->mac_key, v->data, v->len);
 		if (c != G4_VALUE_GOOD) {
 			f->oversize += c == G4_VALUE_OVERSIZE;
 			f->bad_sum += c == G4_VALUE_BAD;
