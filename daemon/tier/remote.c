@@ -213,8 +213,13 @@ static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t 
 			 kv_pools_ns_name(t->ps, p->ns),
 			 (unsigned long long)t->layout_id[p->id]);
 
-	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++)
-		n += snprintf(key + n, KEY_MAX - (size_t)n, "%02x", hash[i]);
+	/* The hash in hex by hand: a fetch makes 64 keys on the loop, and
+	 * snprintf() per byte was a tenth of the loop's time at 16 KiB. */
+	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++) {
+		key[n++] = "0123456789abcdef"[hash[i] >> 4];
+		key[n++] = "0123456789abcdef"[hash[i] & 15];
+	}
+	key[n < KEY_MAX ? n : KEY_MAX - 1] = 0;
 	return (size_t)n;
 }
 
@@ -1014,13 +1019,20 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 		f->owner = NULL;
 		if (f->pool == p && !memcmp(f->hash[0], hashes, KV_HASH_BYTES)) {
 			kv_list_push_back(&f->waiters, &w->link);
-			return 0;
+			goto ahead;
 		}
 	}
 	if (!(f = fetch_new(t, p, hashes, n)))
 		return -ENOMEM;
 	kv_list_push_back(&f->waiters, &w->link);
 	fetch_queue(t, f);
+ahead:
+	/* The next fetch's worth at once, queued behind this one: the read
+	 * thread goes on to it as soon as this one is read, while the loop
+	 * indexes these blocks and the copy thread promotes them (a second
+	 * fetch in flight; the rerun adopts it). */
+	if (n > f->n)
+		kv_tiers_remote_ahead(t, p, hashes + (size_t)f->n * KV_HASH_BYTES, n - f->n, w);
 	return 0;
 }
 
