@@ -47,7 +47,11 @@
  * the process: each reply may take at most max_value + RC_REPLY_SLACK bytes
  * of objects, array headers included (hiredis would calloc() what any
  * "*N" asks), and the bytes waiting in the reader may not pass that either.
- * A GET's value is copied once out of the reader's buffer, into a buffer of
+ * A GET's value is copied once out of the reader's buffer: with
+ * kv_rc_get_into() and a destination for its key, straight there (the
+ * reader's string callback finds the key its reply answers as rc_reply()
+ * does, and writes nothing when the value is longer than the destination);
+ * otherwise into a buffer of
  * the value pool, and handed to the caller, who gives it back with
  * kv_rc_vals_release() (or frees it). The pool keeps buffers, and their
  * pages, from one batch to the next, up to pool_max bytes in a few size

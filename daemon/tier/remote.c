@@ -34,9 +34,15 @@
  *
  * Read: a Lookup whose chain misses from block k on asks G4 for blocks
  * k..k+63, fewer where they would pass FETCH_BYTES of values
- * (kv_tiers_remote_fetch(): one job, one batched round); the read
- * thread checks each value; on the loop the leading run of good values
- * becomes tier blocks with a G2 copy (dirty: not on G3), and the parked
+ * (kv_tiers_remote_fetch(): one job, one batched round). As the fetch
+ * goes to the read thread, the loop reserves a free G2 slot per block
+ * (fetch_reserve(): free room only, tblocks in FETCH), the read client
+ * writes each value straight into its slot (kv_rc_get_into(): header at
+ * the slot's start, payload at HDR_BYTES) and the read thread checks it
+ * there as it lands; values without a slot (no free room, a tagged
+ * namespace) come in the client's buffers and the loop copies them. On the
+ * loop the leading run of good values becomes tier blocks with a G2 copy
+ * (dirty: not on G3), the other reserved slots go back, and the parked
  * request runs again and promotes them the usual way. The waiter's
  * remote_mark then names the first block G4 did not give, so the rerun does
  * not ask again for what just missed. A cluster that is down costs a lookup
@@ -46,7 +52,9 @@
  * whose chain then misses, asks for the next fetch's worth at once
  * (kv_tiers_remote_ahead(), from cache.c): the read thread fetches while the
  * loop and the copy thread promote, and the rerun finds the blocks in G2 or
- * waits on that fetch (kv_tiers_remote_fetch() adopts it). One per waiter at
+ * waits on that fetch (kv_tiers_remote_fetch() adopts it). A lookup that
+ * comes to wait on a fetch asks for the one after it at once too, so that
+ * the read thread goes on without waiting for the loop. One per waiter at
  * a time (w->ahead, f->owner), queued as any fetch of its namespace, so the
  * turn-taking above holds as it is written. Until a waiter waits on it, its
  * blocks take G2 slots from free room or clean copies only
@@ -55,7 +63,7 @@
  * fetches of its namespace queued for no one with it
  * (kv_tiers_waiter_gone()).
  *
- * About 1,050 lines: the setup, the writes and the reads share struct kv_g4
+ * About 1,200 lines: the setup, the writes and the reads share struct kv_g4
  * and its queues, one concern (the tier); the stubs of a build without
  * hiredis are the last hundred. */
 #include "tier_int.h"
