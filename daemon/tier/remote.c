@@ -720,7 +720,8 @@ static void fetch_run(struct kv_job *j)
 	kv_rc_get_limits(rc, &lim);
 	lim.get_max = f->vlen;
 	lim.max_value = f->vlen + 4096;
-	if (kv_rc_set_limits(rc, &lim) < 0 || kv_rc_get_into(rc, f->n, f->keys, f->dst, fetch_value, f, f->vals) < 0) {
+	if (kv_rc_set_limits(rc, &lim) < 0 ||
+	    kv_rc_get_into(rc, f->n, f->keys, f->dst, fetch_value, f, f->vals) < 0) {
 		f->errors = f->n;
 		kv_rc_stats(rc, &f->rc);
 		return;
