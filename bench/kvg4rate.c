@@ -59,6 +59,9 @@
  *
  * SIZE: block bytes, with k or m (default 256k 2m); --mib 128; --passes 5;
  * --rb 3:22:1. The daemon is $KVCACHED_BIN, else the one built beside it.
+ * $KVG4_PERF_FIFO (a perf control fifo) brackets the raw pool's timed
+ * lookups with perf's enable and disable (docs/benchmarks.md has the
+ * command).
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
 #include <math.h>
@@ -299,6 +302,20 @@ static double median(const double *v, unsigned n, double *lo, double *hi)
 }
 
 /* One block size, one namespace: steps 1 and 2 of the comment above. */
+/* $KVG4_PERF_FIFO: perf's control fifo (perf record -D -1
+ * --control=fifo:PATH ...): "enable" before and "disable" after each timed
+ * lookup of the raw pool (fi 0), so that a profile holds those only. */
+static void perf_ctl(int fi, const char *cmd)
+{
+	const char *path = getenv("KVG4_PERF_FIFO");
+	FILE *f;
+
+	if (!path || fi != 0 || !(f = fopen(path, "we")))
+		return;
+	fprintf(f, "%s\n", cmd);
+	fclose(f);
+}
+
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
 		    uint8_t *got, uint64_t base, unsigned passes)
 {
@@ -408,9 +425,11 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 
 		check_g4_only(pool);
 		g4_settled(fmt_ns[fi], &g0);
+		perf_ctl(fi, "enable");
 		t0 = rb_now_ns();
 		k = kvc_lookup(c, pool, h, n, b);
 		t1 = rb_now_ns();
+		perf_ctl(fi, "disable");
 		g4_settled(fmt_ns[fi], &g1);
 		if (k != (int)n)
 			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],

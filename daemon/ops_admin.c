@@ -257,6 +257,7 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 			ri->connect_failures = g.connect_failures;
 			ri->read_aheads = g.read_aheads;
 			ri->fetching = g.fetching;
+			ri->direct = g.direct;
 			r->remote = ri;
 		}
 	}

@@ -96,6 +96,7 @@ struct kv_g4_stats {
 	uint64_t checksum_failures;/* values that did not check out: misses */
 	uint64_t auth_failures;    /* values whose HMAC tag did not check out: misses */
 	uint64_t oversize;         /* values longer than a block can be: refused, misses */
+	uint64_t direct;           /* blocks read straight into G2 slots reserved for them */
 	uint64_t bytes_in, bytes_out;
 	uint64_t writes, write_errors;
 	uint64_t dropped;          /* blocks not written: remote_max_inflight was full */

@@ -47,7 +47,11 @@
  * the process: each reply may take at most max_value + RC_REPLY_SLACK bytes
  * of objects, array headers included (hiredis would calloc() what any
  * "*N" asks), and the bytes waiting in the reader may not pass that either.
- * A GET's value is copied once out of the reader's buffer, into a buffer of
+ * A GET's value is copied once out of the reader's buffer: with
+ * kv_rc_get_into() and a destination for its key, straight there (the
+ * reader's string callback finds the key its reply answers as rc_reply()
+ * does, and writes nothing when the value is longer than the destination);
+ * otherwise into a buffer of
  * the value pool, and handed to the caller, who gives it back with
  * kv_rc_vals_release() (or frees it). The pool keeps buffers, and their
  * pages, from one batch to the next, up to pool_max bytes in a few size
@@ -115,7 +119,12 @@ struct rc_reply {
 	size_t len;                /* bytes of str, or elements of an array */
 	char *str;                 /* malloc'd, len + 1 bytes, NUL-terminated */
 	struct rc_reply **element;
+	/* A GET's value with a destination (kv_rc_get_into()): RC_DST_WRITTEN
+	 * (len bytes there, str NULL) or RC_DST_TOOLONG (nothing written). */
+	int dst;
 };
+
+enum { RC_DST_NONE, RC_DST_WRITTEN, RC_DST_TOOLONG };
 
 /* A nil array (*-1), told apart from a nil string ($-1). */
 #define RC_REPLY_NIL_ARRAY 100
@@ -172,6 +181,9 @@ struct rc_call {
 	int kind;
 	const struct kv_rc_key *keys;
 	const struct kv_rc_val *vals;
+	const struct kv_rc_dst *dst;   /* RC_GET: kv_rc_get_into()'s; NULL: none */
+	kv_rc_value_fn *on_value;      /* ... and its callback (NULL: none) */
+	void *arg;
 	char ttl[24];              /* "" for none */
 };
 
@@ -452,8 +464,44 @@ static void *rc_reply_link(const redisReadTask *task, struct rc_reply *r)
 	return r;
 }
 
+/* The caller's destination for the next reply node reads, when it is a
+ * GET's value and kv_rc_get_into() gave one for that key; else NULL. The
+ * reply answers node->recv, as rc_reply() sees it: not AUTH's, not
+ * ASKING's, not one to a command not sent. */
+static const struct kv_rc_dst *rc_reply_dst(const struct rc_node *node)
+{
+	const struct rc_call *call = node->rc->call;
+	const struct rc_op *op = node->recv;
+
+	if (!call || call->kind != RC_GET || !call->dst || node->auth_pending || !op ||
+	    op == node->send || (op->asking && !op->asking_seen))
+		return NULL;
+	return call->dst[op->idx].nparts ? &call->dst[op->idx] : NULL;
+}
+
+/* Writes len bytes at str into d's parts, in order, when they fit. */
+static int rc_dst_write(const struct kv_rc_dst *d, const char *str, size_t len)
+{
+	size_t cap = 0;
+	unsigned i;
+
+	for (i = 0; i < d->nparts; i++)
+		cap += d->part[i].len;
+	if (len > cap)
+		return RC_DST_TOOLONG;
+	for (i = 0; i < d->nparts && len; i++) {
+		size_t k = len < d->part[i].len ? len : d->part[i].len;
+
+		memcpy(d->part[i].p, str, k);
+		str += k;
+		len -= k;
+	}
+	return RC_DST_WRITTEN;
+}
+
 static void *rc_reply_string(const redisReadTask *task, char *str, size_t len)
 {
+	const struct kv_rc_dst *d = NULL;
 	struct rc_reply *r;
 
 	if (rc_reply_charge(task, sizeof(*r) + len + 1))
@@ -461,6 +509,16 @@ static void *rc_reply_string(const redisReadTask *task, char *str, size_t len)
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return NULL;
+	if (!task->parent && task->type == REDIS_REPLY_STRING)
+		d = rc_reply_dst(task->privdata);
+	if (d) {
+		/* Straight from the reader's buffer to where the caller wants
+		 * it; never past the destination's end. */
+		r->dst = rc_dst_write(d, str, len);
+		r->len = len;
+		r->type = task->type;
+		return rc_reply_link(task, r);
+	}
 	r->str = rc_str_alloc(((struct rc_node *)task->privdata)->rc, len + 1);
 	if (!r->str) {
 		free(r);
@@ -1004,11 +1062,18 @@ static void rc_reply(struct kv_rc *rc, struct rc_node *node, struct rc_reply *r)
 	case RC_GET:
 		if (r->type == REDIS_REPLY_STRING && !r->len && rc->lim.get_max) {
 			op->status = KV_RC_MISS;   /* GETRANGE of a missing key: "" */
+		} else if (r->type == REDIS_REPLY_STRING && r->dst == RC_DST_TOOLONG) {
+			op->status = KV_RC_TOOLONG;
+			op->len = r->len;
 		} else if (r->type == REDIS_REPLY_STRING) {
 			op->status = KV_RC_HIT;
 			op->data = r->str;
 			op->len = r->len;
 			r->str = NULL;
+			/* Final (an answered key is not asked again): the caller
+			 * may look at the value while its bytes are in cache. */
+			if (r->dst == RC_DST_WRITTEN && rc->call->on_value)
+				rc->call->on_value(rc->call->arg, op->idx, r->len);
 		} else if (r->type == REDIS_REPLY_NIL) {
 			op->status = KV_RC_MISS;
 		}
@@ -1460,27 +1525,42 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 	return 0;
 }
 
-int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out)
+int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		   const struct kv_rc_dst *dst, kv_rc_value_fn *on_value, void *arg,
+		   struct kv_rc_val *out)
 {
-	struct rc_call call = { .kind = RC_GET, .keys = keys };
+	struct rc_call call = { .kind = RC_GET, .keys = keys, .dst = dst, .on_value = on_value,
+				.arg = arg };
 	struct rc_op *ops;
 	int hits = 0, rv;
 	size_t i;
 
 	if (!rc || (n && !out))
 		return -EINVAL;
+	for (i = 0; dst && i < n; i++) {
+		if (dst[i].nparts > KV_RC_DST_PARTS)
+			return -EINVAL;
+		for (unsigned k = 0; k < dst[i].nparts; k++)
+			if (!dst[i].part[k].p && dst[i].part[k].len)
+				return -EINVAL;
+	}
 	rv = rc_run(rc, &call, n, &ops);
 	if (rv)
 		return rv;
 	rc->st.keys_get += n;
 	for (i = 0; i < n; i++) {
-		out[i].status = ops[i].status;
-		out[i].data = ops[i].status == KV_RC_HIT ? ops[i].data : NULL;
-		out[i].len = ops[i].status == KV_RC_HIT ? ops[i].len : 0;
-		if (ops[i].status == KV_RC_HIT) {
+		int st = ops[i].status;
+
+		out[i].status = st;
+		out[i].data = st == KV_RC_HIT ? ops[i].data : NULL;
+		out[i].len = st == KV_RC_HIT || st == KV_RC_TOOLONG ? ops[i].len : 0;
+		if (st == KV_RC_HIT) {
 			hits++;
 			rc->st.hits++;
-		} else if (ops[i].status == KV_RC_MISS) {
+			rc->st.direct += dst && dst[i].nparts;
+		} else if (st == KV_RC_TOOLONG) {
+			rc->st.toolong++;
+		} else if (st == KV_RC_MISS) {
 			rc->st.misses++;
 		} else {
 			rc->st.errors++;
@@ -1488,6 +1568,11 @@ int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct k
 	}
 	free(ops);
 	return hits;
+}
+
+int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out)
+{
+	return kv_rc_get_into(rc, n, keys, NULL, NULL, NULL, out);
 }
 
 int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,

@@ -64,6 +64,7 @@ enum {
 	KV_RC_OK = 0,      /* set: stored; del: deleted */
 	KV_RC_HIT = 1,     /* get: data and len hold the value */
 	KV_RC_MISS = 2,    /* get, del: no such key */
+	KV_RC_TOOLONG = 3, /* get into a destination: the value is longer than it (nothing written) */
 };
 
 /* Binary-safe: any bytes, NULs included. */
@@ -82,6 +83,19 @@ struct kv_rc_val {
 	int status;   /* KV_RC_HIT, KV_RC_MISS or KV_RC_ERROR */
 };
 
+/* Where kv_rc_get_into() writes one key's value: its first part[0].len
+ * bytes at part[0].p, the next part[1].len at part[1].p, and so on; the
+ * destination's capacity is the sum of the parts' lengths. nparts 0: no
+ * destination, the value is read as kv_rc_get() reads it. */
+#define KV_RC_DST_PARTS 4
+struct kv_rc_dst {
+	struct {
+		void *p;
+		size_t len;
+	} part[KV_RC_DST_PARTS];
+	unsigned nparts;
+};
+
 struct kv_rc_stats {
 	uint64_t rounds;           /* pipelined exchanges with one node */
 	uint64_t keys_get, keys_set;
@@ -94,6 +108,8 @@ struct kv_rc_stats {
 	uint64_t bytes_in, bytes_out;
 	uint64_t pool_hits;        /* values of 4 KiB or more read into a kept buffer */
 	uint64_t pool_misses;      /* ... into a new one */
+	uint64_t direct;           /* values written into a caller's destination */
+	uint64_t toolong;          /* values longer than their destination: refused */
 };
 
 /* Every limit, with its default. */
@@ -140,6 +156,33 @@ void kv_rc_free(struct kv_rc *rc);
  * its keys errors; the other nodes' keys are answered. Returns the number of
  * hits, or -EINVAL/-ENOMEM (before anything is sent; out untouched). */
 int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct kv_rc_val *out);
+/* Called by kv_rc_get_into() on its thread, during the call, for each key i
+ * whose value was just written into its destination (len bytes), as soon as
+ * that answer is final: the bytes are still in the CPU's caches. It must
+ * not call rc. */
+typedef void kv_rc_value_fn(void *arg, size_t i, size_t len);
+
+/* kv_rc_get() that writes the value of keys[i] into dst[i] (dst NULL: no
+ * destination for any key) straight from the socket reader's buffer, one
+ * copy, instead of into a buffer of its own. For a key with a destination:
+ *   - KV_RC_HIT: len bytes (at most its capacity) were written in order
+ *     into its parts, from the start; data is NULL (nothing to release);
+ *     what lies past len in the destination is untouched;
+ *   - KV_RC_TOOLONG: the value is longer than the capacity; len holds its
+ *     length, nothing was written (never past the end, nor partly);
+ *   - KV_RC_MISS, KV_RC_ERROR: nothing was written.
+ * Keys without one (nparts 0) are answered as kv_rc_get() answers them.
+ * on_value (NULL: none) is called with arg for every KV_RC_HIT written into
+ * a destination, before the call returns.
+ * The destinations are written only during the call, by the calling thread;
+ * a hostile server can put any bytes there, up to the capacity (a reply that
+ * answers another key's command lands in that key's destination), so the
+ * caller checks what it reads. Returns the number of KV_RC_HIT, or -EINVAL
+ * (more than KV_RC_DST_PARTS parts, a NULL part with a length) / -ENOMEM
+ * before anything is sent. */
+int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		   const struct kv_rc_dst *dst, kv_rc_value_fn *on_value, void *arg,
+		   struct kv_rc_val *out);
 /* SET keys[i] vals[i] (EX ttl_s unless ttl_s is 0: no expiry); status[i]
  * gets KV_RC_OK or KV_RC_ERROR. Returns the number stored, or -EINVAL/-ENOMEM
  * (nothing sent, status untouched). */

@@ -1,7 +1,10 @@
 /* The G4 client (rcluster/rcluster.c) against a fake cluster node that lies:
  * slot maps with absurd ranges, wrong types, endless arrays, deep nesting,
  * too many nodes; GET replies of the wrong type, redirect loops, bad
- * redirects, replies too large, replies to nothing, silence, hang-ups.
+ * redirects, replies too large, replies to nothing, silence, hang-ups; and
+ * values read into the caller's destinations (kv_rc_get_into()): split over
+ * parts, longer than the destination (nothing written), not a string, a
+ * string slipped in for the next key, never a byte past a part's end.
  * Every one must be an error for the keys it touches (or a rejected map),
  * with a message, never a crash, a hang or a huge allocation; ASan and
  * UBSan watch the sanitizer build.
@@ -222,6 +225,15 @@ static int reply_get(int fd, const char *key, size_t klen)
 		puts_fd(fd, "*2147483647\r\n");
 	} else if (IS("extra")) {
 		puts_fd(fd, "$1\r\nx\r\n+EXTRA\r\n");
+	} else if (IS("seven")) {
+		puts_fd(fd, "$7\r\nabcdefg\r\n");
+	} else if (IS("eight")) {
+		puts_fd(fd, "$8\r\nabcdefgh\r\n");
+	} else if (IS("empty")) {
+		puts_fd(fd, "$0\r\n\r\n");
+	} else if (IS("extrastr")) {
+		/* A second string slipped in: it answers the next key's GET. */
+		puts_fd(fd, "$1\r\nx\r\n$5\r\nshift\r\n");
 	} else if (IS("half")) {
 		puts_fd(fd, "*3\r\n$1\r\na\r\n");  /* and nothing more */
 	} else if (IS("close")) {
@@ -610,6 +622,138 @@ static void test_replies(void)
 	kv_rc_free(rc);
 }
 
+/* kv_rc_get_into(): each value written into its destination's parts,
+ * never past their end (guard bytes around every part), nothing written
+ * for what is not a string value of the key's own GET. */
+#define GUARD 0xee
+static unsigned char dbuf[8][64];
+
+/* dst[i]: 3 bytes at dbuf[i] + 8, 4 bytes at dbuf[i] + 24 (capacity 7). */
+static void dst_init(struct kv_rc_dst *d, int n)
+{
+	memset(dbuf, GUARD, sizeof(dbuf));
+	for (int i = 0; i < n; i++) {
+		memset(&d[i], 0, sizeof(d[i]));
+		d[i].part[0].p = dbuf[i] + 8;
+		d[i].part[0].len = 3;
+		d[i].part[1].p = dbuf[i] + 24;
+		d[i].part[1].len = 4;
+		d[i].nparts = 2;
+	}
+}
+
+/* Whether dbuf[i] holds len bytes of want spread over the two parts and
+ * guard bytes everywhere else. */
+static int dst_holds(int i, const char *want, size_t len)
+{
+	for (size_t b = 0; b < sizeof(dbuf[i]); b++) {
+		int at = b >= 8 && b < 11 ? (int)(b - 8) : b >= 24 && b < 28 ? (int)(b - 24 + 3) : -1;
+		unsigned char expect = at >= 0 && (size_t)at < len ? (unsigned char)want[at] : GUARD;
+
+		if (dbuf[i][b] != expect)
+			return 0;
+	}
+	return 1;
+}
+
+static unsigned ncalled;
+
+static void on_value(void *arg, size_t i, size_t len)
+{
+	static const size_t want[8] = { 3, 7, 0, 0, 0, 0, 0, 0 };
+
+	CHECK(arg == &ncalled && i < 8 && len == want[i] && !(ncalled & (1u << i)));
+	ncalled |= 1u << i;
+}
+
+static void test_into(void)
+{
+	struct kv_rc *rc = client(NULL, SLOW_OK_MS, 0);
+	const char *names[] = { "hit", "seven", "eight", "nil", "err", "arr", "bigok", "empty" };
+	int want[] = { KV_RC_HIT, KV_RC_HIT, KV_RC_TOOLONG, KV_RC_MISS, KV_RC_ERROR,
+		       KV_RC_ERROR, KV_RC_TOOLONG, KV_RC_HIT };
+	struct kv_rc_key k[8];
+	struct kv_rc_val out[8];
+	struct kv_rc_dst d[8];
+	struct kv_rc_stats a, b;
+	int i;
+
+	for (i = 0; i < 8; i++) {
+		k[i].data = names[i];
+		k[i].len = strlen(names[i]);
+	}
+	/* Settle any backoff from earlier tests: one plain GET first. */
+	expect_hit(rc, "hit", "abc", 3);
+	dst_init(d, 8);
+	kv_rc_stats(rc, &a);
+	ncalled = 0;
+	CHECK_EQ(kv_rc_get_into(rc, 8, k, d, on_value, &ncalled, out), 3);
+	/* Called for the values written: hit, seven, empty. */
+	CHECK_EQ(ncalled, (1u << 0) | (1u << 1) | (1u << 7));
+	kv_rc_stats(rc, &b);
+	for (i = 0; i < 8; i++) {
+		CHECK_EQ(out[i].status, want[i]);
+		CHECK(out[i].data == NULL);
+	}
+	CHECK(out[0].len == 3 && dst_holds(0, "abc", 3));
+	CHECK(out[1].len == 7 && dst_holds(1, "abcdefg", 7));
+	CHECK(out[2].len == 8 && dst_holds(2, "", 0));        /* too long: nothing written */
+	CHECK(out[6].len == 100000 && dst_holds(6, "", 0));
+	CHECK(out[7].len == 0 && dst_holds(7, "", 0));
+	for (i = 3; i < 6; i++)
+		CHECK(out[i].len == 0 && dst_holds(i, "", 0));
+	CHECK_EQ(b.direct - a.direct, 3);
+	CHECK_EQ(b.toolong - a.toolong, 2);
+
+	/* A key without a destination (nparts 0) beside keys with one: its
+	 * value comes in a buffer of the client's, as kv_rc_get() gives it. */
+	dst_init(d, 2);
+	d[0].nparts = 0;
+	CHECK_EQ(kv_rc_get_into(rc, 2, k, d, NULL, NULL, out), 2);
+	CHECK(out[0].status == KV_RC_HIT && out[0].len == 3 && !memcmp(out[0].data, "abc", 3));
+	CHECK(dst_holds(0, "", 0));
+	CHECK(out[1].status == KV_RC_HIT && out[1].data == NULL && dst_holds(1, "abcdefg", 7));
+	kv_rc_vals_release(rc, 2, out);
+
+	/* One part, of capacity 0: any non-empty value is too long. */
+	dst_init(d, 1);
+	d[0].part[0].len = 0;
+	d[0].nparts = 1;
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), 0);
+	CHECK(out[0].status == KV_RC_TOOLONG && out[0].len == 3 && dst_holds(0, "", 0));
+
+	/* A reply slipped into the pipeline lands in the next key's
+	 * destination (a hostile server can put any bytes there, up to its
+	 * capacity, which is why the caller checks them), never past it
+	 * ("slow" itself is never answered, so nothing is left over). */
+	{
+		struct kv_rc_key sk[2] = { { "extrastr", 8 }, { "slow", 4 } };
+
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, NULL, NULL, out), 2);
+		CHECK(out[0].status == KV_RC_HIT && out[0].len == 1 && dst_holds(0, "x", 1));
+		CHECK(out[1].status == KV_RC_HIT && out[1].len == 5 && dst_holds(1, "shift", 5));
+		expect_hit(rc, "hit", "abc", 3);
+	}
+	/* A redirect loop, an error: nothing written. */
+	{
+		struct kv_rc_key sk[2] = { { "askself", 7 }, { "movedself", 9 } };
+
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 2, sk, d, NULL, NULL, out), 0);
+		CHECK(out[0].status == KV_RC_ERROR && dst_holds(0, "", 0));
+		CHECK(out[1].status == KV_RC_ERROR && dst_holds(1, "", 0));
+	}
+	/* Bad destinations are refused before anything is sent. */
+	dst_init(d, 1);
+	d[0].nparts = KV_RC_DST_PARTS + 1;
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), -EINVAL);
+	dst_init(d, 1);
+	d[0].part[1].p = NULL;
+	CHECK_EQ(kv_rc_get_into(rc, 1, k, d, NULL, NULL, out), -EINVAL);
+	kv_rc_free(rc);
+}
+
 static void test_nodes_cap(void)
 {
 	struct kv_rc *rc = client(NULL, SLOW_OK_MS, 0);
@@ -677,6 +821,7 @@ int main(void)
 
 	test_maps();
 	test_replies();
+	test_into();
 	test_nodes_cap();
 	test_auth();
 	test_faults();

@@ -233,6 +233,7 @@ static void json_tiers(struct json *j, const Kvcached__StatsReply *s)
 	json_u64(j, "reconnects", g->reconnects);
 	json_u64(j, "connect_failures", g->connect_failures);
 	json_u64(j, "read_aheads", g->read_aheads);
+	json_u64(j, "direct", g->direct);
 	json_u64(j, "fetching", g->fetching);
 	json_close(j, '}');
 }

@@ -54,9 +54,15 @@
  *
  * Read: a Lookup whose chain misses from block k on asks G4 for blocks
  * k..k+63, fewer where they would pass FETCH_BYTES of values
- * (kv_tiers_remote_fetch(): one job, one batched round); the read
- * thread checks each value; on the loop the leading run of good values
- * becomes tier blocks with a G2 copy (dirty: not on G3), and the parked
+ * (kv_tiers_remote_fetch(): one job, one batched round). As the fetch
+ * goes to the read thread, the loop reserves a free G2 slot per block
+ * (fetch_reserve(): free room only, tblocks in FETCH), the read client
+ * writes each value straight into its slot (kv_rc_get_into(): header at
+ * the slot's start, payload at HDR_BYTES) and the read thread checks it
+ * there as it lands; values without a slot (no free room, a tagged
+ * namespace) come in the client's buffers and the loop copies them. On the
+ * loop the leading run of good values becomes tier blocks with a G2 copy
+ * (dirty: not on G3), the other reserved slots go back, and the parked
  * request runs again and promotes them the usual way. The waiter's
  * remote_mark then names the first block G4 did not give, so the rerun does
  * not ask again for what just missed. A cluster that is down costs a lookup
@@ -66,7 +72,9 @@
  * whose chain then misses, asks for the next fetch's worth at once
  * (kv_tiers_remote_ahead(), from cache.c): the read thread fetches while the
  * loop and the copy thread promote, and the rerun finds the blocks in G2 or
- * waits on that fetch (kv_tiers_remote_fetch() adopts it). One per waiter at
+ * waits on that fetch (kv_tiers_remote_fetch() adopts it). A lookup that
+ * comes to wait on a fetch asks for the one after it at once too, so that
+ * the read thread goes on without waiting for the loop. One per waiter at
  * a time (w->ahead, f->owner), queued as any fetch of its namespace, so the
  * turn-taking above holds as it is written. Until a waiter waits on it, its
  * blocks take G2 slots from free room or clean copies only
@@ -75,7 +83,7 @@
  * fetches of its namespace queued for no one with it
  * (kv_tiers_waiter_gone()).
  *
- * About 1,150 lines: the setup, the writes and the reads share struct kv_g4
+ * About 1,300 lines: the setup, the writes and the reads share struct kv_g4
  * and its queues, one concern (the tier); the stubs of a build without
  * hiredis are the last hundred. */
 #include "tier_int.h"
@@ -146,6 +154,14 @@ struct g4_fetch {
 	char key[FETCH_MAX][KEY_MAX];
 	struct kv_rc_key keys[FETCH_MAX];
 	struct kv_rc_val vals[FETCH_MAX];
+	/* The G2 slots reserved for the values (fetch_reserve()): tblocks in
+	 * FETCH (the loop's, never touched by the read thread), their slots'
+	 * addresses and where the read thread's client writes each value
+	 * (header, payload); NULL and nparts 0 where none is reserved. */
+	struct tblock *res[FETCH_MAX];
+	uint8_t *slot[FETCH_MAX];
+	struct kv_rc_dst dst[FETCH_MAX];
+	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
 };
@@ -248,8 +264,13 @@ static size_t key_of(struct kv_tiers *t, const struct kv_pool *p, const uint8_t 
 			 kv_pools_ns_name(t->ps, p->ns),
 			 (unsigned long long)t->layout_id[p->id]);
 
-	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++)
-		n += snprintf(key + n, KEY_MAX - (size_t)n, "%02x", hash[i]);
+	/* The hash in hex by hand: a fetch makes 64 keys on the loop, and
+	 * snprintf() per byte was a tenth of the loop's time at 16 KiB. */
+	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++) {
+		key[n++] = "0123456789abcdef"[hash[i] >> 4];
+		key[n++] = "0123456789abcdef"[hash[i] & 15];
+	}
+	key[n < KEY_MAX ? n : KEY_MAX - 1] = 0;
 	return (size_t)n;
 }
 
@@ -774,6 +795,35 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 	return G4_VALUE_GOOD;
 }
 
+/* tier_remote_check() of a value read into a G2 slot: its header at slot,
+ * its payload at slot + HDR_BYTES, len bytes in all (no tag: a namespace
+ * with a key reserves no slot). */
+static int check_in_slot(const struct slot_hdr *want, const uint8_t *slot, size_t len)
+{
+	struct slot_hdr h, w = *want;
+
+	if (len > sizeof(h) + w.payload_len)
+		return G4_VALUE_OVERSIZE;
+	if (len != sizeof(h) + w.payload_len)
+		return G4_VALUE_BAD;
+	memcpy(&h, slot, sizeof(h));
+	slot_hdr_seal(&w, kv_crc32c(0, slot + HDR_BYTES, w.payload_len));
+	return memcmp(&h, &w, sizeof(h)) ? G4_VALUE_BAD : G4_VALUE_GOOD;
+}
+
+/* The read thread, during kv_rc_get_into(): value i was just read into
+ * its slot; checked at once, while its bytes are in cache. */
+static void fetch_value(void *arg, size_t i, size_t len)
+{
+	struct g4_fetch *f = arg;
+	struct slot_hdr want = f->want;
+
+	if (i >= f->n || !f->slot[i])
+		return;
+	memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
+	f->chk[i] = (uint8_t)(check_in_slot(&want, f->slot[i], len) + 1);
+}
+
 /* The read thread: the values, and which of them check out. */
 static void fetch_run(struct kv_job *j)
 {
@@ -787,7 +837,8 @@ static void fetch_run(struct kv_job *j)
 	kv_rc_get_limits(rc, &lim);
 	lim.get_max = f->vlen;
 	lim.max_value = f->vlen + 4096;
-	if (kv_rc_set_limits(rc, &lim) < 0 || kv_rc_get(rc, f->n, f->keys, f->vals) < 0) {
+	if (kv_rc_set_limits(rc, &lim) < 0 ||
+	    kv_rc_get_into(rc, f->n, f->keys, f->dst, fetch_value, f, f->vals) < 0) {
 		f->errors = f->n;
 		kv_rc_stats(rc, &f->rc);
 		return;
@@ -798,19 +849,30 @@ static void fetch_run(struct kv_job *j)
 		struct slot_hdr want = f->want;
 		int c;
 
+		if (v->status == KV_RC_TOOLONG) {
+			/* Longer than its slot: nothing was written there. */
+			f->oversize++;
+			break;
+		}
 		if (v->status != KV_RC_HIT) {
 			f->errors += v->status == KV_RC_ERROR;
 			f->misses += v->status == KV_RC_MISS;
 			break;
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-		c = tier_remote_check(&want, f->mac_key, v->data, v->len);
+		if (f->slot[i])
+			c = f->chk[i] ? f->chk[i] - 1 : check_in_slot(&want, f->slot[i], v->len);
+		else
+			c = tier_remote_check(&want, f->mac_key, v->data, v->len);
 		if (c != G4_VALUE_GOOD) {
 			f->oversize += c == G4_VALUE_OVERSIZE;
 			f->bad_sum += c == G4_VALUE_BAD;
 			f->bad_mac += c == G4_VALUE_BAD_TAG;
 			break;
 		}
+		if (f->slot[i])   /* the rest of the slot's header block, as the loop's copy leaves it */
+			memset(f->slot[i] + sizeof(struct slot_hdr), 0,
+			       HDR_BYTES - sizeof(struct slot_hdr));
 		f->good++;
 	}
 	/* What is not served is not kept: a refused value's bytes go now
@@ -819,6 +881,23 @@ static void fetch_run(struct kv_job *j)
 }
 
 static void fetch_next(struct kv_tiers *t);
+
+/* Gives back the G2 slots reserved for f that no block took. */
+static void fetch_unreserve(struct kv_tiers *t, struct g4_fetch *f)
+{
+	for (uint32_t i = 0; i < f->n; i++) {
+		struct tblock *tb = f->res[i];
+
+		if (!tb)
+			continue;
+		f->res[i] = NULL;
+		kv_assert(tb->busy == BUSY_FETCH && !tb->indexed);
+		tb->busy = 0;
+		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
+		tb->run[L2] = NULL;
+		tb_dealloc(tb);
+	}
+}
 
 static void fetch_done(struct kv_job *j)
 {
@@ -862,7 +941,14 @@ static void fetch_done(struct kv_job *j)
 		g->st.bytes_in += f->vals[i].len;
 		if (kv_pool_find_entry(f->pool, f->hash[i])) {
 			made++;   /* here already (sealed or fetched meanwhile) */
-			continue;
+			continue;  /* its reserved slot, if any, goes back below */
+		}
+		if ((tb = f->res[i])) {
+			/* Read into its slot on the thread and checked there. */
+			f->res[i] = NULL;
+			tb->busy = 0;
+			g->st.direct++;
+			goto index_it;
 		}
 		if (!(tb = tb_new(t, f->pool, f->hash[i], kv_mono_ms())))
 			break;
@@ -878,6 +964,7 @@ static void fetch_done(struct kv_job *j)
 		memcpy(slot, f->vals[i].data, sizeof(struct slot_hdr));
 		memcpy(slot + HDR_BYTES, (const uint8_t *)f->vals[i].data + sizeof(struct slot_hdr),
 		       f->vals[i].len - sizeof(struct slot_hdr));
+index_it:
 		tb->g4_ok = 1;
 		tb_index(t, tb);
 		t->lv[L2].st.blocks++;
@@ -890,6 +977,7 @@ static void fetch_done(struct kv_job *j)
 	 * for the next fetch; before the waiters run, whose reruns may hand it
 	 * the next fetch (a read-ahead) at once. */
 	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
+	fetch_unreserve(t, f);
 	mark = made < f->n ? kv_tiers_remote_mark(f->pool, f->hash[made]) : 0;
 	kv_list_for_each(pos, &f->waiters)
 		kv_container_of(pos, struct kv_waiter, link)->remote_mark = mark;
@@ -905,6 +993,47 @@ static void fetch_done(struct kv_job *j)
 	kv_pool_put(f->pool);
 	free(f);
 	fetch_next(t);
+}
+
+/* Loop, as f goes to the read thread: a G2 slot for each block it asks
+ * for, which the read client writes the value into (header at the slot's
+ * start, payload at HDR_BYTES: the slot as a G2 copy holds it), so that
+ * fetch_done() only indexes what checked out. Taken from free room only
+ * (slot_alloc_free(): nothing cached is dropped for blocks that may well
+ * miss, which also keeps a read-ahead's rule, slot_alloc_clean()); none for a
+ * block here already, none from the first that finds no room on, none for a
+ * namespace whose values carry a tag (checked over header and payload in
+ * one piece). Those values are read into the client's buffers and copied
+ * on the loop, as before. A reserved slot is the fetch's until fetch_done():
+ * its tblock (FETCH) is in no index and on no LRU, so nothing on the loop
+ * reads, evicts or frees it meanwhile, and only the read thread writes its
+ * bytes. */
+static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
+{
+	if (f->mac_key || !t->lv[L2].on)
+		return;
+	for (uint32_t i = 0; i < f->n; i++) {
+		struct tblock *tb;
+		uint8_t *slot;
+
+		if (kv_pool_find_entry(f->pool, f->hash[i]))
+			continue;
+		if (!(tb = tb_new(t, f->pool, f->hash[i], kv_mono_ms())))
+			return;
+		if (slot_alloc_free(t, f->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0) {
+			tb_dealloc(tb);
+			return;
+		}
+		tb_busy_set(tb, BUSY_FETCH);
+		slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]);
+		f->res[i] = tb;
+		f->slot[i] = slot;
+		f->dst[i].part[0].p = slot;
+		f->dst[i].part[0].len = sizeof(struct slot_hdr);
+		f->dst[i].part[1].p = slot + HDR_BYTES;
+		f->dst[i].part[1].len = f->want.payload_len;
+		f->dst[i].nparts = 2;
+	}
 }
 
 /* Hands the read thread the next fetch, if it is idle: the first waiting
@@ -927,6 +1056,7 @@ static void fetch_next(struct kv_tiers *t)
 		g->fq_last = ns;
 		g->reading = 1;
 		g->cur = f;
+		fetch_reserve(t, f);
 		kv_worker_submit(&g->rw, &f->job);
 		return;
 	}
@@ -1015,13 +1145,20 @@ int kv_tiers_remote_fetch(struct kv_tiers *t, struct kv_pool *p, const uint8_t *
 		f->owner = NULL;
 		if (f->pool == p && !memcmp(f->hash[0], hashes, KV_HASH_BYTES)) {
 			kv_list_push_back(&f->waiters, &w->link);
-			return 0;
+			goto ahead;
 		}
 	}
 	if (!(f = fetch_new(t, p, hashes, n)))
 		return -ENOMEM;
 	kv_list_push_back(&f->waiters, &w->link);
 	fetch_queue(t, f);
+ahead:
+	/* The next fetch's worth at once, queued behind this one: the read
+	 * thread goes on to it as soon as this one is read, while the loop
+	 * indexes these blocks and the copy thread promotes them (a second
+	 * fetch in flight; the rerun adopts it). */
+	if (n > f->n)
+		kv_tiers_remote_ahead(t, p, hashes + (size_t)f->n * KV_HASH_BYTES, n - f->n, w);
 	return 0;
 }
 

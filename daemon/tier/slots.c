@@ -420,8 +420,8 @@ const char *tb_state_problem(const struct tblock *tb)
 {
 	int idle = !tb->busy && !tb->dead, l;
 
-	if (tb->indexed + tb->dead + !!(tb->busy & BUSY_DOWN) != 1)
-		return "tblock: not exactly one of indexed, dead, being demoted";
+	if (tb->indexed + tb->dead + !!(tb->busy & BUSY_DOWN) + !!(tb->busy & BUSY_FETCH) != 1)
+		return "tblock: not exactly one of indexed, dead, being demoted, being fetched";
 	for (l = L2; l <= L3; l++)
 		if (tb->run[l] && (tb->slot[l] >= tb->run[l]->nslots ||
 				   tb->run[l]->occ[tb->slot[l]] != tb))
@@ -430,6 +430,8 @@ const char *tb_state_problem(const struct tblock *tb)
 		return "tblock: g3_ok without a G3 slot";
 	if ((tb->busy & BUSY_DOWN) && (tb->busy != BUSY_DOWN || !tb->run[L2] || tb->run[L3]))
 		return "tblock: being demoted, but busy otherwise or not with a G2 slot only";
+	if ((tb->busy & BUSY_FETCH) && (tb->busy != BUSY_FETCH || !tb->run[L2] || tb->run[L3]))
+		return "tblock: being fetched, but busy otherwise or not with a G2 slot only";
 	if ((tb->busy & BUSY_WB) && (!tb->run[L2] || !tb->run[L3] || tb->g3_ok))
 		return "tblock: written back without a G2 copy and an unwritten G3 slot";
 	if ((tb->busy & BUSY_READ) &&
@@ -567,14 +569,21 @@ static struct tblock *ns_oldest_idle(struct kv_tiers *t, int l, uint32_t ns)
 	return victim;
 }
 
+/* slot_alloc_()'s clean_only: 0 (any idle copy may go), 1 (only copies G3
+ * holds too), or ALLOC_FREE (none: free room only). */
+#define ALLOC_FREE 2
+
 /* Room under the quota of tp's namespace in tier l for one more slot: its
  * own idle copies go, oldest first, in G3 only those G2 does not hold, in G2
- * with clean_only only those G3 holds too. Returns 0 or -EDQUOT. */
+ * with clean_only only those G3 holds too, with ALLOC_FREE none. Returns 0
+ * or -EDQUOT. */
 static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp, int clean_only)
 {
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tp->pool->ns);
 	uint64_t q = m->lim.quota[l + 1];
 
+	if (clean_only == ALLOC_FREE)  /* drops nothing; not a refusal either */
+		return q && m->used[l + 1] + tp->slot_bytes > q ? -EDQUOT : 0;
 	while (q && m->used[l + 1] + tp->slot_bytes > q) {
 		struct tblock *v = ns_oldest_idle(t, l, tp->pool->ns);
 
@@ -592,9 +601,10 @@ static int slot_quota_room(struct kv_tiers *t, int l, struct tpool *tp, int clea
 	return 0;
 }
 
-/* A free slot of tier l for pool p: a partial run, a new run, or by evicting
- * idle copies; within the quota of p's namespace in tier l, by dropping its
- * own copies. Returns 0 with *run and *slot, -EDQUOT or -ENOSPC. */
+/* A free slot of tier l for pool p: a partial run, a new run, or (not with
+ * ALLOC_FREE) by evicting idle copies; within the quota of p's namespace in
+ * tier l, by dropping its own copies. Returns 0 with *run and *slot,
+ * -EDQUOT or -ENOSPC. */
 static int slot_alloc_(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 		       struct srun **run, uint16_t *slot, int clean_only)
 {
@@ -617,7 +627,7 @@ static int slot_alloc_(struct kv_tiers *t, int l, struct kv_pool *p, struct tblo
 		}
 		if (tpool_add_run(t, l, tp) == 0)
 			continue;
-		if (!slot_evict_one(t, l, tp, clean_only))
+		if (clean_only == ALLOC_FREE || !slot_evict_one(t, l, tp, clean_only))
 			break;
 	}
 	return -ENOSPC;
@@ -633,6 +643,12 @@ int slot_alloc_clean(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
 		     struct srun **run, uint16_t *slot)
 {
 	return slot_alloc_(t, L2, p, occ, run, slot, 1);
+}
+
+int slot_alloc_free(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
+		    struct srun **run, uint16_t *slot)
+{
+	return slot_alloc_(t, L2, p, occ, run, slot, ALLOC_FREE);
 }
 
 uint64_t slot_hdr_ns(struct kv_tiers *t, const struct kv_pool *p)

@@ -79,8 +79,12 @@ struct level {
 };
 
 /* BUSY_PIN: a promotion making room in G1 holds the block it promotes off
- * the LRUs, so that the demotions it starts cannot drop it for a G2 slot. */
-enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32 };
+ * the LRUs, so that the demotions it starts cannot drop it for a G2 slot.
+ * BUSY_FETCH: a G2 slot reserved for a G4 fetch (remote.c), which the read
+ * thread writes the value into; not in the index until the fetch is done on
+ * the loop and the value checked out. */
+enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32,
+       BUSY_FETCH = 64 };
 
 /* A block held by the lower tiers: a tblock, with a G2 copy, a G3 copy or
  * both. Its state is its copies (run[L2], run[L3] and g3_ok), its busy flags
@@ -99,6 +103,10 @@ enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, B
  *                                     (G3 read into a new G2 slot and checked;
  *                                     a bad slot: both copies go, tb dies)
  *
+ *   tb_new --G4 fetch handed to the read thread--> FETCH (a G2 slot only, the
+ *                        value written into it there) --checked out, on the
+ *                        loop--> G2 dirty; else freed, never indexed
+ *
  *   any G2 copy --lookup--> UP (H2D copy into dst, a new G1 block): done, dst
  *                           is sealed under the hash, takes the index entry
  *                           and tb dies; failed, tb is as before
@@ -109,10 +117,11 @@ enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, B
  * can be under way together (a lookup promotes a block being written back);
  * WAKE is set while the waiters run (tb_wake_waiters()), whatever they do.
  * What holds (tb_state_problem() checks it, kv_tiers_check() reports it):
- *   - indexed, or dead, or DOWN: exactly one. Nothing in the index or on a
+ *   - indexed, or dead, or DOWN, or FETCH: exactly one. Nothing in the index or on a
  *     list points at a dead tblock.
  *   - run[l] set: run[l]->occ[slot[l]] == tb. g3_ok: run[L3] set.
  *   - DOWN: no other flag, a G2 slot only, its bytes being copied in.
+ *     FETCH: the same, its bytes being read from G4.
  *   - WB: a G2 copy and a G3 slot, !g3_ok. READ: a G3 copy (g3_ok), a G2 slot
  *     being filled, not WB. UP: a G2 copy.
  *   - idle (busy 0, not dead): a G2 copy, or a G3 copy only; a G3 slot only
@@ -322,6 +331,12 @@ int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
  * copies fetched for a lookup and not yet promoted are dirty). */
 int slot_alloc_clean(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
 		     struct srun **run, uint16_t *slot);
+/* slot_alloc() in G2 from free room only (a partial run or free pages),
+ * within the namespace's quota without dropping anything: evicts nothing
+ * (a G4 fetch's slots, taken before anyone knows whether the blocks are
+ * there). */
+int slot_alloc_free(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
+		    struct srun **run, uint16_t *slot);
 /* The oldest idle copy in tier l of any pool: on the tpools' clean lists
  * (G2 only) or on their lru lists (in G2, the dirty copies). NULL if none. */
 struct tblock *tier_oldest_idle(struct kv_tiers *t, int l, int clean);
