@@ -309,6 +309,40 @@ Kvcached__Response *kvt_g4_stats(const char *ns)
 	return rs;
 }
 
+long long kvt_metric(const char *name)
+{
+	uint64_t first = 0;
+	long long v = -1;
+	size_t nl = strlen(name);
+
+	for (;;) {
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Metrics m = KVCACHED__METRICS__INIT;
+		Kvcached__Response *rs = NULL;
+		kvc_conn *c = kvt_connect(NULL);
+		const char *t;
+		int more;
+
+		m.page = 1;
+		m.first = first;
+		rq.op_case = KVCACHED__REQUEST__OP_METRICS;
+		rq.metrics = &m;
+		CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_METRICS);
+		for (t = rs->metrics->text; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : "")
+			if (!strncmp(t, name, nl) && t[nl] == ' ')
+				v = atoll(t + nl + 1);
+		more = rs->metrics->more;
+		first = rs->metrics->next;
+		kvcached__response__free_unpacked(rs, NULL);
+		kvc_close(c);
+		if (!more)
+			break;
+	}
+	CHECK(v >= 0);
+	return v;
+}
+
 int kvt_check(void)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;

@@ -57,6 +57,10 @@ void kvt_tiers_settle(void);
  * (rs->stats->remote; fails the test without them). The caller frees rs
  * with kvcached__response__free_unpacked(). */
 Kvcached__Response *kvt_g4_stats(const char *ns);
+/* The value of the sample name (no labels) in the daemon's exposition
+ * (Metrics, paged, on the worker socket as an admin: the test's uid is the
+ * daemon's); fails the test when it is not there. */
+long long kvt_metric(const char *name);
 /* The offset in the disk tier's file disk of the slot that holds hash h
  * (-1: none), and its header's flags when flags is not NULL. */
 off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
