@@ -309,6 +309,22 @@ Kvcached__Response *kvt_g4_stats(const char *ns)
 	return rs;
 }
 
+uint64_t kvt_g4_settled(const char *ns, uint64_t want)
+{
+	for (int tries = 0;; tries++) {
+		Kvcached__Response *rs = kvt_g4_stats(ns);
+		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
+
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		CHECK_EQ(rs->stats->remote->dropped, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (w >= want && !in)
+			return w;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+}
+
 long long kvt_metric(const char *name)
 {
 	uint64_t first = 0;
