@@ -59,7 +59,7 @@ struct kv_ns {
 	uint64_t lookups, hits;       /* blocks asked for and found (any tier) */
 	uint64_t quota_refusals;      /* EQUOTA replies */
 	uint64_t enospc;              /* ENOSPC replies to allocations (alloc, cow, swap in) */
-	uint64_t g4_bytes, g4_since;  /* written to G4 since g4_since (kv_mono_ms(), tier/remote.c) */
+	uint64_t g4_bytes, g4_since;  /* bytes to G4 since g4_since (kv_mono_ms(), remote_write.c) */
 };
 
 struct kv_ns_table {

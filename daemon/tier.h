@@ -86,7 +86,7 @@ enum {
 
 struct kv_tiers;
 
-/* G4 (tier/remote.c, docs/g4.md). */
+/* G4 (tier/remote*.c, docs/g4.md). */
 struct kv_g4_stats {
 	uint64_t fetches;          /* lookups that asked the cluster (read-aheads included) */
 	uint64_t read_aheads;      /* of them, asked ahead of need (kv_tiers_remote_ahead()) */

@@ -42,7 +42,7 @@ int main(void)
 #include "rcluster_harness.h"
 
 #define BB 16384u
-#define FETCH 64               /* remote.c's FETCH_MAX */
+#define FETCH 64               /* remote_int.h's FETCH_MAX */
 #define N (2 * FETCH + 40)
 #define BASE 7000
 
@@ -259,7 +259,7 @@ static void node_with_head(struct kvt_daemon *d, const char *ns)
 	kvc_close(c);
 }
 
-/* Blocks of 1 MiB: 64 would pass remote.c's FETCH_BYTES (4 MiB), so a
+/* Blocks of 1 MiB: 64 would pass remote_int.h's FETCH_BYTES (4 MiB), so a
  * fetch asks for 4 and a chain of 20 is five fetches (read-aheads among
  * them), each block whole. */
 #define BIG (1u << 20)

@@ -209,7 +209,7 @@ void kv_tiers_destroy(struct kv_tiers *t)
 		}
 		break;
 	}
-	/* The checksums of G4 writes made from G2 (remote.c, tier_remote_put)
+	/* The checksums of G4 writes made from G2 (remote_write.c, tier_remote_put)
 	 * finish, and their done()s run, while G4 is still there. */
 	if (t->wk.started) {
 		kv_worker_wait_idle(&t->wk);

@@ -80,7 +80,7 @@ struct level {
 
 /* BUSY_PIN: a promotion making room in G1 holds the block it promotes off
  * the LRUs, so that the demotions it starts cannot drop it for a G2 slot.
- * BUSY_FETCH: a G2 slot reserved for a G4 fetch (remote.c), which the read
+ * BUSY_FETCH: a G2 slot reserved for a G4 fetch (remote_read.c), which the read
  * thread writes the value into; not in the index until the fetch is done on
  * the loop and the value checked out. */
 enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32,
@@ -275,10 +275,10 @@ struct kv_tiers {
 	 * watermarks do nothing, new ones fail with -ESHUTDOWN); what is in
 	 * flight finishes. */
 	uint8_t stopping;
-	struct kv_g4 *g4;          /* remote.c; NULL: no G4 */
+	struct kv_g4 *g4;          /* remote.c, remote_int.h; NULL: no G4 */
 	/* Called by tb_drop_g2() for a copy G3 does not hold, before it goes:
 	 * remote.c's, set when G4 is on (a pointer, so that slots.c stays
-	 * below remote.c, which allocates slots). */
+	 * below remote*.c, which allocate slots). */
 	void (*g2_dropping)(struct kv_tiers *t, struct tblock *tb);
 	uint64_t wb_bytes;         /* write-backs in flight (G2 slot bytes) */
 	uint64_t dirty_bytes;      /* G2 slot bytes of dirty copies */
@@ -327,7 +327,7 @@ void srun_release(struct kv_tiers *t, int l, struct srun *r);
 int slot_alloc(struct kv_tiers *t, int l, struct kv_pool *p, struct tblock *occ,
 	       struct srun **run, uint16_t *slot);
 /* slot_alloc() in G2 that drops no dirty copy, its own namespace's
- * included: what it evicts, G3 holds (a G4 read-ahead's, remote.c: the
+ * included: what it evicts, G3 holds (a G4 read-ahead's, remote_read.c: the
  * copies fetched for a lookup and not yet promoted are dirty). */
 int slot_alloc_clean(struct kv_tiers *t, struct kv_pool *p, struct tblock *occ,
 		     struct srun **run, uint16_t *slot);
@@ -429,7 +429,7 @@ void tier_journal_compact(struct kv_tiers *t);
  * or -errno with err set; kv_tiers_destroy() frees what was opened. */
 int tier_g3_open(struct kv_tiers *t, char *err, size_t errlen);
 
-/* remote.c: G4 */
+/* remote.c, remote_write.c, remote_read.c (remote_stub.c without hiredis): G4 */
 /* Connects nothing yet: starts the client's threads when remote_seeds is
  * set (after G3, when there is one). Returns 0 or -errno with err set. */
 int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen);

@@ -1,0 +1,202 @@
+/* What the files of the G4 tier share (docs/g4.md): struct kv_g4 and the
+ * structs its queues and jobs hold, the keys and lengths of values, and the
+ * one function remote.c (setup, clients, HMAC keys, counters) calls in
+ * remote_write.c (the writes and their pool) beside the tier_remote_*() of
+ * tier_int.h; remote_read.c (the fetches) calls neither. Private to
+ * daemon/tier/, and built only with hiredis (daemon/meson.build; without it,
+ * remote_stub.c). */
+#ifndef KV_TIER_REMOTE_INT_H
+#define KV_TIER_REMOTE_INT_H
+
+#include "tier_int.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "g4mac.h"
+#include "rcluster.h"
+
+#define FETCH_MAX 64          /* blocks one lookup asks G4 for */
+/* ... and bytes of blocks (as stored: compressed or not): a fetch of large
+ * blocks asks for fewer (at least one), so that what the read client buffers
+ * for one fetch stays bounded whatever the block size, and a chain of large
+ * blocks is several fetches, which the read-ahead overlaps with the
+ * promotions (4 MiB: 64 blocks up to 64 KiB, 16 of 256 KiB, 2 of 2 MiB, 3 of
+ * 2 MiB compressed; kvg4rate measured 1 to 16 MiB: 4 was the fastest,
+ * docs/benchmarks.md). */
+#define FETCH_BYTES (4u << 20)
+#define WRITE_BATCH 256       /* writes one job sends */
+#define KEY_MAX 200
+#define WPOOL_CLASSES 8       /* value lengths the write pool keeps buffers of */
+
+/* A write: from remote_want() to write_done(), the loop's, except while a
+ * job holds it (the worker's seal job, the write thread's batch). */
+struct g4_write {
+	struct g4_write *next;
+	struct kv_job job;        /* the seal job of a write made from G2 */
+	struct kv_tiers *t;
+	const uint8_t *mac_key;   /* for that job */
+	uint32_t cl;              /* the client (user) it goes out with */
+	char key[KEY_MAX];
+	size_t keylen;
+	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool */
+	size_t len;
+};
+
+struct g4_fetch {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct g4_fetch *next;    /* in its namespace's queue */
+	uint32_t ns;
+	uint32_t cl;
+	const uint8_t *mac_key;   /* the namespace's (g4mac.h); NULL: none */
+	size_t vlen;              /* what each value's length must be */
+	struct kv_pool *pool;     /* held */
+	struct kv_list waiters;
+	/* A read-ahead (kv_tiers_remote_ahead()): the lookup that asked for
+	 * it while it has not come to wait on it (then it is in waiters) and
+	 * has not gone; NULL otherwise. */
+	struct kv_waiter *owner;
+	uint8_t ahead;
+	uint32_t n, good;         /* asked; leading values that checked out */
+	uint64_t start_ns;
+	struct slot_hdr want;     /* the header every value must carry, hash aside */
+	uint8_t hash[FETCH_MAX][KV_HASH_BYTES];
+	char key[FETCH_MAX][KEY_MAX];
+	struct kv_rc_key keys[FETCH_MAX];
+	struct kv_rc_val vals[FETCH_MAX];
+	/* The G2 slots reserved for the values (fetch_reserve()): tblocks in
+	 * FETCH (the loop's, never touched by the read thread), their slots'
+	 * addresses and where the read thread's client writes each value
+	 * (header, payload); NULL and nparts 0 where none is reserved. */
+	struct tblock *res[FETCH_MAX];
+	uint8_t *slot[FETCH_MAX];
+	struct kv_rc_dst dst[FETCH_MAX];
+	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
+	uint32_t bad_sum, bad_mac, oversize, errors, misses;
+	struct kv_rc_stats rc;    /* the client's counters after this job */
+};
+
+/* A client's write job, one at a time: the loop's while its client's
+ * writing is 0, the write thread's from kv_worker_submit() to write_done(). */
+struct g4_wjob {
+	struct kv_job job;
+	struct kv_tiers *t;
+	uint32_t cl;
+	struct g4_write *list;
+	uint32_t n, ok;
+	struct kv_rc_stats rc;
+	struct kv_rc_key keys[WRITE_BATCH];
+	struct kv_rc_val vals[WRITE_BATCH];
+	int status[WRITE_BATCH];
+};
+
+/* A user the cluster is talked to as: the daemon's (remote_user), or a
+ * namespace's own ([namespace X] remote_user). Each has a client per
+ * thread, and its writes go out in jobs of their own. */
+struct g4_client {
+	char ns[64];              /* "" for the daemon's */
+	struct kv_rc *rd, *wr;    /* each used by its own thread only */
+	struct g4_write *pending, **pending_tail;
+	int writing;              /* wj is under way */
+	struct g4_wjob *wj;       /* its write job, made at start */
+	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
+};
+
+/* The write pool's buffers of one length (the loop's: see remote_write.c's
+ * top). An
+ * idle buffer's first bytes link it to the next. */
+struct g4_wclass {
+	size_t len;               /* 0: unused */
+	void *head;
+	uint64_t used;            /* wpool_tick when last taken or given */
+};
+
+/* A namespace's HMAC key (remote_key_file), read at start, never changed:
+ * the threads read it. */
+struct g4_key {
+	char ns[64];
+	uint8_t key[KV_G4MAC_KEY_BYTES];
+};
+
+struct kv_g4 {
+	struct g4_client cl[65];
+	uint32_t ncl;
+	struct g4_key keys[64];
+	uint32_t nkeys;
+	/* Fetches waiting for the read thread, per namespace id; one is there
+	 * at a time (reading), the namespaces taking turns (fetch_next). */
+	struct g4_fetch *fq[KV_MAX_NS + 1], **fq_tail[KV_MAX_NS + 1];
+	uint32_t fq_last;         /* the namespace served last */
+	uint32_t fq_waiting;
+	int reading;
+	struct g4_fetch *cur;     /* the one being read */
+	struct kv_worker rw, ww;
+	unsigned ttl_s;
+	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
+	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */
+	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
+	struct g4_wclass wpool[WPOOL_CLASSES];
+	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
+	struct kv_g4_stats st;
+};
+
+/* What the writes and the reads both ask: which client and HMAC key a
+ * namespace uses, a value's length and key. Inline here, not in remote.c,
+ * which calls into remote_write.c: so neither calls back up
+ * (scripts/include-graph --check). */
+
+/* The client (index into g4->cl) namespace ns talks to the cluster with. */
+static inline uint32_t tier_g4_client_of(struct kv_tiers *t, uint32_t ns)
+{
+	const char *name = kv_pools_ns_name(t->ps, ns);
+
+	for (uint32_t i = 1; i < t->g4->ncl; i++)
+		if (!strcmp(t->g4->cl[i].ns, name))
+			return i;
+	return 0;
+}
+
+/* Namespace ns's HMAC key (remote_key_file), or NULL: read at start, never changed. */
+static inline const uint8_t *tier_g4_mac_key_of(struct kv_tiers *t, uint32_t ns)
+{
+	const char *name = kv_pools_ns_name(t->ps, ns);
+
+	for (uint32_t i = 0; i < t->g4->nkeys; i++)
+		if (!strcmp(t->g4->keys[i].ns, name))
+			return t->g4->keys[i].key;
+	return NULL;
+}
+
+/* A value's length in the cluster for pool p: header, stored payload, tag with mac_key. */
+static inline size_t tier_g4_value_len(const struct kv_pool *p, const uint8_t *mac_key)
+{
+	return sizeof(struct slot_hdr) + kv_pool_stored_bytes(p) +
+	       (mac_key ? KV_G4MAC_TAG_BYTES : 0);
+}
+
+/* Writes block hash's key of pool p into key (KEY_MAX bytes); returns its length. */
+static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
+				     const uint8_t *hash, char *key)
+{
+	int n = snprintf(key, KEY_MAX, "%s:%s:%016llx:", t->cfg.remote_prefix,
+			 kv_pools_ns_name(t->ps, p->ns),
+			 (unsigned long long)t->layout_id[p->id]);
+
+	/* The hash in hex by hand: a fetch makes 64 keys on the loop, and
+	 * snprintf() per byte was a tenth of the loop's time at 16 KiB. */
+	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++) {
+		key[n++] = "0123456789abcdef"[hash[i] >> 4];
+		key[n++] = "0123456789abcdef"[hash[i] & 15];
+	}
+	key[n < KEY_MAX ? n : KEY_MAX - 1] = 0;
+	return (size_t)n;
+}
+
+/* remote_write.c */
+/* Loop: frees the write pool's idle buffers of class c and leaves it unused. */
+void tier_g4_wclass_drop(struct kv_g4 *g, struct g4_wclass *c);
+
+#endif

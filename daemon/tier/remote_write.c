@@ -1,0 +1,367 @@
+/* G4's writes: which blocks go, the write pool, the batches the write
+ * thread sends (the tier as a whole: remote.c).
+ *
+ * Write: tier_writeback_start() asks remote_want() whether the block goes
+ * to G4 too (G4 on, the namespace has remote = yes, the block did not come
+ * from G4, room under remote_max_inflight: reserved then, and a value
+ * buffer taken from the write pool); the write-back's checksum job, on the
+ * tier's worker thread while the slot is busy, copies header and payload
+ * into that buffer (remote_copy()); back on the loop the buffer joins the
+ * pending writes, which go out as one batch per write job (pipelined to
+ * every master at once), one job at a time per client, in the client's own
+ * job (fixed arrays: nothing allocated per batch). A write made from a G2
+ * slot (remote_put()) is copied on the loop and sealed on the worker.
+ *
+ * Write buffers (issue 28): a value's buffer goes back to the write pool
+ * when its SET is answered (or the write is dropped), and the next write
+ * of that length takes it, pages mapped, instead of a malloc() per value
+ * that glibc hands back to the kernel at each free() (128 KiB or more is
+ * an mmap() of its own). Classes of one exact length (a pool's values all
+ * have one), at most WPOOL_CLASSES, the one used longest ago making room;
+ * a buffer is kept only while the pool's idle bytes and the bytes reserved
+ * in flight stay within remote_max_inflight, and a new one is made only
+ * after idle ones of other lengths go to make that hold, so G4's write
+ * buffers, in use or idle, never hold more than that. The pool is
+ * the loop's alone: buffers are taken in remote_want() and given back in
+ * write_done(), seal_done(), or where a write is dropped (remote_want(),
+ * remote_queue(), remote_put()), all on the loop; the
+ * worker and the write thread only fill and read the buffers they were
+ * handed (the worker may free() one whose tag failed: it never reaches
+ * the pool). The fault point g4_buf (fault.h) fails the taking: the write
+ * is dropped and counted, as an allocation failure is. */
+#include "remote_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "fault.h"
+#include "g4mac.h"
+
+/* ---- the write pool (loop only) ------------------------------------------ */
+
+/* A buffer of len bytes for a G4 value: a kept one of that length, else a
+ * new one; NULL when there is none (malloc, or the fault point g4_buf). */
+static uint8_t *wbuf_get(struct kv_g4 *g, size_t len)
+{
+	if (kv_fault(KV_FAULT_G4_BUF))
+		return NULL;
+	for (unsigned i = 0; i < WPOOL_CLASSES; i++) {
+		struct g4_wclass *c = &g->wpool[i];
+		void *b = c->head;
+
+		if (c->len != len || !b)
+			continue;
+		memcpy(&c->head, b, sizeof(void *));
+		c->used = ++g->wpool_tick;
+		g->wpool_bytes -= len;
+		return b;
+	}
+	/* A new one: idle buffers of other lengths go first, those used
+	 * longest ago, while they and the bytes in flight and this one would
+	 * pass remote_max_inflight. */
+	while (g->wpool_bytes && g->wpool_bytes + g->inflight + len > g->max_inflight) {
+		struct g4_wclass *lru = NULL;
+		void *b;
+
+		for (unsigned i = 0; i < WPOOL_CLASSES; i++)
+			if (g->wpool[i].head && (!lru || g->wpool[i].used < lru->used))
+				lru = &g->wpool[i];
+		b = lru->head;
+		memcpy(&lru->head, b, sizeof(void *));
+		g->wpool_bytes -= lru->len;
+		free(b);
+	}
+	return malloc(len);
+}
+
+void tier_g4_wclass_drop(struct kv_g4 *g, struct g4_wclass *c)
+{
+	while (c->head) {
+		void *b = c->head;
+
+		memcpy(&c->head, b, sizeof(void *));
+		g->wpool_bytes -= c->len;
+		free(b);
+	}
+	c->len = 0;
+}
+
+/* Gives back buf (len bytes, from wbuf_get(); NULL: nothing), once its
+ * bytes no longer count in g->inflight: kept while the idle bytes and the
+ * bytes in flight stay within remote_max_inflight, else freed. */
+static void wbuf_put(struct kv_g4 *g, uint8_t *buf, size_t len)
+{
+	struct g4_wclass *c = NULL, *spare = NULL;
+
+	if (!buf)
+		return;
+	if (g->wpool_bytes + g->inflight + len > g->max_inflight) {
+		free(buf);
+		return;
+	}
+	for (unsigned i = 0; i < WPOOL_CLASSES; i++) {
+		struct g4_wclass *x = &g->wpool[i];
+
+		if (x->len == len) {
+			c = x;
+			break;
+		}
+		/* An unused class, else the one used longest ago. */
+		if (!spare || (spare->len && (!x->len || x->used < spare->used)))
+			spare = x;
+	}
+	if (!c) {
+		c = spare;
+		tier_g4_wclass_drop(g, c);
+		c->len = len;
+	}
+	memcpy(buf, &c->head, sizeof(void *));
+	c->head = buf;
+	c->used = ++g->wpool_tick;
+	g->wpool_bytes += len;
+	kv_assert(g->wpool_bytes + g->inflight <= g->max_inflight);
+}
+
+/* ---- writes ------------------------------------------------------------- */
+
+/* Whether len bytes may go out now under remote_write_rate (a token bucket
+ * of one second's worth) and the namespace's quota_g4 (bytes per remote_ttl,
+ * so about what it may hold in the cluster: every key expires after it);
+ * takes them if so. */
+static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
+{
+	struct kv_g4 *g = t->g4;
+	uint64_t now = kv_mono_ms(), rate = t->cfg.remote_write_rate;
+
+	if (rate) {
+		g->tokens += (now - g->tokens_ms) * rate / 1000;
+		if (g->tokens > rate)
+			g->tokens = rate;
+		g->tokens_ms = now;
+		if (g->tokens < len)
+			return 0;
+	}
+	if (m->lim.quota_g4) {
+		if (now - m->g4_since >= t->cfg.remote_ttl_ms) {
+			m->g4_since = now;
+			m->g4_bytes = 0;
+		}
+		if (m->g4_bytes + len > m->lim.quota_g4)
+			return 0;
+		m->g4_bytes += len;
+	}
+	if (rate)
+		g->tokens -= len;
+	return 1;
+}
+
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	struct kv_g4 *g = t->g4;
+	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
+	uint64_t len;
+	int mode;
+
+	if (!g || t->stopping || tb->g4_ok || !m || !m->lim.remote)
+		return 0;
+	mode = m->lim.remote_write ? m->lim.remote_write : g->mode;
+	/* writeback's moments come to a demote namespace too: what was not
+	 * written at demotion (throttled, full) gets a second chance. */
+	if (mode == KV_G4W_OFF || (when == KV_G4W_DEMOTE && mode != KV_G4W_DEMOTE))
+		return 0;
+	tb->g4_key = tier_g4_mac_key_of(t, tb->pool->ns);
+	len = tier_g4_value_len(tb->pool, tb->g4_key);
+	if (g->inflight + len > g->max_inflight || !(tb->g4_buf = wbuf_get(g, len))) {
+		g->st.dropped++;
+		return 0;
+	}
+	if (!write_allowed(t, m, len)) {
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
+		g->st.throttled++;
+		return 0;
+	}
+	g->inflight += len;
+	return 1;
+}
+
+/* Worker thread: fills the buffer remote_want() took on the loop; a
+ * buffer whose tag fails is freed here (plain free(): the pool is the
+ * loop's, and this buffer simply never goes back to it). */
+void tier_remote_copy(struct tblock *tb, const uint8_t *slot)
+{
+	struct slot_hdr h;
+	size_t len;
+
+	memcpy(&h, slot, sizeof(h));
+	len = sizeof(h) + h.payload_len;
+	memcpy(tb->g4_buf, &h, sizeof(h));
+	memcpy(tb->g4_buf + sizeof(h), slot + HDR_BYTES, h.payload_len);
+	if (tb->g4_key && kv_g4mac_tag(tb->g4_key, tb->g4_buf, len, tb->g4_buf + len) < 0) {
+		free(tb->g4_buf);   /* not written: counted as dropped */
+		tb->g4_buf = NULL;
+	}
+}
+
+static void write_run(struct kv_job *j)
+{
+	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
+	struct kv_g4 *g = w->t->g4;
+	struct g4_write *x;
+	uint32_t i = 0;
+
+	for (x = w->list; x; x = x->next, i++) {
+		w->keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
+		w->vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
+	}
+	if (kv_rc_set(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
+		for (i = 0; i < w->n; i++)
+			w->ok += w->status[i] == KV_RC_OK;
+	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
+}
+
+static void write_flush(struct kv_tiers *t, uint32_t cl);
+
+static void write_done(struct kv_job *j)
+{
+	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
+	struct kv_g4 *g = w->t->g4;
+
+	g->st.writes += w->ok;
+	g->st.write_errors += w->n - w->ok;
+	g->cl[w->cl].wr_st = w->rc;
+	while (w->list) {
+		struct g4_write *x = w->list;
+
+		w->list = x->next;
+		g->st.bytes_out += x->len;
+		g->inflight -= x->len;
+		wbuf_put(g, x->buf, x->len);
+		free(x);
+	}
+	g->cl[w->cl].writing = 0;
+	write_flush(w->t, w->cl);
+}
+
+/* Hands what client cl has pending to the write thread, one job of it at a
+ * time, so that its writes wait in one list and go out together. */
+static void write_flush(struct kv_tiers *t, uint32_t cl)
+{
+	struct g4_client *c = &t->g4->cl[cl];
+	struct g4_wjob *w;
+	struct g4_write **tail;
+
+	if (c->writing || !c->pending || t->stopping)
+		return;
+	w = c->wj;
+	w->t = t;
+	w->cl = cl;
+	w->n = w->ok = 0;
+	w->list = c->pending;
+	for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
+		w->n++;
+	c->pending = *tail;
+	*tail = NULL;
+	if (!c->pending)
+		c->pending_tail = &c->pending;
+	c->writing = 1;
+	w->job.run = write_run;
+	w->job.done = write_done;
+	kv_worker_submit(&t->g4->ww, &w->job);
+}
+
+void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
+{
+	struct kv_g4 *g = t->g4;
+	uint64_t len = tier_g4_value_len(tb->pool, tb->g4_key);
+	struct g4_write *w;
+
+	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
+		g->inflight -= len;
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
+		g->st.dropped++;
+		return;
+	}
+	w->keylen = tier_g4_key_of(t, tb->pool, tb->ix.hash, w->key);
+	w->buf = tb->g4_buf;
+	w->len = len;
+	w->cl = tier_g4_client_of(t, tb->pool->ns);
+	tb->g4_buf = NULL;
+	tb->g4_ok = 1;   /* written once */
+	*g->cl[w->cl].pending_tail = w;
+	g->cl[w->cl].pending_tail = &w->next;
+	write_flush(t, w->cl);
+}
+
+/* A write made from a G2 slot on the loop (remote_write = demote, or a block
+ * G2 drops without G3): the copy is the loop's, its checksums and tag the
+ * tier's worker's (w->job); the tblock may be gone by then. A buffer whose
+ * tag fails is freed on the worker (see tier_remote_copy()). */
+static void seal_run(struct kv_job *j)
+{
+	struct g4_write *w = kv_container_of(j, struct g4_write, job);
+	struct slot_hdr h;
+	size_t body;
+
+	memcpy(&h, w->buf, sizeof(h));
+	body = sizeof(h) + h.payload_len;
+	slot_hdr_seal(&h, kv_crc32c(0, w->buf + sizeof(h), h.payload_len));
+	memcpy(w->buf, &h, sizeof(h));
+	if (w->mac_key && kv_g4mac_tag(w->mac_key, w->buf, body, w->buf + body) < 0) {
+		free(w->buf);   /* not written: counted as dropped */
+		w->buf = NULL;
+	}
+}
+
+static void seal_done(struct kv_job *j)
+{
+	struct g4_write *w = kv_container_of(j, struct g4_write, job);
+	struct kv_tiers *t = w->t;
+	struct kv_g4 *g = t->g4;
+
+	if (!w->buf || t->stopping) {
+		g->inflight -= w->len;
+		wbuf_put(g, w->buf, w->len);
+		g->st.dropped++;
+		free(w);
+		return;
+	}
+	*g->cl[w->cl].pending_tail = w;
+	g->cl[w->cl].pending_tail = &w->next;
+	write_flush(t, w->cl);
+}
+
+int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	struct kv_g4 *g = t->g4;
+	struct g4_write *w;
+	struct slot_hdr h;
+	uint64_t len;
+
+	if (!tb->run[L2] || !tier_remote_want(t, tb, when))
+		return 0;
+	len = tier_g4_value_len(tb->pool, tb->g4_key);
+	if (!(w = calloc(1, sizeof(*w)))) {
+		g->inflight -= len;
+		wbuf_put(g, tb->g4_buf, len);
+		tb->g4_buf = NULL;
+		g->st.dropped++;
+		return 0;
+	}
+	w->buf = tb->g4_buf;
+	tb->g4_buf = NULL;
+	slot_hdr_fill(t, tb, &h, 0);
+	memcpy(w->buf, &h, sizeof(h));
+	memcpy(w->buf + sizeof(h), tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+	       h.payload_len);
+	w->keylen = tier_g4_key_of(t, tb->pool, tb->ix.hash, w->key);
+	w->len = len;
+	w->cl = tier_g4_client_of(t, tb->pool->ns);
+	tb->g4_ok = 1;   /* written once */
+	w->t = t;
+	w->mac_key = tb->g4_key;
+	tier_offload(t, &w->job, seal_run, seal_done);
+	return 1;
+}
