@@ -2,7 +2,8 @@
 """GET /metrics under attack (issue 29, items 1 and 2 of its attack list): a
 real daemon with 300 pools and metrics_listen, real HTTP clients.
 
-- 16 clients scraping in a loop get whole expositions, every one, while a
+- 16 clients scraping in a loop (two per peer address, 127.0.0.10-17) get
+  whole expositions, every one, while a
   worker's requests go on being answered; with metrics_min_interval 60s
   every one of those scrapes shares one or two builds (counted by
   kvcached_http_expositions_built_total), never one per scrape.
@@ -51,10 +52,11 @@ def free_port():
     return port
 
 
-def get(port, path="/metrics", timeout=20):
-    """(status, body bytes) of one GET with curl, or (None, b"")."""
-    r = subprocess.run([CURL, "-sS", "--max-time", str(timeout), "-o", "-", "-w",
-                        "\n%{http_code}", "http://127.0.0.1:%d%s" % (port, path)],
+def get(port, path="/metrics", timeout=20, source="127.0.0.1"):
+    """(status, body bytes) of one GET with curl from address source, or
+    (None, b"")."""
+    r = subprocess.run([CURL, "-sS", "--max-time", str(timeout), "--interface", source, "-o",
+                        "-", "-w", "\n%{http_code}", "http://127.0.0.1:%d%s" % (port, path)],
                        capture_output=True, timeout=timeout + 10)
     if r.returncode != 0:
         return None, b""
@@ -104,14 +106,22 @@ results = []
 lock = threading.Lock()
 
 
-def scraper():
+# Two scrapers per peer address, on eight addresses: a scraper's connection
+# that the daemon has not yet seen closed stands beside its next one, so an
+# address holds at most four of them, under metrics_max_connections_per_address
+# (that bound is what the slow connections below test), and all of them at
+# most 32, metrics_max_connections, however the machine's load lines them up.
+SOURCES = ["127.0.0.%d" % (10 + i) for i in range(8)]
+
+
+def scraper(source):
     for _ in range(8):
-        st, body = get(port)
+        st, body = get(port, source=source)
         with lock:
             results.append((st, len(body), body.endswith(b"\n") and b"# TYPE kvcached_loop_lag_seconds" in body))
 
 
-ts = [threading.Thread(target=scraper) for _ in range(16)]
+ts = [threading.Thread(target=scraper, args=(SOURCES[i % 8],)) for i in range(16)]
 for t in ts:
     t.start()
 pings = 0
