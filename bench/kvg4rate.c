@@ -193,9 +193,9 @@ static uint64_t g2_demotions(const Kvcached__Response *resp)
 	return 0;
 }
 
-static void g4_read(const char *ns, struct g4c *g)
+/* G4's counters from a Stats response (freed here). */
+static void g4_from(Kvcached__Response *r, struct g4c *g)
 {
-	Kvcached__Response *r = kvt_g4_stats(ns);
 	const Kvcached__RemoteInfo *ri = r->stats->remote;
 
 	g->hits = ri->hits;
@@ -211,31 +211,24 @@ static void g4_read(const char *ns, struct g4c *g)
 	kvcached__response__free_unpacked(r, NULL);
 }
 
+static void g4_read(const char *ns, struct g4c *g)
+{
+	g4_from(kvt_g4_stats(ns), g);
+}
+
 /* G4's counters through c (no connection made per poll). */
 static void g4_read_on(kvc_conn *c, struct g4c *g)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
 	Kvcached__Stats st = KVCACHED__STATS__INIT;
 	Kvcached__Response *resp = NULL;
-	const Kvcached__RemoteInfo *ri;
 
 	rq.op_case = KVCACHED__REQUEST__OP_STATS;
 	rq.stats = &st;
 	if (kvc_call(c, &rq, &resp) || resp->result_case != KVCACHED__RESPONSE__RESULT_STATS ||
 	    !resp->stats->remote)
 		die("Stats failed: %s", kvc_last_error(c));
-	ri = resp->stats->remote;
-	g->hits = ri->hits;
-	g->fetches = ri->fetches;
-	g->bytes_in = ri->bytes_in;
-	g->bytes_out = ri->bytes_out;
-	g->writes = ri->writes;
-	g->write_errors = ri->write_errors;
-	g->dropped = ri->dropped;
-	g->inflight = ri->inflight_bytes;
-	g->sum_fail = ri->checksum_failures;
-	g->g2_demotions = g2_demotions(resp);
-	kvcached__response__free_unpacked(resp, NULL);
+	g4_from(resp, g);
 }
 
 /* G4's counters once every write queued or under way is out. */

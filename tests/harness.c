@@ -309,6 +309,56 @@ Kvcached__Response *kvt_g4_stats(const char *ns)
 	return rs;
 }
 
+uint64_t kvt_g4_settled(const char *ns, uint64_t want)
+{
+	for (int tries = 0;; tries++) {
+		Kvcached__Response *rs = kvt_g4_stats(ns);
+		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
+
+		CHECK_EQ(rs->stats->remote->write_errors, 0);
+		CHECK_EQ(rs->stats->remote->dropped, 0);
+		kvcached__response__free_unpacked(rs, NULL);
+		if (w >= want && !in)
+			return w;
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+}
+
+long long kvt_metric(const char *name)
+{
+	uint64_t first = 0;
+	long long v = -1;
+	size_t nl = strlen(name);
+
+	for (;;) {
+		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+		Kvcached__Metrics m = KVCACHED__METRICS__INIT;
+		Kvcached__Response *rs = NULL;
+		kvc_conn *c = kvt_connect(NULL);
+		const char *t;
+		int more;
+
+		m.page = 1;
+		m.first = first;
+		rq.op_case = KVCACHED__REQUEST__OP_METRICS;
+		rq.metrics = &m;
+		CHECK_EQ(kvc_call(c, &rq, &rs), 0);
+		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_METRICS);
+		for (t = rs->metrics->text; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : "")
+			if (!strncmp(t, name, nl) && t[nl] == ' ')
+				v = atoll(t + nl + 1);
+		more = rs->metrics->more;
+		first = rs->metrics->next;
+		kvcached__response__free_unpacked(rs, NULL);
+		kvc_close(c);
+		if (!more)
+			break;
+	}
+	CHECK(v >= 0);
+	return v;
+}
+
 int kvt_check(void)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;

@@ -57,6 +57,14 @@ void kvt_tiers_settle(void);
  * (rs->stats->remote; fails the test without them). The caller frees rs
  * with kvcached__response__free_unpacked(). */
 Kvcached__Response *kvt_g4_stats(const char *ns);
+/* G4 writes done by the node (Stats as a client of ns) once at least want
+ * are done and nothing is queued or under way; fails the test on a write
+ * error or a dropped write, or after a minute. */
+uint64_t kvt_g4_settled(const char *ns, uint64_t want);
+/* The value of the sample name (no labels) in the daemon's exposition
+ * (Metrics, paged, on the worker socket as an admin: the test's uid is the
+ * daemon's); fails the test when it is not there. */
+long long kvt_metric(const char *name);
 /* The offset in the disk tier's file disk of the slot that holds hash h
  * (-1: none), and its header's flags when flags is not NULL. */
 off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);

@@ -181,18 +181,7 @@ static void write_blocks(const char *ns, const char *pname, uint32_t bb, int n, 
 	CHECK_EQ(kvc_seal(c, pool, b, h, (size_t)n, b), n);
 	CHECK_EQ(kvc_release(c, b, (size_t)n), 0);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = kvt_g4_stats(ns);
-		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
-
-		CHECK_EQ(rs->stats->remote->write_errors, 0);
-		CHECK_EQ(rs->stats->remote->dropped, 0);
-		kvcached__response__free_unpacked(rs, NULL);
-		if (w == want && !in)
-			break;
-		CHECK(tries < 60000);
-		usleep(1000);
-	}
+	CHECK_EQ(kvt_g4_settled(ns, want), want);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
 	free(b);

@@ -69,41 +69,6 @@ static struct g4c g4c(const char *ns)
 	return c;
 }
 
-/* A sample of the daemon's exposition (Metrics, paged). */
-static long long metric(const char *name)
-{
-	uint64_t first = 0;
-	long long v = -1;
-	size_t nl = strlen(name);
-
-	for (;;) {
-		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-		Kvcached__Metrics m = KVCACHED__METRICS__INIT;
-		Kvcached__Response *rs = NULL;
-		kvc_conn *c = kvt_connect(NULL);
-		const char *t;
-		int more;
-
-		m.page = 1;
-		m.first = first;
-		rq.op_case = KVCACHED__REQUEST__OP_METRICS;
-		rq.metrics = &m;
-		CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_METRICS);
-		for (t = rs->metrics->text; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : "")
-			if (!strncmp(t, name, nl) && t[nl] == ' ')
-				v = atoll(t + nl + 1);
-		more = rs->metrics->more;
-		first = rs->metrics->next;
-		kvcached__response__free_unpacked(rs, NULL);
-		kvc_close(c);
-		if (!more)
-			break;
-	}
-	CHECK(v >= 0);
-	return v;
-}
-
 /* A node writing to G4 as write says, its fetches waiting timeout for a
  * silent cluster, its drain drain long. */
 static void node_start(struct kvt_daemon *d, const char *write, const char *timeout,
@@ -139,18 +104,7 @@ static void write_chain(const char *ns)
 	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
 	CHECK_EQ(kvc_release(c, b, N), 0);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = kvt_g4_stats(ns);
-		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
-
-		CHECK_EQ(rs->stats->remote->write_errors, 0);
-		CHECK_EQ(rs->stats->remote->dropped, 0);
-		kvcached__response__free_unpacked(rs, NULL);
-		if (w == want && !in)
-			break;
-		CHECK(tries < 60000);
-		usleep(1000);
-	}
+	CHECK_EQ(kvt_g4_settled(ns, want), want);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
 }
@@ -253,13 +207,13 @@ static void case_lookup(const char *name, const char *ns, int found, uint64_t di
 	fprintf(stderr, "%s: found %d of %d; G4 hits %llu, read into G2 slots %llu, checksum "
 		"failures %llu, oversize %lld\n", name, k, N, (unsigned long long)c.hits,
 		(unsigned long long)c.direct, (unsigned long long)c.checksum_failures,
-		metric("kvcached_g4_oversize_total"));
+		kvt_metric("kvcached_g4_oversize_total"));
 	CHECK_EQ(k, found);
 	CHECK_EQ(c.hits, (uint64_t)found);
 	CHECK_EQ(c.direct, direct);
 	CHECK_EQ(c.checksum_failures, bad_sum);
-	CHECK_EQ(metric("kvcached_g4_oversize_total"), oversize);
-	CHECK_EQ(metric("kvcached_g4_direct_total"), (long long)direct);
+	CHECK_EQ(kvt_metric("kvcached_g4_oversize_total"), oversize);
+	CHECK_EQ(kvt_metric("kvcached_g4_direct_total"), (long long)direct);
 	g2_empty();
 	/* Again: the blocks served are in G1 now, nothing more from G4. */
 	CHECK_EQ(kvt_lookup_chain(ns, "p", BB, N, BASE), found);

@@ -163,42 +163,6 @@ static void plant_big(const char *ns, uint64_t seed)
 	redisFree(x);
 }
 
-/* A sample of the daemon's exposition (Metrics, paged, on the worker
- * socket: this test's uid is the daemon's, an admin there). */
-static long long metric(const char *name)
-{
-	uint64_t first = 0;
-	long long v = -1;
-	size_t nl = strlen(name);
-
-	for (;;) {
-		Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-		Kvcached__Metrics m = KVCACHED__METRICS__INIT;
-		Kvcached__Response *rs = NULL;
-		kvc_conn *c = kvt_connect(NULL);
-		const char *t;
-		int more;
-
-		m.page = 1;
-		m.first = first;
-		rq.op_case = KVCACHED__REQUEST__OP_METRICS;
-		rq.metrics = &m;
-		CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-		CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_METRICS);
-		for (t = rs->metrics->text; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : "")
-			if (!strncmp(t, name, nl) && t[nl] == ' ')
-				v = atoll(t + nl + 1);
-		more = rs->metrics->more;
-		first = rs->metrics->next;
-		kvcached__response__free_unpacked(rs, NULL);
-		kvc_close(c);
-		if (!more)
-			break;
-	}
-	CHECK(v >= 0);
-	return v;
-}
-
 /* VmHWM of pid in KiB: the peak resident set. */
 static long peak_kib(pid_t pid)
 {
@@ -279,8 +243,8 @@ int main(void)
 	k = kvt_lookup_chain("keyed", "p", BB, N, 1000);
 	fprintf(stderr, "forged: node B2 found %d (the chain up to the forged block)\n", k);
 	CHECK_EQ(k, 4);
-	CHECK_EQ(metric("kvcached_g4_auth_failures_total"), 1);
-	CHECK_EQ(metric("kvcached_g4_checksum_failures_total"), 0);
+	CHECK_EQ(kvt_metric("kvcached_g4_auth_failures_total"), 1);
+	CHECK_EQ(kvt_metric("kvcached_g4_checksum_failures_total"), 0);
 	kvt_stop(&b2);
 
 	/* oversize: block 2 of "keyed" becomes 64 MiB; a fresh node B3 */
@@ -296,14 +260,14 @@ int main(void)
 	fprintf(stderr, "oversize: node B3 peak RSS %ld KiB before the lookups, %ld after "
 		"(the value is %u KiB)\n", base_kib, peak, BIG >> 10);
 	CHECK(peak - base_kib < (long)(BIG >> 10) / 4);
-	CHECK_EQ(metric("kvcached_g4_oversize_total"), 1);
-	CHECK_EQ(metric("kvcached_g4_auth_failures_total"), 0);
+	CHECK_EQ(kvt_metric("kvcached_g4_oversize_total"), 1);
+	CHECK_EQ(kvt_metric("kvcached_g4_auth_failures_total"), 0);
 	kvt_stop(&b3);
 
 	/* The forged value counted on the node that met it. */
 	node_start(&b2);
 	CHECK_EQ(kvt_lookup_chain("keyed", "p", BB, N, 1000), 2);   /* block 2 is the big one now */
-	CHECK_EQ(metric("kvcached_g4_oversize_total"), 1);
+	CHECK_EQ(kvt_metric("kvcached_g4_oversize_total"), 1);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&b2);
 	kvt_stop(&b);

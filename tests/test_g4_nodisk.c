@@ -68,23 +68,6 @@ static void node_start(struct kvt_daemon *d, int disk)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-/* G4 writes done by the node, after what is queued or under way is out. */
-static uint64_t writes_settled(const char *ns)
-{
-	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = kvt_g4_stats(ns);
-		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
-
-		CHECK_EQ(rs->stats->remote->write_errors, 0);
-		CHECK_EQ(rs->stats->remote->dropped, 0);
-		kvcached__response__free_unpacked(rs, NULL);
-		if (!in)
-			return w;
-		CHECK(tries < 60000);
-		usleep(1000);
-	}
-}
-
 /* G4 writes done and dropped by the node once nothing is in flight. */
 static void counts_settled(const char *ns, uint64_t *writes, uint64_t *dropped)
 {
@@ -197,15 +180,15 @@ int main(void)
 	node_start(&a, 0);
 
 	/* writeback, without G3: written when G2 drops the blocks */
-	w0 = writes_settled("wb");
+	w0 = kvt_g4_settled("wb", 0);
 	c = seal_chain("wb", 1000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	w1 = writes_settled("wb");
+	w1 = kvt_g4_settled("wb", 0);
 	fprintf(stderr, "writeback: %llu writes after the demotion\n",
 		(unsigned long long)(w1 - w0));
 	CHECK_EQ(w1, w0);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
-	w1 = writes_settled("wb");
+	w1 = kvt_g4_settled("wb", 0);
 	fprintf(stderr, "writeback: %llu writes after G2 dropped the chain\n",
 		(unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
@@ -215,7 +198,7 @@ int main(void)
 	w0 = w1;
 	c = seal_chain("dm", 2000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	w1 = writes_settled("dm");
+	w1 = kvt_g4_settled("dm", 0);
 	fprintf(stderr, "demote: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
 	kvc_close(c);
@@ -226,10 +209,10 @@ int main(void)
 		uint64_t out0 = rs->stats->remote->bytes_out, out1, wz0, wz1;
 
 		kvcached__response__free_unpacked(rs, NULL);
-		wz0 = writes_settled("cz");
+		wz0 = kvt_g4_settled("cz", 0);
 		c = seal_chain("cz", 6000);
 		kvt_evict(c, KVCACHED__TIER__TIER_G1);
-		wz1 = writes_settled("cz");
+		wz1 = kvt_g4_settled("cz", 0);
 		CHECK_EQ(wz1 - wz0, N);
 		rs = kvt_g4_stats("cz");
 		out1 = rs->stats->remote->bytes_out;
@@ -239,7 +222,7 @@ int main(void)
 		/* A value: the slot header (80 bytes) and the quantized block. */
 		CHECK_EQ(out1 - out0, N * (80 + kv_quant_bytes(BB / 2, KV_QUANT_GROUP)));
 		kvc_close(c);
-		w1 = writes_settled("wb");
+		w1 = kvt_g4_settled("wb", 0);
 	}
 
 	/* off: nothing written, whatever G2 drops */
@@ -248,15 +231,15 @@ int main(void)
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
-	w1 = writes_settled("ro");
+	w1 = kvt_g4_settled("ro", 0);
 	CHECK_EQ(w1, w0);
 
 	/* flush without G3: what G2 holds and G4 lacks */
 	c = seal_chain("wb", 4000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	CHECK_EQ(writes_settled("wb"), w1);
+	CHECK_EQ(kvt_g4_settled("wb", 0), w1);
 	kvt_flush(c);
-	w1 = writes_settled("wb");
+	w1 = kvt_g4_settled("wb", 0);
 	fprintf(stderr, "flush: %llu writes\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
 	kvc_close(c);
@@ -286,15 +269,15 @@ int main(void)
 
 	/* With G3: demote writes at demotion, before any write-back. */
 	node_start(&c3, 1);
-	w0 = writes_settled("dm");
+	w0 = kvt_g4_settled("dm", 0);
 	c = seal_chain("dm", 5000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	w1 = writes_settled("dm");
+	w1 = kvt_g4_settled("dm", 0);
 	fprintf(stderr, "with G3: %llu writes after the demotion\n", (unsigned long long)(w1 - w0));
 	CHECK_EQ(w1 - w0, N);
 	/* ... and not again at write-back. */
 	kvt_flush(c);
-	CHECK_EQ(writes_settled("dm"), w1);
+	CHECK_EQ(kvt_g4_settled("dm", 0), w1);
 	kvc_close(c);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&c3);
