@@ -185,17 +185,7 @@ static void write_chain(void)
 	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
 	CHECK_EQ(kvc_release(c, b, N), 0);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	for (int tries = 0;; tries++) {
-		Kvcached__Response *rs = kvt_g4_stats("ra");
-		uint64_t w = rs->stats->remote->writes, in = rs->stats->remote->inflight_bytes;
-
-		CHECK_EQ(rs->stats->remote->write_errors, 0);
-		kvcached__response__free_unpacked(rs, NULL);
-		if (w == N && !in)
-			break;
-		CHECK(tries < 60000);
-		usleep(1000);
-	}
+	kvt_g4_settled("ra", N);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
 }
