@@ -11,18 +11,17 @@
 
 /* ---- lookup ------------------------------------------------------------- */
 
-/* Drops the first n pins a parked lookup held (it has run again and holds
- * what it needs now). */
-static void unpin(struct kv_session *ss, uint32_t n)
+/* Drops pins [from, to) of ss; the rest keep their order. */
+static void unpin_range(struct kv_session *ss, uint32_t from, uint32_t to)
 {
 	uint32_t i;
 
-	if (!n)
+	if (from == to)
 		return;
-	for (i = 0; i < n; i++)
+	for (i = from; i < to; i++)
 		kv_block_unref(ss->pins[i]);
-	memmove(ss->pins, ss->pins + n, (ss->npins - n) * sizeof(*ss->pins));
-	ss->npins -= n;
+	memmove(ss->pins + from, ss->pins + to, (ss->npins - to) * sizeof(*ss->pins));
+	ss->npins -= to - from;
 }
 
 /* Drops the pins taken after the first keep (this run's, when keep is
@@ -33,33 +32,87 @@ static void unpin_after(struct kv_session *ss, uint32_t keep)
 		kv_block_unref(ss->pins[--ss->npins]);
 }
 
+/* How many blocks at the head of the chain a rerun of a parked lookup need
+ * not look up again: those its last run found in G1 and left pinned, in
+ * chain order, at pins[0..c) (ss->lk_done). What is pinned has a reference,
+ * so it is SEALED: in the index under its hash until its last reference
+ * goes (pool.h), never evicted, demoted or dropped as expired (only CACHED
+ * blocks are), and its born_ms does not change. While the request is
+ * parked its connection runs nothing else, so the next lookup of ss is this
+ * one again (checked all the same: pool, length, the last carried hash).
+ * Only time can have changed their answer: a namespace's TTL, which the
+ * oldest of them tells (and which a reload may have shortened); then the
+ * walk starts from block 0 again, as a fresh lookup would. */
+static uint32_t resume_point(const struct kv_session *ss, const struct kv_pool *p,
+			     const uint8_t *hashes, size_t n)
+{
+	uint32_t c = ss->lk_done;
+
+	if (!c || ss->lk_pool != p || ss->lk_n != n || c > n || c > ss->npins ||
+	    ss->lk_oldest >= c)
+		return 0;
+	if (memcmp(ss->pins[c - 1]->ix.hash, hashes + (size_t)(c - 1) * KV_HASH_BYTES,
+		   KV_HASH_BYTES))
+		return 0;
+	if (kv_pool_expired(p, &ss->pins[ss->lk_oldest]->ix))
+		return 0;
+	return c;
+}
+
 int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
 		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins)
 {
-	uint32_t old = ss->npins;
-	int parked = 0, expired = 0, gap = 0;
+	uint32_t c = resume_point(ss, p, hashes, n), old = ss->npins, done = c;
+	uint32_t oldest = c ? ss->lk_oldest : 0;
+	uint64_t born = c ? ss->pins[oldest]->ix.born_ms : 0;
+	int parked = 0, expired = 0, gap = 0, run = 1;
 	size_t k;
 
+	ss->lk_done = 0;
 	*old_pins = old;
 	/* The chain's blocks in G1 are pinned before any promotion starts: a
 	 * promotion makes its room in G1 by demotion, which must not take a
 	 * block of this very chain (with room for one, two blocks of a chain
 	 * took turns there forever: the promotion of one demoted the other,
 	 * found by fuzz_dispatch). While the request waits, the pins keep them
-	 * in G1, or it could chase its own chain forever. */
-	for (k = 0; k < n; k++) {
+	 * in G1, or it could chase its own chain forever. Those the last run
+	 * left pinned at the head of the chain are carried over (blocks
+	 * 0..c-1: resume_point()), so that a chain fetched or promoted a batch
+	 * at a time costs O(n) lookups, not one walk from block 0 per rerun;
+	 * this run's unbroken run of pinned G1 blocks after them (0..done-1)
+	 * is carried to the next, should it park. */
+	for (k = c; k < n; k++) {
 		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+		struct kv_block *b;
+		uint32_t before = ss->npins;
 
 		if (!e || kv_pool_expired(p, e))
 			break;
-		if (e->kind == KV_ENTRY_BLOCK &&
-		    kv_session_pin(ss, kv_container_of(e, struct kv_block, ix)) < 0)
+		if (e->kind != KV_ENTRY_BLOCK) {
+			run = 0;
+			continue;
+		}
+		b = kv_container_of(e, struct kv_block, ix);
+		if (kv_session_pin(ss, b) < 0)
 			return -ENOMEM;
+		if (!run || ss->npins == before) {
+			run = 0;   /* not pinned (at max_block_refs): not carried */
+			continue;
+		}
+		/* Its pin is pins[old + k - c]; pins[k] once the last run's
+		 * other pins have gone (below). */
+		if (!done || b->ix.born_ms < born) {
+			born = b->ix.born_ms;
+			oldest = (uint32_t)k;
+		}
+		done = (uint32_t)k + 1;
 	}
+	for (k = 0; k < c; k++)
+		blk[k] = ss->pins[k];
 	/* Blocks in lower tiers are promoted first: all of the chain's at once,
 	 * and the request parks on the first; when it runs again the next
 	 * promotion still under way parks it, until the whole prefix is in G1. */
-	for (k = 0; k < n; k++) {
+	for (k = c; k < n; k++) {
 		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
 
 		if (!e) {
@@ -106,8 +159,15 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		kv_tiers_remote_ahead(d->tiers, p, hashes + k * KV_HASH_BYTES, n - k, &ss->waiter);
 	}
 	if (parked) {
-		/* This run's pins stay; the last run's go. */
-		unpin(ss, old);
+		/* This run's pins stay, and those it carried over; the last
+		 * run's others go. */
+		unpin_range(ss, c, old);
+		if (done) {
+			ss->lk_pool = p;
+			ss->lk_n = (uint32_t)n;
+			ss->lk_done = done;
+			ss->lk_oldest = oldest;
+		}
 		return -EINPROGRESS;
 	}
 	/* Nothing started: this run's pins have done their work (the last
@@ -118,7 +178,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 
 void kv_cache_lookup_done(struct kv_session *ss, uint32_t old_pins)
 {
-	unpin(ss, old_pins);
+	unpin_range(ss, 0, old_pins);
 }
 
 void kv_cache_count_lookup(struct kv_daemon *d, struct kv_pool *p, size_t n, size_t k)

@@ -27,7 +27,10 @@
  *     chain is under way the request parks (ss->waiter) and changes nothing
  *     but its pins: the chain's G1 blocks stay pinned (ss->pins) until the
  *     run that finds them all, so that making room for a promotion never
- *     demotes a block of the same chain.
+ *     demotes a block of the same chain. A rerun resumes after the head of
+ *     the chain that its last run pinned (ss->lk_done): a block with a
+ *     reference stays in G1 and in the index, so only the TTL can have
+ *     changed its answer, and that is checked on the oldest of them.
  *   - An allocation refused for room (ENOSPC) parks when copies in flight
  *     would make the room once they end; else it fails and is counted.
  *   - lookups >= hits, per pool and per namespace; allocs counts blocks

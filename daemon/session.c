@@ -120,6 +120,7 @@ void kv_session_release(struct kv_session *ss)
 	if (kv_list_linked(&ss->waiter.link))
 		kv_list_del(&ss->waiter.link);
 	kv_tiers_waiter_gone(d->tiers, &ss->waiter, ss->ns);
+	ss->lk_done = 0;
 	while (ss->npins)
 		kv_block_unref(ss->pins[--ss->npins]);
 	free(ss->pins);
