@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "daemon.h"
 #include "events.h"
@@ -39,7 +40,8 @@ static void unpin_after(struct kv_session *ss, uint32_t keep)
  * goes (pool.h), never evicted, demoted or dropped as expired (only CACHED
  * blocks are), and its born_ms does not change. While the request is
  * parked its connection runs nothing else, so the next lookup of ss is this
- * one again (checked all the same: pool, length, the last carried hash).
+ * one again (checked all the same: pool, length, and a digest of the
+ * carried blocks' hashes as the request lists them, read in one pass).
  * Only time can have changed their answer: a namespace's TTL, which the
  * oldest of them tells (and which a reload may have shortened); then the
  * walk starts from block 0 again, as a fresh lookup would. */
@@ -51,8 +53,7 @@ static uint32_t resume_point(const struct kv_session *ss, const struct kv_pool *
 	if (!c || ss->lk_pool != p || ss->lk_n != n || c > n || c > ss->npins ||
 	    ss->lk_oldest >= c)
 		return 0;
-	if (memcmp(ss->pins[c - 1]->ix.hash, hashes + (size_t)(c - 1) * KV_HASH_BYTES,
-		   KV_HASH_BYTES))
+	if (XXH3_64bits(hashes, (size_t)c * KV_HASH_BYTES) != ss->lk_sum)
 		return 0;
 	if (kv_pool_expired(p, &ss->pins[ss->lk_oldest]->ix))
 		return 0;
@@ -167,6 +168,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 			ss->lk_n = (uint32_t)n;
 			ss->lk_done = done;
 			ss->lk_oldest = oldest;
+			ss->lk_sum = XXH3_64bits(hashes, (size_t)done * KV_HASH_BYTES);
 		}
 		return -EINPROGRESS;
 	}

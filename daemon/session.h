@@ -49,9 +49,11 @@ struct kv_session {
 	/* Where the parked lookup resumes (cache.c): blocks 0..lk_done-1 of
 	 * its chain of lk_n in pool lk_pool are G1 blocks it pinned, in chain
 	 * order, at pins[0..lk_done); pins[lk_oldest] is the oldest of them
-	 * (born_ms). lk_done 0: none (set only while the lookup is parked). */
+	 * (born_ms); lk_sum is XXH3 of the chain's first lk_done hashes.
+	 * lk_done 0: none (set only while the lookup is parked). */
 	const struct kv_pool *lk_pool;
 	uint32_t lk_n, lk_done, lk_oldest;
+	uint64_t lk_sum;
 	struct kv_swap_owner swaps;  /* swapped-out sequences (tier.h) */
 	/* The ids of the pools it registered, each holding its pool (pool.h):
 	 * a pool lives at least as long as a session that registered it. */
