@@ -60,8 +60,9 @@
  * SIZE: block bytes, with k or m (default 256k 2m); --mib 128; --passes 5;
  * --rb 3:22:1. The daemon is $KVCACHED_BIN, else the one built beside it.
  * $KVG4_PERF_FIFO (a perf control fifo) brackets the raw pool's timed
- * lookups with perf's enable and disable (docs/benchmarks.md has the
- * command).
+ * lookups with perf's enable and disable, or its timed writes with
+ * $KVG4_PERF_PHASE=write, or another namespace's with $KVG4_PERF_NS
+ * (docs/benchmarks.md has the command).
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
 #include <math.h>
@@ -297,13 +298,19 @@ static double median(const double *v, unsigned n, double *lo, double *hi)
 /* One block size, one namespace: steps 1 and 2 of the comment above. */
 /* $KVG4_PERF_FIFO: perf's control fifo (perf record -D -1
  * --control=fifo:PATH ...): "enable" before and "disable" after each timed
- * lookup of the raw pool (fi 0), so that a profile holds those only. */
-static void perf_ctl(int fi, const char *cmd)
+ * lookup (write: each timed write at demotion but the first, which creates
+ * the cluster's keys and the write pool's buffers, when $KVG4_PERF_PHASE is
+ * "write") of the raw pool (or the namespace $KVG4_PERF_NS names: raw,
+ * e4m3, e5m2), so that a profile holds those only. write: 0 for a lookup,
+ * 1 for a write, -1 for the first write (never bracketed). */
+static void perf_ctl(int fi, int write, const char *cmd)
 {
 	const char *path = getenv("KVG4_PERF_FIFO");
+	const char *phase = getenv("KVG4_PERF_PHASE"), *ns = getenv("KVG4_PERF_NS");
 	FILE *f;
 
-	if (!path || fi != 0 || !(f = fopen(path, "we")))
+	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) ||
+	    write != (phase && !strcmp(phase, "write")) || !(f = fopen(path, "we")))
 		return;
 	fprintf(f, "%s\n", cmd);
 	fclose(f);
@@ -343,6 +350,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 		if (kvc_release(c, b, n))
 			die("release: %s", kvc_last_error(c));
 		g4_settled(fmt_ns[fi], &g0);
+		perf_ctl(fi, p ? 1 : -1, "enable");
 		t0 = rb_now_ns();
 		evict_g1(c);
 		t_ev = rb_now_ns();
@@ -360,6 +368,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			usleep(500);
 		}
 		t1 = rb_now_ns();
+		perf_ctl(fi, p ? 1 : -1, "disable");
 		if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
 		    g1.write_errors != g0.write_errors)
 			die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed",
@@ -418,11 +427,11 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 
 		check_g4_only(pool);
 		g4_settled(fmt_ns[fi], &g0);
-		perf_ctl(fi, "enable");
+		perf_ctl(fi, 0, "enable");
 		t0 = rb_now_ns();
 		k = kvc_lookup(c, pool, h, n, b);
 		t1 = rb_now_ns();
-		perf_ctl(fi, "disable");
+		perf_ctl(fi, 0, "disable");
 		g4_settled(fmt_ns[fi], &g1);
 		if (k != (int)n)
 			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],
