@@ -80,7 +80,8 @@ struct kv_rc_key {
 struct kv_rc_val {
 	void *data;
 	size_t len;
-	int status;   /* KV_RC_HIT, KV_RC_MISS or KV_RC_ERROR */
+	int status;   /* KV_RC_HIT, KV_RC_MISS or KV_RC_ERROR (kv_rc_get_into(): or
+	               * KV_RC_TOOLONG) */
 };
 
 /* Where kv_rc_get_into() writes one key's value: its first part[0].len

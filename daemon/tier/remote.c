@@ -21,7 +21,7 @@
  * keys, and its counters. The writes and their buffer pool are in
  * remote_write.c, the reads in remote_read.c, what the three share (the
  * structs, the keys and lengths of values) in remote_int.h; a build without
- * hiredis has remote_stub.c instead of all four. */
+ * hiredis has remote_stub.c instead of the three .c files. */
 #include "remote_int.h"
 
 #include <errno.h>
