@@ -30,7 +30,9 @@
  *     demotes a block of the same chain. A rerun resumes after the head of
  *     the chain that its last run pinned (ss->lk_done): a block with a
  *     reference stays in G1 and in the index, so only the TTL can have
- *     changed its answer, and that is checked on the oldest of them.
+ *     changed its answer, and that is checked on the oldest of them (after
+ *     the rerun is checked to be the same lookup: pool, length and an XXH3
+ *     of the carried blocks' hashes; else it walks from block 0).
  *   - An allocation refused for room (ENOSPC) parks when copies in flight
  *     would make the room once they end; else it fails and is counted.
  *   - lookups >= hits, per pool and per namespace; allocs counts blocks
