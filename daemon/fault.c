@@ -67,8 +67,13 @@ static int parse_one(char *item, char *err, unsigned errlen)
 		if (!strcmp(tok, point_names[i]))
 			p = (int)i;
 	if (p < 0) {
-		snprintf(err, errlen, "unknown fault point '%s' (copy, g3_write, g3_read, g3_index, "
-			 "device, g4_buf)", tok);
+		int n = snprintf(err, errlen, "unknown fault point '%s' (", tok);
+
+		for (i = 0; i < KV_FAULT_NPOINTS && n >= 0 && (size_t)n < errlen; i++)
+			n += snprintf(err + n, errlen - (size_t)n, "%s%s", i ? ", " : "",
+				      point_names[i]);
+		if (n >= 0 && (size_t)n < errlen)
+			snprintf(err + n, errlen - (size_t)n, ")");
 		return -EINVAL;
 	}
 	if (!strcmp(eq, "short"))
