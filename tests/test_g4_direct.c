@@ -262,6 +262,9 @@ static void case_gone(void)
 	cluster_pause(1);
 	pid = kvt_spawn(child_lookup, NULL);
 	wait_reserved();
+	/* Check with the fetch in flight: its slots (FETCH), its hold on the
+	 * pool. */
+	CHECK_EQ(kvt_check(), 0);
 	CHECK(kill(pid, SIGKILL) == 0);
 	CHECK_EQ(kvt_wait(pid), 128 + SIGKILL);
 	cluster_pause(0);

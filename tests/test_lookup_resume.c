@@ -260,6 +260,7 @@ int main(void)
 
 	/* evicted */
 	pid = parked_child(&r, &all);
+	CHECK_EQ(kvt_check(), 0);   /* a fetch in flight, its slots reserved */
 	c = kvt_connect("ra");
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);

@@ -165,6 +165,19 @@ static void fetch_run(struct kv_job *j)
 
 static void fetch_next(struct kv_tiers *t);
 
+void tier_remote_count_holds(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+
+	if (!g)
+		return;
+	if (g->cur)
+		g->cur->pool->check_holds++;
+	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
+		for (struct g4_fetch *f = g->fq[ns]; f; f = f->next)
+			f->pool->check_holds++;
+}
+
 /* Gives back the G2 slots reserved for f that no block took. */
 static void fetch_unreserve(struct kv_tiers *t, struct g4_fetch *f)
 {
