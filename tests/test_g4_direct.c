@@ -24,6 +24,11 @@
  *             counts them used, no block yet); its client is killed; the
  *             masters go on: the fetch ends as any fetch, its N blocks
  *             cached, no slot left over, Check passes;
+ *   reload:   the same, but a reload changes "d" under the fetch (a G2
+ *             quota below what it reserved, remote off, a key, a TTL), or
+ *             takes it out of the configuration: the fetch ends as any
+ *             fetch, no slot left reserved, Check passes (also with the
+ *             fetch in flight);
  *   stop:     the same, but the daemon is stopped (SIGTERM) under the
  *             fetch, whose reserved slots go back as the tiers stop (exit
  *             status 0; ASan's leak check in the sanitizer build). */
@@ -310,7 +315,68 @@ static void case_stop(void)
 	fprintf(stderr, "stop: the daemon stopped under a fetch holding reserved slots\n");
 }
 
+static void write_conf_as(int how);
+
+/* Reloads the configuration written as how says, and waits until it is
+ * applied (kvcached_reloads_total; none refused). */
+static void reload_as(struct kvt_daemon *d, int how)
+{
+	long long n = kvt_metric("kvcached_reloads_total");
+
+	write_conf_as(how);
+	CHECK(kill(d->pid, SIGHUP) == 0);
+	for (int tries = 0; kvt_metric("kvcached_reloads_total") == n; tries++) {
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	CHECK_EQ(kvt_metric("kvcached_reload_failures_total"), 0);
+}
+
+/* A reload under a fetch that holds reserved slots. how 1: "d" changes
+ * under it (a G2 quota below what the fetch reserved, remote off, its
+ * values to carry a tag, a TTL); how 2: "d" goes from the configuration
+ * (undeclared now; the client, root, keeps its session: a session closed
+ * by a reload is case gone's). The masters go on: the fetch ends as any fetch,
+ * no slot is left reserved, Check passes, and the daemon serves. */
+static void case_reload(int how)
+{
+	struct kvt_daemon b;
+	struct kvt_tier g2;
+	pid_t pid;
+	int rc_child;
+
+	node_start(&b, "off", "60s", "30s");
+	cluster_pause(1);
+	pid = kvt_spawn(child_lookup, NULL);
+	wait_reserved();
+	reload_as(&b, how);
+	CHECK_EQ(kvt_check(), 0);
+	cluster_pause(0);
+	rc_child = kvt_wait(pid);
+	for (int tries = 0; g4c("k").fetching; tries++) {
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	fprintf(stderr, "reload %d: the client's lookup exited %d; G2 holds %llu blocks in %llu "
+		"bytes\n", how, rc_child, (unsigned long long)g2.blocks,
+		(unsigned long long)g2.used);
+	CHECK_EQ(rc_child, 0);
+	CHECK_EQ(g2.used, g2.blocks * SLOT);
+	CHECK_EQ(kvt_check(), 0);
+	reload_as(&b, 0);
+	CHECK_EQ(kvt_lookup_chain("d", "p", BB, N, BASE), N);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b);
+}
+
 static void write_conf(void)
+{
+	write_conf_as(0);
+}
+
+static void write_conf_as(int how)
 {
 	char path[160], keyf[160];
 	unsigned uid = (unsigned)getuid();
@@ -321,12 +387,23 @@ static void write_conf(void)
 	fprintf(f, "%s\n", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
 	fclose(f);
 	CHECK(chmod(keyf, 0600) == 0);
-	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	snprintf(path, sizeof(path), "%s/kvcached.conf.tmp", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
 	fprintf(f, "remote_seeds = %s\n\n", kvt_rc_seeds(&rc));
-	fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
+	if (how == 0)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
+	else if (how == 1)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = no\nquota_g2 = 64KiB\nttl = 1h\n"
+			"remote_key_file = %s\n\n", uid, keyf);
 	fprintf(f, "[namespace k]\nusers = %u\nremote = yes\nremote_key_file = %s\n", uid, keyf);
 	fclose(f);
+	{
+		char to[160];
+
+		snprintf(to, sizeof(to), "%s/kvcached.conf", tmp);
+		CHECK(rename(path, to) == 0);
+		snprintf(path, sizeof(path), "%s", to);
+	}
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
 
@@ -383,6 +460,8 @@ int main(void)
 	case_lookup("hits again", "d", N, N, 0, 0);
 
 	case_gone();
+	case_reload(1);
+	case_reload(2);
 	case_stop();
 
 	free(v3);
