@@ -20,6 +20,7 @@
  *   header:   block 7's whole value (valid CRCs) under block 3's key: a
  *             checksum failure (the header names another hash);
  *   payload:  a payload byte of block 3 flipped: a checksum failure;
+ *   twice:    a chain listing each block twice in a row: found whole;
  *   gone:     every master stopped while a fetch holds reserved slots (G2
  *             counts them used, no block yet); its client is killed; the
  *             masters go on: the fetch ends as any fetch, its N blocks
@@ -317,6 +318,35 @@ static void case_stop(void)
 
 static void write_conf_as(int how);
 
+/* A fresh node B: a chain that lists each block of "d" twice in a row (a
+ * fetch asks for each key twice, reserves two slots for it and fills both;
+ * one is indexed, the other goes back): found whole, every byte right, G2
+ * empty after. */
+static void case_twice(void)
+{
+	struct kvt_daemon b;
+	kvc_conn *c;
+	kvc_hash h[2 * N];
+	kvc_block blk[2 * N];
+	int pool, k;
+
+	node_start(&b, "off", "10s", "30s");
+	c = kvt_connect("d");
+	pool = kvt_pool(c, "p", BB);
+	for (int i = 0; i < 2 * N; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)(i / 2));
+	k = kvc_lookup(c, pool, h, 2 * N, blk);
+	fprintf(stderr, "twice: found %d of %d; G4 hits %llu, read into G2 slots %llu\n", k,
+		2 * N, (unsigned long long)g4c("d").hits, (unsigned long long)g4c("d").direct);
+	CHECK_EQ(k, 2 * N);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, blk[i]), BB, BASE + (uint64_t)(i / 2)));
+	CHECK_EQ(kvc_release(c, blk, (size_t)k), 0);
+	kvc_close(c);
+	g2_empty();
+	kvt_stop(&b);
+}
+
 /* Reloads the configuration written as how says, and waits until it is
  * applied (kvcached_reloads_total; none refused). */
 static void reload_as(struct kvt_daemon *d, int how)
@@ -459,6 +489,7 @@ int main(void)
 	value_set(k3, v3, l3);
 	case_lookup("hits again", "d", N, N, 0, 0);
 
+	case_twice();
 	case_gone();
 	case_reload(1);
 	case_reload(2);
