@@ -318,6 +318,35 @@ static void case_stop(void)
 
 static void write_conf_as(int how);
 
+/* A fresh node B whose "d" may hold 3 G2 slots (quota_g2): a fetch
+ * reserves no more than that, the rest come through the client's buffers
+ * and find room only by dropping "d"'s own idle copies. Whatever it finds,
+ * every byte is right, the namespace never holds more than its quota in G2
+ * and nothing is left reserved; a second lookup finds at least as many. */
+static void case_quota(void)
+{
+	struct kvt_daemon b;
+	struct kvt_tier g2;
+	int k, k2;
+
+	write_conf_as(4);
+	node_start(&b, "off", "10s", "30s");
+	k = kvt_lookup_chain("d", "p", BB, N, BASE);
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	fprintf(stderr, "quota: found %d of %d under a G2 quota of 3 slots; G4 hits %llu, read into "
+		"G2 slots %llu; G2 holds %llu bytes\n", k, N, (unsigned long long)g4c("d").hits,
+		(unsigned long long)g4c("d").direct, (unsigned long long)g2.used);
+	CHECK(g2.used <= 3 * SLOT);
+	CHECK_EQ(g2.used, g2.blocks * SLOT);
+	CHECK_EQ(kvt_check(), 0);
+	k2 = kvt_lookup_chain("d", "p", BB, N, BASE);
+	CHECK(k2 >= k);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b);
+	write_conf_as(0);
+}
+
 /* A fresh node B: a chain that lists each block of "d" twice in a row (a
  * fetch asks for each key twice, reserves two slots for it and fills both;
  * one is indexed, the other goes back): found whole, every byte right, G2
@@ -422,6 +451,9 @@ static void write_conf_as(int how)
 	fprintf(f, "remote_seeds = %s\n\n", kvt_rc_seeds(&rc));
 	if (how == 0)
 		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
+	else if (how == 4)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\nquota_g2 = %u\n\n", uid,
+			3 * SLOT);
 	else if (how == 1)
 		fprintf(f, "[namespace d]\nusers = %u\nremote = no\nquota_g2 = 64KiB\nttl = 1h\n"
 			"remote_key_file = %s\n\n", uid, keyf);
@@ -490,6 +522,7 @@ int main(void)
 	case_lookup("hits again", "d", N, N, 0, 0);
 
 	case_twice();
+	case_quota();
 	case_gone();
 	case_reload(1);
 	case_reload(2);
