@@ -278,7 +278,8 @@ index_it:
 	 * without room: the rerun promotes those before it and does not ask
 	 * again for that one (remote_mark). */
 	for (i = 0; i < nmk; i++)
-		tb_set_idle(t, mk[i]);
+		if (!mk[i]->busy)   /* nothing took it meanwhile (no waiter ran) */
+			tb_set_idle(t, mk[i]);
 	/* The read thread is idle (reading is 0, and nothing was handed to
 	 * it since): the buffers go back to its client's pool, pages mapped,
 	 * for the next fetch; before the waiters run, whose reruns may hand it
