@@ -21,6 +21,9 @@
  *             checksum failure (the header names another hash);
  *   payload:  a payload byte of block 3 flipped: a checksum failure;
  *   twice:    a chain listing each block twice in a row: found whole;
+ *   quota:    "d" may hold 3 G2 slots: a fetch of 12 stops at the 4th (it
+ *             never drops a block it brought for room): 3 found, G2 within
+ *             the quota (before: the chain fetched again and again, forever);
  *   gone:     every master stopped while a fetch holds reserved slots (G2
  *             counts them used, no block yet); its client is killed; the
  *             masters go on: the fetch ends as any fetch, its N blocks
