@@ -494,7 +494,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
-	uint32_t old_pins;
+	uint32_t old_pins, *mine = NULL;
 	int r;
 
 	if (!p)
@@ -518,11 +518,30 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	k = (size_t)r;
 	/* A hit that would take a block past max_block_refs refuses the whole
 	 * lookup, before any reference is taken (a chain may list one block
-	 * many times: b->check counts them). */
+	 * many times: b->check counts them). The pins a parked run left
+	 * (pins[0..old_pins)) go once the references are taken, so they do not
+	 * count (mine[i]: how many of blk[i]'s references they are): a rerun
+	 * is given what a fresh lookup would be, also when the chain lists a
+	 * block many times and the last run pinned it as many times. */
+	if (old_pins && k) {
+		if (!(mine = q_alloc(q, k * sizeof(*mine)))) {
+			kv_cache_lookup_done(q->ss, old_pins);
+			return;
+		}
+		for (size_t i = 0; i < k; i++)
+			q->blk[i]->check = 0;
+		for (uint32_t i = 0; i < old_pins; i++)
+			q->ss->pins[i]->check = 0;
+		for (uint32_t i = 0; i < old_pins; i++)
+			q->ss->pins[i]->check++;
+		for (size_t i = 0; i < k; i++)
+			mine[i] = q->blk[i]->check;
+	}
 	for (size_t i = 0; i < k; i++)
 		q->blk[i]->check = 0;
 	for (size_t i = 0; i < k; i++)
-		if (kv_op_ref_room(q, q->blk[i], i, ++q->blk[i]->check) < 0) {
+		if (kv_op_ref_room_less(q, q->blk[i], i, ++q->blk[i]->check,
+					mine ? mine[i] : 0) < 0) {
 			kv_cache_lookup_done(q->ss, old_pins);
 			return;
 		}

@@ -277,17 +277,27 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	return 0;
 }
 
-int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n)
+int kv_op_ref_room_less(struct req *q, const struct kv_block *b, size_t index, uint32_t n,
+			uint32_t mine)
 {
-	uint32_t max = q->d->cfg.max_block_refs;
+	uint32_t max = q->d->cfg.max_block_refs, ref;
 
+	kv_assert(mine <= b->ref);
+	ref = b->ref - mine;
 	if (max > KV_BLOCK_REF_MAX)
 		max = KV_BLOCK_REF_MAX;
-	if (b->ref <= max && n <= max - b->ref)
+	/* The references are taken before the request's own go: b->ref + n
+	 * within the mechanism's bound too. */
+	if (ref <= max && n <= max - ref && n <= KV_BLOCK_REF_MAX - b->ref)
 		return 0;
 	kv_op_fail(q, KVCACHED__ERROR_CODE__EQUOTA, (int)index,
 		   "block %#llx (index %zu) already has %u reference%s; %u more would pass "
 		   "max_block_refs (%u): nothing was taken", (unsigned long long)kv_block_handle(b),
-		   index, b->ref, b->ref == 1 ? "" : "s", n, max);
+		   index, ref, ref == 1 ? "" : "s", n, max);
 	return -EDQUOT;
+}
+
+int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n)
+{
+	return kv_op_ref_room_less(q, b, index, n, 0);
 }

@@ -63,6 +63,10 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
  * reply set, naming b and index, its first listing in the request. Changes
  * nothing: handlers check every block before they take any reference. */
 int kv_op_ref_room(struct req *q, const struct kv_block *b, size_t index, uint32_t n);
+/* kv_op_ref_room() not counting mine of b's references (mine <= b->ref): the
+ * request's own, which go before it ends (a rerun Lookup's pins). */
+int kv_op_ref_room_less(struct req *q, const struct kv_block *b, size_t index, uint32_t n,
+			uint32_t mine);
 /* Queues the fd of every segment that blocks[0..n) (NULL entries skipped)
  * live in and the session has not been sent, for the reply. Call it before
  * the request changes what cannot be taken back; several times if need be.

@@ -20,10 +20,19 @@
  *   header:   block 7's whole value (valid CRCs) under block 3's key: a
  *             checksum failure (the header names another hash);
  *   payload:  a payload byte of block 3 flipped: a checksum failure;
+ *   twice:    a chain listing each block twice in a row: found whole;
+ *   quota:    "d" may hold 3 G2 slots: a fetch of 12 stops at the 4th (it
+ *             never drops a block it brought for room): 3 found, G2 within
+ *             the quota (before: the chain fetched again and again, forever);
  *   gone:     every master stopped while a fetch holds reserved slots (G2
  *             counts them used, no block yet); its client is killed; the
  *             masters go on: the fetch ends as any fetch, its N blocks
  *             cached, no slot left over, Check passes;
+ *   reload:   the same, but a reload changes "d" under the fetch (a G2
+ *             quota below what it reserved, remote off, a key, a TTL), or
+ *             takes it out of the configuration: the fetch ends as any
+ *             fetch, no slot left reserved, Check passes (also with the
+ *             fetch in flight);
  *   stop:     the same, but the daemon is stopped (SIGTERM) under the
  *             fetch, whose reserved slots go back as the tiers stop (exit
  *             status 0; ASan's leak check in the sanitizer build). */
@@ -262,6 +271,9 @@ static void case_gone(void)
 	cluster_pause(1);
 	pid = kvt_spawn(child_lookup, NULL);
 	wait_reserved();
+	/* Check with the fetch in flight: its slots (FETCH), its hold on the
+	 * pool. */
+	CHECK_EQ(kvt_check(), 0);
 	CHECK(kill(pid, SIGKILL) == 0);
 	CHECK_EQ(kvt_wait(pid), 128 + SIGKILL);
 	cluster_pause(0);
@@ -307,7 +319,126 @@ static void case_stop(void)
 	fprintf(stderr, "stop: the daemon stopped under a fetch holding reserved slots\n");
 }
 
+static void write_conf_as(int how);
+
+/* A fresh node B whose "d" may hold 3 G2 slots (quota_g2): a fetch
+ * reserves no more than that, the rest come through the client's buffers
+ * and find room only by dropping "d"'s own idle copies. Whatever it finds,
+ * every byte is right, the namespace never holds more than its quota in G2
+ * and nothing is left reserved; a second lookup finds at least as many. */
+static void case_quota(void)
+{
+	struct kvt_daemon b;
+	struct kvt_tier g2;
+	int k, k2;
+
+	write_conf_as(4);
+	node_start(&b, "off", "10s", "30s");
+	k = kvt_lookup_chain("d", "p", BB, N, BASE);
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	fprintf(stderr, "quota: found %d of %d under a G2 quota of 3 slots; G4 hits %llu, read into "
+		"G2 slots %llu; G2 holds %llu bytes\n", k, N, (unsigned long long)g4c("d").hits,
+		(unsigned long long)g4c("d").direct, (unsigned long long)g2.used);
+	CHECK(g2.used <= 3 * SLOT);
+	CHECK_EQ(g2.used, g2.blocks * SLOT);
+	CHECK_EQ(kvt_check(), 0);
+	k2 = kvt_lookup_chain("d", "p", BB, N, BASE);
+	CHECK(k2 >= k);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b);
+	write_conf_as(0);
+}
+
+/* A fresh node B: a chain that lists each block of "d" twice in a row (a
+ * fetch asks for each key twice, reserves two slots for it and fills both;
+ * one is indexed, the other goes back): found whole, every byte right, G2
+ * empty after. */
+static void case_twice(void)
+{
+	struct kvt_daemon b;
+	kvc_conn *c;
+	kvc_hash h[2 * N];
+	kvc_block blk[2 * N];
+	int pool, k;
+
+	node_start(&b, "off", "10s", "30s");
+	c = kvt_connect("d");
+	pool = kvt_pool(c, "p", BB);
+	for (int i = 0; i < 2 * N; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)(i / 2));
+	k = kvc_lookup(c, pool, h, 2 * N, blk);
+	fprintf(stderr, "twice: found %d of %d; G4 hits %llu, read into G2 slots %llu\n", k,
+		2 * N, (unsigned long long)g4c("d").hits, (unsigned long long)g4c("d").direct);
+	CHECK_EQ(k, 2 * N);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, blk[i]), BB, BASE + (uint64_t)(i / 2)));
+	CHECK_EQ(kvc_release(c, blk, (size_t)k), 0);
+	kvc_close(c);
+	g2_empty();
+	kvt_stop(&b);
+}
+
+/* Reloads the configuration written as how says, and waits until it is
+ * applied (kvcached_reloads_total; none refused). */
+static void reload_as(struct kvt_daemon *d, int how)
+{
+	long long n = kvt_metric("kvcached_reloads_total");
+
+	write_conf_as(how);
+	CHECK(kill(d->pid, SIGHUP) == 0);
+	for (int tries = 0; kvt_metric("kvcached_reloads_total") == n; tries++) {
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	CHECK_EQ(kvt_metric("kvcached_reload_failures_total"), 0);
+}
+
+/* A reload under a fetch that holds reserved slots. how 1: "d" changes
+ * under it (a G2 quota below what the fetch reserved, remote off, its
+ * values to carry a tag, a TTL); how 2: "d" goes from the configuration
+ * (undeclared now; the client, root, keeps its session: a session closed
+ * by a reload is case gone's). The masters go on: the fetch ends as any fetch,
+ * no slot is left reserved, Check passes, and the daemon serves. */
+static void case_reload(int how)
+{
+	struct kvt_daemon b;
+	struct kvt_tier g2;
+	pid_t pid;
+	int rc_child;
+
+	node_start(&b, "off", "60s", "30s");
+	cluster_pause(1);
+	pid = kvt_spawn(child_lookup, NULL);
+	wait_reserved();
+	reload_as(&b, how);
+	CHECK_EQ(kvt_check(), 0);
+	cluster_pause(0);
+	rc_child = kvt_wait(pid);
+	for (int tries = 0; g4c("k").fetching; tries++) {
+		CHECK(tries < 60000);
+		usleep(1000);
+	}
+	kvt_tiers_settle();
+	kvt_tier(1, &g2);
+	fprintf(stderr, "reload %d: the client's lookup exited %d; G2 holds %llu blocks in %llu "
+		"bytes\n", how, rc_child, (unsigned long long)g2.blocks,
+		(unsigned long long)g2.used);
+	CHECK_EQ(rc_child, 0);
+	CHECK_EQ(g2.used, g2.blocks * SLOT);
+	CHECK_EQ(kvt_check(), 0);
+	reload_as(&b, 0);
+	CHECK_EQ(kvt_lookup_chain("d", "p", BB, N, BASE), N);
+	CHECK_EQ(kvt_check(), 0);
+	kvt_stop(&b);
+}
+
 static void write_conf(void)
+{
+	write_conf_as(0);
+}
+
+static void write_conf_as(int how)
 {
 	char path[160], keyf[160];
 	unsigned uid = (unsigned)getuid();
@@ -318,12 +449,26 @@ static void write_conf(void)
 	fprintf(f, "%s\n", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
 	fclose(f);
 	CHECK(chmod(keyf, 0600) == 0);
-	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+	snprintf(path, sizeof(path), "%s/kvcached.conf.tmp", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
 	fprintf(f, "remote_seeds = %s\n\n", kvt_rc_seeds(&rc));
-	fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
+	if (how == 0)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
+	else if (how == 4)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\nquota_g2 = %u\n\n", uid,
+			3 * SLOT);
+	else if (how == 1)
+		fprintf(f, "[namespace d]\nusers = %u\nremote = no\nquota_g2 = 64KiB\nttl = 1h\n"
+			"remote_key_file = %s\n\n", uid, keyf);
 	fprintf(f, "[namespace k]\nusers = %u\nremote = yes\nremote_key_file = %s\n", uid, keyf);
 	fclose(f);
+	{
+		char to[160];
+
+		snprintf(to, sizeof(to), "%s/kvcached.conf", tmp);
+		CHECK(rename(path, to) == 0);
+		snprintf(path, sizeof(path), "%s", to);
+	}
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
 
@@ -379,7 +524,11 @@ int main(void)
 	value_set(k3, v3, l3);
 	case_lookup("hits again", "d", N, N, 0, 0);
 
+	case_twice();
+	case_quota();
 	case_gone();
+	case_reload(1);
+	case_reload(2);
 	case_stop();
 
 	free(v3);

@@ -14,6 +14,12 @@
  *            a fresh lookup, every byte right;
  *   killed:  the same, the client killed while it is parked: nothing is
  *            left over (Check), another client finds the chain;
+ *   dup:     R holds block 0 in G1; a Lookup lists it DUP times (within
+ *            max_block_refs, not twice), then blocks 1..N-1, and parks on
+ *            G4: its rerun must be given them all, as a fresh lookup is
+ *            (the DUP pins its last run left are its own, and go: they
+ *            do not count against max_block_refs); Check with the fetch
+ *            in flight too;
  *   ttl:     the same, but while it is parked a reload gives the namespace
  *            a TTL its carried blocks are past: the rerun must find them
  *            expired (no hits), as a fresh lookup would, not carry them. */
@@ -39,6 +45,8 @@ int main(void)
 #define FETCH 64               /* remote.c's FETCH_MAX */
 #define N (2 * FETCH + 40)
 #define BASE 9000
+#define MAX_REFS 8
+#define DUP 6                  /* block 0 listed DUP times: within MAX_REFS, not twice */
 
 static struct kvt_rc rc;
 static char tmp[64], conf_arg[200];
@@ -54,7 +62,7 @@ static void write_conf(void)
 	/* A long timeout: a stopped cluster must hold a fetch in flight for as
 	 * long as the test needs, not fail it. */
 	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\n", kvt_rc_seeds(&rc));
-	fprintf(f, "worker_socket_admin = yes\n\n");
+	fprintf(f, "worker_socket_admin = yes\nmax_block_refs = %u\n\n", MAX_REFS);
 	fprintf(f, "[namespace ra]\nusers = %u\nremote = yes\nttl = %s\n", (unsigned)getuid(), ttl);
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
@@ -219,6 +227,36 @@ static void cluster_pause(int stop)
 		CHECK(kvt_rc_wait_healthy(&rc, 60000) == 0);
 }
 
+/* A lookup of block 0 listed DUP times, then blocks 1..N-1: a fresh lookup
+ * is given all of them (block 0's DUP references are within max_block_refs),
+ * so must a rerun be, whatever it pinned of block 0 meanwhile. Exits 0 when
+ * it found them all, each with its bytes. */
+static int child_dup(void *arg)
+{
+	kvc_conn *c = kvt_connect("ra");
+	int pool = kvt_pool(c, "p", BB), n = DUP + N - 1, k;
+	kvc_hash *h = calloc((size_t)n, sizeof(*h));
+	kvc_block *b = calloc((size_t)n, sizeof(*b));
+
+	(void)arg;
+	CHECK(h && b);
+	for (int i = 0; i < n; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)(i < DUP ? 0 : i - DUP + 1));
+	k = kvc_lookup(c, pool, h, (size_t)n, b);
+	if (k != n) {
+		fprintf(stderr, "dup: found %d of %d: %s\n", k, n, k < 0 ? kvc_last_error(c) : "");
+		return 1;
+	}
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB,
+				     BASE + (uint64_t)(i < DUP ? 0 : i - DUP + 1)));
+	CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	free(h);
+	free(b);
+	return 0;
+}
+
 /* R holds 0..63 in G1; a child's lookup of the whole chain parks on G4
  * (stopped). Returns the child, parked. */
 static pid_t parked_child(struct kvt_daemon *r, int *want)
@@ -260,6 +298,7 @@ int main(void)
 
 	/* evicted */
 	pid = parked_child(&r, &all);
+	CHECK_EQ(kvt_check(), 0);   /* a fetch in flight, its slots reserved */
 	c = kvt_connect("ra");
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
@@ -281,6 +320,22 @@ int main(void)
 	CHECK_EQ(lookup_twice(N), N);
 	CHECK_EQ(kvt_check(), 0);
 	fprintf(stderr, "killed: nothing left over of a parked lookup's pins\n");
+	kvt_stop(&r);
+
+	/* dup: block 0 listed DUP times, parked on G4: its pins must not count
+	 * against the rerun's references */
+	node_with_head(&r, 1, 0);
+	cluster_pause(1);
+	pid = kvt_spawn(child_dup, NULL);
+	wait_fetching(1);
+	CHECK_EQ(kvt_check(), 0);
+	cluster_pause(0);
+	CHECK_EQ(kvt_wait(pid), 0);
+	CHECK_EQ(kvt_check(), 0);
+	CHECK_EQ(child_dup(NULL), 0);   /* fresh, all in G1: the same */
+	CHECK_EQ(kvt_check(), 0);
+	fprintf(stderr, "dup: a block listed %d times in a parked chain: found whole on the rerun\n",
+		DUP);
 	kvt_stop(&r);
 
 	/* ttl: the carried blocks are older than 1 ms once it is reloaded */

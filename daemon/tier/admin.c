@@ -168,7 +168,7 @@ uint64_t kv_tiers_entries(const struct kv_tiers *t)
 
 /* Adds each tier block's hold on its pool to the pool's check_holds: every
  * tier block has a slot (one with none is freed), so each is found once, at
- * its G2 slot or, without one, its G3 slot. */
+ * its G2 slot or, without one, its G3 slot; and each G4 fetch's. */
 static void tier_count_holds(struct kv_tiers *t)
 {
 	int l;
@@ -190,6 +190,7 @@ static void tier_count_holds(struct kv_tiers *t)
 			}
 		}
 	}
+	tier_remote_count_holds(t);
 }
 
 void kv_tiers_count_refs(struct kv_tiers *t)

@@ -165,6 +165,19 @@ static void fetch_run(struct kv_job *j)
 
 static void fetch_next(struct kv_tiers *t);
 
+void tier_remote_count_holds(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+
+	if (!g)
+		return;
+	if (g->cur)
+		g->cur->pool->check_holds++;
+	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
+		for (struct g4_fetch *f = g->fq[ns]; f; f = f->next)
+			f->pool->check_holds++;
+}
+
 /* Gives back the G2 slots reserved for f that no block took. */
 static void fetch_unreserve(struct kv_tiers *t, struct g4_fetch *f)
 {
@@ -188,7 +201,8 @@ static void fetch_done(struct kv_job *j)
 	struct kv_tiers *t = f->t;
 	struct kv_g4 *g = t->g4;
 	struct kv_list *pos;
-	uint32_t i, made = 0;
+	struct tblock *mk[FETCH_MAX];
+	uint32_t i, made = 0, nmk = 0;
 	uint64_t mark;
 	int clean_only;
 
@@ -252,9 +266,20 @@ index_it:
 		tb_index(t, tb);
 		t->lv[L2].st.blocks++;
 		g2_dirty_add(t, tb, 1);
-		tb_set_idle(t, tb);
+		mk[nmk++] = tb;
 		made++;
 	}
+	/* Idle (on the LRUs, so that room can be made by dropping them) only
+	 * now: the room for this fetch's later blocks must not come from its
+	 * earlier ones. Under a G2 quota below a fetch's worth, each block
+	 * dropped the one before it, the chain's head was gone when the
+	 * lookup ran again, and it fetched the whole chain again, forever
+	 * (test_g4_direct: quota). Now the fetch stops at the first block
+	 * without room: the rerun promotes those before it and does not ask
+	 * again for that one (remote_mark). */
+	for (i = 0; i < nmk; i++)
+		if (!mk[i]->busy)   /* nothing took it meanwhile (no waiter ran) */
+			tb_set_idle(t, mk[i]);
 	/* The read thread is idle (reading is 0, and nothing was handed to
 	 * it since): the buffers go back to its client's pool, pages mapped,
 	 * for the next fetch; before the waiters run, whose reruns may hand it

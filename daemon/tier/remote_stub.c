@@ -52,6 +52,11 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	(void)tb;
 }
 
+void tier_remote_count_holds(struct kv_tiers *t)
+{
+	(void)t;
+}
+
 uint64_t kv_tiers_remote_mark(const struct kv_pool *p, const uint8_t *hash)
 {
 	(void)p;

@@ -457,6 +457,9 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb);
+/* Check: adds each G4 fetch's hold on its pool (queued or being read) to
+ * the pool's check_holds. */
+void tier_remote_count_holds(struct kv_tiers *t);
 
 /* engine.c */
 /* Runs every waiter on waiters (moved off it first: a wake may park again). */

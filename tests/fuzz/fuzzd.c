@@ -78,6 +78,9 @@ void fz_config(struct kv_config *c, const char *dir, int disk)
 		set(c, "disk_size", "256KiB");
 	}
 	set(c, "max_batch", "64");
+	/* Low, so that a chain listing a block many times (ids repeat) meets it,
+	 * a parked lookup's rerun with its pins included (ops_block.c). */
+	set(c, "max_block_refs", "8");
 	set(c, "log_level", getenv("FUZZ_LOG") ? "debug" : "err");
 	kv_log_level = getenv("FUZZ_LOG") ? KV_LOG_DEBUG : KV_LOG_ERR;
 }
