@@ -220,6 +220,27 @@ redisContext *kvt_rc_connect(const struct kvt_rc *c, int i)
 	return connect_port(c, c->node[i].port);
 }
 
+redisContext *kvt_rc_find_key(struct kvt_rc *c, const char *pattern, char *key, size_t len)
+{
+	for (int n = 0; n < c->n; n++) {
+		redisContext *x;
+		redisReply *r;
+
+		if (!kvt_rc_is_master(c, n) || !(x = kvt_rc_connect(c, n)))
+			continue;
+		r = redisCommand(x, "SCAN 0 MATCH %s COUNT 100000", pattern);
+		if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+		    r->element[1]->elements == 1) {
+			snprintf(key, len, "%s", r->element[1]->element[0]->str);
+			freeReplyObject(r);
+			return x;
+		}
+		freeReplyObject(r);
+		redisFree(x);
+	}
+	return NULL;
+}
+
 /* A command's reply, or NULL (connection error); the caller frees it. */
 __attribute__((format(printf, 3, 4)))
 static redisReply *cmd(const struct kvt_rc *c, int i, const char *fmt, ...)

@@ -96,6 +96,10 @@ int kvt_rc_wait_replicated(struct kvt_rc *c, unsigned timeout_ms);
 /* A blocking hiredis connection to node i, authenticated, with 5 s
  * timeouts; the caller frees it (redisFree). NULL if it does not connect. */
 redisContext *kvt_rc_connect(const struct kvt_rc *c, int i);
+/* The master that holds the one key matching glob pattern (SCAN MATCH):
+ * the key into key (len bytes), and a connection to that master (the
+ * caller frees it). NULL when no master holds exactly one such key. */
+redisContext *kvt_rc_find_key(struct kvt_rc *c, const char *pattern, char *key, size_t len);
 /* The node serving slot, as the first running node's CLUSTER SLOTS says;
  * -1 if none. */
 int kvt_rc_slot_owner(struct kvt_rc *c, unsigned slot);

@@ -99,28 +99,17 @@ static void seal_chain(const char *ns, uint64_t base)
 static redisContext *find_key(const char *ns, uint64_t seed, char *key, size_t len)
 {
 	kvc_hash h = kvt_hash(seed);
-	char hex[2 * sizeof(h.b) + 1];
+	char hex[2 * sizeof(h.b) + 1], pat[256];
+	redisContext *x;
 
 	for (size_t j = 0; j < sizeof(h.b); j++)
 		snprintf(hex + 2 * j, 3, "%02x", h.b[j]);
-	for (int n = 0; n < rc.n; n++) {
-		redisContext *x;
-		redisReply *r;
-
-		if (!kvt_rc_is_master(&rc, n) || !(x = kvt_rc_connect(&rc, n)))
-			continue;
-		r = redisCommand(x, "SCAN 0 MATCH kvc:%s:*%s COUNT 100000", ns, hex);
-		if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-		    r->element[1]->elements == 1) {
-			snprintf(key, len, "%s", r->element[1]->element[0]->str);
-			freeReplyObject(r);
-			return x;
-		}
-		freeReplyObject(r);
-		redisFree(x);
+	snprintf(pat, sizeof(pat), "kvc:%s:*%s", ns, hex);
+	if (!(x = kvt_rc_find_key(&rc, pat, key, len))) {
+		fprintf(stderr, "no key for %s block %llu\n", ns, (unsigned long long)seed);
+		exit(1);
 	}
-	fprintf(stderr, "no key for %s block %llu\n", ns, (unsigned long long)seed);
-	exit(1);
+	return x;
 }
 
 /* What a party that can write the key but has no secret can do: change the
