@@ -273,24 +273,38 @@ void kvt_flush(kvc_conn *c)
 	kvt_tiers_settle();
 }
 
+int kvt_lookup_held(kvc_conn *c, int pool, uint32_t block_bytes, int n, uint64_t base,
+		    kvc_block *b)
+{
+	kvc_hash *h = calloc((size_t)n, sizeof(*h));
+	int k;
+
+	CHECK(n > 0 && h);
+	for (int i = 0; i < n; i++)
+		h[i] = kvt_hash(base + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, (size_t)n, b);
+	if (k < 0)
+		fprintf(stderr, "lookup: %s\n", kvc_last_error(c));
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++)
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), block_bytes, base + (uint64_t)i));
+	free(h);
+	return k;
+}
+
 int kvt_lookup_chain(const char *ns, const char *pool_name, uint32_t block_bytes, int n,
 		     uint64_t base)
 {
 	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, pool_name, block_bytes), k;
-	kvc_block b[64];
-	kvc_hash h[64];
+	kvc_block *b = calloc(n > 0 ? (size_t)n : 1, sizeof(*b));
 
-	CHECK(n > 0 && n <= 64);
-	for (int i = 0; i < n; i++)
-		h[i] = kvt_hash(base + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, (size_t)n, b);
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), block_bytes, base + (uint64_t)i));
+	CHECK(b != NULL);
+	k = kvt_lookup_held(c, pool, block_bytes, n, base, b);
 	if (k)
 		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
 	kvc_close(c);
+	free(b);
 	return k;
 }
 

@@ -74,9 +74,14 @@ off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
  * return). */
 uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier);
 void kvt_flush(kvc_conn *c);
-/* A lookup in namespace ns of the chain of n (at most 64) blocks whose
- * block i holds kvt_mem_fill's pattern of seed base + i, under
- * kvt_hash(base + i): how many it found, every byte of each checked. */
+/* A Lookup in session c, pool, of the chain of n blocks whose block i
+ * holds kvt_mem_fill's pattern of seed base + i (block_bytes), under
+ * kvt_hash(base + i): how many it found, every byte of each checked; they
+ * are held, in b, for the caller to release. */
+int kvt_lookup_held(kvc_conn *c, int pool, uint32_t block_bytes, int n, uint64_t base,
+		    kvc_block *b);
+/* kvt_lookup_held() in a session of namespace ns, pool pool_name, the
+ * blocks found released again: how many it found. */
 int kvt_lookup_chain(const char *ns, const char *pool_name, uint32_t block_bytes, int n,
 		     uint64_t base);
 /* What namespace name holds per tier (G1, G2, G3 bytes) and its quotas. */

@@ -98,30 +98,12 @@ static struct g4c g4c(void)
 	return c;
 }
 
+
 /* Looks up blocks [0, n) of the chain in one Lookup; every block found
  * must hold its bytes. Returns how many were found (released again). */
 static int lookup(const char *ns, int n)
 {
-	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, "p", BB), k;
-	kvc_block *b = calloc((size_t)n, sizeof(*b));
-	kvc_hash *h = calloc((size_t)n, sizeof(*h));
-
-	CHECK(b && h);
-	for (int i = 0; i < n; i++)
-		h[i] = kvt_hash(BASE + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, (size_t)n, b);
-	if (k < 0)
-		fprintf(stderr, "lookup: %s\n", kvc_last_error(c));
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i));
-	if (k)
-		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
-	kvc_close(c);
-	free(b);
-	free(h);
-	return k;
+	return kvt_lookup_chain(ns, "p", BB, n, BASE);
 }
 
 /* A lookup of the whole chain in namespace arg, which may be cut off:

@@ -125,20 +125,7 @@ static void reload(struct kvt_daemon *d, const char *t, uint64_t want_ms)
  * b). */
 static int lookup_in(kvc_conn *c, int pool, int n, kvc_block *b)
 {
-	kvc_hash *h = calloc((size_t)n, sizeof(*h));
-	int k;
-
-	CHECK(h != NULL);
-	for (int i = 0; i < n; i++)
-		h[i] = kvt_hash(BASE + (uint64_t)i);
-	k = kvc_lookup(c, pool, h, (size_t)n, b);
-	if (k < 0)
-		fprintf(stderr, "lookup: %s\n", kvc_last_error(c));
-	CHECK(k >= 0);
-	for (int i = 0; i < k; i++)
-		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i));
-	free(h);
-	return k;
+	return kvt_lookup_held(c, pool, BB, n, BASE, b);
 }
 
 /* The whole chain looked up, then looked up again in the same session:
