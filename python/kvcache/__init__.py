@@ -33,7 +33,14 @@ sequence (``swap_out`` or release and recompute) and tries again; ``ESTALE``
 after ``Connection.restarts`` grew means the daemon restarted and the block
 table's handles are gone (treat them as misses).
 
-Covered: every function of client/kvcache.h — connect/close/restarts,
+Deadlines: every call has one (``connect(timeout_ms=...)``,
+``Connection.set_timeout()``; 60 s by default): a daemon that does not answer
+in time (stopped, wedged) makes the call raise ``KvError`` with code
+``kvcache.ETIMEDOUT`` (``-errno.ETIMEDOUT``) and the connection is dropped;
+the next call reconnects, as after a daemon restart.
+
+Covered: every function of client/kvcache.h — connect/close/restarts/
+set_timeout,
 register_pool (with the KV-events model name), alloc, seal (with token ids for
 KV events), lookup, release, fork, cow, swap_out/swap_in, block_ptr,
 pool_block_bytes, last_error/strerror, default_socket, hash_seed, hash_block,
@@ -69,7 +76,7 @@ from ._hash import (SHA256, XXH3_128, MmItem, hash_block, hash_chain, hash_seed,
                     vllm_block, vllm_chain, vllm_seed)
 from .errors import (E2BIG, EACCES, EAGAIN, ECONFIG, EEXIST, EINTERNAL, EINVAL, EIO,
                      ENOENT, ENOSPC, EPERM, EPROTO, EQUOTA, ESHUTDOWN, ESTALE, ESTATE,
-                     EVERSION, KvError, strerror)
+                     ETIMEDOUT, EVERSION, KvError, strerror)
 
 __all__ = [
     "KvError", "Connection", "Pool", "CudaBlock", "connect", "default_socket", "strerror",
@@ -77,4 +84,5 @@ __all__ = [
     "SHA256", "XXH3_128", "HASH_BYTES",
     "EINVAL", "ENOSPC", "ENOENT", "ESTALE", "EPERM", "EPROTO", "EVERSION", "EEXIST", "E2BIG",
     "EINTERNAL", "ESTATE", "ESHUTDOWN", "EIO", "ECONFIG", "EACCES", "EQUOTA", "EAGAIN",
+    "ETIMEDOUT",
 ]

@@ -55,6 +55,16 @@ def _event_keys(extra_keys, n: int, keep: list) -> Tuple[ctypes.Array, ctypes.Ar
 
 
 
+def _timeout(ms: Optional[int]) -> int:
+    """A deadline in ms as kvc_options.timeout_ms takes it (0: the
+    default; negative: none)."""
+    if ms is None:
+        return 0
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        raise TypeError(f"timeout_ms {ms!r}: an int (milliseconds) or None")
+    return max(min(ms, 2**31 - 1), -1)
+
+
 class Pool:
     """A registered pool: ``id`` (what the C API calls the pool), the block
     geometry, and, when given at registration, the numpy ``dtype`` and
@@ -142,16 +152,29 @@ class Connection:
     reference it held (sealed blocks stay cached for others)."""
 
     def __init__(self, socket: Optional[str] = None, namespace: Optional[str] = None,
-                 client_name: Optional[str] = None, cuda_device: Optional[int] = None):
+                 client_name: Optional[str] = None, cuda_device: Optional[int] = None,
+                 timeout_ms: Optional[int] = None):
         self._c = ctypes.c_void_p()
         opt = _native.Options(_enc(namespace), _enc(client_name),
-                              0 if cuda_device is None else cuda_device + 1)
+                              0 if cuda_device is None else cuda_device + 1,
+                              _timeout(timeout_ms))
         r = _lib.kvc_connect(_enc(socket), ctypes.byref(opt), ctypes.byref(self._c))
         if r < 0:
             raise KvError(r, call="connect")
         self.socket = socket or default_socket()
         self.namespace = namespace
+        self.timeout_ms = timeout_ms
         self.pools: dict = {}
+
+    def set_timeout(self, ms: Optional[int]) -> None:
+        """The deadline of this connection's calls from now on, in
+        milliseconds: None or 0 the library's default (60 s, or
+        $KVCACHE_TIMEOUT_MS), negative none. A call past it raises KvError
+        with code ``ETIMEDOUT`` and the connection is dropped (the daemon
+        releases what it held; the next call reconnects, ``restarts``
+        grows), see client/kvcache.h, "Deadlines"."""
+        self._check(_lib.kvc_set_timeout(self._h(), _timeout(ms)), "set_timeout")
+        self.timeout_ms = ms
 
     # -- lifetime --
 
@@ -409,14 +432,17 @@ class Connection:
 
 
 def connect(socket: Optional[str] = None, namespace: Optional[str] = None,
-            client_name: Optional[str] = None,
-            cuda_device: Optional[int] = None) -> Connection:
+            client_name: Optional[str] = None, cuda_device: Optional[int] = None,
+            timeout_ms: Optional[int] = None) -> Connection:
     """Connects to kvcached and says Hello. socket: None for default_socket();
     namespace: None for the caller's own ("uid-<uid>"), or one the operator
     granted; client_name: shown by ``kvctl clients``. cuda_device (cuda
     backend): None maps each device's blocks for the GPU they live on, found
     by UUID whatever CUDA_VISIBLE_DEVICES says and whatever context is
     current; an ordinal of this process gives that GPU access too (peer
-    access; ``ENODEV`` without it). Raises KvError (``EACCES`` for a
-    namespace this uid may not open)."""
-    return Connection(socket, namespace, client_name, cuda_device)
+    access; ``ENODEV`` without it). timeout_ms: each call's deadline
+    (``Connection.set_timeout()``; None: the library's default, 60 s), the
+    connect and Hello included. Raises KvError (``EACCES`` for a namespace
+    this uid may not open, ``ETIMEDOUT`` for a daemon that did not answer in
+    time)."""
+    return Connection(socket, namespace, client_name, cuda_device, timeout_ms)

@@ -27,6 +27,9 @@ EAGAIN = -1019
 
 _NAMES = {v: "KV_" + k for k, v in globals().items() if k.startswith("E") and isinstance(v, int)}
 
+# A call past its deadline (Connection.set_timeout()): the library's, -errno.
+ETIMEDOUT = -_errno.ETIMEDOUT
+
 
 class KvError(Exception):
     """A failed call. ``code``: the C API's negative code (``kvcache.ENOSPC``,
