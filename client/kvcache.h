@@ -252,6 +252,21 @@ int kvc_seal_events(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_ha
  * cached prefix; out[0..k) receive the blocks, each with a reference taken. */
 int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out);
 
+/* Where a lookup found each block (the protocol's Tier). */
+enum kvc_tier {
+	KVC_TIER_G1 = 0,        /* in device memory (the shared pool) already */
+	KVC_TIER_G2 = 1,        /* promoted from the host tier for this lookup */
+	KVC_TIER_G3 = 2,        /* promoted from the disk tier */
+	KVC_TIER_G4 = 3,        /* fetched from the cluster tier (another node's) */
+	KVC_TIER_UNKNOWN = 255, /* a daemon that does not say */
+};
+
+/* kvc_lookup() that also says where each block came from: tiers[i] (enum
+ * kvc_tier) for out[i], written for i < the returned k. tiers NULL is
+ * kvc_lookup(). */
+int kvc_lookup_tiers(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out,
+		     uint8_t *tiers);
+
 /* Drops one reference on each block. Sealed blocks whose count reaches 0 stay
  * cached; unsealed ones are freed. List a chain head first: the daemon ages
  * its tail first. Returns 0. */

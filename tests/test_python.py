@@ -360,3 +360,35 @@ def test_timeout_on_a_stopped_daemon(daemon):
     for x in (cl, cr, ct):
         x.close()
     assert kvt.wait_for(lambda: _held(daemon) == 0, timeout=60)
+
+
+def test_lookup_tiers(daemon):
+    """lookup(tiers=True) says where each block came from: G1, or G2 for one
+    promoted from the host tier for this lookup."""
+    chain = kvcache.hash_chain(list(range(500, 548)), 16)
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+
+        def put(i, j):
+            blocks = c.alloc(pool, j - i)
+            for k, b in enumerate(blocks):
+                c.view(pool, b)[...] = i + k + 0.5
+            c.release(c.seal(pool, blocks, chain[i:j]))
+
+        put(2, 3)
+        r = daemon.kvctl("evict", "--all", "--tier", "g1")
+        assert r.returncode == 0, r.stderr
+        daemon.wait_tiers_idle()
+        put(0, 2)
+        blocks, tiers = c.lookup(pool, chain, tiers=True)
+        assert tiers == [kvcache.TIER_G1, kvcache.TIER_G1, kvcache.TIER_G2], tiers
+        for k, b in enumerate(blocks):
+            assert np.all(c.view(pool, b) == k + 0.5)
+        c.release(blocks)
+        blocks, tiers = c.lookup(pool, chain, tiers=True)
+        assert tiers == [kvcache.TIER_G1] * 3
+        c.release(blocks)
+        assert c.lookup(pool, [], tiers=True) == ([], [])
+        blocks = c.lookup(pool, chain)
+        assert len(blocks) == 3
+        c.release(blocks)

@@ -70,8 +70,9 @@ from __future__ import annotations
 
 from . import _native  # noqa: F401  (kvcache._native: tests/test_py_structs.py)
 from ._args import HASH_BYTES, Block, Hash
-from ._conn import (Connection, CudaBlock, Pool, _is_device_pointer,  # noqa: F401
-                    connect, default_socket)
+from ._conn import (TIER_G1, TIER_G2, TIER_G3, TIER_G4, TIER_UNKNOWN,  # noqa: F401
+                    Connection, CudaBlock, Pool, _is_device_pointer, connect,
+                    default_socket)
 from ._hash import (SHA256, XXH3_128, MmItem, hash_block, hash_chain, hash_seed,
                     vllm_block, vllm_chain, vllm_seed)
 from .errors import (E2BIG, EACCES, EAGAIN, ECONFIG, EEXIST, EINTERNAL, EINVAL, EIO,
@@ -84,5 +85,5 @@ __all__ = [
     "SHA256", "XXH3_128", "HASH_BYTES",
     "EINVAL", "ENOSPC", "ENOENT", "ESTALE", "EPERM", "EPROTO", "EVERSION", "EEXIST", "E2BIG",
     "EINTERNAL", "ESTATE", "ESHUTDOWN", "EIO", "ECONFIG", "EACCES", "EQUOTA", "EAGAIN",
-    "ETIMEDOUT",
+    "ETIMEDOUT", "TIER_G1", "TIER_G2", "TIER_G3", "TIER_G4", "TIER_UNKNOWN",
 ]

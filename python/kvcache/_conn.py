@@ -55,6 +55,14 @@ def _event_keys(extra_keys, n: int, keep: list) -> Tuple[ctypes.Array, ctypes.Ar
 
 
 
+# Where a lookup found a block (Connection.lookup(tiers=True); enum kvc_tier).
+TIER_G1 = 0
+TIER_G2 = 1
+TIER_G3 = 2
+TIER_G4 = 3
+TIER_UNKNOWN = 255
+
+
 def _timeout(ms: Optional[int]) -> int:
     """A deadline in ms as kvc_options.timeout_ms takes it (0: the
     default; negative: none)."""
@@ -333,15 +341,24 @@ class Connection:
         self._check(r, "seal")
         return list(out[:n])
 
-    def lookup(self, pool: Union[Pool, int], chain: Sequence[Hash]) -> List[Block]:
+    def lookup(self, pool: Union[Pool, int], chain: Sequence[Hash], tiers: bool = False):
         """The longest cached prefix of a hash chain (head first), each block
-        with a reference taken for this connection."""
+        with a reference taken for this connection: a list of blocks. With
+        ``tiers=True``, ``(blocks, tiers)``: tiers[i] says where blocks[i]
+        came from, ``TIER_G1`` (in device memory already), ``TIER_G2`` /
+        ``TIER_G3`` (promoted from the host / disk tier for this lookup),
+        ``TIER_G4`` (fetched from the cluster tier), ``TIER_UNKNOWN`` (a
+        daemon that does not say)."""
         h, n = _hashes(chain)
         if n == 0:
-            return []
+            return ([], []) if tiers else []
         out = (ctypes.c_uint64 * n)()
-        k = self._check(_lib.kvc_lookup(self._h(), int(pool), h, n, out), "lookup")
-        return list(out[:k])
+        if not tiers:
+            k = self._check(_lib.kvc_lookup(self._h(), int(pool), h, n, out), "lookup")
+            return list(out[:k])
+        t = (ctypes.c_uint8 * n)()
+        k = self._check(_lib.kvc_lookup_tiers(self._h(), int(pool), h, n, out, t), "lookup")
+        return list(out[:k]), list(t[:k])
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drops one reference on each block; list a chain head first (its

@@ -94,6 +94,8 @@ for name, res, args in [
     ("kvc_seal_events", _c.c_int, [_conn, _c.c_int, _u64p, _P(Hash), _c.c_size_t,
                                    _P(SealInfo), _u64p]),
     ("kvc_lookup", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p]),
+    ("kvc_lookup_tiers", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p,
+                                    _P(_c.c_uint8)]),
     ("kvc_release", _c.c_int, [_conn, _u64p, _c.c_size_t]),
     ("kvc_fork", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),
     ("kvc_cow", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),
