@@ -113,6 +113,7 @@ struct kvc_conn {
 	int fd;
 	_Atomic int timeout_ms;        /* > 0, or -1: no deadline (kvc_set_timeout()) */
 	uint64_t deadline_ns;          /* the current call's (CLOCK_MONOTONIC), NO_DEADLINE */
+	int call_ms;                   /* the current call's timeout (its message) */
 	atomic_bool broken;
 	bool gone;                     /* broken because the daemon went away */
 	bool in_hello;                 /* a Hello is in flight: no segments, the Hello's
@@ -183,12 +184,15 @@ static uint64_t mono_ms(void)
 	return mono_ns() / 1000000u;
 }
 
-/* The deadline of a call that starts now on c. */
-static uint64_t call_deadline(const kvc_conn *c)
+/* The deadline of a call that starts now with a timeout of ms (< 0: none). */
+static uint64_t deadline_after(int ms)
 {
-	int ms = atomic_load_explicit((_Atomic int *)&c->timeout_ms, memory_order_relaxed);
-
 	return ms < 0 ? NO_DEADLINE : mono_ns() + (uint64_t)ms * 1000000u;
+}
+
+static int conn_timeout(const kvc_conn *c)
+{
+	return atomic_load_explicit((_Atomic int *)&c->timeout_ms, memory_order_relaxed);
 }
 
 /* Milliseconds left before deadline, rounded up: 0 once it passed, -1 for
@@ -274,11 +278,13 @@ static void conn_unlock(kvc_conn *c)
  * connection's timeout. Returns 0 or -ETIMEDOUT. */
 static int call_begin(kvc_conn *c)
 {
-	uint64_t deadline = call_deadline(c);
+	int ms = conn_timeout(c);
+	uint64_t deadline = deadline_after(ms);
 	int r = conn_lock(c, deadline);
 
 	if (r == 0) {
 		c->deadline_ns = deadline;
+		c->call_ms = ms;
 		c->err[0] = '\0';
 	}
 	return r;
@@ -681,7 +687,7 @@ out:
 			 * the close), since its late answer would be taken for
 			 * the next request's. */
 			set_err(c, "no answer from the daemon within the call's deadline (%d ms); "
-				"the connection is dropped", atomic_load(&c->timeout_ms));
+				"the connection is dropped", c->call_ms);
 		else if (c->gone && !c->err[0])
 			set_err(c, "the connection to the daemon failed: %s", strerror(-r));
 		conn_break(c);
@@ -1090,8 +1096,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	const char *env = getenv("KVCACHE_RECONNECT");
 	/* The deadline runs from the call's start. */
 	int timeout_ms = timeout_resolve(opt ? opt->timeout_ms : 0);
-	uint64_t deadline = timeout_ms < 0 ? NO_DEADLINE
-					   : mono_ns() + (uint64_t)timeout_ms * 1000000u;
+	uint64_t deadline = deadline_after(timeout_ms);
 	kvc_conn *c;
 	size_t i;
 	int r;
@@ -1113,6 +1118,7 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 	c->serial = atomic_fetch_add(&conn_serials, 1) + 1;
 	atomic_init(&c->timeout_ms, timeout_ms);
 	c->deadline_ns = deadline;
+	c->call_ms = timeout_ms;
 	r = conn_lock_init(&c->lock);
 	if (r < 0) {
 		free(c);
@@ -1339,7 +1345,7 @@ KVC_PUBLIC const char *kvc_last_error(kvc_conn *c)
 	if (!c)
 		return "";
 	/* Past the deadline, conn_lock() leaves its own message. */
-	if (thread_err.conn != c->serial && conn_lock(c, call_deadline(c)) == 0)
+	if (thread_err.conn != c->serial && conn_lock(c, deadline_after(conn_timeout(c))) == 0)
 		err_unlock(c);
 	return thread_err.msg;
 }

@@ -7,7 +7,8 @@
  * is that connection's first call past a deadline, not one the reconnection
  * backoff answers at once): kvc_connect(), kvc_alloc(), kvc_lookup(),
  * kvc_seal() and kvc_release() of blocks held from before, the
- * registration of a pool, kvc_call() (Stats); each returns -ETIMEDOUT, no
+ * registration of a pool, kvc_call() (Stats), kvc_alloc() with the default
+ * deadline from $KVCACHE_TIMEOUT_MS; each returns -ETIMEDOUT, no
  * sooner than its deadline and well within a generous bound, with a
  * message. A second call on one of them returns -ETIMEDOUT (its
  * reconnection timed out) or -EPIPE (the backoff), at once or within its
@@ -169,8 +170,8 @@ int main(void)
 {
 	struct kvt_daemon d;
 	struct kvc_options o = { .client_name = "deadline", .timeout_ms = TMO };
-	kvc_conn *ca, *cl, *cs, *cr, *cg, *cst, *cc, *ct, *nc = NULL;
-	int pa, pl, ps, pr, pc, pt, r;
+	kvc_conn *ca, *cl, *cs, *cr, *cg, *cst, *cc, *ct, *ce, *nc = NULL;
+	int pa, pl, ps, pr, pc, pt, pe, r;
 	kvc_block b[4], held_s, held_r[2], held_c[2], bl[2];
 	kvc_hash h[2] = { kvt_hash(1), kvt_hash(2) }, hs = kvt_hash(3);
 	uint64_t t0, w, s, cached, rs0[8];
@@ -198,6 +199,10 @@ int main(void)
 	cst = conn_tmo(0, NULL);
 	cc = conn_tmo(1, &pc);
 	ct = conn_tmo(1, &pt);
+	/* The default deadline from the environment (kvc_options.timeout_ms 0). */
+	CHECK(setenv("KVCACHE_TIMEOUT_MS", "300", 1) == 0);
+	ce = conn_tmo(1, &pe);
+	CHECK(unsetenv("KVCACHE_TIMEOUT_MS") == 0);
 	/* Held across the stop: released by the daemon when it sees the
 	 * connections dropped. */
 	CHECK_EQ(kvc_alloc(cs, ps, 1, &held_s), 1);
@@ -245,6 +250,9 @@ int main(void)
 	resp = stats_on(cst, &r);
 	check_timed_out("stats", r, t0, cst);
 	CHECK(resp == NULL);
+	t0 = now_ms();
+	r = kvc_alloc(ce, pe, 1, b);
+	check_timed_out("alloc, $KVCACHE_TIMEOUT_MS", r, t0, ce);
 
 	/* A second call on a dropped connection: its reconnection times out
 	 * (-ETIMEDOUT), or the backoff answers at once (-EPIPE). */
@@ -343,6 +351,8 @@ int main(void)
 	kvc_close(cg);
 	kvc_close(cst);
 	kvc_close(ct);
+	CHECK_EQ(kvc_alloc(ce, pe, 1, b), 1);
+	kvc_close(ce);
 	kvt_wait_sessions(0);
 	kvt_blocks_total(&w, &s, &cached);
 	CHECK_EQ(w, 0);
