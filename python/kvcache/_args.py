@@ -38,7 +38,6 @@ def _hash_out(n: int) -> ctypes.Array:
     return (_native.Hash * max(n, 1))()
 
 
-
 def _tokens(tokens: Sequence[int]) -> Tuple[ctypes.Array, int]:
     try:
         import numpy as np

@@ -21,7 +21,6 @@ def default_socket() -> str:
     return buf.value.decode()
 
 
-
 def _event_keys(extra_keys, n: int, keep: list) -> Tuple[ctypes.Array, ctypes.Array]:
     """Connection.seal()'s extra_keys as kvc_seal_info's nkeys and keys;
     the byte strings they point to are appended to keep."""
@@ -52,7 +51,6 @@ def _event_keys(extra_keys, n: int, keep: list) -> Tuple[ctypes.Array, ctypes.Ar
         e.data = ctypes.cast(buf, ctypes.c_void_p)
         e.len = len(data)
     return counts, arr
-
 
 
 # Where a lookup found a block (Connection.lookup(tiers=True); enum kvc_tier).
