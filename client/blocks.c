@@ -9,6 +9,7 @@
 #include "kvc_internal.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,8 @@ struct expect {
 	                            * which kvc_call_check() has made the daemon's; NULL: any */
 	const kvc_block *same;     /* block i must equal same[i] (fork) */
 	const kvc_block *same_pool;/* block i must be of same_pool[i]'s pool (cow) */
+	bool lookup;               /* a Lookup's reply: may say each block's tier */
+	uint8_t *tiers;            /* Lookup: where to copy the blocks' tiers; NULL: none */
 };
 
 static const char *check_blocks(const Kvcached__Response *r, const void *arg)
@@ -53,6 +56,11 @@ static const char *check_blocks(const Kvcached__Response *r, const void *arg)
 			return "the daemon returned blocks where none were expected";
 		break;
 	}
+	if (l && l->n_tiers && (!e->lookup || l->n_tiers != n))
+		return "the daemon returned tiers that do not match the blocks";
+	for (i = 0; l && i < l->n_tiers; i++)
+		if ((unsigned)l->tiers[i] > KVC_TIER_G4)
+			return "the daemon returned an unknown tier";
 	for (i = 0; i < n; i++) {
 		kvc_block b = l->blocks[i];
 
@@ -98,6 +106,10 @@ static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect 
 		n = resp->blocks->n_blocks;
 		if (n && out)
 			memcpy(out, resp->blocks->blocks, n * sizeof(*out));
+		/* A daemon from before BlockList.tiers sends none. */
+		for (size_t i = 0; e->tiers && i < n; i++)
+			e->tiers[i] = resp->blocks->n_tiers ? (uint8_t)resp->blocks->tiers[i]
+							    : KVC_TIER_UNKNOWN;
 	}
 	kvcached__response__free_unpacked(resp, NULL);
 	return (int)n;
@@ -307,9 +319,17 @@ KVC_PUBLIC int kvc_seal_events(kvc_conn *c, int pool, const kvc_block *blocks,
 /* Returns the cached prefix length k <= n or a negative error. */
 KVC_PUBLIC int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out)
 {
+	return kvc_lookup_tiers(c, pool, chain, n, out, NULL);
+}
+
+/* Returns the number of blocks found or a negative error. */
+KVC_PUBLIC int kvc_lookup_tiers(kvc_conn *c, int pool, const kvc_hash *chain, size_t n,
+				kvc_block *out, uint8_t *tiers)
+{
 	Kvcached__Request req = KVCACHED__REQUEST__INIT;
 	Kvcached__Lookup l = KVCACHED__LOOKUP__INIT;
-	struct expect e = { .kind = REPLY_UPTO, .n = n, .pool = &l.pool_id };
+	struct expect e = { .kind = REPLY_UPTO, .n = n, .pool = &l.pool_id, .lookup = true,
+			    .tiers = tiers };
 	int r;
 
 	if (!c || (n && (!chain || !out)))
@@ -322,6 +342,7 @@ KVC_PUBLIC int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n
 	l.pool_id = (uint32_t)pool;
 	l.hashes.data = (uint8_t *)chain;
 	l.hashes.len = n * sizeof(*chain);
+	l.tiers = tiers != NULL;
 	req.op_case = KVCACHED__REQUEST__OP_LOOKUP;
 	req.lookup = &l;
 	return call_blocks(c, &req, &e, out);

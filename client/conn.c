@@ -27,7 +27,17 @@
  * Hello with the same namespace and name, every pool registered again, a new
  * map for the new daemon's segments (reconnect()). The caller's pool ids stay
  * valid (pool_app maps them to the new daemon's ids); block handles and swaps
- * from before are stale, and kvc_restarts() counts the reconnections. */
+ * from before are stale, and kvc_restarts() counts the reconnections.
+ *
+ * Deadlines: every call has one (c->timeout_ms from its start; none when
+ * negative), over everything it waits for: c->lock, the socket's connect,
+ * each send and receive (poll() then a non-blocking sendmsg/recvmsg), the
+ * reconnection and the Hello. A call past it returns -ETIMEDOUT; if it had
+ * the lock, the connection goes BROKEN as if the daemon had gone away
+ * (gone: a later call reconnects), since a reply that comes late would be
+ * taken for the next request's. c->lock is a flag under a mutex and a
+ * condition variable (conn_lock()): a thread waits for a call of another
+ * thread no longer than its own deadline. */
 #include "kvc_internal.h"
 
 #include <errno.h>
@@ -58,6 +68,13 @@
 #define BACKOFF_MIN_MS 10u
 #define BACKOFF_MAX_MS 2000u
 
+/* kvc_options.timeout_ms 0: a minute. A stopped or wedged daemon fails the
+ * call instead of hanging the engine, and no call of a daemon that works
+ * comes near it (its own waits, a promotion or a G4 fetch, are bounded far
+ * below; an engine that wants a tighter bound says so). */
+#define TIMEOUT_DEFAULT_MS 60000
+#define NO_DEADLINE UINT64_MAX
+
 struct pool_slot {
 	_Atomic uint64_t block_bytes;  /* 0: not registered on this connection */
 	_Atomic uint32_t device;
@@ -82,9 +99,21 @@ struct session {
 	struct kvc_map *map;
 };
 
+/* The connection's lock: held while busy, waited for on cv under mu (not a
+ * mutex held for the call, which pthread_mutex_timedlock() would wait for
+ * on CLOCK_REALTIME only). */
+struct conn_lock {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;             /* CLOCK_MONOTONIC */
+	bool busy;
+};
+
 struct kvc_conn {
-	pthread_mutex_t lock;
+	struct conn_lock lock;
 	int fd;
+	_Atomic int timeout_ms;        /* > 0, or -1: no deadline (kvc_set_timeout()) */
+	uint64_t deadline_ns;          /* the current call's (CLOCK_MONOTONIC), NO_DEADLINE */
+	int call_ms;                   /* the current call's timeout (its message) */
 	atomic_bool broken;
 	bool gone;                     /* broken because the daemon went away */
 	bool in_hello;                 /* a Hello is in flight: no segments, the Hello's
@@ -142,12 +171,131 @@ static _Thread_local struct {
 
 static atomic_uint_fast64_t conn_serials;
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ms(void)
+{
+	return mono_ns() / 1000000u;
+}
+
+/* The deadline of a call that starts now with a timeout of ms (< 0: none). */
+static uint64_t deadline_after(int ms)
+{
+	return ms < 0 ? NO_DEADLINE : mono_ns() + (uint64_t)ms * 1000000u;
+}
+
+static int conn_timeout(const kvc_conn *c)
+{
+	return atomic_load_explicit((_Atomic int *)&c->timeout_ms, memory_order_relaxed);
+}
+
+/* Milliseconds left before deadline, rounded up: 0 once it passed, -1 for
+ * none (poll()'s timeout). */
+static int left_ms(uint64_t deadline)
+{
+	uint64_t now, ms;
+
+	if (deadline == NO_DEADLINE)
+		return -1;
+	now = mono_ns();
+	if (now >= deadline)
+		return 0;
+	ms = (deadline - now + 999999u) / 1000000u;
+	return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static int conn_lock_init(struct conn_lock *l)
+{
+	pthread_condattr_t a;
+	int r;
+
+	if ((r = pthread_mutex_init(&l->mu, NULL)))
+		return -r;
+	if ((r = pthread_condattr_init(&a)))
+		goto out_mu;
+	r = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	if (!r)
+		r = pthread_cond_init(&l->cv, &a);
+	pthread_condattr_destroy(&a);
+	if (!r)
+		return 0;
+out_mu:
+	pthread_mutex_destroy(&l->mu);
+	return -r;
+}
+
+static void conn_lock_destroy(struct conn_lock *l)
+{
+	pthread_cond_destroy(&l->cv);
+	pthread_mutex_destroy(&l->mu);
+}
+
+/* Takes c's lock, waiting no later than deadline. Returns 0 or -ETIMEDOUT
+ * (then it is not held, and the calling thread's kvc_last_error() says
+ * why). */
+static int conn_lock(kvc_conn *c, uint64_t deadline)
+{
+	struct timespec ts = {
+		.tv_sec = (time_t)(deadline / 1000000000u),
+		.tv_nsec = (long)(deadline % 1000000000u),
+	};
+	int r = 0;
+
+	pthread_mutex_lock(&c->lock.mu);
+	while (c->lock.busy && r == 0) {
+		if (deadline == NO_DEADLINE)
+			pthread_cond_wait(&c->lock.cv, &c->lock.mu);
+		else
+			r = pthread_cond_timedwait(&c->lock.cv, &c->lock.mu, &ts);
+	}
+	if (c->lock.busy) {
+		pthread_mutex_unlock(&c->lock.mu);
+		thread_err.conn = c->serial;
+		snprintf(thread_err.msg, sizeof(thread_err.msg),
+			 "timed out waiting for another thread's call on this connection");
+		return -ETIMEDOUT;
+	}
+	c->lock.busy = true;
+	pthread_mutex_unlock(&c->lock.mu);
+	return 0;
+}
+
+static void conn_unlock(kvc_conn *c)
+{
+	pthread_mutex_lock(&c->lock.mu);
+	c->lock.busy = false;
+	pthread_cond_signal(&c->lock.cv);
+	pthread_mutex_unlock(&c->lock.mu);
+}
+
+/* Starts a call on c: its lock and its deadline (c->deadline_ns) from the
+ * connection's timeout. Returns 0 or -ETIMEDOUT. */
+static int call_begin(kvc_conn *c)
+{
+	int ms = conn_timeout(c);
+	uint64_t deadline = deadline_after(ms);
+	int r = conn_lock(c, deadline);
+
+	if (r == 0) {
+		c->deadline_ns = deadline;
+		c->call_ms = ms;
+		c->err[0] = '\0';
+	}
+	return r;
+}
+
 /* Ends a call: its message to the calling thread, then c->lock unlocked. */
 static void err_unlock(kvc_conn *c)
 {
 	thread_err.conn = c->serial;
 	memcpy(thread_err.msg, c->err, strlen(c->err) + 1);
-	pthread_mutex_unlock(&c->lock);
+	conn_unlock(c);
 }
 
 static void set_err(kvc_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -189,28 +337,50 @@ static void session_free(struct session *s)
 	free(s);
 }
 
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Returns 0 or -ENAMETOOLONG. */
 KVC_PUBLIC int kvc_default_socket(char *buf, size_t len)
 {
 	return kv_socket_default(buf, len);
 }
 
+/* Waits until c's socket is ready for events (POLLIN, POLLOUT), or an error
+ * or hang-up that the next sendmsg/recvmsg reports, no later than the
+ * call's deadline. Returns 0, -ETIMEDOUT or -errno. */
+static int wait_fd(kvc_conn *c, short events)
+{
+	for (;;) {
+		struct pollfd p = { .fd = c->fd, .events = events };
+		int ms = left_ms(c->deadline_ns), n;
+
+		if (ms == 0)
+			return -ETIMEDOUT;
+		n = poll(&p, 1, ms);
+		if (n > 0)
+			return 0;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
 /* --- sending ------------------------------------------------------------- */
 
-static int send_all(int fd, const uint8_t *p, size_t len)
+/* Without a deadline a blocking sendmsg; with one, a non-blocking one after
+ * poll() says there is room. */
+static int send_all(kvc_conn *c, const uint8_t *p, size_t len)
 {
+	bool bounded = c->deadline_ns != NO_DEADLINE;
+
 	while (len > 0) {
 		struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-		ssize_t n = kv_sendmsg_fds(fd, &iov, 1, NULL, 0, 0);
+		ssize_t n = kv_sendmsg_fds(c->fd, &iov, 1, NULL, 0, bounded ? MSG_DONTWAIT : 0);
 
+		if (n == -EAGAIN && bounded) {
+			int r = wait_fd(c, POLLOUT);
+
+			if (r < 0)
+				return r;
+			continue;
+		}
 		if (n < 0)
 			return (int)n;
 		if (n == 0)
@@ -247,7 +417,7 @@ static int send_request(kvc_conn *c, const Kvcached__Request *req)
 	}
 	kv_frame_hdr_encode(c->sbuf, (uint32_t)len, 0);
 	kvcached__request__pack(req, c->sbuf + KV_FRAME_HDR);
-	return send_all(c->fd, c->sbuf, KV_FRAME_HDR + len);
+	return send_all(c, c->sbuf, KV_FRAME_HDR + len);
 }
 
 /* --- receiving ----------------------------------------------------------- */
@@ -370,10 +540,16 @@ static int recv_response(kvc_conn *c, Kvcached__Response **out)
 		r = rbuf_reserve(c, need);
 		if (r < 0)
 			return r;
+		/* With a deadline: poll() first (the reply is seldom there
+		 * yet), then a recvmsg that does not block. */
+		if (c->deadline_ns != NO_DEADLINE && (r = wait_fd(c, POLLIN)) < 0)
+			return r;
 		n = kv_recvmsg_fds(c->fd, c->rbuf + c->rpos + c->rlen,
-				   c->rcap - c->rpos - c->rlen, fds, &nfds, KV_FRAME_MAX_FDS, 0,
-				   &trunc);
+				   c->rcap - c->rpos - c->rlen, fds, &nfds, KV_FRAME_MAX_FDS,
+				   c->deadline_ns != NO_DEADLINE ? MSG_DONTWAIT : 0, &trunc);
 		r = fdq_push(c, fds, nfds);
+		if (n == -EAGAIN && c->deadline_ns != NO_DEADLINE)
+			continue;
 		if (n < 0)
 			return (int)n;
 		if (r < 0)
@@ -504,8 +680,15 @@ out:
 		/* The socket failed or the daemon hung up: it went away (it
 		 * died, or stops), which a reconnection may mend; anything
 		 * else is a protocol failure, which it would not. */
-		c->gone = r == -EPIPE || r == -ECONNRESET;
-		if (c->gone && !c->err[0])
+		c->gone = r == -EPIPE || r == -ECONNRESET || r == -ETIMEDOUT;
+		if (r == -ETIMEDOUT)
+			/* The daemon is stopped or wedged: dropped like a daemon
+			 * that went away (it releases what c held when it sees
+			 * the close), since its late answer would be taken for
+			 * the next request's. */
+			set_err(c, "no answer from the daemon within the call's deadline (%d ms); "
+				"the connection is dropped", c->call_ms);
+		else if (c->gone && !c->err[0])
 			set_err(c, "the connection to the daemon failed: %s", strerror(-r));
 		conn_break(c);
 	}
@@ -545,13 +728,13 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 		return -EINVAL;
 	if ((id = req_pool(req)))
 		app = *id;
-	pthread_mutex_lock(&c->lock);
-	c->err[0] = '\0';
+	if ((r = call_begin(c)) < 0)
+		return r;
 	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
 		goto out;
 	pool_to_daemon(c, id, app);
 	r = call_locked(c, req, check, arg, out);
-	if (r < 0 && c->gone && c->reconnect && c->next_try_ms == 0) {
+	if (r < 0 && r != -ETIMEDOUT && c->gone && c->reconnect && c->next_try_ms == 0) {
 		/* The daemon went away, before or while it served req: all it
 		 * held is gone with it, so req may run again on the next one
 		 * (its handles, if any, are stale there). Once per call. */
@@ -572,9 +755,14 @@ int kvc_call(kvc_conn *c, Kvcached__Request *req, Kvcached__Response **out)
 
 /* --- connecting ---------------------------------------------------------- */
 
-static int connect_unix(const char *path, int *out)
+/* Connects to path no later than deadline. An AF_UNIX connect() waits while
+ * the listener's backlog is full (a daemon that does not accept), for as
+ * long as SO_SNDTIMEO says, then fails with EAGAIN; interrupted, it has not
+ * connected and is tried again. Returns 0, -ETIMEDOUT or -errno. */
+static int connect_unix(const char *path, uint64_t deadline, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { 0 };
 	int fd, r;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -583,22 +771,36 @@ static int connect_unix(const char *path, int *out)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
-		/* Interrupted, the connection goes on: wait for its outcome. */
-		if (r == -EINTR) {
-			struct pollfd p = { .fd = fd, .events = POLLOUT };
-			socklen_t len = sizeof(r);
-			int e = 0;
+	for (;;) {
+		int ms = left_ms(deadline);
 
-			while (poll(&p, 1, -1) < 0 && errno == EINTR)
-				;
-			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0 ? -errno : -e;
+		if (ms == 0) {
+			r = -ETIMEDOUT;
+			break;
 		}
-		if (r < 0) {
-			close(fd);
-			return r;
+		if (ms > 0) {
+			tv = (struct timeval){ .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+			if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+				r = -errno;
+				break;
+			}
 		}
+		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
+		if (r == -EISCONN)
+			r = 0;
+		if (r != -EINTR && (r != -EAGAIN || ms < 0))
+			break;
+	}
+	/* Sends with a deadline do not block (MSG_DONTWAIT); those without
+	 * one wait as long as it takes. */
+	if (r == 0 && tv.tv_sec + tv.tv_usec) {
+		tv = (struct timeval){ 0 };
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+			r = -errno;
+	}
+	if (r < 0) {
+		close(fd);
+		return r;
 	}
 	*out = fd;
 	return 0;
@@ -650,7 +852,7 @@ static int open_session(kvc_conn *c)
 	struct session *sess = NULL, *old = conn_sess(c), **rt;
 	int fd = -1, r, oldfd = c->fd;
 
-	r = connect_unix(c->path, &fd);
+	r = connect_unix(c->path, c->deadline_ns, &fd);
 	if (r < 0)
 		return r;
 	/* The old socket's unread bytes and fds belong to the old daemon. */
@@ -816,7 +1018,7 @@ static int reconnect(kvc_conn *c)
 		c->next_try_ms = mono_ms() + c->backoff_ms;
 		set_err(c, "the daemon went away and reconnecting failed (%s); next try in %u ms",
 			why, c->backoff_ms);
-		return -EPIPE;
+		return r == -ETIMEDOUT ? r : -EPIPE;
 	}
 	/* The old daemon's pool ids name nothing now (its handles are stale,
 	 * whatever pool they name); then the new ids. */
@@ -854,11 +1056,47 @@ static char *dup_text(const char *s)
 	return t;
 }
 
+/* The library's default timeout: $KVCACHE_TIMEOUT_MS (milliseconds, or a
+ * negative number for none) when set to a number other than 0, else
+ * TIMEOUT_DEFAULT_MS. */
+static int timeout_default(void)
+{
+	const char *env = getenv("KVCACHE_TIMEOUT_MS");
+	char *end;
+	long v;
+
+	if (!env || !*env)
+		return TIMEOUT_DEFAULT_MS;
+	errno = 0;
+	v = strtol(env, &end, 10);
+	if (errno || *end || v == 0)
+		return TIMEOUT_DEFAULT_MS;
+	return v < 0 ? -1 : v > INT_MAX ? INT_MAX : (int)v;
+}
+
+/* timeout_ms as kvc_options says (0: the default) to what c keeps. */
+static int timeout_resolve(int timeout_ms)
+{
+	return timeout_ms == 0 ? timeout_default() : timeout_ms < 0 ? -1 : timeout_ms;
+}
+
+/* Returns 0 or -EINVAL. */
+KVC_PUBLIC int kvc_set_timeout(kvc_conn *c, int timeout_ms)
+{
+	if (!c)
+		return -EINVAL;
+	atomic_store(&c->timeout_ms, timeout_resolve(timeout_ms));
+	return 0;
+}
+
 /* Returns 0 or a negative error; *out untouched on failure. */
 KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
 {
 	char def[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	const char *env = getenv("KVCACHE_RECONNECT");
+	/* The deadline runs from the call's start. */
+	int timeout_ms = timeout_resolve(opt ? opt->timeout_ms : 0);
+	uint64_t deadline = deadline_after(timeout_ms);
 	kvc_conn *c;
 	size_t i;
 	int r;
@@ -878,7 +1116,10 @@ KVC_PUBLIC int kvc_connect(const char *path, const struct kvc_options *opt, kvc_
 		return -ENOMEM;
 	c->fd = -1;
 	c->serial = atomic_fetch_add(&conn_serials, 1) + 1;
-	r = -pthread_mutex_init(&c->lock, NULL);
+	atomic_init(&c->timeout_ms, timeout_ms);
+	c->deadline_ns = deadline;
+	c->call_ms = timeout_ms;
+	r = conn_lock_init(&c->lock);
 	if (r < 0) {
 		free(c);
 		return r;
@@ -934,7 +1175,7 @@ KVC_PUBLIC void kvc_close(kvc_conn *c)
 	free(c->fdq);
 	free(c->rbuf);
 	free(c->sbuf);
-	pthread_mutex_destroy(&c->lock);
+	conn_lock_destroy(&c->lock);
 	free(c);
 }
 
@@ -975,8 +1216,8 @@ int kvc_conn_register(kvc_conn *c, const struct kvc_pool_desc *d, const char *mo
 	size_t i;
 	int r, app;
 
-	pthread_mutex_lock(&c->lock);
-	c->err[0] = '\0';
+	if ((r = call_begin(c)) < 0)
+		return r;
 	if (!kv_utf8_ok(rec.name) || !kv_utf8_ok(rec.dtype) || !kv_utf8_ok(rec.model)) {
 		/* The daemon closes a connection that sends a string that is
 		 * not UTF-8 (a protocol error); a caller's mistake is EINVAL. */
@@ -1103,10 +1344,9 @@ KVC_PUBLIC const char *kvc_last_error(kvc_conn *c)
 {
 	if (!c)
 		return "";
-	if (thread_err.conn != c->serial) {
-		pthread_mutex_lock(&c->lock);
+	/* Past the deadline, conn_lock() leaves its own message. */
+	if (thread_err.conn != c->serial && conn_lock(c, deadline_after(conn_timeout(c))) == 0)
 		err_unlock(c);
-	}
 	return thread_err.msg;
 }
 

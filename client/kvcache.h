@@ -22,6 +22,20 @@
  * per thread for parallelism). kvc_block_ptr() takes no lock.
  * kvc_last_error() answers for the calling thread's own calls.
  *
+ * Deadlines: every call that talks to the daemon has one, timeout_ms from
+ * its start (kvc_options.timeout_ms, kvc_set_timeout(); by default 60 s,
+ * or $KVCACHE_TIMEOUT_MS at kvc_connect() time): the wait for another
+ * thread's call on the same connection, the connect and Hello (of
+ * kvc_connect() and of a reconnection), every request and its reply, the
+ * segment fds that come with it. A call past its deadline returns
+ * -ETIMEDOUT. One that had begun talking to the daemon drops the
+ * connection first, as if the daemon had gone away (a late reply would be
+ * taken for the next call's): the daemon releases everything it held once
+ * it sees the close, handles from before are stale, and the next call
+ * reconnects (kvc_restarts() below, with its backoff). A call that only
+ * waited for another thread's leaves the connection as it was. kvc_close()
+ * does not talk to the daemon and never waits.
+ *
  * Handles: a kvc_block is an opaque 64-bit value (generation, pool, page and
  * slot). A handle is valid while this connection holds a reference on it;
  * once released, the daemon rejects it (KVC_ESTALE).
@@ -81,6 +95,10 @@ struct kvc_options {
 	 * for a worker that reads another GPU's blocks over peer access
 	 * (without it, the call that maps them fails with -ENODEV). */
 	int cuda_device;
+	/* Each call's deadline in milliseconds (see Deadlines above): 0 = the
+	 * library's default (60000, or $KVCACHE_TIMEOUT_MS), negative = none
+	 * (a call waits for the daemon as long as it takes). */
+	int timeout_ms;
 };
 
 #define KVC_CUDA_DEVICE(n) ((n) + 1)
@@ -94,8 +112,14 @@ int kvc_default_socket(char *buf, size_t len);
 /* Connects and says Hello. path NULL = kvc_default_socket(). opt may be NULL.
  * On success *out owns the socket and every mapping; free with kvc_close().
  * KVC_EINVAL for a namespace that is not UTF-8 (or of 64 bytes or more);
- * KVC_ENOSPC when the daemon has 256 namespaces open and this is another. */
+ * KVC_ENOSPC when the daemon has 256 namespaces open and this is another;
+ * -ETIMEDOUT when the daemon did not answer within opt->timeout_ms. */
 int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out);
+
+/* Sets the deadline of c's calls from now on, in milliseconds, as
+ * kvc_options.timeout_ms (0: the default, negative: none); a call already
+ * under way keeps its own. Any thread. Returns 0, or -EINVAL for c NULL. */
+int kvc_set_timeout(kvc_conn *c, int timeout_ms);
 
 /* Closes the connection and unmaps everything; the daemon releases every
  * reference the connection held (sealed blocks stay cached). NULL is fine.
@@ -103,14 +127,17 @@ int kvc_connect(const char *path, const struct kvc_options *opt, kvc_conn **out)
 void kvc_close(kvc_conn *c);
 
 /* When the daemon dies or restarts, the call in flight fails (-EPIPE or
- * -ECONNRESET) and the next call reconnects: the same socket path, namespace
+ * -ECONNRESET; -ETIMEDOUT for a daemon that stopped answering, see
+ * Deadlines) and the next call reconnects: the same socket path, namespace
  * and client name, every pool registered again (the pool ids this connection
  * returned stay valid), the new daemon's segments mapped. At most one attempt
  * per interval (10 ms, doubling to 2 s); between attempts calls return -EPIPE
- * at once, with the reason in kvc_last_error(). Everything held before is
- * gone: block handles from before are stale (KVC_ESTALE where the daemon sees
- * them; do not pass them to kvc_block_ptr()), swaps are unknown (KVC_ENOENT),
- * and what was mapped reads as zeros. An engine treats its cached blocks as
+ * at once, with the reason in kvc_last_error() (an attempt that fails
+ * returns -EPIPE, or -ETIMEDOUT when the call's deadline passed in it).
+ * Everything held before is gone: block handles from before are stale
+ * (KVC_ESTALE where the daemon sees them; do not pass them to
+ * kvc_block_ptr()), swaps are unknown (KVC_ENOENT), and what was mapped
+ * reads as zeros. An engine treats its cached blocks as
  * misses and carries on; the prefix cache of the new daemon (warm from its
  * disk tier after a restart) serves lookups again.
  *
@@ -224,6 +251,21 @@ int kvc_seal_events(kvc_conn *c, int pool, const kvc_block *blocks, const kvc_ha
 /* Looks up a hash chain (head first) and returns the length k of the longest
  * cached prefix; out[0..k) receive the blocks, each with a reference taken. */
 int kvc_lookup(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out);
+
+/* Where a lookup found each block (the protocol's Tier). */
+enum kvc_tier {
+	KVC_TIER_G1 = 0,        /* in device memory (the shared pool) already */
+	KVC_TIER_G2 = 1,        /* promoted from the host tier for this lookup */
+	KVC_TIER_G3 = 2,        /* promoted from the disk tier */
+	KVC_TIER_G4 = 3,        /* fetched from the cluster tier (another node's) */
+	KVC_TIER_UNKNOWN = 255, /* a daemon that does not say */
+};
+
+/* kvc_lookup() that also says where each block came from: tiers[i] (enum
+ * kvc_tier) for out[i], written for i < the returned k. tiers NULL is
+ * kvc_lookup(). */
+int kvc_lookup_tiers(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out,
+		     uint8_t *tiers);
 
 /* Drops one reference on each block. Sealed blocks whose count reaches 0 stay
  * cached; unsealed ones are freed. List a chain head first: the daemon ages

@@ -61,7 +61,8 @@ static uint32_t resume_point(const struct kv_session *ss, const struct kv_pool *
 }
 
 int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
-		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins)
+		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins,
+		    uint8_t *tiers)
 {
 	uint32_t c = resume_point(ss, p, hashes, n), old = ss->npins, done = c;
 	uint32_t oldest = c ? ss->lk_oldest : 0;
@@ -132,7 +133,11 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 			break;
 		}
 		if (e->kind == KV_ENTRY_TIER) {
-			int r = kv_tiers_promote(d->tiers, e, parked ? NULL : &ss->waiter);
+			int r, tier = kv_tiers_entry_tier(e);
+
+			if (tiers && tiers[k] < tier)
+				tiers[k] = (uint8_t)tier;
+			r = kv_tiers_promote(d->tiers, e, parked ? NULL : &ss->waiter);
 
 			if (r == -EAGAIN)
 				break;  /* no room to start more now: the rerun will */

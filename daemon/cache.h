@@ -58,9 +58,14 @@ struct kv_session;
  * queued on it; run the request again when woken (pins kept).
  * -ENOMEM: nothing more can be done for the session.
  * *old_pins is the pin count of the previous (parked) run, for
- * kv_cache_lookup_done(). */
+ * kv_cache_lookup_done().
+ * tiers[0..n) (NULL: not wanted): for each block of the chain met in a
+ * lower tier, raised to that tier (kv_tiers_entry_tier()); the caller keeps
+ * them across the runs of one lookup, 0 (G1) for a new one, so that a
+ * block promoted while the lookup was parked is reported where it was. */
 int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
-		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins);
+		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins,
+		    uint8_t *tiers);
 /* The lookup is over (answered or refused): drops the previous run's pins
  * (old_pins from kv_cache_lookup()). Not called for a held request, which
  * keeps them for when it runs again. */

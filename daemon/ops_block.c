@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "cache.h"
 #include "events.h"
 #include "frame.h"
@@ -490,11 +492,49 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 
+/* The session's record of the tiers lookup m (n hashes of pool p) found
+ * its blocks in (kv_cache_lookup()): kept from the lookup's earlier runs
+ * (it parked or was held), else zeroed (G1) for a new lookup, told apart by
+ * pool, length and an XXH3 of its hashes. NULL: no memory (KV_OP_NOMEM). */
+static uint8_t *lookup_tiers(struct req *q, const struct kv_pool *p,
+			     const Kvcached__Lookup *m, size_t n)
+{
+	struct kv_session *ss = q->ss;
+	int again = ss->lk_tier_n == n && ss->lk_tier_pool == p &&
+		    ss->lk_tier_sum == XXH3_64bits(m->hashes.data, m->hashes.len);
+
+	ss->lk_tier_n = 0;
+	if (n > ss->lk_tier_cap) {
+		uint8_t *t = realloc(ss->lk_tier, n);
+
+		if (!t) {
+			q->out = KV_OP_NOMEM;
+			return NULL;
+		}
+		ss->lk_tier = t;
+		ss->lk_tier_cap = (uint32_t)n;
+	}
+	if (!again)
+		memset(ss->lk_tier, 0, n);
+	return ss->lk_tier;
+}
+
+/* Lookup m runs again later (parked, held): its tiers so far are kept. */
+static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
+			      const Kvcached__Lookup *m, size_t n)
+{
+	q->ss->lk_tier_n = (uint32_t)n;
+	q->ss->lk_tier_pool = p;
+	q->ss->lk_tier_sum = XXH3_64bits(m->hashes.data, m->hashes.len);
+}
+
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
 	size_t n = m->hashes.len / HASH, k;
 	uint32_t old_pins, *mine = NULL;
+	uint8_t *tiers = NULL;
+	Kvcached__Tier *tv = NULL;
 	int r;
 
 	if (!p)
@@ -506,9 +546,13 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			   m->hashes.len, HASH, q->d->cfg.max_batch);
 		return;
 	}
-	r = kv_cache_lookup(q->d, q->ss, p, m->hashes.data, n, q->blk, &old_pins);
+	if (m->tiers && n && !(tiers = lookup_tiers(q, p, m, n)))
+		return;
+	r = kv_cache_lookup(q->d, q->ss, p, m->hashes.data, n, q->blk, &old_pins, tiers);
 	if (r == -EINPROGRESS) {
 		q->out = KV_OP_PARK;
+		if (tiers)
+			lookup_tiers_keep(q, p, m, n);
 		return;
 	}
 	if (r < 0) {
@@ -549,12 +593,16 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		/* A held lookup keeps its pins for when it runs again. */
 		if (q->out != KV_OP_HOLD)
 			kv_cache_lookup_done(q->ss, old_pins);
+		else if (tiers)
+			lookup_tiers_keep(q, p, m, n);
 		return;
 	}
 	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
+	if (tiers && k && !(tv = q_alloc(q, k * sizeof(*tv))))
+		return;
 	for (size_t i = 0; i < k; i++) {
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
@@ -562,6 +610,12 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	kv_cache_lookup_done(q->ss, old_pins);
 	kv_cache_count_lookup(q->d, p, n, k);
 	kv_op_reply_blocks(q, k);
+	if (tv && q->rs->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
+		for (size_t i = 0; i < k; i++)
+			tv[i] = (Kvcached__Tier)tiers[i];
+		q->rs->blocks->n_tiers = k;
+		q->rs->blocks->tiers = tv;
+	}
 }
 
 void kv_op_release(struct req *q, const Kvcached__Release *m)

@@ -125,6 +125,9 @@ void kv_session_release(struct kv_session *ss)
 		kv_block_unref(ss->pins[--ss->npins]);
 	free(ss->pins);
 	ss->pins = NULL;
+	free(ss->lk_tier);
+	ss->lk_tier = NULL;
+	ss->lk_tier_n = ss->lk_tier_cap = 0;
 	kv_tiers_owner_gone(d->tiers, &ss->swaps);
 	for (w = 0; w < KV_MAX_POOLS / 64; w++)
 		while (ss->pools[w]) {

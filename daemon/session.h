@@ -54,6 +54,14 @@ struct kv_session {
 	const struct kv_pool *lk_pool;
 	uint32_t lk_n, lk_done, lk_oldest;
 	uint64_t lk_sum;
+	/* The tiers a parked or held lookup found its blocks in so far
+	 * (ops_block.c: lk_tier[0..lk_tier_n) for the lookup of lk_tier_n
+	 * hashes in lk_tier_pool whose XXH3 is lk_tier_sum; lk_tier_n 0:
+	 * none), for its reply's BlockList.tiers. */
+	uint8_t *lk_tier;
+	uint32_t lk_tier_n, lk_tier_cap;
+	const struct kv_pool *lk_tier_pool;
+	uint64_t lk_tier_sum;
 	struct kv_swap_owner swaps;  /* swapped-out sequences (tier.h) */
 	/* The ids of the pools it registered, each holding its pool (pool.h):
 	 * a pool lives at least as long as a session that registered it. */

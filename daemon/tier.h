@@ -144,6 +144,11 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
  * KV_ENTRY_TIER, in the index. */
 void kv_tiers_forget_entry(struct kv_tiers *t, struct kv_index_entry *e);
 
+/* The tier a lookup finds e (kind KV_ENTRY_TIER) in, as the protocol's Tier
+ * numbers it: 1 (G2) for a G2 copy, 3 (G4) for one a G4 fetch put there
+ * (not yet promoted), else 2 (G3). */
+int kv_tiers_entry_tier(const struct kv_index_entry *e);
+
 /* e (kind KV_ENTRY_TIER) was hit by a lookup; w, unless NULL, is the request,
  * to be woken (run again) when there is news. Returns
  *   0        the promotion is under way (started now or earlier) and w is

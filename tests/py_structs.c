@@ -21,6 +21,7 @@ int main(void)
 	F("Options", struct kvc_options, ns);
 	F("Options", struct kvc_options, client_name);
 	F("Options", struct kvc_options, cuda_device);
+	F("Options", struct kvc_options, timeout_ms);
 
 	S("PoolDesc", struct kvc_pool_desc);
 	F("PoolDesc", struct kvc_pool_desc, name);

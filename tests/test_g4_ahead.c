@@ -6,7 +6,8 @@
  * off: it writes nothing back).
  *
  *   long:     node B, holding nothing, finds the whole chain in one Lookup,
- *             every byte right, all N from G4, and it asked ahead;
+ *             every byte right, all N from G4 (the reply says so: tiers),
+ *             and it asked ahead;
  *   killed:   node C holds the chain's first 64 blocks in G2; every master
  *             is stopped (SIGSTOP); a client's Lookup promotes those and
  *             its read-ahead of the next hangs in the read thread; the
@@ -104,6 +105,31 @@ static struct g4c g4c(void)
 static int lookup(const char *ns, int n)
 {
 	return kvt_lookup_chain(ns, "p", BB, n, BASE);
+}
+
+/* lookup() that also checks that every block found came from tier want
+ * (kvc_lookup_tiers(): what vLLM's connector reports as a hit's source). */
+static int lookup_from(const char *ns, int n, uint8_t want)
+{
+	static kvc_block b[N];
+	static kvc_hash h[N];
+	static uint8_t t[N];
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB), k;
+
+	CHECK(n <= N);
+	for (int i = 0; i < n; i++)
+		h[i] = kvt_hash(BASE + (uint64_t)i);
+	k = kvc_lookup_tiers(c, pool, h, (size_t)n, b, t);
+	CHECK(k >= 0);
+	for (int i = 0; i < k; i++) {
+		CHECK(kvt_mem_verify(c, kvc_block_ptr(c, b[i]), BB, BASE + (uint64_t)i));
+		CHECK_EQ(t[i], want);
+	}
+	if (k)
+		CHECK_EQ(kvc_release(c, b, (size_t)k), 0);
+	kvc_close(c);
+	return k;
 }
 
 /* A lookup of the whole chain in namespace arg, which may be cut off:
@@ -329,7 +355,7 @@ int main(void)
 	/* long */
 	node_start(&b, "off", "8MiB");
 	before = g4c();
-	k = lookup("ra", N);
+	k = lookup_from("ra", N, KVC_TIER_G4);
 	after = g4c();
 	fprintf(stderr, "long: found %d of %d; G4 fetches %llu, read-ahead %llu, hits %llu\n", k,
 		N, (unsigned long long)(after.fetches - before.fetches),
@@ -340,7 +366,7 @@ int main(void)
 	CHECK(after.read_aheads > before.read_aheads);
 	CHECK_EQ(after.fetching, 0);
 	CHECK_EQ(kvt_check(), 0);
-	CHECK_EQ(lookup("ra", N), N);   /* local now */
+	CHECK_EQ(lookup_from("ra", N, KVC_TIER_G1), N);   /* local now */
 	CHECK_EQ(g4c().hits, after.hits);
 	kvt_stop(&b);
 

@@ -64,7 +64,7 @@ def main():
 
 # C types by what a ctypes mirror must match: an integer (size, signed), or
 # the thing a pointer points at.
-C_INT = {"int": (4, True), "uint32_t": (4, False), "uint64_t": (8, False),
+C_INT = {"int": (4, True), "uint8_t": (1, False), "uint32_t": (4, False), "uint64_t": (8, False),
          "size_t": (ctypes.sizeof(ctypes.c_size_t), False), "kvc_block": (8, False),
          "enum kvc_hash_algo": (4, True)}
 C_STRUCT = {"kvc_hash": "Hash", "struct kvc_options": "Options",

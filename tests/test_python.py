@@ -7,6 +7,7 @@ which puts build/python first on PYTHONPATH and runs this file: it exits 77
 when the binding was not built (or pytest or numpy is missing), else runs
 pytest on itself."""
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -240,3 +241,154 @@ def test_meson_install_imports(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", __file__]))
+
+
+def _stopped(pid, stopped=True):
+    """Whether /proc says process (or thread) pid is stopped (state T)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return (f.read().rsplit(")", 1)[1].split()[0] == "T") == stopped
+    except OSError:
+        return False
+
+
+def _in_poll(tid):
+    """Whether thread tid of this process is in poll() (x86-64: 7, ppoll
+    271; aarch64: ppoll 73): where a call waits for the daemon."""
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            nr = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return nr in ((7, 271) if os.uname().machine == "x86_64" else (73,))
+
+
+def _held(d):
+    """Blocks held (writable or sealed with references) over every pool."""
+    r = d.kvctl("-o", "json", "pools")
+    assert r.returncode == 0, r.stderr
+    return sum(p["blocks_writable"] + p["blocks_sealed"] for p in json.loads(r.stdout)["pools"])
+
+
+def test_timeout_on_a_stopped_daemon(daemon):
+    """Deadlines (client/kvcache.h): with the daemon stopped (SIGSTOP) each
+    call raises KvError(ETIMEDOUT) past its deadline instead of hanging,
+    connect() too, and a second thread waiting for the first's call on the
+    same connection; after SIGCONT the next call reconnects and works, and
+    nothing is left held."""
+    import errno
+    import signal
+    import threading
+    import time
+    assert kvcache.ETIMEDOUT == -errno.ETIMEDOUT
+    tmo = 300
+    chain = kvcache.hash_chain(list(range(64)), 16)
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        c.release(c.seal(pool, c.alloc(pool, 4), chain))
+    conns = [kvcache.connect(daemon.sock, client_name=f"t{i}", timeout_ms=tmo)
+             for i in range(3)]
+    assert all(x.timeout_ms == tmo for x in conns)
+    ca, cl, cr = conns
+    pools = [pool_of(x) for x in conns]
+    held = cr.alloc(pools[2], 2)
+    ct = kvcache.connect(daemon.sock, "", "threads")     # the default deadline
+    assert ct.timeout_ms is None
+    tpool = pool_of(ct)
+    with pytest.raises(TypeError):
+        ct.set_timeout(1.5)
+
+    daemon.signal(signal.SIGSTOP)
+    try:
+        assert kvt.wait_for(lambda: _stopped(daemon.proc.pid), timeout=60)
+
+        def timed_out(fn, *args):
+            t0 = time.monotonic()
+            with pytest.raises(kvcache.KvError) as e:
+                fn(*args)
+            dt = time.monotonic() - t0
+            assert e.value.code == kvcache.ETIMEDOUT and e.value.name == "ETIMEDOUT", e.value
+            assert tmo / 1000 - 0.01 <= dt < 30, dt   # no sooner than the deadline; returns
+            return e.value
+
+        e = timed_out(kvcache.connect, daemon.sock, None, "late", None, tmo)
+        assert e.call == "connect"
+        assert "deadline" in str(timed_out(ca.alloc, pools[0], 1))
+        timed_out(cl.lookup, pools[1], chain)
+        timed_out(cr.release, held)
+
+        # Two threads on ct: the first's call waits for the daemon (60 s);
+        # the second, with a short deadline set meanwhile, waits for the
+        # first's and gives up at its own deadline.
+        ct.set_timeout(60000)
+        first = {}
+
+        def alloc():
+            first["tid"] = threading.get_native_id()
+            try:
+                first["blocks"] = ct.alloc(tpool, 1)
+            except kvcache.KvError as x:
+                first["error"] = x
+
+        th = threading.Thread(target=alloc)
+        th.start()
+        assert kvt.wait_for(lambda: "tid" in first and _in_poll(first["tid"]), timeout=60)
+        ct.set_timeout(tmo)
+        assert ct.timeout_ms == tmo
+        e = timed_out(ct.lookup, tpool, chain)
+        assert "another thread" in str(e)
+        assert th.is_alive()
+        t0 = time.monotonic()
+        ca.close()                       # never waits for the daemon
+        assert time.monotonic() - t0 < 30
+    finally:
+        daemon.signal(signal.SIGCONT)
+    assert kvt.wait_for(lambda: _stopped(daemon.proc.pid, False), timeout=60)
+    # The first thread's call is answered: the second left the connection alone.
+    th.join(60)
+    assert not th.is_alive() and "error" not in first, first
+    ct.release(first["blocks"])
+    assert ct.restarts == 0
+    # What the dropped connections held is released; each reconnects.
+    assert kvt.wait_for(lambda: _held(daemon) == 0, timeout=60)
+    hit = cl.lookup(pools[1], chain)
+    assert len(hit) == 4 and cl.restarts == 1
+    cl.release(hit)
+    with pytest.raises(kvcache.KvError) as e:
+        cr.release(held)                 # handles from before the drop are stale
+    assert e.value.code == kvcache.ESTALE and cr.restarts == 1
+    for x in (cl, cr, ct):
+        x.close()
+    assert kvt.wait_for(lambda: _held(daemon) == 0, timeout=60)
+
+
+def test_lookup_tiers(daemon):
+    """lookup(tiers=True) says where each block came from: G1, or G2 for one
+    promoted from the host tier for this lookup."""
+    chain = kvcache.hash_chain(list(range(500, 548)), 16)
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+
+        def put(i, j):
+            blocks = c.alloc(pool, j - i)
+            for k, b in enumerate(blocks):
+                c.view(pool, b)[...] = i + k + 0.5
+            c.release(c.seal(pool, blocks, chain[i:j]))
+
+        put(2, 3)
+        r = daemon.kvctl("evict", "--all", "--tier", "g1")
+        assert r.returncode == 0, r.stderr
+        daemon.wait_tiers_idle()
+        put(0, 2)
+        blocks, tiers = c.lookup(pool, chain, tiers=True)
+        assert tiers == [kvcache.TIER_G1, kvcache.TIER_G1, kvcache.TIER_G2], tiers
+        for k, b in enumerate(blocks):
+            assert np.all(c.view(pool, b) == k + 0.5)
+        c.release(blocks)
+        blocks, tiers = c.lookup(pool, chain, tiers=True)
+        assert tiers == [kvcache.TIER_G1] * 3
+        c.release(blocks)
+        assert c.lookup(pool, [], tiers=True) == ([], [])
+        blocks = c.lookup(pool, chain)
+        assert len(blocks) == 3
+        c.release(blocks)

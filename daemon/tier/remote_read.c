@@ -263,6 +263,7 @@ static void fetch_done(struct kv_job *j)
 		       f->vals[i].len - sizeof(struct slot_hdr));
 index_it:
 		tb->g4_ok = 1;
+		tb->from_g4 = 1;
 		tb_index(t, tb);
 		t->lv[L2].st.blocks++;
 		g2_dirty_add(t, tb, 1);

@@ -359,6 +359,14 @@ void kv_tiers_forget(struct kv_tiers *t, struct kv_pool *p, const uint8_t *hash)
 		kv_tiers_forget_entry(t, e);
 }
 
+int kv_tiers_entry_tier(const struct kv_index_entry *e)
+{
+	const struct tblock *tb = kv_container_of(e, const struct tblock, ix);
+
+	kv_assert(e->kind == KV_ENTRY_TIER);
+	return !tb->run[L2] ? 2 : tb->from_g4 ? 3 : 1;
+}
+
 void kv_tiers_forget_entry(struct kv_tiers *t, struct kv_index_entry *e)
 {
 	kv_assert(e->kind == KV_ENTRY_TIER);

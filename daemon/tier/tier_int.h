@@ -155,6 +155,7 @@ struct tblock {
 	struct kv_job job;         /* the checksum of a write-back or a read (worker.h) */
 	uint32_t job_crc;
 	uint8_t g4_ok;             /* in G4 (written, or fetched from there) */
+	uint8_t from_g4;           /* its G2 copy was fetched from G4 (a Lookup's tiers) */
 	uint8_t g4_want;           /* its write-back copies it for G4 (g4_buf) */
 	uint8_t *g4_buf;           /* header and payload for G4, made by that job */
 	const uint8_t *g4_key;     /* its namespace's HMAC key (g4mac.h); NULL: none */

@@ -14,7 +14,7 @@ class Hash(ctypes.Structure):
 
 class Options(ctypes.Structure):
     _fields_ = [("ns", ctypes.c_char_p), ("client_name", ctypes.c_char_p),
-                ("cuda_device", ctypes.c_int)]
+                ("cuda_device", ctypes.c_int), ("timeout_ms", ctypes.c_int)]
 
 
 class PoolDesc(ctypes.Structure):
@@ -83,6 +83,7 @@ for name, res, args in [
     ("kvc_default_socket", _c.c_int, [_c.c_char_p, _c.c_size_t]),
     ("kvc_connect", _c.c_int, [_c.c_char_p, _P(Options), _P(_conn)]),
     ("kvc_close", None, [_conn]),
+    ("kvc_set_timeout", _c.c_int, [_conn, _c.c_int]),
     ("kvc_restarts", _c.c_uint64, [_conn]),
     ("kvc_register_pool", _c.c_int, [_conn, _P(PoolDesc)]),
     ("kvc_register_pool_model", _c.c_int, [_conn, _P(PoolDesc), _c.c_char_p]),
@@ -93,6 +94,8 @@ for name, res, args in [
     ("kvc_seal_events", _c.c_int, [_conn, _c.c_int, _u64p, _P(Hash), _c.c_size_t,
                                    _P(SealInfo), _u64p]),
     ("kvc_lookup", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p]),
+    ("kvc_lookup_tiers", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p,
+                                    _P(_c.c_uint8)]),
     ("kvc_release", _c.c_int, [_conn, _u64p, _c.c_size_t]),
     ("kvc_fork", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),
     ("kvc_cow", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),
