@@ -212,6 +212,11 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id);
 uint64_t kv_tiers_flush(struct kv_tiers *t);
 /* True when no write-back is dirty or in flight (flush finished). */
 int kv_tiers_clean(const struct kv_tiers *t);
+/* Flush's barrier: kv_tiers_clean(), no demotion in flight (its blocks
+ * would land in G2 dirty) and every G3 write recorded in the journal's file
+ * (the page cache: it survives kill -9 of the daemon). After
+ * kv_tiers_flush() the tiers write back what lands in G2 until this holds. */
+int kv_tiers_durable(const struct kv_tiers *t);
 /* Disk reads or writes of G3 in flight (not counting the index journal's
  * appends, which the worker thread writes). */
 int kv_tiers_disk_busy(const struct kv_tiers *t);

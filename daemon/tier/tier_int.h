@@ -275,6 +275,7 @@ struct kv_tiers {
 	 * watermarks do nothing, new ones fail with -ESHUTDOWN); what is in
 	 * flight finishes. */
 	uint8_t stopping;
+	uint8_t flushing;          /* a Flush waits for kv_tiers_durable() (admin.c) */
 	struct kv_g4 *g4;          /* remote.c, remote_int.h; NULL: no G4 */
 	/* Called by tb_drop_g2() for a copy G3 does not hold, before it goes:
 	 * remote.c's, set when G4 is on (a pointer, so that slots.c stays
@@ -395,6 +396,10 @@ void tb_drop_g2(struct kv_tiers *t, struct tblock *tb);
 void tb_drop_g3(struct kv_tiers *t, struct tblock *tb);
 /* Counts tb's G2 copy as dirty (d = 1) or no longer dirty (d = -1). */
 void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d);
+
+/* admin.c: after a Flush, writes back what has landed in G2 dirty since,
+ * until kv_tiers_durable() (each kick). */
+void tier_flush_step(struct kv_tiers *t);
 
 /* demote.c */
 /* Starts copying the oldest cached blocks of dev (of only, when set) into G2
