@@ -167,6 +167,12 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 		st[KV_TIER_G2] = t->lv[L2].st;
 	if (t->lv[L3].on)
 		st[KV_TIER_G3] = t->lv[L3].st;
+	st[KV_TIER_G2].backoffs = t->bo[BO_COPY].total;
+	st[KV_TIER_G2].backing_off = (uint64_t)tier_io_held(t, BO_COPY);
+	if (t->lv[L3].on) {
+		st[KV_TIER_G3].backoffs = t->bo[BO_DISK].total;
+		st[KV_TIER_G3].backing_off = (uint64_t)tier_io_held(t, BO_DISK);
+	}
 	if (t->lv[L3].on) {
 		st[KV_TIER_G3].io_errors += t->jr.errors;
 		st[KV_TIER_G3].queued = t->disk.nqueued;

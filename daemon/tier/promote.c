@@ -45,6 +45,8 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	int r;
 
 	kv_assert(tb->run[L2] && !tb->dead && !(tb->busy & (BUSY_DOWN | BUSY_UP)));
+	if (tier_io_held(t, BO_COPY))
+		return -EIO;   /* the copies fail: a miss until the backoff ends */
 	/* A compressed copy whose scales the quantizer never writes (NaN, inf,
 	 * zero, negative: a copy from disk or G4 that someone wrote with a
 	 * checksum of its own) is not dequantized into G1: every copy of it
@@ -124,12 +126,13 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 	kv_hist_since(&t->hist[KV_TH_PROMOTE_G2], op->start_ns);
 	if (res < 0 || !b) {
 		t->lv[L2].st.io_errors++;
-		kv_warn("host tier: promotion copy failed: %s", strerror(res < 0 ? -res : EIO));
+		tier_io_failed(t, BO_COPY, "a promotion copy: %s", strerror(res < 0 ? -res : EIO));
 		if (b)
 			kv_block_unref(b);
 		promote_failed(t, tb, BUSY_UP);
 		return;
 	}
+	tier_io_ok(t, BO_COPY);
 	if (tb->dead) {
 		/* The hash was sealed in G1 meanwhile: that block wins. */
 		kv_block_unref(b);
@@ -178,6 +181,8 @@ static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 		  !(tb->busy & (BUSY_DOWN | BUSY_WB | BUSY_READ | BUSY_UP)));
 	if (t->stopping)
 		return -ESHUTDOWN;
+	if (tier_io_held(t, BO_DISK))
+		return -EIO;   /* the disk fails: a miss until the backoff ends */
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
 		return -ENOSPC;
 	tb_busy_set(tb, BUSY_READ);
@@ -223,12 +228,16 @@ static void promote_read_end(struct kv_tiers *t, struct tblock *tb, const char *
 	L->st.inflight--;
 	kv_hist_since(&t->hist[KV_TH_PROMOTE_G3], tb->dop_ns);
 	if (bad) {
-		if (io)
+		if (io) {
 			L->st.io_errors++;
-		else
+			tier_io_failed(t, BO_DISK, "a read of the slot at %llu of pool '%s': %s; "
+				       "treated as a miss", (unsigned long long)tb->dop.off,
+				       tb->pool->name, bad);
+		} else {
 			L->st.checksum_failures++;
-		kv_warn("disk tier: slot at %llu of pool '%s': %s; treated as a miss",
-			(unsigned long long)tb->dop.off, tb->pool->name, bad);
+			kv_warn("disk tier: slot at %llu of pool '%s': %s; treated as a miss",
+				(unsigned long long)tb->dop.off, tb->pool->name, bad);
+		}
 		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 		tb->run[L2] = NULL;
 		/* The copy on disk is not to be trusted again. */
@@ -288,6 +297,8 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 	const char *bad;
 
 	kv_assert(tb->busy & BUSY_READ);
+	if (res == (int)dop->len)
+		tier_io_ok(t, BO_DISK);
 	if (res != (int)dop->len)
 		promote_read_end(t, tb, res < 0 ? strerror(-res) : "short read", 1);
 	else if ((bad = slot_mismatch(t, tb, dop->buf)))
