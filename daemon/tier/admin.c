@@ -111,7 +111,8 @@ void tier_flush_step(struct kv_tiers *t)
 {
 	if (!t->flushing)
 		return;
-	flush_dirty(t);
+	if (!tier_io_held(t, BO_DISK))
+		flush_dirty(t);
 	if (kv_tiers_durable(t))
 		t->flushing = 0;
 }

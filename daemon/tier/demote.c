@@ -39,8 +39,9 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 {
 	uint64_t started = 0;
 
-	/* The copies fail: nothing moves until the backoff ends. */
-	if (tier_io_held(t, BO_COPY))
+	/* The copies fail: nothing moves until the backoff ends; an operator's
+	 * Evict (only set) tries anyway, as it would drop the blocks else. */
+	if (!only && tier_io_held(t, BO_COPY))
 		return 0;
 	while (started < want) {
 		struct kv_copy c[BATCH];

@@ -45,8 +45,6 @@ int tier_writeback_start(struct kv_tiers *t, struct tblock *tb)
 	kv_assert(!tb->busy && !tb->dead && !tb->run[L3] && !tb->g3_ok);
 	if (t->stopping)
 		return -ESHUTDOWN;
-	if (tier_io_held(t, BO_DISK))
-		return -EAGAIN;   /* the disk fails: the copy stays dirty in G2 for now */
 	if (slot_alloc(t, L3, tb->pool, tb, &tb->run[L3], &tb->slot[L3]) < 0)
 		return -ENOSPC;
 	slot_hdr_fill(t, tb, &h, 0);
