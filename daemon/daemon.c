@@ -123,7 +123,9 @@ int kv_daemon_stop_flush(struct kv_daemon *d)
 		d->flushing = 1;
 		return 0;   /* on_disk() comes back here */
 	}
-	if (kv_tiers_flush(d->tiers)) {
+	/* A disk that fails backs off: retrying its writes at once, from each
+	 * completion, would spin until the drain deadline. */
+	if (!kv_tiers_disk_failing(d->tiers) && kv_tiers_flush(d->tiers)) {
 		d->flushing = 1;
 		return 0;
 	}

@@ -221,6 +221,8 @@ int kv_tiers_clean(const struct kv_tiers *t);
  * arms a timer that calls kv_tiers_kick() then (and again while
  * kv_tiers_retry_ms() says so), so that the tier comes back by itself. */
 uint64_t kv_tiers_retry_ms(const struct kv_tiers *t);
+/* Whether G3's disk I/O backs off after failures now. */
+int kv_tiers_disk_failing(const struct kv_tiers *t);
 void kv_tiers_on_retry(struct kv_tiers *t, void (*fn)(void *ctx, uint64_t ms), void *ctx);
 /* Flush's barrier: kv_tiers_clean(), no demotion in flight (its blocks
  * would land in G2 dirty) and every G3 write recorded in the journal's file

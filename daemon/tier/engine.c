@@ -142,3 +142,8 @@ void kv_tiers_on_retry(struct kv_tiers *t, void (*fn)(void *ctx, uint64_t ms), v
 	t->retry = fn;
 	t->retry_ctx = ctx;
 }
+
+int kv_tiers_disk_failing(const struct kv_tiers *t)
+{
+	return t->lv[L3].on && tier_io_held(t, BO_DISK);
+}
