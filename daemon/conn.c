@@ -38,8 +38,9 @@
 /* A frame may decode to at most DECODE_FACTOR times its size plus
  * DECODE_SLACK bytes (kv_pb_decode_cost(), checked before unpacking: protobuf-c
  * builds every sub-message before anything can look at a count). An honest
- * request stays under 4x (docs/security.md); a frame of millions of empty
- * sub-messages would decode to ~45x in ~0.3 s of the loop. */
+ * request estimates at 1-5x (a Seal with one short extra key per block and no
+ * token ids: 4.6x; docs/operations.md section 13); a frame of millions of
+ * empty sub-messages would decode to ~45x in ~0.3 s of the loop. */
 #define DECODE_FACTOR 16
 #define DECODE_SLACK (1u << 20)
 
