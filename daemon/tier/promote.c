@@ -45,8 +45,6 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	int r;
 
 	kv_assert(tb->run[L2] && !tb->dead && !(tb->busy & (BUSY_DOWN | BUSY_UP)));
-	if (tier_io_held(t, BO_COPY))
-		return -EIO;   /* the copies fail: a miss until the backoff ends */
 	/* A compressed copy whose scales the quantizer never writes (NaN, inf,
 	 * zero, negative: a copy from disk or G4 that someone wrote with a
 	 * checksum of its own) is not dequantized into G1: every copy of it
@@ -181,8 +179,6 @@ static int promote_read_start(struct kv_tiers *t, struct tblock *tb)
 		  !(tb->busy & (BUSY_DOWN | BUSY_WB | BUSY_READ | BUSY_UP)));
 	if (t->stopping)
 		return -ESHUTDOWN;
-	if (tier_io_held(t, BO_DISK))
-		return -EIO;   /* the disk fails: a miss until the backoff ends */
 	if (slot_alloc(t, L2, tb->pool, tb, &tb->run[L2], &tb->slot[L2]) < 0)
 		return -ENOSPC;
 	tb_busy_set(tb, BUSY_READ);

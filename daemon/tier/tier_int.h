@@ -252,10 +252,12 @@ struct kv_swap {
 /* A tier I/O path that fails backs off (engine.c): copies between G1 and G2
  * (BO_COPY) and G3's disk I/O (BO_DISK). After a failure no new I/O of that
  * path starts for BO_BASE_MS, doubled per failed round up to BO_MAX_MS
- * (failures of I/O started before the round began do not count again);
- * what it would have moved stays where it is (G1, G2 dirty), lookups that
- * need the path miss. One warning per BO_LOG_MS with the count since; the
- * first success ends it. The daemon kicks the tiers when the wait ends
+ * (failures of I/O started before the round began do not count again):
+ * the watermarks (demotion, write-back) start none, what they would have
+ * moved stays where it is (G1, G2 dirty). A lookup's promotion still tries
+ * (one I/O per lookup, which a failing read then drops or misses: no spin),
+ * and so do an operator's Evict and Flush. One warning per BO_LOG_MS with the
+ * count since (promotions' failures included); the first success ends it. The daemon kicks the tiers when the wait ends
  * (kv_tiers_retry_ms()). */
 enum { BO_COPY, BO_DISK, BO_N };
 #define BO_BASE_MS 10
