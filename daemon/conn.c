@@ -35,6 +35,14 @@
 
 /* struct kv_conn's magic while it is allocated (conn_of() checks it). */
 #define CONN_MAGIC 0x6b76636eu
+/* A frame may decode to at most DECODE_FACTOR times its size plus
+ * DECODE_SLACK bytes (kv_pb_decode_cost(), checked before unpacking: protobuf-c
+ * builds every sub-message before anything can look at a count). An honest
+ * request estimates at 1-5x (a Seal with one short extra key per block and no
+ * token ids: 4.6x; docs/operations.md section 13); a frame of millions of
+ * empty sub-messages would decode to ~45x in ~0.3 s of the loop. */
+#define DECODE_FACTOR 16
+#define DECODE_SLACK (1u << 20)
 
 /* The states and their flags are drawn in conn.h. */
 struct kv_conn {
@@ -522,6 +530,20 @@ static int conn_frames(struct kv_conn *c)
 		if (c->in_len - off < KV_FRAME_HDR + len)
 			break;
 		t0 = kv_hist_now_ns();
+		{
+			long long max = (long long)len * DECODE_FACTOR + DECODE_SLACK;
+			long long cost = kv_pb_decode_cost(&kvcached__request__descriptor,
+							   c->in + off + KV_FRAME_HDR, len,
+							   (unsigned long long)max);
+
+			if (cost > max) {
+				snprintf(why, sizeof(why),
+					 "frame of %u bytes would decode to more than %lld bytes "
+					 "(%d x its size + 1 MiB)", len, max, DECODE_FACTOR);
+				conn_proto_error(c, 0, why);
+				return -1;
+			}
+		}
 		rq = kvcached__request__unpack(kv_arena_pb(&d->arena), len, c->in + off + KV_FRAME_HDR);
 		if (!rq) {
 			kv_arena_reset(&d->arena);

@@ -88,6 +88,30 @@ static void on_disk(struct kv_loop_watch *w, int res, int more)
 		kv_loop_poll(&d->loop, &d->diskw, kv_tiers_disk_fd(d->tiers), POLLIN, 1);
 }
 
+/* A failing tier's backoff has ended: the watermarks run again (and the
+ * timer again while a path still backs off). */
+static void on_tier_retry(struct kv_loop_watch *w, int res, int more)
+{
+	struct kv_daemon *d = kv_container_of(w, struct kv_daemon, retryw);
+	uint64_t ms;
+
+	(void)res;
+	(void)more;
+	if (d->loop.stop)
+		return;
+	kv_tiers_kick(d->tiers);
+	if (!d->retryw.armed && (ms = kv_tiers_retry_ms(d->tiers)))
+		kv_loop_timeout(&d->loop, &d->retryw, ms * 1000000ull);
+}
+
+static void tier_retry_arm(void *ctx, uint64_t ms)
+{
+	struct kv_daemon *d = ctx;
+
+	if (!d->retryw.armed && !d->loop.stop)
+		kv_loop_timeout(&d->loop, &d->retryw, ms * 1000000ull);
+}
+
 int kv_daemon_stop_flush(struct kv_daemon *d)
 {
 	struct kv_tier_stats st[KV_NTIERS];
@@ -99,7 +123,9 @@ int kv_daemon_stop_flush(struct kv_daemon *d)
 		d->flushing = 1;
 		return 0;   /* on_disk() comes back here */
 	}
-	if (kv_tiers_flush(d->tiers)) {
+	/* A disk that fails backs off: retrying its writes at once, from each
+	 * completion, would spin until the drain deadline. */
+	if (!kv_tiers_disk_failing(d->tiers) && kv_tiers_flush(d->tiers)) {
 		d->flushing = 1;
 		return 0;
 	}
@@ -155,6 +181,7 @@ int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 	d->sigfd = -1;
 	d->copyw.cb = on_copies;
 	d->diskw.cb = on_disk;
+	d->retryw.cb = on_tier_retry;
 	kv_list_init(&d->sessions);
 	kv_arena_init(&d->arena);
 	d->start_mono_ms = kv_mono_ms();
@@ -193,6 +220,7 @@ int kv_daemon_init(struct kv_daemon *d, const struct kv_config *cfg)
 		return r;
 	}
 	kv_pools_set_events(d->pools, d->events);
+	kv_tiers_on_retry(d->tiers, tier_retry_arm, d);
 	d->loop.idle = events_idle;
 	d->loop.idle_ctx = d->events;
 	return 0;

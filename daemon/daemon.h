@@ -66,6 +66,7 @@ struct kv_daemon {
 	struct kv_pools *pools;
 	struct kv_tiers *tiers;
 	struct kv_loop_watch copyw, diskw;  /* tier completions */
+	struct kv_loop_watch retryw;        /* a failing tier's backoff ends (kv_tiers_retry_ms) */
 	struct kv_events *events;  /* KV events (events.h); NULL when off */
 	struct kv_list sessions;   /* open sessions (struct kv_session) */
 	uint32_t nsessions;

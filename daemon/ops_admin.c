@@ -450,7 +450,7 @@ void kv_op_flush(struct req *q)
 		return;
 	kvcached__flush_reply__init(r);
 	r->started = kv_tiers_flush(q->d->tiers);
-	r->clean = kv_tiers_clean(q->d->tiers);
+	r->clean = kv_tiers_durable(q->d->tiers);
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_FLUSH;
 	q->rs->flush = r;
 }

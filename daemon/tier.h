@@ -72,6 +72,9 @@ struct kv_tier_stats {
 	/* G2, G3: the slots of compressed pools' copies (pool.h qfmt): their
 	 * payload bytes, and what the blocks uncompressed would take more. */
 	uint64_t comp_bytes, comp_saved;
+	/* G2: its copies, G3: its disk I/O failing: rounds backed off, and
+	 * whether it backs off now (tier_int.h, BO_*). */
+	uint64_t backoffs, backing_off;
 };
 
 /* The tiers' latency histograms (hist.h), from the start of each copy or
@@ -217,6 +220,20 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id);
 uint64_t kv_tiers_flush(struct kv_tiers *t);
 /* True when no write-back is dirty or in flight (flush finished). */
 int kv_tiers_clean(const struct kv_tiers *t);
+/* A failing tier backs off (tier_int.h, BO_*): the milliseconds until the
+ * first path that backs off may try again (0: none does). fn, when set, is
+ * called with that wait whenever a new backoff round begins: the daemon
+ * arms a timer that calls kv_tiers_kick() then (and again while
+ * kv_tiers_retry_ms() says so), so that the tier comes back by itself. */
+uint64_t kv_tiers_retry_ms(const struct kv_tiers *t);
+/* Whether G3's disk I/O backs off after failures now. */
+int kv_tiers_disk_failing(const struct kv_tiers *t);
+void kv_tiers_on_retry(struct kv_tiers *t, void (*fn)(void *ctx, uint64_t ms), void *ctx);
+/* Flush's barrier: kv_tiers_clean(), no demotion in flight (its blocks
+ * would land in G2 dirty) and every G3 write recorded in the journal's file
+ * (the page cache: it survives kill -9 of the daemon). After
+ * kv_tiers_flush() the tiers write back what lands in G2 until this holds. */
+int kv_tiers_durable(const struct kv_tiers *t);
 /* Disk reads or writes of G3 in flight (not counting the index journal's
  * appends, which the worker thread writes). */
 int kv_tiers_disk_busy(const struct kv_tiers *t);

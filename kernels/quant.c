@@ -149,3 +149,24 @@ int kv_dequant_block(enum kv_dtype t, const void *src, size_t src_len, size_t n,
 {
 	return kv_qfmt_dequant(KV_QFMT_E4M3, t, src, src_len, n, group, dst);
 }
+
+int kv_quant_scales_ok(const void *src, size_t src_len, size_t n, size_t group)
+{
+	const uint8_t *s = src;
+	size_t ng, g;
+
+	if (!n || src_len < kv_quant_bytes(n, group))
+		return 0;
+	if (!group || group > n)
+		group = n;
+	ng = (n + group - 1) / group;
+	for (g = 0; g < ng; g++) {
+		uint32_t b, e;
+
+		memcpy(&b, s + 4 * g, 4);
+		e = b >> 23 & 0xff;
+		if (b >> 31 || e == 0 || e == 0xff)
+			return 0;
+	}
+	return 1;
+}

@@ -80,6 +80,16 @@ int kv_qfmt_quant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, si
 int kv_qfmt_dequant(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t src_len, size_t n,
 		    size_t group, void *dst);
 
+/* Whether every scale of the quantized form of n elements in groups of
+ * group at src (src_len >= kv_quant_bytes(n, group) bytes) is one the
+ * quantizer writes: a positive normal float (1.0, or amax / max with amax
+ * at least KV_QUANT_TINY, fp8.h). NaN, infinity, zero, a subnormal or a
+ * negative scale is not: a copy that carries one did not come from
+ * kv_qfmt_quant() and is not to be dequantized (a G3 or G4 copy with a
+ * recomputed checksum). Returns 1, or 0 (also for bad arguments). O(n /
+ * group). */
+int kv_quant_scales_ok(const void *src, size_t src_len, size_t n, size_t group);
+
 /* The reference versions of the two above: the same arguments, results and
  * bytes, element by element (slower). */
 int kv_qfmt_quant_ref(enum kv_qfmt f, enum kv_dtype t, const void *src, size_t n, size_t group,

@@ -18,4 +18,18 @@
 int kv_pb_strings_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len,
 		     char *why, size_t whylen);
 
+/* What protobuf-c would allocate to unpack the message of type desc in
+ * buf[0..len), from its wire bytes alone, before anything is built: each
+ * message's struct, the arrays of its repeated fields, its strings and bytes,
+ * and the scratch protobuf-c keeps per field it meets, each allocation
+ * rounded as the daemon's arena rounds it. An upper estimate (a frame of
+ * millions of empty sub-messages costs ~50 times its size; the daemon refuses
+ * a frame whose estimate passes its bound before unpacking it: conn.c,
+ * docs/security.md). O(len) time, no allocation, recursion bounded as
+ * kv_pb_strings_ok()'s. Stops as soon as the estimate passes limit: returns
+ * the bytes (more than limit when it stopped there), or -1 when buf does not
+ * parse as far as this looks (unpacking it would fail too). */
+long long kv_pb_decode_cost(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
+			    size_t len, unsigned long long limit);
+
 #endif

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "fp8.h"
 #include "harness.h"
 #include "quant.h"
@@ -233,6 +234,67 @@ static void rm_disk(void)
 	unlink(idx);
 }
 
+/* A compressed G3 slot whose scale is one the quantizer never writes (NaN,
+ * infinity, zero, negative), its checksums recomputed as any writer other
+ * than the daemon could: a miss and a checksum failure, never served (main
+ * before issue 36 dequantized a block of NaN). The head of each chain is
+ * spoilt, so the whole chain misses. */
+static void bad_scales(kvc_conn *cz, kvc_conn *a)
+{
+	static const uint32_t bad[] = { 0x7fc00000u, 0x7f800000u, 0, 0xbf800000u, 1 };
+	const size_t nb = sizeof(bad) / sizeof(bad[0]);
+
+	for (size_t i = 0; i < nb; i++)
+		put_chain(cz, 0, 900 + 10 * (uint64_t)i);
+	all_to_g3(a);
+	for (size_t i = 0; i < nb; i++) {
+		kvc_hash h = kvt_hash(900 + 10 * (uint64_t)i);
+		uint8_t hdr[80], *pl;
+		uint64_t plen;
+		uint32_t flags, crc;
+		off_t off = kvt_find_slot(disk, &h, &flags);
+		int fd = open(disk, O_RDWR);
+
+		CHECK(off >= 0 && fd >= 0);
+		CHECK_EQ(flags, KV_QFMT_E4M3);
+		CHECK(pread(fd, hdr, sizeof(hdr), off) == (ssize_t)sizeof(hdr));
+		memcpy(&plen, hdr + 64, 8);              /* struct slot_hdr's payload_len */
+		CHECK(plen == kv_quant_bytes(NEL, KV_QUANT_GROUP));
+		pl = malloc(plen);
+		CHECK(pl != NULL);
+		CHECK(pread(fd, pl, plen, off + 4096) == (ssize_t)plen);
+		memcpy(pl + 4 * 5, &bad[i], 4);          /* group 5's scale */
+		crc = kv_crc32c(0, pl, plen);
+		memcpy(hdr + 72, &crc, 4);               /* payload_crc */
+		memset(hdr + 12, 0, 4);                  /* hdr_crc over the header with it 0 */
+		crc = kv_crc32c(0, hdr, sizeof(hdr));
+		memcpy(hdr + 12, &crc, 4);
+		CHECK(pwrite(fd, pl, plen, off + 4096) == (ssize_t)plen);
+		CHECK(pwrite(fd, hdr, sizeof(hdr), off) == (ssize_t)sizeof(hdr));
+		close(fd);
+		free(pl);
+	}
+	for (size_t i = 0; i < nb; i++) {
+		struct kvt_tier t2, t3;
+		uint64_t before;
+
+		kvt_tier(1, &t2);
+		kvt_tier(2, &t3);
+		before = t2.checksum_failures + t3.checksum_failures;
+		CHECK_EQ(get_chain(cz, 0, 900 + 10 * (uint64_t)i, 1), 0);
+		kvt_tiers_settle();
+		kvt_tier(1, &t2);
+		kvt_tier(2, &t3);
+		CHECK_EQ(t2.checksum_failures + t3.checksum_failures, before + 1);
+		/* Gone: a second lookup misses without another failure. */
+		CHECK_EQ(get_chain(cz, 0, 900 + 10 * (uint64_t)i, 1), 0);
+		kvt_tier(1, &t2);
+		kvt_tier(2, &t3);
+		CHECK_EQ(t2.checksum_failures + t3.checksum_failures, before + 1);
+	}
+	CHECK_EQ(kvt_check(), 0);
+}
+
 /* The round trips, the stats, the restart, a corrupt slot. */
 static void test_round_trips(void)
 {
@@ -339,6 +401,7 @@ static void test_round_trips(void)
 		CHECK_EQ(t3.checksum_failures, before + 1);
 	}
 	kvt_tiers_settle();
+	bad_scales(cz, a);
 	CHECK_EQ(kvt_check(), 0);
 	kvc_close(cz);
 	kvc_close(raw);

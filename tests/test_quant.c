@@ -501,8 +501,36 @@ static void block_e5m2(void)
 	CHECK_EQ(kv_qfmt_quant(KV_QFMT_E5M2, KV_DTYPE_NONE, src, 4, 0, q, sizeof(q)), -EINVAL);
 }
 
+/* Scales the quantizer writes pass kv_quant_scales_ok(); NaN, infinity,
+ * zero, subnormal and negative ones, which it never writes, do not (issue 36:
+ * such a tier copy is a miss). Extremes of both types and formats included. */
+static void scales_checked(void)
+{
+	static const float in[] = { 0.0f, 1e-38f, 1e-30f, 1.0f, 65504.0f, 3e38f };
+	static const uint32_t bad[] = { 0x7fc00000u, 0xffc00000u, 0x7f800000u, 0xff800000u,
+					0, 0x80000000u, 1, 0x007fffffu, 0xbf800000u };
+	uint16_t src[256];
+	uint8_t q[8 + 256];
+
+	for (int t = KV_DTYPE_F16; t <= KV_DTYPE_BF16; t++)
+		for (int f = KV_QFMT_E4M3; f <= KV_QFMT_E5M2; f++)
+			for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+				for (int k = 0; k < 256; k++)
+					src[k] = enc((enum kv_dtype)t, k % 3 ? in[i] : -in[i]);
+				CHECK_EQ(kv_qfmt_quant((enum kv_qfmt)f, (enum kv_dtype)t, src, 256, 128,
+						       q, sizeof(q)), 0);
+				CHECK(kv_quant_scales_ok(q, sizeof(q), 256, 128));
+			}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memcpy(q + 4, &bad[i], 4);   /* the second group's scale */
+		CHECK(!kv_quant_scales_ok(q, sizeof(q), 256, 128));
+	}
+	CHECK(!kv_quant_scales_ok(q, 8 + 255, 256, 128));   /* too short */
+}
+
 int main(void)
 {
+	scales_checked();
 	block_e5m2();
 	known_answers();
 	decoders();

@@ -104,25 +104,21 @@ int cmd_flush(kvc_conn *c, const struct args *a)
 	started = resp->flush->started;
 	clean = resp->flush->clean;
 	kvcached__response__free_unpacked(resp, NULL);
-	/* Wait until every write-back is done (the stats say so). */
+	/* Wait until the daemon says everything demoted or written before is
+	 * durable: Flush again (it is the barrier, and it writes back what
+	 * demotions in flight have landed since; the stats alone would say
+	 * clean before those land). */
 	while (!clean && waited_ms < 60000) {
 		struct timespec ts = { 0, 10 * 1000 * 1000 };
-		Kvcached__Response *st;
-		size_t i;
 
 		nanosleep(&ts, NULL);
 		waited_ms += 10;
-		if (!(st = get_stats(c)))
+		resp = call(c, &req, KVCACHED__RESPONSE__RESULT_FLUSH, "flush");
+		if (!resp)
 			return 1;
-		clean = 1;
-		for (i = 0; i < st->stats->n_tiers; i++)
-			if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G2 &&
-			    st->stats->tiers[i]->dirty)
-				clean = 0;
-			else if (st->stats->tiers[i]->tier == KVCACHED__TIER__TIER_G3 &&
-				 st->stats->tiers[i]->inflight)
-				clean = 0;
-		kvcached__response__free_unpacked(st, NULL);
+		started += resp->flush->started;
+		clean = resp->flush->clean;
+		kvcached__response__free_unpacked(resp, NULL);
 	}
 	if (a->fmt == FMT_JSON) {
 		struct json j = { 0 };

@@ -63,6 +63,23 @@ uint64_t kv_tiers_evict(struct kv_tiers *t, int tier, int pool_id)
 	return done;
 }
 
+/* Starts writing back every idle dirty G2 copy; returns how many. */
+static uint64_t flush_dirty(struct kv_tiers *t)
+{
+	uint64_t n = 0;
+	uint32_t i;
+
+	for (i = 0; i < kv_pools_end(t->ps); i++) {
+		struct tpool *tp = t->lv[L2].tp[i];
+		struct kv_list *node;
+
+		while (tp && (node = kv_list_back(&tp->lru)) &&
+		       tier_writeback_start(t, kv_container_of(node, struct tblock, lru[L2])) == 0)
+			n++;
+	}
+	return n;
+}
+
 uint64_t kv_tiers_flush(struct kv_tiers *t)
 {
 	uint64_t n = 0;
@@ -82,21 +99,41 @@ uint64_t kv_tiers_flush(struct kv_tiers *t)
 		}
 		return n;
 	}
-	for (i = 0; i < kv_pools_end(t->ps); i++) {
-		struct tpool *tp = t->lv[L2].tp[i];
-		struct kv_list *node;
-
-		while (tp && (node = kv_list_back(&tp->lru)) &&
-		       tier_writeback_start(t, kv_container_of(node, struct tblock, lru[L2])) == 0)
-			n++;
-	}
+	/* A barrier: what demotions in flight bring into G2 is written back
+	 * too, as it lands (tier_flush_step()), until kv_tiers_durable(). */
+	t->flushing = 1;
+	n = flush_dirty(t);
 	kv_disk_flush(&t->disk);
 	return n;
+}
+
+void tier_flush_step(struct kv_tiers *t)
+{
+	if (!t->flushing)
+		return;
+	if (!tier_io_held(t, BO_DISK))
+		flush_dirty(t);
+	if (kv_tiers_durable(t))
+		t->flushing = 0;
 }
 
 int kv_tiers_clean(const struct kv_tiers *t)
 {
 	return !t->lv[L3].on || (!t->lv[L2].st.dirty && !t->wb_bytes);
+}
+
+int kv_tiers_durable(const struct kv_tiers *t)
+{
+	uint32_t d;
+
+	if (!kv_tiers_clean(t))
+		return 0;
+	if (!t->lv[L3].on)
+		return 1;
+	for (d = 0; d < t->be->devices; d++)
+		if (t->down_bytes[d])
+			return 0;   /* demotions land in G2 dirty */
+	return !kv_journal_pending(&t->jr);
 }
 
 int kv_tiers_disk_busy(const struct kv_tiers *t)
@@ -131,6 +168,12 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 		st[KV_TIER_G2] = t->lv[L2].st;
 	if (t->lv[L3].on)
 		st[KV_TIER_G3] = t->lv[L3].st;
+	st[KV_TIER_G2].backoffs = t->bo[BO_COPY].total;
+	st[KV_TIER_G2].backing_off = (uint64_t)tier_io_held(t, BO_COPY);
+	if (t->lv[L3].on) {
+		st[KV_TIER_G3].backoffs = t->bo[BO_DISK].total;
+		st[KV_TIER_G3].backing_off = (uint64_t)tier_io_held(t, BO_DISK);
+	}
 	if (t->lv[L3].on) {
 		st[KV_TIER_G3].io_errors += t->jr.errors;
 		st[KV_TIER_G3].queued = t->disk.nqueued;

@@ -1,6 +1,7 @@
 /* Demotion: cached G1 blocks copied down into G2. */
 #include "tier_int.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,10 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 {
 	uint64_t started = 0;
 
+	/* The copies fail: nothing moves until the backoff ends; an operator's
+	 * Evict (only set) tries anyway, as it would drop the blocks else. */
+	if (!only && tier_io_held(t, BO_COPY))
+		return 0;
 	while (started < want) {
 		struct kv_copy c[BATCH];
 		struct copyop *op = calloc(1, sizeof(*op));
@@ -91,8 +96,10 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 		op->start_ns = kv_hist_now_ns();
 		r = tier_copy_async(t, dev, KV_COPY_D2H, c, op->n, op);
 		if (r < 0) {
-			kv_warn("host tier: demotion copy failed to start: %s", strerror(-r));
 			t->lv[L2].st.io_errors++;
+			if (r != -ESHUTDOWN)
+				tier_io_failed(t, BO_COPY, "a demotion copy failed to start: %s",
+					       strerror(-r));
 			demote_undo(t, op);
 			break;
 		}
@@ -111,8 +118,10 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 	kv_hist_since(&t->hist[KV_TH_DEMOTE], op->start_ns);
 	if (res < 0) {
 		t->lv[L2].st.io_errors++;
-		kv_warn("host tier: demotion of %u blocks failed: %s; they stay in G1", op->n,
-			strerror(-res));
+		tier_io_failed(t, BO_COPY, "a demotion of %u blocks: %s; they stay in G1", op->n,
+			       strerror(-res));
+	} else {
+		tier_io_ok(t, BO_COPY);
 	}
 	for (i = 0; i < op->n; i++) {
 		struct kv_block *b = kv_block_lookup(t->ps, op->h[i]);

@@ -7,8 +7,10 @@ void kv_tiers_kick(struct kv_tiers *t)
 {
 	if (!t->lv[L2].on || t->stopping)
 		return;
-	if (t->lv[L3].on)
+	if (t->lv[L3].on) {
+		tier_flush_step(t);
 		tier_writeback_kick(t);
+	}
 	tier_demote_kick(t);
 	if (t->lv[L3].on) {
 		kv_disk_flush(&t->disk);

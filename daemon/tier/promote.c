@@ -9,6 +9,7 @@
 #include "crc32c.h"
 #include "events.h"
 #include "log.h"
+#include "quant.h"
 
 static void promote_read_done(struct kv_disk_op *dop, int res);
 
@@ -44,6 +45,21 @@ static int promote_copy_start(struct kv_tiers *t, struct tblock *tb)
 	int r;
 
 	kv_assert(tb->run[L2] && !tb->dead && !(tb->busy & (BUSY_DOWN | BUSY_UP)));
+	/* A compressed copy whose scales the quantizer never writes (NaN, inf,
+	 * zero, negative: a copy from disk or G4 that someone wrote with a
+	 * checksum of its own) is not dequantized into G1: every copy of it
+	 * goes (freed once no flag is left) and the lookup misses. */
+	if (tb->pool->qfmt &&
+	    !kv_quant_scales_ok(tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
+				kv_pool_stored_bytes(tb->pool), tb->pool->block_bytes / 2,
+				KV_QUANT_GROUP)) {
+		t->lv[L2].st.checksum_failures++;
+		kv_warn("host tier: a compressed copy of a block of pool '%s' has a scale the "
+			"quantizer never writes (NaN, infinite, zero or negative); treated as a "
+			"miss, and dropped", tb->pool->name);
+		tb_kill(t, tb);
+		return -EBADMSG;
+	}
 	/* Room in G1 without dropping anything if possible: when there is
 	 * none, demote (so that a cached block moves down instead of being
 	 * lost) and let the caller wait for it. */
@@ -108,12 +124,13 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 	kv_hist_since(&t->hist[KV_TH_PROMOTE_G2], op->start_ns);
 	if (res < 0 || !b) {
 		t->lv[L2].st.io_errors++;
-		kv_warn("host tier: promotion copy failed: %s", strerror(res < 0 ? -res : EIO));
+		tier_io_failed(t, BO_COPY, "a promotion copy: %s", strerror(res < 0 ? -res : EIO));
 		if (b)
 			kv_block_unref(b);
 		promote_failed(t, tb, BUSY_UP);
 		return;
 	}
+	tier_io_ok(t, BO_COPY);
 	if (tb->dead) {
 		/* The hash was sealed in G1 meanwhile: that block wins. */
 		kv_block_unref(b);
@@ -207,12 +224,16 @@ static void promote_read_end(struct kv_tiers *t, struct tblock *tb, const char *
 	L->st.inflight--;
 	kv_hist_since(&t->hist[KV_TH_PROMOTE_G3], tb->dop_ns);
 	if (bad) {
-		if (io)
+		if (io) {
 			L->st.io_errors++;
-		else
+			tier_io_failed(t, BO_DISK, "a read of the slot at %llu of pool '%s': %s; "
+				       "treated as a miss", (unsigned long long)tb->dop.off,
+				       tb->pool->name, bad);
+		} else {
 			L->st.checksum_failures++;
-		kv_warn("disk tier: slot at %llu of pool '%s': %s; treated as a miss",
-			(unsigned long long)tb->dop.off, tb->pool->name, bad);
+			kv_warn("disk tier: slot at %llu of pool '%s': %s; treated as a miss",
+				(unsigned long long)tb->dop.off, tb->pool->name, bad);
+		}
 		slot_put(t, L2, tb->run[L2], tb->slot[L2]);
 		tb->run[L2] = NULL;
 		/* The copy on disk is not to be trusted again. */
@@ -272,6 +293,8 @@ static void promote_read_done(struct kv_disk_op *dop, int res)
 	const char *bad;
 
 	kv_assert(tb->busy & BUSY_READ);
+	if (res == (int)dop->len)
+		tier_io_ok(t, BO_DISK);
 	if (res != (int)dop->len)
 		promote_read_end(t, tb, res < 0 ? strerror(-res) : "short read", 1);
 	else if ((bad = slot_mismatch(t, tb, dop->buf)))
@@ -300,6 +323,8 @@ int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_wai
 			kv_list_push_back(&t->space_waiters, &w->link);
 			return 0;
 		}
+		if (r == -EBADMSG)
+			return -ENOENT;  /* killed: tb may be gone */
 		if (r < 0) {
 			kv_debug("promotion from G%d of a block of pool '%s' cannot start: %s",
 				 from_g2 ? 2 : 3, tb->pool->name, strerror(-r));

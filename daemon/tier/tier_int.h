@@ -250,6 +250,29 @@ struct kv_swap {
 	struct swio *io;           /* [n] (G3 on) */
 };
 
+/* A tier I/O path that fails backs off (engine.c): copies between G1 and G2
+ * (BO_COPY) and G3's disk I/O (BO_DISK). After a failure no new I/O of that
+ * path starts for BO_BASE_MS, doubled per failed round up to BO_MAX_MS
+ * (failures of I/O started before the round began do not count again):
+ * the watermarks (demotion, write-back) start none, what they would have
+ * moved stays where it is (G1, G2 dirty). A lookup's promotion still tries
+ * (one I/O per lookup, which a failing read then drops or misses: no spin),
+ * and so do an operator's Evict and Flush. One warning per BO_LOG_MS with the
+ * count since (promotions' failures included); the first success ends it. The daemon kicks the tiers when the wait ends
+ * (kv_tiers_retry_ms()). */
+enum { BO_COPY, BO_DISK, BO_N };
+#define BO_BASE_MS 10
+#define BO_MAX_MS 5000
+#define BO_LOG_MS 5000
+
+struct tier_backoff {
+	uint32_t rounds;           /* failed rounds in a row (0: healthy) */
+	uint64_t until_ms;         /* no new I/O before (kv_mono_ms()) */
+	uint64_t logged_ms;        /* the last line logged */
+	uint64_t quiet;            /* failures since, not logged */
+	uint64_t total;            /* rounds ever (stats: backoffs) */
+};
+
 struct kv_tiers {
 	struct kv_pools *ps;
 	struct kv_backend *be;
@@ -276,6 +299,10 @@ struct kv_tiers {
 	 * watermarks do nothing, new ones fail with -ESHUTDOWN); what is in
 	 * flight finishes. */
 	uint8_t stopping;
+	uint8_t flushing;          /* a Flush waits for kv_tiers_durable() (admin.c) */
+	struct tier_backoff bo[BO_N];
+	void (*retry)(void *ctx, uint64_t ms);  /* kv_tiers_on_retry() */
+	void *retry_ctx;
 	struct kv_g4 *g4;          /* remote.c, remote_int.h; NULL: no G4 */
 	/* Called by tb_drop_g2() for a copy G3 does not hold, before it goes:
 	 * remote.c's, set when G4 is on (a pointer, so that slots.c stays
@@ -294,6 +321,15 @@ struct kv_tiers {
 /* engine.c: runs job on the worker thread (run(), then done() from the loop
  * later), or both right away when the worker could not start. */
 void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done);
+/* A copy or disk I/O of path (BO_*) failed: what failed, printf-style, for
+ * the warning (logged at most once per BO_LOG_MS). Starts or extends the
+ * backoff. */
+void tier_io_failed(struct kv_tiers *t, int path, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* One succeeded: the path is healthy again. */
+void tier_io_ok(struct kv_tiers *t, int path);
+/* Whether path is backing off: no new I/O of it is to start. */
+int tier_io_held(const struct kv_tiers *t, int path);
 /* The backend's copy_async, refused (-ESHUTDOWN) once the tiers stop. */
 int tier_copy_async(struct kv_tiers *t, uint32_t dev, enum kv_copy_dir dir,
 		    const struct kv_copy *c, uint32_t n, void *op);
@@ -396,6 +432,10 @@ void tb_drop_g2(struct kv_tiers *t, struct tblock *tb);
 void tb_drop_g3(struct kv_tiers *t, struct tblock *tb);
 /* Counts tb's G2 copy as dirty (d = 1) or no longer dirty (d = -1). */
 void g2_dirty_add(struct kv_tiers *t, const struct tblock *tb, int d);
+
+/* admin.c: after a Flush, writes back what has landed in G2 dirty since,
+ * until kv_tiers_durable() (each kick). */
+void tier_flush_step(struct kv_tiers *t);
 
 /* demote.c */
 /* Starts copying the oldest cached blocks of dev (of only, when set) into G2

@@ -72,6 +72,8 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 	t->wb_bytes -= tb->run[L2]->slot_bytes;
 	L->st.inflight--;
 	kv_hist_since(&t->hist[KV_TH_WRITEBACK], tb->dop_ns);
+	if (res == (int)dop->len)
+		tier_io_ok(t, BO_DISK);
 	if (res == (int)dop->len && !tb->dead) {
 		tb->g3_ok = 1;
 		L->st.blocks++;
@@ -80,12 +82,12 @@ static void writeback_done(struct kv_disk_op *dop, int res)
 		tier_journal_append(t, KV_J_SLOT, tb->run[L3], tb->slot[L3], tb->ix.hash);
 		tb_ev_sync(t, tb);
 	} else {
-		if (!tb->dead) {
+		if (!tb->dead)
 			L->st.io_errors++;
-			kv_warn("disk tier: write of %u bytes at %llu: %s; the block stays in G2",
-				dop->len, (unsigned long long)dop->off,
-				res < 0 ? strerror(-res) : "short write");
-		}
+		if (res != (int)dop->len)
+			tier_io_failed(t, BO_DISK, "a write of %u bytes at %llu: %s; the block stays "
+				       "in G2", dop->len, (unsigned long long)dop->off,
+				       res < 0 ? strerror(-res) : "short write");
 		if (res == -ENOSPC || res == -EDQUOT) {
 			uint32_t used = L->pages.npages - L->pages.nfree;
 
@@ -126,6 +128,8 @@ void tier_writeback_kick(struct kv_tiers *t)
 	 * percent, until it reaches g2_high (counting writes in flight). */
 	if (!t->writing_back && (cap - t->dirty_bytes - t->swap_bytes) * 100 >= cap * t->cfg.g2_low)
 		return;
+	if (tier_io_held(t, BO_DISK))
+		return;   /* the disk fails: the timer kicks again when the backoff ends */
 	t->writing_back = 1;
 	while (g2_droppable(t) * 100 < cap * t->cfg.g2_high && (tb = tier_oldest_idle(t, L2, 0))) {
 		rc = tier_writeback_start(t, tb);
