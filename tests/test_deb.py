@@ -136,7 +136,7 @@ def debs(d):
     found = {}
     for p in glob.glob(os.path.join(d, "*.deb")):
         name, version = os.path.basename(p).split("_")[:2]
-        found[name] = (p, version)
+        found[name] = (os.path.abspath(p), version)
     check(sorted(found) == sorted(PKGS), "packages in %s: %s" % (d, sorted(found)))
     versions = {v for _, v in found.values()}
     check(len(versions) == 1, "one version in %s: %s" % (d, versions))
