@@ -246,8 +246,11 @@ def activate(d, tag):
     must(["cc", "-std=c17", "-Wall", "-Werror", "-o", prog, src] + pc.stdout.split(),
          "cc against the installed kvcache.h and kvcache.pc")
     ldd = must(["ldd", prog], "ldd", env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ""})
-    check(re.search(r"libkvcache\.so\.0 => /usr/lib/[^/]+/libkvcache\.so\.0 ", ldd.stdout),
-          "not the installed libkvcache: " + ldd.stdout)
+    m = re.search(r"libkvcache\.so\.0 => (\S+)", ldd.stdout)
+    ours = [f for f in run(["dpkg-query", "-L", "libkvcache0"]).stdout.split()
+            if os.path.basename(f) == "libkvcache.so.0"]
+    check(m and len(ours) == 1 and os.path.realpath(m[1]) == os.path.realpath(ours[0]),
+          "not libkvcache0's library (%s): %s" % (ours, ldd.stdout))
     r = run([prog], env={"PATH": "/usr/bin:/bin"}, timeout=60)
     check(r.returncode == 0 and "SEALED 2" in r.stdout, "C client: %s %s" % (r.stdout, r.stderr),
           log)
@@ -359,9 +362,11 @@ def main():
     for p in PKGS:
         r = run(["dpkg-query", "-W", "-f=${db:Status-Abbrev}", p])
         check(r.stdout[:2] in ("", "un"), "%s still known to dpkg: %s" % (p, r.stdout))
-    left = [f for f in files if os.path.lexists(f) and not (os.path.isdir(f) and
-            not os.path.islink(f) and not f.startswith(("/etc/kvcached", "/usr/share/doc/",
-                                                       "/usr/lib/python3/dist-packages/kv")))]
+    # Files and links, and the directories that are the packages' own (/usr,
+    # /lib and the like are everybody's).
+    ours = ("/etc/kvcached", "/usr/share/doc/", "/usr/lib/python3/dist-packages/kv")
+    left = [f for f in files if os.path.lexists(f) and
+            (not os.path.isdir(f) or f.startswith(ours))]
     left += [p for p in list(DIRS) + ["/usr/lib/python3/dist-packages/kvcache"]
              if os.path.lexists(p)]
     left += glob.glob("/etc/systemd/system/*/kvcached*")
