@@ -385,4 +385,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        kvt.cleanup()   # also after an exception: no daemon, no package left behind

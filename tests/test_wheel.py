@@ -271,4 +271,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        kvt.cleanup()   # also after an exception: no daemon left behind
