@@ -296,7 +296,7 @@ static void write_conf(void)
 	CHECK((f = fopen(path, "w")) != NULL);
 	/* A long timeout: a stopped cluster must hold a fetch in flight for as
 	 * long as the test needs, not fail it. */
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\nremote_auth = off\nremote_fetch_timeout = 120s\n", kvt_rc_seeds(&rc));
 	/* The test's uid may be root or the daemon's, admins on the worker
 	 * socket, whom a reload never turns away: not while rb is taken. */
 	fprintf(f, "worker_socket_admin = %s\n\n", rb_allowed ? "yes" : "no");

@@ -181,7 +181,7 @@ static void write_conf(void)
 	CHECK(chmod(keyf, 0600) == 0);
 	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\nremote_auth = off\nremote_fetch_timeout = 30s\n\n", kvt_rc_seeds(&rc));
 	fprintf(f, "[namespace keyed]\nusers = %u\nremote = yes\n%s%s\n\n", uid,
 		before ? "" : "remote_key_file = ", before ? "" : keyf);
 	fprintf(f, "[namespace other]\nusers = %u\nremote = yes\n", uid);
