@@ -76,6 +76,7 @@ struct g4_fetch {
 	struct tblock *res[FETCH_MAX];
 	uint8_t *slot[FETCH_MAX];
 	struct kv_rc_dst dst[FETCH_MAX];
+	uint8_t tag[FETCH_MAX][KV_G4MAC_TAG_BYTES];  /* a reserved value's tag (with mac_key) */
 	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */

@@ -84,19 +84,28 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 }
 
 /* tier_remote_check() of a value read into a G2 slot: its header at slot,
- * its payload at slot + HDR_BYTES, len bytes in all (no tag: a namespace
- * with a key reserves no slot). */
-static int check_in_slot(const struct slot_hdr *want, const uint8_t *slot, size_t len)
+ * its payload at slot + HDR_BYTES, its tag (with mac_key) in tag; len bytes
+ * in all. The tag is checked over header and payload in their two places
+ * (issue 36: with values authenticated by default, a tagged value is read
+ * straight into its slot too). */
+static int check_in_slot(const struct slot_hdr *want, const uint8_t *mac_key,
+			 const uint8_t *slot, const uint8_t *tag, size_t len)
 {
 	struct slot_hdr h, w = *want;
+	size_t vlen = sizeof(h) + w.payload_len + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
 
-	if (len > sizeof(h) + w.payload_len)
+	if (len > vlen)
 		return G4_VALUE_OVERSIZE;
-	if (len != sizeof(h) + w.payload_len)
+	if (len != vlen)
 		return G4_VALUE_BAD;
 	memcpy(&h, slot, sizeof(h));
 	slot_hdr_seal(&w, kv_crc32c(0, slot + HDR_BYTES, w.payload_len));
-	return memcmp(&h, &w, sizeof(h)) ? G4_VALUE_BAD : G4_VALUE_GOOD;
+	if (memcmp(&h, &w, sizeof(h)))
+		return G4_VALUE_BAD;
+	if (mac_key && !kv_g4mac_check2(mac_key, slot, sizeof(h), slot + HDR_BYTES, w.payload_len,
+					tag))
+		return G4_VALUE_BAD_TAG;
+	return G4_VALUE_GOOD;
 }
 
 /* The read thread, during kv_rc_get_into(): value i was just read into
@@ -109,7 +118,7 @@ static void fetch_value(void *arg, size_t i, size_t len)
 	if (i >= f->n || !f->slot[i])
 		return;
 	memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-	f->chk[i] = (uint8_t)(check_in_slot(&want, f->slot[i], len) + 1);
+	f->chk[i] = (uint8_t)(check_in_slot(&want, f->mac_key, f->slot[i], f->tag[i], len) + 1);
 }
 
 /* The read thread: the values, and which of them check out. */
@@ -149,7 +158,8 @@ static void fetch_run(struct kv_job *j)
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
 		if (f->slot[i])
-			c = f->chk[i] ? f->chk[i] - 1 : check_in_slot(&want, f->slot[i], v->len);
+			c = f->chk[i] ? f->chk[i] - 1
+				      : check_in_slot(&want, f->mac_key, f->slot[i], f->tag[i], v->len);
 		else
 			c = tier_remote_check(&want, f->mac_key, v->data, v->len);
 		if (c != G4_VALUE_GOOD) {
@@ -315,16 +325,15 @@ index_it:
  * fetch_done() only indexes what checked out. Taken from free room only
  * (slot_alloc_free(): nothing cached is dropped for blocks that may well
  * miss, which also keeps a read-ahead's rule, slot_alloc_clean()); none for a
- * block here already, none from the first that finds no room on, none for a
- * namespace whose values carry a tag (checked over header and payload in
- * one piece). Those values are read into the client's buffers and copied
- * on the loop, as before. A reserved slot is the fetch's until fetch_done():
+ * block here already, none from the first that finds no room on (those
+ * values are read into the client's buffers and copied on the loop, as
+ * before). A value's tag, with the namespace's key, goes into f->tag. A reserved slot is the fetch's until fetch_done():
  * its tblock (FETCH) is in no index and on no LRU, so nothing on the loop
  * reads, evicts or frees it meanwhile, and only the read thread writes its
  * bytes. */
 static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
 {
-	if (f->mac_key || !t->lv[L2].on)
+	if (!t->lv[L2].on)
 		return;
 	for (uint32_t i = 0; i < f->n; i++) {
 		struct tblock *tb;
@@ -347,6 +356,11 @@ static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
 		f->dst[i].part[1].p = slot + HDR_BYTES;
 		f->dst[i].part[1].len = f->want.payload_len;
 		f->dst[i].nparts = 2;
+		if (f->mac_key) {
+			f->dst[i].part[2].p = f->tag[i];
+			f->dst[i].part[2].len = KV_G4MAC_TAG_BYTES;
+			f->dst[i].nparts = 3;
+		}
 	}
 }
 
