@@ -1,7 +1,11 @@
 /* G4: sealed blocks in a Redis Cluster that a fleet of nodes shares
- * (docs/g4.md). The cluster client (rcluster.h) runs on two threads of the
- * tier's own, each with its own connections: one reads (lookups wait on it),
- * one writes (so that write-back never delays a lookup). Both hand their
+ * (docs/g4.md). The cluster client (rcluster.h) runs on threads of the
+ * tier's own, each with its own connections: remote_readers read (lookups
+ * wait on them; a fetch a slow node holds holds one, for
+ * remote_fetch_timeout at most), one writes (so that write-back never
+ * delays a lookup). Every node must move remote_min_rate bytes a second
+ * after remote_timeout, or is given up and backed off; the stop cancels
+ * every call under way (issue 36). Both hand their
  * results to the loop through the disk tier's eventfd (without G3, one G4
  * makes itself: tier_remote_open()). Blocks are written to the cluster at
  * the moment remote_write names: at their write-back to G3 (from the G2
