@@ -441,7 +441,8 @@ static void write_conf_as(int how)
 	CHECK(chmod(keyf, 0600) == 0);
 	snprintf(path, sizeof(path), "%s/kvcached.conf.tmp", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\nremote_auth = off\nremote_fetch_timeout = 30s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_auth = off\nremote_fetch_timeout = 30s\n\n",
+		kvt_rc_seeds(&rc));
 	if (how == 0)
 		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
 	else if (how == 4)

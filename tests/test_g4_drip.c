@@ -439,6 +439,21 @@ static int lookup_drip(void *arg)
 	return kvt_lookup_chain("drip", "p", BB, N, 1000);
 }
 
+/* The same, for a daemon that goes under it: its answer does not matter. */
+static int lookup_drip_any(void *arg)
+{
+	kvc_conn *c = kvt_connect("drip");
+	int pool = kvt_pool(c, "p", BB), k;
+	kvc_block b[N];
+	kvc_hash h[N];
+
+	(void)arg;
+	for (int i = 0; i < N; i++)
+		h[i] = kvt_hash(1000 + (uint64_t)i);
+	k = kvc_lookup(c, pool, h, N, b);
+	return k < 0 ? 0 : k;
+}
+
 /* Waits (a minute at most) until a drip has started since `since`. */
 static void wait_drip(long long since)
 {
@@ -533,7 +548,7 @@ int main(void)
 	node_start(&d, "slow.conf");
 	drip_values = 1;
 	since = drips_started;
-	child = kvt_spawn(lookup_drip, NULL);
+	child = kvt_spawn(lookup_drip_any, NULL);
 	wait_drip(since);
 	CHECK(kill(d.pid, SIGTERM) == 0);
 	fprintf(stderr, "sigterm: a lookup held on a drip, SIGTERM, drain_timeout 1000 ms\n");
@@ -544,8 +559,7 @@ int main(void)
 			(unsigned long long)ms, st);
 		CHECK_EQ(st, 0);
 	}
-	/* Its daemon went: the lookup fails (any status; its message says so). */
-	kvt_wait(child);
+	kvt_wait(child);   /* its daemon went under it: any answer */
 	drip_values = 0;
 
 	/* map: node 0 drips its slot map; a fresh node's first lookup. */
