@@ -20,7 +20,8 @@
  *             served, 8 auth failures; "other" opted out (remote_auth =
  *             off): the start-up WARNING names it (and not "keyed"), and the
  *             same forgeries of its values are all served, which is what the
- *             opt-out means. */
+ *             opt-out means; a reload that takes the opt-out away (no key) is
+ *             refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,8 @@ static unsigned BIG = 64u << 20;
  * remote_key_file (KVCACHED_BIN=...): no key, only the oversize part, and
  * no check of what it does, only the peak RSS printed. */
 static int before;
+/* Whether "other" opts out (remote_auth = off) in write_conf()'s file. */
+static int other_optout = 1;
 
 static struct kvt_rc rc;
 static char tmp[64], conf_arg[200];
@@ -200,7 +203,7 @@ static void write_conf(void)
 		before ? "" : "remote_key_file = ", before ? "" : keyf);
 	/* The operator's opt-out (issue 36): before it, the default. */
 	fprintf(f, "[namespace other]\nusers = %u\nremote = yes\n%s", uid,
-		before ? "" : "remote_auth = off\n");
+		before || !other_optout ? "" : "remote_auth = off\n");
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
@@ -393,6 +396,20 @@ static void test_default(void)
 		before ? "before" : "opted out", before ? "no key: the default" : "remote_auth = off",
 		bad, N);
 	CHECK_EQ(bad, N);
+	if (!before) {
+		/* A reload that would leave "other" reading without a key and
+		 * without the opt-out is refused; the running configuration stays. */
+		other_optout = 0;
+		write_conf();
+		CHECK(kill(n2.pid, SIGHUP) == 0);
+		for (int tries = 0; kvt_metric("kvcached_reload_failures_total") < 1; tries++) {
+			CHECK(tries < 60000);
+			usleep(1000);
+		}
+		fprintf(stderr, "default: a reload that drops other's opt-out is refused\n");
+		other_optout = 1;
+		write_conf();
+	}
 	kvt_stop(&n2);
 }
 
