@@ -327,7 +327,8 @@ index_it:
  * miss, which also keeps a read-ahead's rule, slot_alloc_clean()); none for a
  * block here already, none from the first that finds no room on (those
  * values are read into the client's buffers and copied on the loop, as
- * before). A value's tag, with the namespace's key, goes into f->tag. A reserved slot is the fetch's until fetch_done():
+ * before). A value's tag, with the namespace's key, goes into f->tag. A
+ * reserved slot is the fetch's until fetch_done():
  * its tblock (FETCH) is in no index and on no LRU, so nothing on the loop
  * reads, evicts or frees it meanwhile, and only the read thread writes its
  * bytes. */
