@@ -43,6 +43,7 @@ int main(void)
 }
 #else
 #include <errno.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -489,6 +490,15 @@ static void timed_other(uint64_t base)
 	CHECK_EQ(k, N);
 }
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
 int main(void)
 {
 	struct kvt_daemon a, b, d, m;
@@ -574,6 +584,7 @@ int main(void)
 	stop = 1;
 	for (int i = 0; i < 2; i++)
 		pthread_join(srv[i], NULL);
+	nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 	fprintf(stderr, "ok\n");
 	return 0;
 }
