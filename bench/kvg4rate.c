@@ -170,8 +170,8 @@ static void write_conf(char *arg, size_t len, size_t max_inflight)
 		die("cannot write %s", path);
 	/* A long timeout: two busy vCPUs must not turn a slow node into
 	 * misses (the timeout is not what is measured). */
-	fprintf(f, "log_level = warn\nremote_seeds = %s\nremote_timeout = 10s\n"
-		"remote_max_inflight = %zu\n\n",
+	fprintf(f, "log_level = warn\nremote_seeds = %s\nremote_timeout = 10s\nremote_auth = off\n"
+		"remote_fetch_timeout = 60s\nremote_max_inflight = %zu\n\n",
 		kvt_rc_seeds(&cluster), max_inflight);
 	for (int i = 0; i < NFMT; i++)
 		fprintf(f, "[namespace %s]\nusers = %u\nremote = yes\nremote_write = demote\n"

@@ -172,6 +172,20 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  1048576, 0, "64MiB", "G4: block bytes queued for the cluster at most (and the write "
 	  "buffers kept idle for the next writes count in it); past it blocks are not written "
 	  "(counted)", NULL },
+	/* G4 against nodes that drip and values that lie (issue 36). */
+	{ "remote_min_rate", 0, KV_CFG_SIZE, KV_CFG_FIELD(tiers.remote_min_rate), 0, 1024, 0,
+	  "1MiB", "G4: bytes per second a cluster node must send or accept at least, after "
+	  "remote_timeout; a slower one's keys are misses and it is left alone for a while", NULL },
+	{ "remote_fetch_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(tiers.remote_fetch_timeout_ms), 0,
+	  1, 600000, "2s", "G4: a read (up to 64 blocks, and the slot map) ends within this "
+	  "whatever the cluster sends; what did not come is a miss", NULL },
+	{ "remote_readers", 0, KV_CFG_UINT, KV_CFG_FIELD(tiers.remote_readers), 0, 1, 16, "2",
+	  "G4: threads that read from the cluster, each with connections of its own (a fetch "
+	  "held by a slow node holds one)", NULL },
+	{ "remote_auth", 0, KV_CFG_CHOICE, KV_CFG_FIELD(tiers.remote_auth), 0, 0, 0, "required",
+	  "G4: required (a namespace with remote = yes needs remote_key_file: values without a "
+	  "valid HMAC tag are never served) or off (header and CRC32C only; warned at start); a "
+	  "namespace may say otherwise", "required|off" },
 	/* Prometheus over HTTP (http.h, docs/operations.md "Scraping metrics
 	 * over HTTP"). */
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",

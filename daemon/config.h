@@ -46,6 +46,14 @@ struct kv_tiers_config {
 	uint64_t remote_max_inflight;  /* bytes of writes queued or under way */
 	uint64_t remote_write_rate;    /* bytes per second written at most; 0 = no limit */
 	char remote_write[16];         /* "writeback", "demote" or "off" (read only): ns.h KV_G4W_* */
+	uint64_t remote_min_rate;      /* bytes/s a node moves at least (rcluster.h min_rate) */
+	uint64_t remote_fetch_timeout_ms;  /* a read call's deadline (rcluster.h call_ms) */
+	unsigned remote_readers;       /* read threads */
+	char remote_auth[16];          /* "required" or "off": the namespaces' default */
+	/* The namespaces with remote = yes that read unauthenticated values
+	 * (remote_auth = off, no remote_key_file), comma-separated: warned
+	 * at start. */
+	char remote_unauth[1024];
 	/* [namespace X] remote_user / remote_password_file: the namespaces
 	 * that talk to the cluster as a user of their own (read at start). */
 	struct kv_remote_user {
@@ -98,6 +106,7 @@ struct kv_ns_conf {
 	char remote_user[64];         /* G4 ACL user of its own; "" = the daemon's */
 	char remote_password_file[256];
 	char remote_key_file[256];    /* G4 values' HMAC key (g4mac.h); "" = CRC32C only */
+	int remote_auth;              /* KV_NS_AUTH_*: 0 = the daemon's remote_auth */
 	int compress;                 /* compress: KV_QFMT_* (quant.h) of new pools' tier copies */
 };
 

@@ -5,7 +5,10 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/core_names.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -75,6 +78,37 @@ int kv_g4mac_tag(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t
 	    out != KV_G4MAC_TAG_BYTES)
 		return -EIO;
 	return 0;
+}
+
+static EVP_MAC *hmac;
+static pthread_once_t hmac_once = PTHREAD_ONCE_INIT;
+
+static void hmac_fetch(void)
+{
+	hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+}
+
+int kv_g4mac_check2(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *a, size_t alen,
+		    const void *b, size_t blen, const uint8_t tag[KV_G4MAC_TAG_BYTES])
+{
+	char digest[] = "SHA256";
+	OSSL_PARAM params[] = {
+		OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+		OSSL_PARAM_construct_end(),
+	};
+	uint8_t want[KV_G4MAC_TAG_BYTES];
+	size_t out = 0;
+	EVP_MAC_CTX *ctx;
+	int ok;
+
+	pthread_once(&hmac_once, hmac_fetch);
+	if (!hmac || !(ctx = EVP_MAC_CTX_new(hmac)))
+		return 0;
+	ok = EVP_MAC_init(ctx, key, KV_G4MAC_KEY_BYTES, params) && EVP_MAC_update(ctx, a, alen) &&
+	     EVP_MAC_update(ctx, b, blen) && EVP_MAC_final(ctx, want, &out, sizeof(want)) &&
+	     out == KV_G4MAC_TAG_BYTES && CRYPTO_memcmp(want, tag, KV_G4MAC_TAG_BYTES) == 0;
+	EVP_MAC_CTX_free(ctx);
+	return ok;
 }
 
 int kv_g4mac_check(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t len,

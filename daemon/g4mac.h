@@ -32,5 +32,10 @@ int kv_g4mac_tag(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t
 /* Whether tag is data's under key (constant time in the tag). */
 int kv_g4mac_check(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t len,
 		   const uint8_t tag[KV_G4MAC_TAG_BYTES]);
+/* The same for the data in two pieces (a's alen bytes, then b's blen): a
+ * value read into a G2 slot, header at its start and payload further on.
+ * Thread-safe. */
+int kv_g4mac_check2(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *a, size_t alen,
+		    const void *b, size_t blen, const uint8_t tag[KV_G4MAC_TAG_BYTES]);
 
 #endif

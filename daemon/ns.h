@@ -38,6 +38,14 @@ struct kv_ns_limits {
 	int remote;                   /* its sealed blocks go to G4 and are found there */
 	uint64_t quota_g4;            /* bytes it may write to G4 per remote_ttl; 0 = no limit */
 	int remote_write;             /* KV_G4W_*: when its blocks are written to G4 */
+	int remote_unauth;            /* remote_auth = off: reads values without an HMAC tag */
+};
+
+/* remote_auth, daemon-wide and per namespace (docs/security.md "G4 values"): */
+enum {
+	KV_NS_AUTH_DEFAULT = 0,  /* a namespace's: the daemon's */
+	KV_NS_AUTH_REQUIRED,     /* values are served only with a valid HMAC tag */
+	KV_NS_AUTH_OFF,          /* header and CRC32C only: opted out */
 };
 
 /* remote_write, daemon-wide and per namespace (docs/g4.md): */

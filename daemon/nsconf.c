@@ -17,6 +17,8 @@
  *   remote_password_file = /etc/kvcached/tenant-a.redis
  *   remote_key_file = /etc/kvcached/tenant-a.g4key  # HMAC key of its G4 values
  *   remote_write = demote      # when its blocks go to G4 (default: the daemon's)
+ *   remote_auth = off          # read its G4 values unauthenticated (default: the
+ *                              # daemon's remote_auth, required: remote_key_file)
  *   compress = fp8_e4m3        # tier copies of its FP16/BF16 pools in FP8: fp8_e4m3,
  *                              # fp8_e5m2 or off (default; fixed when a pool is
  *                              # created; docs/tiers.md)
@@ -221,6 +223,15 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 		return kv_einval(err, errlen, "remote_write: '%s' is not writeback, demote or off",
 				 value);
 	}
+	if (!strcmp(key, "remote_auth")) {
+		if (!strcmp(value, "required"))
+			n->remote_auth = KV_NS_AUTH_REQUIRED;
+		else if (!strcmp(value, "off"))
+			n->remote_auth = KV_NS_AUTH_OFF;
+		else
+			return kv_einval(err, errlen, "remote_auth: '%s' is not required or off", value);
+		return 0;
+	}
 	if (!strcmp(key, "compress")) {
 		if (!strcmp(value, "off")) {
 			n->compress = KV_QFMT_RAW;
@@ -248,7 +259,8 @@ int kv_nsconf_set(struct kv_config *c, const char *name, const char *key, const 
 	}
 	return kv_einval(err, errlen, "[namespace %s]: unknown key '%s' (users, groups, quota_g1, "
 		    "quota_g2, quota_g3, reserve_g1, priority, ttl, events, remote, quota_g4, remote_user, "
-		    "remote_password_file, remote_key_file, remote_write, compress)", name, key);
+		    "remote_password_file, remote_key_file, remote_write, remote_auth, compress)", name,
+		    key);
 }
 
 _Static_assert(sizeof(((struct kv_tiers_config *)0)->remote_users) /
@@ -262,6 +274,7 @@ int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 {
 	c->tiers.nremote_users = 0;
 	c->tiers.nremote_keys = 0;
+	c->tiers.remote_unauth[0] = 0;
 	for (uint32_t i = 0; i < c->nns; i++) {
 		const struct kv_ns_conf *n = &c->ns[i];
 		uint64_t q = n->quota[0], r = n->reserve;
@@ -279,6 +292,26 @@ int kv_nsconf_finish(struct kv_config *c, char *err, size_t errlen)
 
 			snprintf(k->ns, sizeof(k->ns), "%s", n->name);
 			snprintf(k->key_file, sizeof(k->key_file), "%s", n->remote_key_file);
+		}
+
+		/* G4 values are authenticated unless the operator opted out
+		 * (issue 36): a namespace that reads the shared cluster needs its
+		 * key, or remote_auth = off. */
+		if (c->tiers.remote_seeds[0] && n->remote && !n->remote_key_file[0] &&
+		    (n->remote_auth ? n->remote_auth
+		     : strcmp(c->tiers.remote_auth, "off") ? KV_NS_AUTH_REQUIRED : KV_NS_AUTH_OFF) !=
+			    KV_NS_AUTH_OFF)
+			return kv_einval(err, errlen, "[namespace %s]: remote = yes, but its G4 values "
+				    "cannot be authenticated: give it a remote_key_file (openssl rand "
+				    "-hex 32 > FILE; chmod 600 FILE), or set remote_auth = off to "
+				    "read what anyone who can write its keys in the cluster puts "
+				    "there", n->name);
+
+		if (n->remote && !n->remote_key_file[0]) {
+			size_t l = strlen(c->tiers.remote_unauth);
+
+			snprintf(c->tiers.remote_unauth + l, sizeof(c->tiers.remote_unauth) - l, "%s%s",
+				 l ? ", " : "", n->name);
 		}
 
 		/* Both sizes, or both percentages of G1: comparable here. */
@@ -348,5 +381,8 @@ void kv_nsconf_write(const struct kv_config *c, FILE *f)
 			fprintf(f, "remote_password_file = %s\n", n->remote_password_file);
 		if (n->remote_key_file[0])
 			fprintf(f, "remote_key_file = %s\n", n->remote_key_file);
+		if (n->remote_auth)
+			fprintf(f, "remote_auth = %s\n",
+				n->remote_auth == KV_NS_AUTH_OFF ? "off" : "required");
 	}
 }

@@ -89,6 +89,10 @@ void kv_tenant_apply(struct kv_daemon *d, uint32_t id)
 		lim.remote = c->remote;
 		lim.quota_g4 = c->quota_g4;
 		lim.remote_write = c->remote_write;
+		lim.remote_unauth = (c->remote_auth ? c->remote_auth
+				     : strcmp(d->cfg.tiers.remote_auth, "off") ? KV_NS_AUTH_REQUIRED
+									       : KV_NS_AUTH_OFF) ==
+				    KV_NS_AUTH_OFF;
 	}
 	kv_ns_set_limits(t, id, &lim);
 }

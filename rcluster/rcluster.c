@@ -37,9 +37,24 @@
  * node the redirect named; at most max_redirects + 1 exchanges per call.
  *
  * Waiting. The only blocking call is poll(), with the earliest deadline of
- * the nodes in the exchange; a node's deadline is timeout_ms after its last
- * progress (connect started, bytes sent or received). Sockets are
- * non-blocking; writes use send(MSG_NOSIGNAL), so a closed peer is an
+ * the nodes in the exchange. A node has three:
+ *   - silence: timeout_ms after its last progress (connect started, bytes
+ *     sent or received), checked only after a poll() that waited until it
+ *     and saw nothing from the node (time this thread spent elsewhere is
+ *     not the node's silence);
+ *   - rate: round start + timeout_ms + bytes moved / min_rate, checked
+ *     after a poll() that saw nothing from it (so bytes already waiting are
+ *     read first, and credited): a node that drips a reply, whether a
+ *     value or a slot map, keeps the silence deadline away with every byte
+ *     but not this one (issue 36: a value sent a byte every 0.1 s held the
+ *     one read thread, so every tenant's lookups, for as long as the node
+ *     liked);
+ *   - the call's: call_ms after the call began (slot map included), checked
+ *     every time round: what is unanswered then is an error.
+ * kv_rc_cancel() makes every call end at once: an eventfd in every poll().
+ * A slot map fetch ends as soon as one node's answer checks out (the others
+ * owed one are closed, with no backoff: slow is not wrong there). Sockets
+ * are non-blocking; writes use send(MSG_NOSIGNAL), so a closed peer is an
  * error, not a SIGPIPE.
  *
  * Replies are built by this module's reader functions (struct rc_reply, not
@@ -69,9 +84,11 @@
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -172,7 +189,9 @@ struct rc_node {
 
 	/* During an exchange. */
 	struct rc_op *head, *tail, *send, *recv;
-	uint64_t deadline;         /* ns */
+	uint64_t deadline;         /* ns: silence */
+	uint64_t round_start;      /* ns: when it joined the exchange */
+	uint64_t moved;            /* bytes sent and received since */
 	int auth_pending, replies;
 	size_t budget;             /* bytes the reply being read has taken */
 };
@@ -193,7 +212,14 @@ struct kv_rc {
 	struct rc_node **nodes;
 	unsigned nnodes, cap;
 	struct rc_node **active;   /* cap entries: the nodes of an exchange */
-	struct pollfd *pfd;        /* cap entries */
+	struct pollfd *pfd;        /* cap + 1 entries: the last is cfd's */
+	int cfd;                   /* eventfd: readable once kv_rc_cancel() was called */
+	atomic_int cancelled;
+	uint64_t call_deadline;    /* ns; UINT64_MAX: none */
+	/* A slot-map fetch under way (rc_refresh()): its ops, and whether one
+	 * answer was loaded already. */
+	struct rc_op *map_ops;
+	unsigned map_n, map_won;
 	int have_map, refresh_due;
 	unsigned nmasters;         /* owners in the map at its last load */
 	uint64_t last_refresh;     /* ns */
@@ -635,7 +661,7 @@ static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t le
 		if (!active)
 			return NULL;
 		rc->active = active;
-		pfd = realloc(rc->pfd, cap * sizeof(*pfd));
+		pfd = realloc(rc->pfd, (cap + 1) * sizeof(*pfd));
 		if (!pfd)
 			return NULL;
 		rc->pfd = pfd;
@@ -961,6 +987,7 @@ static void rc_write(struct kv_rc *rc, struct rc_node *node)
 		return;
 	}
 	rc->st.bytes_out += (uint64_t)n;
+	node->moved += (uint64_t)n;
 	if ((size_t)n == sdslen(obuf))
 		sdsclear(obuf);   /* all out: no move, the allocation stays */
 	else
@@ -1116,6 +1143,7 @@ static void rc_read(struct kv_rc *rc, struct rc_node *node)
 		return;
 	}
 	rc->st.bytes_in += (uint64_t)n;
+	node->moved += (uint64_t)n;
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
 	reader = node->c->reader;
 	/* hiredis frees an empty buffer over maxbuf at the next feed: keep
@@ -1150,12 +1178,40 @@ static int rc_idle_ok(const struct rc_node *node)
 	return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/* The node's rate deadline (see the top: round start + timeout_ms + bytes
+ * moved / min_rate); UINT64_MAX without a floor. */
+static uint64_t rc_rate_deadline(const struct kv_rc *rc, const struct rc_node *node)
+{
+	uint64_t r = rc->lim.min_rate, m = node->moved, extra;
+
+	if (!r)
+		return UINT64_MAX;
+	extra = m / r * 1000000000u + m % r * 1000000000u / r;
+	return node->round_start + ms_ns(rc->lim.timeout_ms) + extra;
+}
+
+/* Gives up, for this call only, a node that owes replies but did nothing
+ * wrong (another node's slot map won): closed, no backoff. */
+static void rc_node_drop(struct rc_node *node)
+{
+	struct rc_op *op;
+
+	rc_node_close(node);
+	for (op = node->recv; op; op = op->next)
+		rc_op_fail(op);
+	node->send = node->recv = NULL;
+	node->auth_pending = 0;
+}
+
+static int rc_map_won(struct kv_rc *rc);
+
 /* Drives every node that has ops queued until each has its replies or has
- * failed. */
+ * failed, or the call's deadline passed, or the call was cancelled. */
 static void rc_exchange(struct kv_rc *rc)
 {
 	unsigned i, na = 0;
 	uint64_t now = now_ns();
+	int late = now >= rc->call_deadline || atomic_load(&rc->cancelled);
 
 	for (i = 0; i < rc->nnodes; i++) {
 		struct rc_node *node = rc->nodes[i];
@@ -1165,6 +1221,13 @@ static void rc_exchange(struct kv_rc *rc)
 		node->send = node->recv = node->head;
 		node->replies = 0;
 		node->retried = 0;
+		if (late) {
+			/* Nothing more is sent once the call is over. */
+			for (struct rc_op *op = node->head; op; op = op->next)
+				rc_op_fail(op);
+			node->send = node->recv = NULL;
+			continue;
+		}
 		if (node->state == RC_UP && !rc_idle_ok(node))
 			rc_node_close(node);  /* closed or out of step: a new one, no backoff */
 		node->reused = node->state == RC_UP;
@@ -1185,18 +1248,24 @@ static void rc_exchange(struct kv_rc *rc)
 				continue;
 		}
 		node->deadline = now + ms_ns(rc->lim.timeout_ms);
+		node->round_start = now;
+		node->moved = 0;
 		rc->st.rounds++;
 		rc->active[na++] = node;
 	}
+	if (late)
+		rc_error(rc, "%s", atomic_load(&rc->cancelled) ? "cancelled"
+			 : "the call's deadline passed before this round");
 
 	while (na) {
-		uint64_t first = UINT64_MAX;
+		uint64_t first = rc->call_deadline;
 		unsigned j, k;
-		int ms, rv;
+		int ms, rv, over;
 
 		now = now_ns();
 		for (j = 0; j < na; j++) {
 			struct rc_node *node = rc->active[j];
+			uint64_t rd;
 
 			if (node->state == RC_UP)
 				rc_fill(rc, node);
@@ -1210,6 +1279,8 @@ static void rc_exchange(struct kv_rc *rc)
 			rc->pfd[j].revents = 0;
 			if (node->deadline < first)
 				first = node->deadline;
+			if ((rd = rc_rate_deadline(rc, node)) < first)
+				first = rd;
 		}
 		/* Drop the nodes that are done or failed. */
 		for (j = k = 0; j < na; j++) {
@@ -1223,11 +1294,26 @@ static void rc_exchange(struct kv_rc *rc)
 		na = k;
 		if (!na)
 			break;
-		ms = first > now ? (int)((first - now + 999999u) / 1000000u) : 0;
-		rv = poll(rc->pfd, na, ms);
+		rc->pfd[na].fd = rc->cfd;
+		rc->pfd[na].events = POLLIN;
+		rc->pfd[na].revents = 0;
+		if (first == UINT64_MAX)
+			ms = -1;
+		else if (first <= now)
+			ms = 0;
+		else
+			ms = first - now > (uint64_t)INT_MAX * 1000000u ? INT_MAX
+				: (int)((first - now + 999999u) / 1000000u);
+		rv = poll(rc->pfd, na + 1, ms);
 		if (rv < 0 && errno != EINTR) {
 			for (j = 0; j < na; j++)
 				rc_node_fail(rc, rc->active[j], "poll: %s", strerror(errno));
+			break;
+		}
+		if (atomic_load(&rc->cancelled)) {
+			for (j = 0; j < na; j++)
+				rc_node_drop(rc->active[j]);
+			rc_error(rc, "cancelled");
 			break;
 		}
 		for (j = 0; rv > 0 && j < na; j++) {
@@ -1245,17 +1331,39 @@ static void rc_exchange(struct kv_rc *rc)
 			if (node->state == RC_UP && (ev & (POLLIN | POLLHUP | POLLERR)))
 				rc_read(rc, node);
 		}
+		/* A slot map that checks out ends the fetch: the rest are not
+		 * waited for. */
+		if (rc->call->kind == RC_SLOTS && rc_map_won(rc)) {
+			for (j = 0; j < na; j++)
+				if (rc->active[j]->state != RC_DOWN && rc->active[j]->recv)
+					rc_node_drop(rc->active[j]);
+		}
 		/* Timed out: silent through a poll() that waited until its
-		 * deadline. (Not merely past the deadline: time this thread spent
-		 * on other nodes, or off the CPU, is not the node's silence.) */
+		 * deadline (not merely past it: time this thread spent on other
+		 * nodes, or off the CPU, is not the node's silence); or below
+		 * the rate floor with nothing more from it in this poll(); or
+		 * the call's deadline passed. */
 		now = now_ns();
+		over = now >= rc->call_deadline;
 		for (j = 0; rv >= 0 && j < na; j++) {
 			struct rc_node *node = rc->active[j];
+			uint64_t rd;
 
-			if (node->state != RC_DOWN && !rc->pfd[j].revents && now >= node->deadline)
+			if (node->state == RC_DOWN)
+				continue;
+			if (!rc->pfd[j].revents && now >= node->deadline)
 				rc_node_fail(rc, node, node->state == RC_CONNECTING ?
 					     "connect: timed out after %u ms" :
 					     "no reply within %u ms", rc->lim.timeout_ms);
+			else if (!rc->pfd[j].revents && now >= (rd = rc_rate_deadline(rc, node)))
+				rc_node_fail(rc, node, "too slow: %llu bytes in %llu ms, under "
+					     "min_rate %zu bytes/s after %u ms",
+					     (unsigned long long)node->moved,
+					     (unsigned long long)((now - node->round_start) / 1000000u),
+					     rc->lim.min_rate, rc->lim.timeout_ms);
+			else if (over)
+				rc_node_fail(rc, node, "the call's deadline (%u ms) passed",
+					     rc->lim.call_ms);
 		}
 		/* Done: every reply in. */
 		for (j = k = 0; j < na; j++) {
@@ -1390,9 +1498,44 @@ static void rc_gc_nodes(struct kv_rc *rc)
 	rc->nnodes = k;
 }
 
+/* During a slot-map fetch: loads the first answer that checks out, once.
+ * Returns whether one is loaded. Answers that do not check out are freed
+ * as they are looked at, with the reason as the call's error. */
+static int rc_map_won(struct kv_rc *rc)
+{
+	char why[96];
+
+	if (rc->map_won)
+		return 1;
+	for (unsigned i = 0; i < rc->map_n; i++) {
+		struct rc_op *op = &rc->map_ops[i];
+		struct rc_reply *r = op->data;
+		int covered;
+
+		if (op->status != KV_RC_OK || !r)
+			continue;
+		covered = rc_parse_slots(rc, op->node, r, why, sizeof(why));
+		rc_reply_free(r);
+		op->data = NULL;
+		if (covered <= 0) {
+			rc_error(rc, "%s:%d: CLUSTER SLOTS: %s", op->node->host, op->node->port, why);
+			continue;
+		}
+		memcpy(rc->owner, rc->scratch, sizeof(rc->owner));
+		rc->have_map = 1;
+		rc->refresh_due = 0;
+		rc->st.refreshes++;
+		rc->map_won = 1;
+		return 1;
+	}
+	return 0;
+}
+
 /* Loads a slot map when one is due: CLUSTER SLOTS to up to
  * RC_REFRESH_FANOUT nodes not in backoff (the connected first, taken in
- * turns), the first that gives a valid map wins. */
+ * turns), the first that gives a valid map wins, and the others are not
+ * waited for (a node that drips its map holds nothing while another
+ * answers). */
 static void rc_refresh(struct kv_rc *rc)
 {
 	struct rc_op ops[RC_REFRESH_FANOUT];
@@ -1400,8 +1543,6 @@ static void rc_refresh(struct kv_rc *rc)
 	struct rc_call *saved = rc->call;
 	uint64_t now = now_ns();
 	unsigned i, n = 0, pass, start;
-	int loaded = 0;
-	char why[96];
 
 	if (rc->have_map && (!rc->refresh_due || now - rc->last_refresh < ms_ns(rc->lim.refresh_min_ms)))
 		return;
@@ -1429,31 +1570,20 @@ static void rc_refresh(struct kv_rc *rc)
 		return;
 	}
 	rc->call = &call;
+	rc->map_ops = ops;
+	rc->map_n = n;
+	rc->map_won = 0;
 	rc_exchange(rc);
 	rc_unqueue_all(rc);
-	rc->call = saved;
+	rc_map_won(rc);   /* the last answers in, if none won yet */
 	for (i = 0; i < n; i++) {
-		struct rc_reply *r = ops[i].data;
-		int covered;
-
-		if (ops[i].status != KV_RC_OK || !r || loaded)
-			goto next;
-		covered = rc_parse_slots(rc, ops[i].node, r, why, sizeof(why));
-		if (covered <= 0) {
-			rc_error(rc, "%s:%d: CLUSTER SLOTS: %s", ops[i].node->host, ops[i].node->port,
-				 why);
-			goto next;
-		}
-		memcpy(rc->owner, rc->scratch, sizeof(rc->owner));
-		rc->have_map = 1;
-		rc->refresh_due = 0;
-		rc->st.refreshes++;
-		loaded = 1;
-next:
-		rc_reply_free(r);
+		rc_reply_free(ops[i].data);
 		ops[i].data = NULL;
 	}
-	if (loaded)
+	rc->call = saved;
+	rc->map_ops = NULL;
+	rc->map_n = 0;
+	if (rc->map_won)
 		rc_gc_nodes(rc);
 }
 
@@ -1479,7 +1609,11 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 		return -ENOMEM;
 	kv_assert(rc_check(rc));
 	rc->err[0] = 0;
-	rc_refresh(rc);
+	rc->call_deadline = rc->lim.call_ms ? now_ns() + ms_ns(rc->lim.call_ms) : UINT64_MAX;
+	if (atomic_load(&rc->cancelled))
+		rc->call_deadline = 0;   /* every key an error, nothing sent */
+	else
+		rc_refresh(rc);
 	rc->call = call;
 	for (i = 0; i < n; i++) {
 		ops[i].idx = i;
@@ -1516,6 +1650,8 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 		rc_exchange(rc);
 		rc_unqueue_all(rc);
 	}
+	if (rc->call_deadline == 0)
+		rc_error(rc, "cancelled");
 	for (i = 0; i < n; i++)
 		if (ops[i].again)
 			rc_op_fail(&ops[i]);  /* left over after the last round */
@@ -1671,6 +1807,7 @@ static const struct kv_rc_limits rc_defaults = {
 	.max_nodes = 1024,
 	.max_value = 512u << 20,
 	.pool_max = RC_POOL_DEFAULT,
+	.min_rate = 1u << 20,
 };
 
 int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
@@ -1679,7 +1816,8 @@ int kv_rc_set_limits(struct kv_rc *rc, const struct kv_rc_limits *l)
 	    l->backoff_max_ms < l->backoff_min_ms || l->backoff_max_ms > 3600000 ||
 	    l->max_redirects > 100 || l->refresh_min_ms > 3600000 || !l->max_nodes ||
 	    l->max_nodes > RC_MAX_NODES_CAP || l->max_nodes < rc->nnodes || !l->max_value ||
-	    l->max_value > RC_MAX_VALUE_CAP || (l->get_max && l->get_max >= l->max_value))
+	    l->max_value > RC_MAX_VALUE_CAP || (l->get_max && l->get_max >= l->max_value) ||
+	    l->call_ms > 3600000)
 		return -EINVAL;
 	rc->lim = *l;
 	for (unsigned i = 0; i < RC_POOL_CLASSES && rc->pool.bytes > rc->lim.pool_max; i++)
@@ -1710,6 +1848,12 @@ int kv_rc_new(const char *seeds, const char *user, const char *password, unsigne
 	if (!rc)
 		return -ENOMEM;
 	rc->lim = rc_defaults;
+	rc->cfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (rc->cfd < 0) {
+		rv = -errno;
+		free(rc);
+		return rv;
+	}
 	if (timeout_ms)
 		rc->lim.timeout_ms = timeout_ms;
 	rc->rbuf = malloc(RC_READ_CHUNK);
@@ -1781,11 +1925,24 @@ void kv_rc_free(struct kv_rc *rc)
 	for (i = 0; i < RC_POOL_CLASSES; i++)
 		rc_pool_drop(rc, &rc->pool.c[i]);
 	free(rc->user);
+	close(rc->cfd);
 	if (rc->password) {
 		explicit_bzero(rc->password, strlen(rc->password));
 		free(rc->password);
 	}
 	free(rc);
+}
+
+void kv_rc_cancel(struct kv_rc *rc)
+{
+	uint64_t one = 1;
+
+	if (!rc)
+		return;
+	atomic_store(&rc->cancelled, 1);
+	if (write(rc->cfd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: the counter is full, so it is readable anyway */
+	}
 }
 
 const char *kv_rc_last_error(const struct kv_rc *rc)

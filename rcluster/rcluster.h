@@ -9,8 +9,11 @@
  * every call is synchronous and returns within a bounded time:
  *   - a connection attempt waits at most timeout_ms;
  *   - a node that sends or accepts nothing for timeout_ms during a call is
- *     given up for that call (the wait restarts with every byte that moves,
- *     so a large batch on a slow link is not cut short while it flows);
+ *     given up for that call; and one that moves bytes slower than
+ *     min_rate on average (after a grace of timeout_ms) is given up too,
+ *     however it spaces them: a node that drips a value or a slot map
+ *     holds a call for about timeout_ms, not for as long as it likes;
+ *   - a whole call, slot map included, ends within call_ms when set;
  *   - a node that failed (refused, timed out, closed, bad reply, failed
  *     AUTH) is not tried again until its backoff has passed: backoff_min_ms,
  *     doubling up to backoff_max_ms, reset by a round that succeeds. Its keys
@@ -134,6 +137,20 @@ struct kv_rc_limits {
 	 * kept, in at most 8 sizes (rounded up to 4 KiB). Lowering it frees
 	 * what is over. */
 	size_t pool_max;
+	/* A node must move at least min_rate bytes per second (sent and
+	 * received together) over its part of an exchange, after a grace of
+	 * timeout_ms: it is given up when now passes
+	 *   round start + timeout_ms + bytes moved / min_rate,
+	 * however often single bytes arrive (a node that drips a value or a
+	 * slot map one byte at a time never resets it). 0: no floor. The
+	 * default is 1 MiB/s. */
+	size_t min_rate;
+	/* A call (kv_rc_get*(), kv_rc_set(), kv_rc_del()) returns within
+	 * call_ms, the slot map it may fetch first included: what is
+	 * unanswered then is KV_RC_ERROR, the nodes owing it are given up
+	 * (backoff). 0 (the default): no whole-call bound beyond the per-node
+	 * ones. */
+	unsigned call_ms;
 };
 
 struct kv_rc;
@@ -203,6 +220,14 @@ void kv_rc_vals_release(struct kv_rc *rc, size_t n, struct kv_rc_val *v);
 void kv_rc_val_free(struct kv_rc_val *v);
 /* The same for n values. */
 void kv_rc_vals_free(size_t n, struct kv_rc_val *v);
+
+/* Makes the call under way on rc's thread (if any) and every later call
+ * return at once, with every key unanswered KV_RC_ERROR and nothing more
+ * sent: for a daemon that stops (whatever the cluster does, its threads
+ * end now). Permanent. The one function that may be called from another
+ * thread than rc's (async-signal-safe too: an atomic store and a write()
+ * to an eventfd). */
+void kv_rc_cancel(struct kv_rc *rc);
 
 /* The first error of the last call, or "" if it had none: "host:port: what"
  * (a refused connection, a timeout, an AUTH the server refused with its

@@ -156,7 +156,8 @@ static void write_conf(void)
 
 	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\nremote_auth = off\n"
+		"remote_fetch_timeout = 30s\n\n", kvt_rc_seeds(&rc));
 	fprintf(f, "[namespace g4a]\nusers = %u\nremote = yes\n\n", uid);
 	fprintf(f, "[namespace g4b]\nusers = %u\nremote = yes\n\n", uid);
 	fprintf(f, "[namespace plain]\nusers = %u\n\n", uid);
@@ -312,7 +313,8 @@ int main(void)
 		CHECK((f = fopen(good, "w")) && fputs("s3cret\n", f) >= 0 && !fclose(f));
 		CHECK((f = fopen(badpw, "w")) && fputs("wrong\n", f) >= 0 && !fclose(f));
 		CHECK((f = fopen(path, "w")) != NULL);
-		fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\nremote_password_file = %s\n\n",
+		fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\nremote_auth = off\n"
+			"remote_fetch_timeout = 30s\nremote_password_file = %s\n\n",
 			kvt_rc_seeds(&rc), good);
 		fprintf(f, "[namespace g4u]\nusers = %u\nremote = yes\nremote_user = tenant\n"
 			"remote_password_file = %s\n\n", uid, good);

@@ -321,8 +321,11 @@ static void write_conf(void)
 	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
 	/* A long timeout: a stopped cluster must hold a fetch in flight for as
-	 * long as the test needs, not fail it. */
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\n", kvt_rc_seeds(&rc));
+	 * long as the test needs, not fail it. One reader: "queued" makes a
+	 * read-ahead wait behind another client's fetch (with two, it would be
+	 * read beside it). */
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\nremote_auth = off\n"
+		"remote_fetch_timeout = 120s\nremote_readers = 1\n", kvt_rc_seeds(&rc));
 	/* The test's uid may be root or the daemon's, admins on the worker
 	 * socket, whom a reload never turns away: not while rb is taken. */
 	fprintf(f, "worker_socket_admin = %s\n\n", rb_allowed ? "yes" : "no");

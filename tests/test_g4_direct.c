@@ -11,8 +11,9 @@
  * blocks after it were given back) and Check:
  *
  *   hits:     the whole chain, every block read into its slot (direct N);
- *   keyed:    "k" reserves no slot (the tag is checked over one buffer): N
- *             found through the client's buffers, direct 0;
+ *   keyed:    "k"'s values too are read into their slots, the tag checked
+ *             over header and payload where they lie (issue 36: values are
+ *             authenticated by default): N found, direct N;
  *   miss:     block 5 deleted from the cluster: 5 found, direct 5;
  *   short:    block 3's value cut to half a block: a checksum failure;
  *   long:     block 3's value one byte longer than a block's: refused by the
@@ -440,7 +441,8 @@ static void write_conf_as(int how)
 	CHECK(chmod(keyf, 0600) == 0);
 	snprintf(path, sizeof(path), "%s/kvcached.conf.tmp", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_auth = off\nremote_fetch_timeout = 30s\n\n",
+		kvt_rc_seeds(&rc));
 	if (how == 0)
 		fprintf(f, "[namespace d]\nusers = %u\nremote = yes\n\n", uid);
 	else if (how == 4)
@@ -483,7 +485,7 @@ int main(void)
 	kvt_stop(&a);
 
 	case_lookup("hits", "d", N, N, 0, 0);
-	case_lookup("keyed", "k", N, 0, 0, 0);
+	case_lookup("keyed", "k", N, N, 0, 0);
 
 	v3 = value_get(BASE + 3, &l3, k3, sizeof(k3));
 	v5 = value_get(BASE + 5, &l5, k5, sizeof(k5));

@@ -10,11 +10,25 @@
  *   oversize: a 64 MiB value (KVT_G4_BIG_MIB) planted under a block's key (a block is 64 KiB)
  *             is refused after one byte more than a block (counted), the
  *             daemon's peak RSS stays far below the value, and the other
- *             tenant ("other") is served its whole chain meanwhile. */
+ *             tenant ("other") is served its whole chain meanwhile;
+ *   default:  (issue 36) G4 values are authenticated unless the operator
+ *             opts out: a namespace with remote = yes and no
+ *             remote_key_file, in the default configuration, stops the
+ *             daemon's start with a message naming it; every one of
+ *             "keyed"'s 8 values forged (3 of them "other"'s blocks moved
+ *             under "keyed"'s keys, headers and CRC32C recomputed): 0
+ *             served, 8 auth failures; "other" opted out (remote_auth =
+ *             off): the start-up WARNING names it (and not "keyed"), and the
+ *             same forgeries of its values are all served, which is what the
+ *             opt-out means; a reload that takes the opt-out away (no key) is
+ *             refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -40,6 +54,8 @@ static unsigned BIG = 64u << 20;
  * remote_key_file (KVCACHED_BIN=...): no key, only the oversize part, and
  * no check of what it does, only the peak RSS printed. */
 static int before;
+/* Whether "other" opts out (remote_auth = off) in write_conf()'s file. */
+static int other_optout = 1;
 
 static struct kvt_rc rc;
 static char tmp[64], conf_arg[200];
@@ -181,12 +197,220 @@ static void write_conf(void)
 	CHECK(chmod(keyf, 0600) == 0);
 	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n%s\n", kvt_rc_seeds(&rc),
+		before ? "" : "remote_fetch_timeout = 30s\n");
 	fprintf(f, "[namespace keyed]\nusers = %u\nremote = yes\n%s%s\n\n", uid,
 		before ? "" : "remote_key_file = ", before ? "" : keyf);
-	fprintf(f, "[namespace other]\nusers = %u\nremote = yes\n", uid);
+	/* The operator's opt-out (issue 36): before it, the default. */
+	fprintf(f, "[namespace other]\nusers = %u\nremote = yes\n%s", uid,
+		before || !other_optout ? "" : "remote_auth = off\n");
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
+}
+
+/* What a party that can write ns's keys but has no secret can do to all of
+ * them: blocks 0-2 get the payload of ons's blocks obase + i (another
+ * tenant's KV moved under ns's keys), the others their own payload with a
+ * byte changed; headers (ns's own) and CRC32C recomputed, a tag kept as it
+ * was (the forger cannot make one). GETRANGE, so that a value planted
+ * larger gives its first bytes. */
+static void forge_all(const char *ns, uint64_t base, const char *ons, uint64_t obase)
+{
+	for (int i = 0; i < N; i++) {
+		char key[256], okey[256];
+		redisContext *x = find_key(ns, base + (uint64_t)i, key, sizeof(key)), *y;
+		redisReply *r = redisCommand(x, "GETRANGE %s 0 %u", key, HDR + BB + TAG - 1), *o, *s;
+		uint8_t *v;
+		uint32_t crc, zero = 0;
+
+		CHECK(r && r->type == REDIS_REPLY_STRING && r->len >= HDR + BB);
+		v = malloc(r->len);
+		CHECK(v != NULL);
+		memcpy(v, r->str, r->len);
+		if (i < 3) {
+			y = find_key(ons, obase + (uint64_t)i, okey, sizeof(okey));
+			o = redisCommand(y, "GETRANGE %s %u %u", okey, HDR, HDR + BB - 1);
+			CHECK(o && o->type == REDIS_REPLY_STRING && o->len == BB);
+			memcpy(v + HDR, o->str, BB);
+			freeReplyObject(o);
+			redisFree(y);
+		} else {
+			v[HDR + 300 + i] ^= 0xa5;
+		}
+		crc = kv_crc32c(0, v + HDR, BB);
+		memcpy(v + 72, &crc, 4);        /* payload_crc */
+		memcpy(v + 12, &zero, 4);       /* hdr_crc = 0, then the header's CRC */
+		crc = kv_crc32c(0, v, HDR);
+		memcpy(v + 12, &crc, 4);
+		s = redisCommand(x, "SET %s %b", key, v, r->len);
+		CHECK(s && s->type == REDIS_REPLY_STATUS);
+		freeReplyObject(s);
+		freeReplyObject(r);
+		free(v);
+		redisFree(x);
+	}
+}
+
+/* ns's blocks base + i looked up one at a time (each a chain of one, so
+ * that a refused block hides none after it): how many were served in
+ * *served, and of them how many hold bytes that are not the block's (a
+ * forgery served) as the return. */
+static int forged_served(const char *ns, uint64_t base, int *served)
+{
+	kvc_conn *c = kvt_connect(ns);
+	int pool = kvt_pool(c, "p", BB), bad = 0;
+
+	*served = 0;
+	for (int i = 0; i < N; i++) {
+		kvc_hash h = kvt_hash(base + (uint64_t)i);
+		kvc_block b;
+		int k = kvc_lookup(c, pool, &h, 1, &b);
+
+		CHECK(k >= 0);
+		if (k == 1) {
+			(*served)++;
+			bad += !kvt_mem_verify(c, kvc_block_ptr(c, b), BB, base + (uint64_t)i);
+			CHECK_EQ(kvc_release(c, &b, 1), 0);
+		}
+	}
+	kvc_close(c);
+	return bad;
+}
+
+/* The daemon with conf (a path): its exit status (it must exit within a
+ * minute: a start it refuses) and what it logged, into out. */
+static int run_refused(const char *conf, char *out, size_t len)
+{
+	char arg[200], logp[160], sock[160];
+	pid_t pid;
+	FILE *f;
+	size_t n;
+	int st;
+
+	snprintf(arg, sizeof(arg), "--config=%s", conf);
+	snprintf(logp, sizeof(logp), "%s/refused.log", tmp);
+	snprintf(sock, sizeof(sock), "%s/refused.sock", tmp);
+	CHECK((pid = fork()) >= 0);
+	if (pid == 0) {
+		int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		if (fd < 0 || dup2(fd, 2) < 0)
+			_exit(127);
+		execl(getenv("KVCACHED_BIN"), "kvcached", arg, "--socket", sock, "--host-tier-size",
+		      "2MiB", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0;; i++) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+
+		CHECK(r >= 0);
+		if (r == pid)
+			break;
+		if (i > 60000) {
+			kill(pid, SIGKILL);
+			fprintf(stderr, "the daemon started with %s (it should refuse)\n", conf);
+			exit(1);
+		}
+		usleep(1000);
+	}
+	CHECK((f = fopen(logp, "r")) != NULL);
+	n = fread(out, 1, len - 1, f);
+	out[n] = 0;
+	fclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* node_start() with the daemon's stderr in tmp/name instead. */
+static void node_start_logged(struct kvt_daemon *d, const char *name)
+{
+	char logp[160];
+	int fd, saved = dup(2);
+
+	snprintf(logp, sizeof(logp), "%s/%s", tmp, name);
+	CHECK(saved >= 0 && (fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600)) >= 0);
+	CHECK(dup2(fd, 2) == 2);
+	close(fd);
+	node_start(d);
+	CHECK(dup2(saved, 2) == 2);
+	close(saved);
+}
+
+/* Whether the log tmp/name has a WARNING of unauthenticated reads that
+ * names namespace ns. */
+static int warned_about(const char *name, const char *ns)
+{
+	char path[160], line[4096], a[80], b[80];
+	int hit = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", tmp, name);
+	snprintf(a, sizeof(a), " %s ", ns);
+	snprintf(b, sizeof(b), " %s,", ns);
+	CHECK((f = fopen(path, "r")) != NULL);
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "warning") && strstr(line, "WITHOUT authentication") &&
+		    (strstr(line, a) || strstr(line, b)))
+			hit = 1;
+	fclose(f);
+	return hit;
+}
+
+/* Issue 36: no G4 value is taken on trust by default. */
+static void test_default(void)
+{
+	struct kvt_daemon n1, n2;
+	char conf[160], out[8192];
+	int served, bad;
+	FILE *f;
+
+	if (!before) {
+		/* The default configuration, a namespace without a key: refused. */
+		snprintf(conf, sizeof(conf), "%s/default.conf", tmp);
+		CHECK((f = fopen(conf, "w")) != NULL);
+		fprintf(f, "remote_seeds = %s\n\n[namespace nokey]\nusers = %u\nremote = yes\n",
+			kvt_rc_seeds(&rc), (unsigned)getuid());
+		fclose(f);
+		CHECK(run_refused(conf, out, sizeof(out)) != 0);
+		fprintf(stderr, "default: a namespace without a key stops the start: %s", out);
+		CHECK(strstr(out, "[namespace nokey]") && strstr(out, "remote_key_file") &&
+		      strstr(out, "remote_auth = off"));
+	}
+	/* Every value of keyed forged (three are other's blocks): none served. */
+	if (!before) {
+		forge_all("keyed", 1000, "other", 3000);
+		node_start_logged(&n1, "n1.log");
+		bad = forged_served("keyed", 1000, &served);
+		fprintf(stderr, "default: keyed (remote_key_file): %d of %d forged values served\n",
+			served, N);
+		CHECK_EQ(served, 0);
+		CHECK_EQ(bad, 0);
+		CHECK_EQ(kvt_metric("kvcached_g4_auth_failures_total"), N);
+		CHECK(warned_about("n1.log", "other") && !warned_about("n1.log", "keyed"));
+		kvt_stop(&n1);
+	}
+	/* The opt-out serves what anyone who can write the keys puts there. */
+	forge_all("other", 3000, "keyed", 1003);
+	node_start(&n2);
+	bad = forged_served("other", 3000, &served);
+	fprintf(stderr, "%s: other (%s): %d of %d forged values served\n",
+		before ? "before" : "opted out", before ? "no key: the default" : "remote_auth = off",
+		bad, N);
+	CHECK_EQ(bad, N);
+	if (!before) {
+		/* A reload that would leave "other" reading without a key and
+		 * without the opt-out is refused; the running configuration stays. */
+		other_optout = 0;
+		write_conf();
+		CHECK(kill(n2.pid, SIGHUP) == 0);
+		for (int tries = 0; kvt_metric("kvcached_reload_failures_total") < 1; tries++) {
+			CHECK(tries < 60000);
+			usleep(1000);
+		}
+		fprintf(stderr, "default: a reload that drops other's opt-out is refused\n");
+		other_optout = 1;
+		write_conf();
+	}
+	kvt_stop(&n2);
 }
 
 int main(void)
@@ -224,6 +448,8 @@ int main(void)
 		peak = peak_kib(b3.pid);
 		fprintf(stderr, "before: found %d; peak RSS %ld KiB before the lookup, %ld after "
 			"(the value is %u KiB)\n", k, base_kib, peak, BIG >> 10);
+		kvt_stop(&b3);
+		test_default();
 		return 0;
 	}
 	/* forged: block 4 with a valid header and CRC32C but no valid tag */
@@ -259,6 +485,7 @@ int main(void)
 	CHECK_EQ(kvt_metric("kvcached_g4_oversize_total"), 1);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&b2);
+	test_default();
 	kvt_stop(&b);
 	kvt_stop(&a);
 	kvt_rc_stop(&rc);

@@ -155,7 +155,8 @@ static void write_conf(void)
 
 	snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
 	CHECK((f = fopen(path, "w")) != NULL);
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\n\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 2s\nremote_auth = off\n"
+		"remote_fetch_timeout = 30s\n\n", kvt_rc_seeds(&rc));
 	fprintf(f, "[namespace wb]\nusers = %u\nremote = yes\n\n", uid);
 	fprintf(f, "[namespace dm]\nusers = %u\nremote = yes\nremote_write = demote\n\n", uid);
 	fprintf(f, "[namespace ro]\nusers = %u\nremote = yes\nremote_write = off\n\n", uid);

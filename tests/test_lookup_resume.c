@@ -61,7 +61,8 @@ static void write_conf(void)
 	CHECK((f = fopen(path, "w")) != NULL);
 	/* A long timeout: a stopped cluster must hold a fetch in flight for as
 	 * long as the test needs, not fail it. */
-	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\n", kvt_rc_seeds(&rc));
+	fprintf(f, "remote_seeds = %s\nremote_timeout = 60s\nremote_auth = off\n"
+		"remote_fetch_timeout = 120s\n", kvt_rc_seeds(&rc));
 	fprintf(f, "worker_socket_admin = yes\nmax_block_refs = %u\n\n", MAX_REFS);
 	fprintf(f, "[namespace ra]\nusers = %u\nremote = yes\nttl = %s\n", (unsigned)getuid(), ttl);
 	fclose(f);

@@ -4,7 +4,10 @@
  * redirects, replies too large, replies to nothing, silence, hang-ups; and
  * values read into the caller's destinations (kv_rc_get_into()): split over
  * parts, longer than the destination (nothing written), not a string, a
- * string slipped in for the next key, never a byte past a part's end.
+ * string slipped in for the next key, never a byte past a part's end; and
+ * (issue 36) a value dripped a byte every 10 ms, inside the silence
+ * timeout: given up by the rate floor, or by the call's deadline; a call
+ * cancelled from another thread.
  * Every one must be an error for the keys it touches (or a rejected map),
  * with a message, never a crash, a hang or a huge allocation; ASan and
  * UBSan watch the sanitizer build.
@@ -236,6 +239,16 @@ static int reply_get(int fd, const char *key, size_t klen)
 		puts_fd(fd, "$1\r\nx\r\n$5\r\nshift\r\n");
 	} else if (IS("half")) {
 		puts_fd(fd, "*3\r\n$1\r\na\r\n");  /* and nothing more */
+	} else if (IS("drip")) {
+		/* 2000 bytes, one every 10 ms (20 s): never silent for 10 ms. */
+		struct timespec ts = { 0, 10000000L };
+
+		puts_fd(fd, "$2000\r\n");
+		for (int i = 0; i < 2002 && !stop; i++) {
+			if (send(fd, "d", 1, MSG_NOSIGNAL) <= 0)
+				return -1;
+			nanosleep(&ts, NULL);
+		}
 	} else if (IS("close")) {
 		return -1;
 	} else if (IS("slow")) {
@@ -771,6 +784,76 @@ static void test_nodes_cap(void)
 	kv_rc_free(rc);
 }
 
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void *cancel_later(void *arg)
+{
+	struct timespec ts = { 0, 100000000L };
+
+	nanosleep(&ts, NULL);
+	kv_rc_cancel(arg);
+	return NULL;
+}
+
+/* Issue 36: a node that drips a value (a byte every 10 ms, inside the
+ * 200 ms silence timeout, for 20 s) is given up by the rate floor, or by
+ * the call's deadline without one; kv_rc_cancel() from another thread ends
+ * a call at once, and every later one. The bound on each (5 s) is loose:
+ * the point is that nothing waits for the drip. */
+static void test_deadlines(void)
+{
+	struct kv_rc *rc = client(NULL, 200, 0);
+	struct kv_rc_limits l;
+	struct kv_rc_val v;
+	pthread_t t;
+	uint64_t t0, ms;
+
+	t0 = mono_ms();
+	expect_error(rc, "drip", "too slow");
+	ms = mono_ms() - t0;
+	printf("drip, min_rate %u bytes/s after 200 ms: given up after %llu ms\n", 1u << 20,
+	       (unsigned long long)ms);
+	CHECK(ms < 5000);
+	kv_rc_free(rc);
+
+	rc = client(NULL, 200, 0);
+	kv_rc_get_limits(rc, &l);
+	l.min_rate = 0;
+	l.call_ms = 300;
+	CHECK_EQ(kv_rc_set_limits(rc, &l), 0);
+	t0 = mono_ms();
+	expect_error(rc, "drip", "the call's deadline (300 ms) passed");
+	ms = mono_ms() - t0;
+	printf("drip, no floor, call_ms 300: the call ended after %llu ms\n",
+	       (unsigned long long)ms);
+	CHECK(ms < 5000);
+	kv_rc_free(rc);
+
+	rc = client(NULL, SLOW_OK_MS, 0);
+	kv_rc_get_limits(rc, &l);
+	l.min_rate = 0;
+	CHECK_EQ(kv_rc_set_limits(rc, &l), 0);
+	expect_hit(rc, "hit", "abc", 3);
+	CHECK(pthread_create(&t, NULL, cancel_later, rc) == 0);
+	t0 = mono_ms();
+	CHECK_EQ(get1(rc, "slow", &v), KV_RC_ERROR);
+	ms = mono_ms() - t0;
+	CHECK(strstr(kv_rc_last_error(rc), "cancelled"));
+	printf("silent node, cancelled after 100 ms: the call ended after %llu ms\n",
+	       (unsigned long long)ms);
+	CHECK(ms < 5000);
+	pthread_join(t, NULL);
+	CHECK_EQ(get1(rc, "hit", &v), KV_RC_ERROR);   /* and every call after it */
+	CHECK(strstr(kv_rc_last_error(rc), "cancelled"));
+	kv_rc_free(rc);
+}
+
 static void test_auth(void)
 {
 	struct kv_rc *rc = client("right", SLOW_OK_MS, 0);
@@ -823,6 +906,7 @@ int main(void)
 	test_replies();
 	test_into();
 	test_nodes_cap();
+	test_deadlines();
 	test_auth();
 	test_faults();
 

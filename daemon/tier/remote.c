@@ -1,7 +1,11 @@
 /* G4: sealed blocks in a Redis Cluster that a fleet of nodes shares
- * (docs/g4.md). The cluster client (rcluster.h) runs on two threads of the
- * tier's own, each with its own connections: one reads (lookups wait on it),
- * one writes (so that write-back never delays a lookup). Both hand their
+ * (docs/g4.md). The cluster client (rcluster.h) runs on threads of the
+ * tier's own, each with its own connections: remote_readers read (lookups
+ * wait on them; a fetch a slow node holds holds one, for
+ * remote_fetch_timeout at most), one writes (so that write-back never
+ * delays a lookup). Every node must move remote_min_rate bytes a second
+ * after remote_timeout, or is given up and backed off; the stop cancels
+ * every call under way (issue 36). Both hand their
  * results to the loop through the disk tier's eventfd (without G3, one G4
  * makes itself: tier_remote_open()). Blocks are written to the cluster at
  * the moment remote_write names: at their write-back to G3 (from the G2
@@ -71,14 +75,31 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 	if (file && file[0] && (r = read_password(file, pw, sizeof(pw), err, errlen)) < 0)
 		return r;
 	r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
-		      (unsigned)c->remote_timeout_ms, &cl->rd, e, sizeof(e));
-	if (r == 0)
+		      (unsigned)c->remote_timeout_ms, &cl->wr, e, sizeof(e));
+	for (uint32_t k = 0; r == 0 && k < t->g4->nreaders; k++)
 		r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
-			      (unsigned)c->remote_timeout_ms, &cl->wr, e, sizeof(e));
+			      (unsigned)c->remote_timeout_ms, &cl->rd[k], e, sizeof(e));
 	memset(pw, 0, sizeof(pw));
-	if (r < 0)
+	if (r < 0) {
 		snprintf(err, errlen, "remote_seeds%s%s: %s", ns[0] ? ", namespace " : "", ns, e);
-	return r;
+		return r;
+	}
+	/* Issue 36: every node moves remote_min_rate bytes a second or is
+	 * given up (and backed off); a read (slot map included) ends within
+	 * remote_fetch_timeout, whatever the cluster sends. */
+	for (uint32_t k = 0; k <= t->g4->nreaders; k++) {
+		struct kv_rc *rc = k < t->g4->nreaders ? cl->rd[k] : cl->wr;
+		struct kv_rc_limits l;
+
+		kv_rc_get_limits(rc, &l);
+		l.min_rate = (size_t)c->remote_min_rate;
+		l.call_ms = rc == cl->wr ? 0 : (unsigned)c->remote_fetch_timeout_ms;
+		if ((r = kv_rc_set_limits(rc, &l)) < 0) {
+			snprintf(err, errlen, "remote_min_rate, remote_fetch_timeout: out of range");
+			return r;
+		}
+	}
+	return 0;
 }
 
 /* t->g2_dropping: a copy only G2 holds is about to go. */
@@ -101,6 +122,9 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
+	g->nreaders = c->remote_readers ? c->remote_readers : 2;
+	if (g->nreaders > G4_READERS_MAX)
+		g->nreaders = G4_READERS_MAX;
 	g->mode = !strcmp(c->remote_write, "off")      ? KV_G4W_OFF
 		  : !strcmp(c->remote_write, "demote") ? KV_G4W_DEMOTE
 						       : KV_G4W_WRITEBACK;
@@ -135,14 +159,28 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 			return r;
 		}
 	}
-	if ((r = kv_worker_start(&g->rw, t->disk.efd)) < 0 ||
-	    (r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
+	for (uint32_t k = 0; k < g->nreaders; k++)
+		if ((r = kv_worker_start(&g->rw[k], t->disk.efd)) < 0) {
+			snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
+			return r;
+		}
+	if ((r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
 		snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
 		return r;
 	}
 	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us, %u namespace%s with a user of its "
-		"own, %u with authenticated values", c->remote_seeds, c->remote_prefix, g->ttl_s,
-		g->ncl - 1, g->ncl == 2 ? "" : "s", g->nkeys);
+		"own, %u with authenticated values, %u readers, reads within %llu ms, nodes at "
+		"%llu bytes/s at least", c->remote_seeds, c->remote_prefix, g->ttl_s, g->ncl - 1,
+		g->ncl == 2 ? "" : "s", g->nkeys, g->nreaders,
+		(unsigned long long)c->remote_fetch_timeout_ms,
+		(unsigned long long)c->remote_min_rate);
+	/* remote_auth = off (issue 36): said loudly, once, naming each. */
+	if (c->remote_unauth[0])
+		kv_warn("G4: namespace%s %s read%s values from the shared cluster at %s WITHOUT "
+			"authentication (remote_auth = off, no remote_key_file): whoever can write "
+			"their keys there (a cluster user, a compromised node) can feed their engines "
+			"any KV; give each a remote_key_file", strchr(c->remote_unauth, ',') ? "s" : "",
+			c->remote_unauth, strchr(c->remote_unauth, ',') ? "" : "s", c->remote_seeds);
 	return 0;
 }
 
@@ -152,9 +190,19 @@ void tier_remote_close(struct kv_tiers *t)
 
 	if (!g)
 		return;
-	/* Runs what is queued (reads and writes finish; their done()s see
-	 * t->stopping and make nothing new). */
-	kv_worker_stop(&g->rw);
+	/* Whatever the cluster does, the threads end now (issue 36: a node
+	 * that dripped held the read thread, so the daemon's exit, past any
+	 * drain timeout): every client's call under way returns at once, with
+	 * what is unanswered an error (a read is a miss, a write is counted
+	 * as failed), and what is queued runs as at once; their done()s see
+	 * t->stopping and make nothing new. */
+	for (uint32_t i = 0; i < g->ncl; i++) {
+		for (uint32_t k = 0; k < g->nreaders; k++)
+			kv_rc_cancel(g->cl[i].rd[k]);
+		kv_rc_cancel(g->cl[i].wr);
+	}
+	for (uint32_t k = 0; k < g->nreaders; k++)
+		kv_worker_stop(&g->rw[k]);
 	kv_worker_stop(&g->ww);
 	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
 		while (g->fq[ns]) {
@@ -178,7 +226,8 @@ void tier_remote_close(struct kv_tiers *t)
 			free(w->buf);
 			free(w);
 		}
-		kv_rc_free(cl->rd);
+		for (uint32_t k = 0; k < g->nreaders; k++)
+			kv_rc_free(cl->rd[k]);
 		kv_rc_free(cl->wr);
 		free(cl->wj);
 	}
@@ -192,7 +241,8 @@ void tier_remote_close(struct kv_tiers *t)
 void tier_remote_reap(struct kv_tiers *t)
 {
 	if (t->g4) {
-		kv_worker_reap(&t->g4->rw);
+		for (uint32_t k = 0; k < t->g4->nreaders; k++)
+			kv_worker_reap(&t->g4->rw[k]);
 		kv_worker_reap(&t->g4->ww);
 	}
 }
@@ -207,10 +257,14 @@ int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
 	for (uint32_t i = 0; i < t->g4->ncl; i++) {
 		const struct g4_client *c = &t->g4->cl[i];
 
-		st->redirects += c->rd_st.redirects_moved + c->rd_st.redirects_ask +
-				 c->wr_st.redirects_moved + c->wr_st.redirects_ask;
-		st->reconnects += c->rd_st.reconnects + c->wr_st.reconnects;
-		st->connect_failures += c->rd_st.connect_failures + c->wr_st.connect_failures;
+		st->redirects += c->wr_st.redirects_moved + c->wr_st.redirects_ask;
+		st->reconnects += c->wr_st.reconnects;
+		st->connect_failures += c->wr_st.connect_failures;
+		for (uint32_t k = 0; k < t->g4->nreaders; k++) {
+			st->redirects += c->rd_st[k].redirects_moved + c->rd_st[k].redirects_ask;
+			st->reconnects += c->rd_st[k].reconnects;
+			st->connect_failures += c->rd_st[k].connect_failures;
+		}
 	}
 	return 1;
 }

@@ -30,6 +30,7 @@
 #define WRITE_BATCH 256       /* writes one job sends */
 #define KEY_MAX 200
 #define WPOOL_CLASSES 8       /* value lengths the write pool keeps buffers of */
+#define G4_READERS_MAX 16     /* remote_readers at most */
 
 /* A write: from remote_want() to write_done(), the loop's, except while a
  * job holds it (the worker's seal job, the write thread's batch). */
@@ -51,6 +52,7 @@ struct g4_fetch {
 	struct g4_fetch *next;    /* in its namespace's queue */
 	uint32_t ns;
 	uint32_t cl;
+	uint32_t rd;              /* the reader it went to (fetch_next()) */
 	const uint8_t *mac_key;   /* the namespace's (g4mac.h); NULL: none */
 	size_t vlen;              /* what each value's length must be */
 	struct kv_pool *pool;     /* held */
@@ -74,6 +76,7 @@ struct g4_fetch {
 	struct tblock *res[FETCH_MAX];
 	uint8_t *slot[FETCH_MAX];
 	struct kv_rc_dst dst[FETCH_MAX];
+	uint8_t tag[FETCH_MAX][KV_G4MAC_TAG_BYTES];  /* a reserved value's tag (with mac_key) */
 	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
@@ -98,11 +101,13 @@ struct g4_wjob {
  * thread, and its writes go out in jobs of their own. */
 struct g4_client {
 	char ns[64];              /* "" for the daemon's */
-	struct kv_rc *rd, *wr;    /* each used by its own thread only */
+	/* Each used by its own thread only: rd[r] by reader r, wr by the
+	 * write thread. */
+	struct kv_rc *rd[G4_READERS_MAX], *wr;
 	struct g4_write *pending, **pending_tail;
 	int writing;              /* wj is under way */
 	struct g4_wjob *wj;       /* its write job, made at start */
-	struct kv_rc_stats rd_st, wr_st;  /* the clients' last counters */
+	struct kv_rc_stats rd_st[G4_READERS_MAX], wr_st;  /* the clients' last counters */
 };
 
 /* The write pool's buffers of one length (the loop's: see remote_write.c's
@@ -126,14 +131,16 @@ struct kv_g4 {
 	uint32_t ncl;
 	struct g4_key keys[64];
 	uint32_t nkeys;
-	/* Fetches waiting for the read thread, per namespace id; one is there
-	 * at a time (reading), the namespaces taking turns (fetch_next). */
+	/* Fetches waiting for a reader, per namespace id; each of the nreaders
+	 * read threads has one at a time (cur[r]), the namespaces taking turns
+	 * (fetch_next): a fetch that a slow node holds (for remote_fetch_timeout
+	 * at most) holds one reader, not the others (issue 36). */
 	struct g4_fetch *fq[KV_MAX_NS + 1], **fq_tail[KV_MAX_NS + 1];
 	uint32_t fq_last;         /* the namespace served last */
 	uint32_t fq_waiting;
-	int reading;
-	struct g4_fetch *cur;     /* the one being read */
-	struct kv_worker rw, ww;
+	uint32_t nreaders, nreading;
+	struct g4_fetch *cur[G4_READERS_MAX];  /* being read by reader r; NULL: idle */
+	struct kv_worker rw[G4_READERS_MAX], ww;
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */

@@ -51,11 +51,16 @@
 #include "g4mac.h"
 #include "log.h"
 
+/* Whether pool p's namespace reads G4: remote = yes, and its values can be
+ * authenticated (its remote_key_file was read at start), or it opted out
+ * (remote_auth = off). A namespace that a reload made remote with a key
+ * file the tier has not read, or without one, reads nothing (issue 36:
+ * values are never taken on trust by default). */
 static int ns_remote(struct kv_tiers *t, const struct kv_pool *p)
 {
 	const struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
 
-	return m && m->lim.remote;
+	return m && m->lim.remote && (m->lim.remote_unauth || tier_g4_mac_key_of(t, p->ns));
 }
 
 int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const void *data,
@@ -79,19 +84,28 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 }
 
 /* tier_remote_check() of a value read into a G2 slot: its header at slot,
- * its payload at slot + HDR_BYTES, len bytes in all (no tag: a namespace
- * with a key reserves no slot). */
-static int check_in_slot(const struct slot_hdr *want, const uint8_t *slot, size_t len)
+ * its payload at slot + HDR_BYTES, its tag (with mac_key) in tag; len bytes
+ * in all. The tag is checked over header and payload in their two places
+ * (issue 36: with values authenticated by default, a tagged value is read
+ * straight into its slot too). */
+static int check_in_slot(const struct slot_hdr *want, const uint8_t *mac_key,
+			 const uint8_t *slot, const uint8_t *tag, size_t len)
 {
 	struct slot_hdr h, w = *want;
+	size_t vlen = sizeof(h) + w.payload_len + (mac_key ? KV_G4MAC_TAG_BYTES : 0);
 
-	if (len > sizeof(h) + w.payload_len)
+	if (len > vlen)
 		return G4_VALUE_OVERSIZE;
-	if (len != sizeof(h) + w.payload_len)
+	if (len != vlen)
 		return G4_VALUE_BAD;
 	memcpy(&h, slot, sizeof(h));
 	slot_hdr_seal(&w, kv_crc32c(0, slot + HDR_BYTES, w.payload_len));
-	return memcmp(&h, &w, sizeof(h)) ? G4_VALUE_BAD : G4_VALUE_GOOD;
+	if (memcmp(&h, &w, sizeof(h)))
+		return G4_VALUE_BAD;
+	if (mac_key && !kv_g4mac_check2(mac_key, slot, sizeof(h), slot + HDR_BYTES, w.payload_len,
+					tag))
+		return G4_VALUE_BAD_TAG;
+	return G4_VALUE_GOOD;
 }
 
 /* The read thread, during kv_rc_get_into(): value i was just read into
@@ -104,14 +118,14 @@ static void fetch_value(void *arg, size_t i, size_t len)
 	if (i >= f->n || !f->slot[i])
 		return;
 	memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
-	f->chk[i] = (uint8_t)(check_in_slot(&want, f->slot[i], len) + 1);
+	f->chk[i] = (uint8_t)(check_in_slot(&want, f->mac_key, f->slot[i], f->tag[i], len) + 1);
 }
 
 /* The read thread: the values, and which of them check out. */
 static void fetch_run(struct kv_job *j)
 {
 	struct g4_fetch *f = kv_container_of(j, struct g4_fetch, job);
-	struct kv_rc *rc = f->t->g4->cl[f->cl].rd;
+	struct kv_rc *rc = f->t->g4->cl[f->cl].rd[f->rd];
 	struct kv_rc_limits lim;
 	uint32_t i;
 
@@ -144,7 +158,8 @@ static void fetch_run(struct kv_job *j)
 		}
 		memcpy(want.hash, f->hash[i], KV_HASH_BYTES);
 		if (f->slot[i])
-			c = f->chk[i] ? f->chk[i] - 1 : check_in_slot(&want, f->slot[i], v->len);
+			c = f->chk[i] ? f->chk[i] - 1
+				      : check_in_slot(&want, f->mac_key, f->slot[i], f->tag[i], v->len);
 		else
 			c = tier_remote_check(&want, f->mac_key, v->data, v->len);
 		if (c != G4_VALUE_GOOD) {
@@ -171,8 +186,9 @@ void tier_remote_count_holds(struct kv_tiers *t)
 
 	if (!g)
 		return;
-	if (g->cur)
-		g->cur->pool->check_holds++;
+	for (uint32_t k = 0; k < g->nreaders; k++)
+		if (g->cur[k])
+			g->cur[k]->pool->check_holds++;
 	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
 		for (struct g4_fetch *f = g->fq[ns]; f; f = f->next)
 			f->pool->check_holds++;
@@ -212,7 +228,7 @@ static void fetch_done(struct kv_job *j)
 	g->st.checksum_failures += f->bad_sum;
 	g->st.auth_failures += f->bad_mac;
 	g->st.oversize += f->oversize;
-	g->cl[f->cl].rd_st = f->rc;
+	g->cl[f->cl].rd_st[f->rd] = f->rc;
 	if (f->bad_sum)
 		kv_warn("G4: a value for pool '%s' did not check out (header or CRC32C); treated "
 			"as a miss", f->pool->name);
@@ -223,8 +239,8 @@ static void fetch_done(struct kv_job *j)
 	if (f->oversize)
 		kv_warn("G4: a value for pool '%s' is longer than its %zu bytes; refused after "
 			"%zu bytes, treated as a miss", f->pool->name, f->vlen, f->vlen + 1);
-	g->reading = 0;
-	g->cur = NULL;
+	g->nreading--;
+	g->cur[f->rd] = NULL;
 	g->st.fetching--;
 	kv_hist_since(&g->st.hist, f->start_ns);
 	/* A read-ahead that its lookup has not come to wait on takes no dirty
@@ -281,11 +297,11 @@ index_it:
 	for (i = 0; i < nmk; i++)
 		if (!mk[i]->busy)   /* nothing took it meanwhile (no waiter ran) */
 			tb_set_idle(t, mk[i]);
-	/* The read thread is idle (reading is 0, and nothing was handed to
-	 * it since): the buffers go back to its client's pool, pages mapped,
-	 * for the next fetch; before the waiters run, whose reruns may hand it
-	 * the next fetch (a read-ahead) at once. */
-	kv_rc_vals_release(g->cl[f->cl].rd, f->n, f->vals);
+	/* Its reader is idle (cur[rd] is NULL, and nothing was handed to it
+	 * since): the buffers go back to its client's pool, pages mapped, for
+	 * the next fetch; before the waiters run, whose reruns may hand it the
+	 * next fetch (a read-ahead) at once. */
+	kv_rc_vals_release(g->cl[f->cl].rd[f->rd], f->n, f->vals);
 	fetch_unreserve(t, f);
 	mark = made < f->n ? kv_tiers_remote_mark(f->pool, f->hash[made]) : 0;
 	kv_list_for_each(pos, &f->waiters)
@@ -310,16 +326,16 @@ index_it:
  * fetch_done() only indexes what checked out. Taken from free room only
  * (slot_alloc_free(): nothing cached is dropped for blocks that may well
  * miss, which also keeps a read-ahead's rule, slot_alloc_clean()); none for a
- * block here already, none from the first that finds no room on, none for a
- * namespace whose values carry a tag (checked over header and payload in
- * one piece). Those values are read into the client's buffers and copied
- * on the loop, as before. A reserved slot is the fetch's until fetch_done():
+ * block here already, none from the first that finds no room on (those
+ * values are read into the client's buffers and copied on the loop, as
+ * before). A value's tag, with the namespace's key, goes into f->tag. A
+ * reserved slot is the fetch's until fetch_done():
  * its tblock (FETCH) is in no index and on no LRU, so nothing on the loop
  * reads, evicts or frees it meanwhile, and only the read thread writes its
  * bytes. */
 static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
 {
-	if (f->mac_key || !t->lv[L2].on)
+	if (!t->lv[L2].on)
 		return;
 	for (uint32_t i = 0; i < f->n; i++) {
 		struct tblock *tb;
@@ -342,32 +358,41 @@ static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
 		f->dst[i].part[1].p = slot + HDR_BYTES;
 		f->dst[i].part[1].len = f->want.payload_len;
 		f->dst[i].nparts = 2;
+		if (f->mac_key) {
+			f->dst[i].part[2].p = f->tag[i];
+			f->dst[i].part[2].len = KV_G4MAC_TAG_BYTES;
+			f->dst[i].nparts = 3;
+		}
 	}
 }
 
-/* Hands the read thread the next fetch, if it is idle: the first waiting
- * of the namespace after the one served last. */
+/* Hands each idle reader a fetch: the first waiting of the namespace
+ * after the one served last. */
 static void fetch_next(struct kv_tiers *t)
 {
 	struct kv_g4 *g = t->g4;
 	struct g4_fetch *f;
-	uint32_t ns;
+	uint32_t ns, r;
 
-	if (g->reading || !g->fq_waiting || t->stopping)
-		return;
-	for (uint32_t k = 1; k <= KV_MAX_NS + 1; k++) {
-		ns = (g->fq_last + k) % (KV_MAX_NS + 1);
-		if (!(f = g->fq[ns]))
-			continue;
-		if (!(g->fq[ns] = f->next))
-			g->fq_tail[ns] = &g->fq[ns];
-		g->fq_waiting--;
-		g->fq_last = ns;
-		g->reading = 1;
-		g->cur = f;
-		fetch_reserve(t, f);
-		kv_worker_submit(&g->rw, &f->job);
-		return;
+	while (g->nreading < g->nreaders && g->fq_waiting && !t->stopping) {
+		for (r = 0; r < g->nreaders && g->cur[r]; r++)
+			;
+		kv_assert(r < g->nreaders);
+		for (uint32_t k = 1; k <= KV_MAX_NS + 1; k++) {
+			ns = (g->fq_last + k) % (KV_MAX_NS + 1);
+			if (!(f = g->fq[ns]))
+				continue;
+			if (!(g->fq[ns] = f->next))
+				g->fq_tail[ns] = &g->fq[ns];
+			g->fq_waiting--;
+			g->fq_last = ns;
+			g->nreading++;
+			g->cur[r] = f;
+			f->rd = r;
+			fetch_reserve(t, f);
+			kv_worker_submit(&g->rw[r], &f->job);
+			break;
+		}
 	}
 }
 
