@@ -67,24 +67,33 @@ def worker(sock, layout, kernel_bs=None, extra=None):
 
 
 def fill(kv, bid, seed):
-    """Block bid of every layer: bytes from seed, in logical [H, N, C] order
-    (whatever the physical layout)."""
+    """Block bid of every layer: distinct bytes from seed for each (head,
+    token) in logical [H, N, C] order, whatever the physical layout and the
+    kernel split."""
     import torch
     ratio = kv[vc.LAYERS[0]].shape[0] // NB
     for li, name in enumerate(vc.LAYERS):
         v = kv[name].view(torch.uint8)
+        h, nk, c = v[bid * ratio].shape
+        need = h * nk * ratio * c
+        b = (hashlib.sha256(f"{seed}/{li}".encode()).digest() * (need // 32 + 1))[:need]
+        b = bytes((x + i) & 0xFF for i, x in enumerate(b))     # no period of 32
+        full = torch.frombuffer(bytearray(b), dtype=torch.uint8).view(h, nk * ratio, c)
         for k in range(ratio):
-            blk = v[bid * ratio + k]
-            need = blk.numel()
-            b = (hashlib.sha256(f"{seed}/{li}/{k}".encode()).digest() * (need // 32 + 1))[:need]
-            blk.copy_(torch.frombuffer(bytearray(b), dtype=torch.uint8).view(blk.shape))
+            v[bid * ratio + k].copy_(full[:, k * nk:(k + 1) * nk, :])
 
 
 def logical(kv, bid):
+    """Block bid of every layer in logical [H, N, C] order, whatever the
+    kernel split: the kernel blocks' tokens put back side by side."""
     import torch
     ratio = kv[vc.LAYERS[0]].shape[0] // NB
-    return b"".join(kv[name].view(torch.uint8)[bid * ratio + k].contiguous().numpy().tobytes()
-                    for name in vc.LAYERS for k in range(ratio))
+    out = []
+    for name in vc.LAYERS:
+        v = kv[name].view(torch.uint8)
+        out.append(torch.cat([v[bid * ratio + k] for k in range(ratio)], dim=1)
+                   .contiguous().numpy().tobytes())
+    return b"".join(out)
 
 
 def hashes(tag, n):
@@ -164,6 +173,54 @@ def role_refused(sock, what):
     w.shutdown()
 
 
+def role_failfwd(sock):
+    """vLLM's own step wrapper (KVConnectorModelRunnerMixin
+    ._get_kv_connector_output, which calls wait_for_save in a finally) around
+    a forward that raises: nothing of that step is sealed, so another engine
+    finds nothing; the same step with a forward that returns seals."""
+    from vllm.distributed.kv_transfer import kv_transfer_state
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+
+    from kvcache.vllm.connector import _Load, _Save
+    w, kv, _ = worker(sock, "LBNHC")
+    kv_transfer_state._KV_CONNECTOR_AGENT = w
+    ids = [3, 4]
+    for i, b in enumerate(ids):
+        fill(kv, b, f"ff/{i}")
+
+    def step(tag, fail):
+        so = SchedulerOutput.make_empty()
+        so.kv_connector_metadata = meta(saves=[_Save("r", hashes(tag, 2), None, ids,
+                                                     list(range(2 * vc.BS)))])
+        try:
+            with set_forward_context(None, w._vllm_config), \
+                    KVConnectorModelRunnerMixin._get_kv_connector_output(so):
+                if fail:
+                    raise RuntimeError("the forward failed (planted)")
+        except RuntimeError:
+            assert fail
+        # Another engine (another connection) looks the step's blocks up.
+        r, _ = worker(sock, "LBNHC")
+        err, _ = do_load(r, meta(loads=[_Load("x", hashes(tag, 2), [10, 11])]))
+        r.shutdown()
+        return err
+
+    err = step("ff-raise", True)
+    assert err == {10, 11}, f"blocks of a step whose forward raised were sealed ({err})"
+    # An exception being handled around the whole step is not the step's.
+    try:
+        raise KeyError("handled before the step")
+    except KeyError:
+        err = step("ff-inside-except", False)
+    assert not err, f"a step run inside an except block saved nothing ({err})"
+    err = step("ff-ok", False)
+    assert not err, f"a step whose forward returned saved nothing ({err})"
+    print("RESULT ok", flush=True)
+    w.shutdown()
+
+
 def role_down(sock):
     from kvcache.vllm.connector import _Load, _Save
     w, kv, _ = worker(sock, "LBNHC")
@@ -196,13 +253,22 @@ def main():
 
     # Pairs whose kvcached bytes agree: same physical order of a block's
     # H and N (the pool's name carries it), any placement of layers/blocks.
-    pairs = [("LBNHC", "BLNHC", 0), ("BLNHC", "LBNHC", 0), ("LBHNC", "BLHNC", 0),
-             ("LHBNC", "BHLNC", 0), ("LBNHC", "LBNHC", 8), ("LBHNC", "LBHNC", 8)]
-    for i, (a, b, kbs) in enumerate(pairs):
+    # Kernel blocks smaller than the manager's (8 of 16 tokens) on one side
+    # or both: the bytes in kvcached are the unsplit block's, so an engine
+    # that splits and one that does not share (HND too, where a split
+    # block's heads interleave with its kernel blocks).
+    pairs = [("LBNHC", "BLNHC", 0, 0), ("BLNHC", "LBNHC", 0, 0), ("LBHNC", "BLHNC", 0, 0),
+             ("LHBNC", "BHLNC", 0, 0), ("LBNHC", "LBNHC", 8, 8), ("LBHNC", "LBHNC", 8, 8),
+             ("LBHNC", "LBHNC", 8, 0), ("LBHNC", "LBHNC", 0, 8), ("BLHNC", "LBHNC", 8, 0),
+             ("LHBNC", "LBHNC", 8, 0), ("LBNHC", "BLNHC", 8, 0)]
+    for i, (a, b, ka, kb) in enumerate(pairs):
         tag = f"t{i}"
-        want = run("save", daemon.sock, a, str(kbs), tag)
-        run("load", daemon.sock, b, str(kbs), tag, want)
-        print(f"{a} -> {b} (kernel block {kbs or vc.BS}): byte-exact")
+        want = run("save", daemon.sock, a, str(ka), tag)
+        run("load", daemon.sock, b, str(kb), tag, want)
+        print(f"{a} (kernel block {ka or vc.BS}) -> {b} (kernel block {kb or vc.BS}): "
+              "byte-exact")
+    run("failfwd", daemon.sock)
+    print("a step whose forward raised (vLLM's own _get_kv_connector_output): nothing sealed")
     if os.getuid() != 0:        # root may open every namespace
         run("refused", daemon.sock, "namespace")
         print("namespace refused: every block a load error, saves skipped")
@@ -228,7 +294,7 @@ def main():
 
 def child(role, *args):
     try:
-        {"save": role_save, "load": role_load, "down": role_down,
+        {"save": role_save, "load": role_load, "down": role_down, "failfwd": role_failfwd,
          "refused": role_refused}[role](*args)
     except AssertionError as e:
         print("FAIL:", e, file=sys.stderr, flush=True)

@@ -1,0 +1,92 @@
+"""What the connector's two sides tell each other and vLLM (pickled by
+vLLM between the scheduler and the workers): this step's loads and saves,
+the requests whose loads a worker finished, and the connector's counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set
+
+from . import _compat  # noqa: F401  (the vLLM release check, before vLLM's modules)
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorMetadata, KVConnectorWorkerMetadata)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # noqa: E402
+
+
+@dataclass
+class Load:
+    req_id: str
+    hashes: List[bytes]        # kvcached hashes of the blocks to load, a chain
+    block_ids: List[int]       # vLLM block ids to load into, same length
+
+
+@dataclass
+class Save:
+    req_id: str
+    hashes: List[bytes]
+    parent: Optional[bytes]    # kvcached hash before hashes[0]; None at the head
+    block_ids: List[int]
+    token_ids: List[int]       # len(hashes) * block_size
+    # For kvcached's KV events, what vLLM's own BlockStored says of these
+    # blocks (_event_meta): the LoRA and each block's untagged extra keys.
+    lora_name: Optional[str] = None
+    lora_id: Optional[int] = None
+    extra_keys: Optional[List[Any]] = None
+
+
+@dataclass
+class KvcachedConnectorMetadata(KVConnectorMetadata):
+    loads: List[Load] = field(default_factory=list)
+    saves: List[Save] = field(default_factory=list)
+
+
+@dataclass
+class KvcachedWorkerMetadata(KVConnectorWorkerMetadata):
+    """Requests whose loads the worker finished (or gave up on): the
+    scheduler side drops the references its lookup held for them."""
+    loaded: Set[str] = field(default_factory=set)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+        if isinstance(other, KvcachedWorkerMetadata):
+            return KvcachedWorkerMetadata(self.loaded | other.loaded)
+        return self
+
+
+COUNTERS = ("lookups", "lookups_deferred", "lookup_hit_blocks", "lookup_failures",
+             "loaded_blocks",
+             "loaded_bytes", "load_errors", "saved_blocks", "saved_bytes", "save_failures",
+             "load_seconds", "save_seconds")
+
+
+@dataclass
+class KvcachedConnectorStats(KVConnectorStats):
+    """Counters since the last report: lookups and the blocks they found,
+    blocks and bytes loaded and saved, load errors, saves skipped (kvcached
+    down, full or refusing), and the seconds the copies took."""
+
+    def __post_init__(self):
+        for k in COUNTERS:
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {k: 0 for k in COUNTERS}
+
+    def add(self, key: str, n) -> None:
+        self.data[key] = self.data.get(key, 0) + n
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in (other.data or {}).items():
+            if isinstance(v, (int, float)):
+                self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        d = dict(self.data)
+        for what in ("load", "save"):
+            s = d.get(f"{what}_seconds", 0)
+            b = d.get("loaded_bytes" if what == "load" else "saved_bytes", 0)
+            d[f"{what}_GBps"] = round(b / s / 1e9, 3) if s > 0 else 0.0
+        return d
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(k) for k in COUNTERS)
