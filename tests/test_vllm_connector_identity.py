@@ -7,7 +7,7 @@ geometry with the same bytes a block, TP size - never get the same pool;
 the same weights from two paths get the same pool through the ``model``
 extra config, and not without it. Then through a real daemon: an engine
 with another rope_theta finds nothing of what the first saved, one with
-the same finds it.
+the same finds it. Sleep mode is refused by vLLM's own config check.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
@@ -122,6 +122,36 @@ def check_names():
         shutil.rmtree(root, ignore_errors=True)
 
 
+def check_sleep_refused():
+    """Sleep mode is refused (supports_sleep_mode False): vLLM's own config
+    check stops an engine that asks for both at start."""
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                             SchedulerConfig, VllmConfig)
+    kt = dict(kv_connector="KvcachedConnector", kv_role="kv_both",
+              kv_connector_module_path="kvcache.vllm", kv_load_failure_policy="recompute")
+    for sleep in (False, True):
+        mc = ModelConfig(model=vc.model_dir(), skip_tokenizer_init=True, dtype="float16",
+                         seed=0, max_model_len=4096)
+        # vLLM's CPU platform has no sleep mode (ModelConfig refuses it): the
+        # flag as a GPU platform lets it through, for VllmConfig's check.
+        mc.enable_sleep_mode = sleep
+        try:
+            VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=vc.BS),
+                       scheduler_config=SchedulerConfig(max_model_len=4096,
+                                                        is_encoder_decoder=False),
+                       kv_transfer_config=KVTransferConfig(**kt),
+                       device_config=DeviceConfig("cpu"))
+            err = None
+        except ValueError as e:
+            err = str(e)
+        if sleep:
+            assert err and "KvcachedConnector does not support sleep mode" in err, \
+                f"sleep mode with the connector: {err!r}"
+        else:
+            assert err is None, err
+    print("  sleep mode: refused by vLLM's config check")
+
+
 def role(sock, admin, theta, expect_hit):
     over = {"rope_theta": float(theta)} if theta != "-" else None
     x = vc.Instance(sock, layout="LBNHC", hf_overrides=over)
@@ -140,6 +170,7 @@ def main():
     import kvt
     kvt.need_bins()
     check_names()
+    check_sleep_refused()
     d = kvt.tmpdir()
     daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
                         "64KiB")

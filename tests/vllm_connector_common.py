@@ -91,7 +91,7 @@ class Instance:
               "retry_s": 0.05}
         ex.update(extra or {})
         mc = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
-                         max_model_len=4096, hf_overrides=hf_overrides)
+                         max_model_len=4096, hf_overrides=hf_overrides or {})
         sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=batched, max_model_len=4096,
                              enable_chunked_prefill=True, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BS, gpu_memory_utilization=0.9, cache_dtype="auto",

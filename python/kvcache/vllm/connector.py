@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 from .identity import PoolSpec, dtype_name, event_meta, kv_key, tp_rank_size  # noqa: E402
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats,  # noqa: E402
-                       KvcachedWorkerMetadata, Load, Save)
+                       KvcachedWorkerMetadata, Load, Save, build_prom_metrics)
 from .scheduler import KvcachedScheduler  # noqa: E402
 from .worker import KvcachedWorker  # noqa: E402
 
@@ -89,7 +89,21 @@ class KvcachedConnector(KVConnectorBase_V1):
             self.connector_worker = KvcachedWorker(self.extra, self.spec,
                                                    kv_cache_config.num_blocks, save_mode)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config) -> bool:
+        """Refused: vLLM's sleep mode frees the KV cache's memory and maps it
+        again on wake (gpu_worker.py sleep/wake_up around
+        unregister/restore_kv_caches); that the connector's copies - raw
+        device addresses of vLLM's tensors - are right after a wake was not
+        tested (it needs a GPU), so vLLM refuses to start an engine with
+        both (config/vllm.py) rather than let it run on unchecked
+        addresses."""
+        return False
+
     # ---- scheduler side ----
+
+    def on_new_request(self, request) -> None:
+        self.connector_scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         return self.connector_scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -187,6 +201,10 @@ class KvcachedConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self):
         side = self.connector_scheduler or self.connector_worker
         return side.get_kv_connector_stats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return build_prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def build_kv_connector_stats(cls, data=None):

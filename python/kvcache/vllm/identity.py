@@ -24,6 +24,12 @@ from .datapath import physical_order  # noqa: E402
 log = logging.getLogger("kvcache.vllm")
 
 
+def kv_keys(hs) -> list:
+    """kv_key of each of a list of vLLM's block hashes (bytes of 32 taken
+    as they are: vLLM's default)."""
+    return [h if type(h) is bytes and len(h) == 32 else kv_key(h) for h in hs]
+
+
 def kv_key(h) -> bytes:
     """kvcached's 32-byte key for one of vLLM's block hashes: the hash itself
     (sha256, sha256_cbor: vLLM's default), else its SHA-256 (xxhash)."""
@@ -40,6 +46,12 @@ def event_meta(req, a: int, b: int, bs: int):
     lora_id, extra_keys), extra_keys one entry per block, untagged
     (to_event_extra_keys). kvcached's events then carry the same."""
     lr = getattr(req, "lora_request", None)
+    if (lr is None and not getattr(req, "mm_features", None) and not req.cache_salt
+            and getattr(req, "prompt_embeds", None) is None):
+        # Nothing vLLM would key a block by besides its tokens: every
+        # block's extra keys are None (the scheduler's cost: 2k-token
+        # prompts would call vLLM's function 128 times a request).
+        return None, None, to_event_extra_keys([None] * (b - a))
     keys, mm = [], 0
     for i in range(a, b):
         k, mm = generate_block_hash_extra_keys(req, i * bs, (i + 1) * bs, mm)

@@ -90,3 +90,45 @@ class KvcachedConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.get(k) for k in COUNTERS)
+
+
+# What each counter means on vLLM's /metrics (vllm:kvcached_<name>_total).
+PROM_HELP = {
+    "lookups": "Requests KvcachedConnector looked up in kvcached",
+    "lookups_deferred": "Lookups answered 'ask again' (a promotion from a lower tier)",
+    "lookup_hit_blocks": "Blocks kvcached's lookups found beyond vLLM's local prefix hit",
+    "lookup_failures": "Lookups that failed (daemon down, refusing, past the deadline)",
+    "loaded_blocks": "Blocks loaded from kvcached into vLLM's KV cache",
+    "loaded_bytes": "Bytes loaded from kvcached into vLLM's KV cache",
+    "load_errors": "Blocks promised and not loaded (vLLM recomputes them or fails the request)",
+    "saved_blocks": "Blocks saved from vLLM's KV cache into kvcached",
+    "saved_bytes": "Bytes saved from vLLM's KV cache into kvcached",
+    "save_failures": "Blocks not saved (daemon down, full, refusing; a forward that raised)",
+    "load_seconds": "Seconds the workers spent loading from kvcached",
+    "save_seconds": "Seconds the workers spent saving to kvcached",
+}
+
+
+def build_prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelvalues):
+    """KvcachedConnector's counters on vLLM's /metrics: one Prometheus
+    counter a KvcachedConnectorStats key, per engine, fed by vLLM's stat
+    logger (KVConnectorProm.observe) with each interval's stats."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+
+    class KvcachedPromMetrics(KVConnectorPromMetrics):
+        def __init__(self):
+            super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+            self.counters = {}
+            for k in COUNTERS:
+                c = self._counter_cls(name=f"vllm:kvcached_{k}", documentation=PROM_HELP[k],
+                                      labelnames=self._labelnames)
+                self.counters[k] = {e: c.labels(*[str(v) for v in lv])
+                                    for e, lv in self.per_engine_labelvalues.items()}
+
+        def observe(self, transfer_stats_data, engine_idx: int = 0):
+            for k, per_engine in self.counters.items():
+                v = (transfer_stats_data or {}).get(k)
+                if isinstance(v, (int, float)) and v > 0 and engine_idx in per_engine:
+                    per_engine[engine_idx].inc(v)
+
+    return KvcachedPromMetrics()

@@ -16,8 +16,10 @@ method runs on vLLM's scheduler thread.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as _fut
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import kvcache
 
 from .client import Client
-from .identity import PoolSpec, event_meta, kv_key
+from .identity import PoolSpec, event_meta, kv_key, kv_keys
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
                        Load, Save)
 
@@ -48,6 +50,26 @@ class ReqState:
 
 
 
+class _Part:
+    """One request's share of a batched lookup: the future's interface the
+    scheduler side uses, answering element i of the batch's result."""
+
+    def __init__(self, fut: _fut.Future, i: int):
+        self.fut, self.i = fut, i
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def cancelled(self) -> bool:
+        return self.fut.cancelled()
+
+    def result(self, timeout=None):
+        return self.fut.result(timeout)[self.i]
+
+    def add_done_callback(self, fn) -> None:
+        self.fut.add_done_callback(lambda _f: fn(self))
+
+
 class KvcachedScheduler:
     """The scheduler side; ``KvcachedConnector`` hands it vLLM's calls."""
 
@@ -63,6 +85,23 @@ class KvcachedScheduler:
         self._reqs: Dict[str, ReqState] = {}
         self.deferred = 0            # lookups answered "ask again" (None), ever
         self._pending_loads: List[Load] = []
+        # Requests added and not asked about yet (on_new_request), looked up
+        # together with the first one asked: one hand-off to the ops thread
+        # for up to lookup_batch requests rather than one each.
+        self._unasked: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+        self._batch = max(1, int(extra.get("lookup_batch", 64)))
+        # Releases wait here for the ops thread, at most one flush queued.
+        self._rel_lock = threading.Lock()
+        self._rel: List[Tuple[List[int], int]] = []
+        self._rel_queued = False
+
+    def on_new_request(self, request) -> None:
+        if self.loads_on:
+            self._unasked[request.request_id] = request
+
+    def _op_lookup_many(self, chains: List[List[bytes]]):
+        """On the ops thread: _op_lookup of each chain, in order."""
+        return [self._op_lookup(h) for h in chains]
 
     def _op_lookup(self, hashes: List[bytes]):
         """On the ops thread: (blocks, epoch) or None (no daemon)."""
@@ -86,11 +125,59 @@ class KvcachedScheduler:
         except kvcache.KvError as e:
             self.client.failed(e)
 
+    def _queue_release(self, blocks: List[int], epoch: int) -> None:
+        with self._rel_lock:
+            self._rel.append((blocks, epoch))
+            if self._rel_queued:
+                return
+            self._rel_queued = True
+        try:
+            self._ops.submit(self._op_flush)
+        except RuntimeError:
+            pass       # shut down: closing the connection dropped them
+
+    def _op_flush(self) -> None:
+        """On the ops thread: every queued release, one call an epoch."""
+        with self._rel_lock:
+            items, self._rel = self._rel, []
+            self._rel_queued = False
+        by_epoch: Dict[int, List[int]] = {}
+        for blocks, epoch in items:
+            by_epoch.setdefault(epoch, []).extend(blocks)
+        for epoch, blocks in by_epoch.items():
+            self._op_release(blocks, epoch)
+
     def _release_held(self, st: ReqState, keep: int = 0) -> None:
         if len(st.held) > keep:
             drop = st.held[keep:]
             st.held = st.held[:keep]
-            self._ops.submit(self._op_release, drop, st.held_epoch)
+            self._queue_release(drop, st.held_epoch)
+
+    def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
+        """Looks st's chain up, with the chains (from block 0) of up to
+        lookup_batch - 1 other requests added and not asked about yet, in
+        one task on the ops thread."""
+        items = [(st, hashes, at)]
+        self._unasked.pop(st.request.request_id, None)
+        bs = self.block_size
+        while self._unasked and len(items) < self._batch:
+            rid, req = self._unasked.popitem(last=False)
+            o = self._reqs.get(rid)
+            if o is None:
+                o = self._reqs[rid] = ReqState(req)
+            if o.lookup is not None:
+                continue
+            nfull = min(len(req.block_hashes), (req.num_tokens - 1) // bs)
+            if nfull <= 0:
+                continue
+            items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
+        fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items])
+        now = time.monotonic()
+        for i, (o, _, a) in enumerate(items):
+            o.lookup = _Part(fut, i)
+            o.lookup_at = a
+            o.asked_since = now
+        self.stats.add("lookups", len(items))
 
     def _drop_lookup(self, st: ReqState) -> None:
         """Forgets a lookup; one still running releases what it finds."""
@@ -104,10 +191,7 @@ class KvcachedScheduler:
         def _late(fut):
             r = None if fut.cancelled() else fut.result()
             if r:
-                try:
-                    self._ops.submit(self._op_release, r[0], r[1])
-                except RuntimeError:
-                    pass   # shut down: closing the connection dropped them
+                self._queue_release(r[0], r[1])
         f.add_done_callback(_late)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
@@ -125,15 +209,13 @@ class KvcachedScheduler:
             st.saved_upto = max(st.saved_upto, start)
             return 0, False
         if st.lookup is not None and st.lookup_at != num_computed_tokens:
-            self._take_lookup(st)
-            self._release_held(st)
-            self._drop_lookup(st)
+            if not self._shift_lookup(st, start, num_computed_tokens):
+                self._take_lookup(st)
+                self._release_held(st)
+                self._drop_lookup(st)
         if st.lookup is None:
-            hashes = [kv_key(h) for h in request.block_hashes[start:nfull]]
-            st.lookup = self._ops.submit(self._op_lookup, hashes)
-            st.lookup_at = num_computed_tokens
-            st.asked_since = time.monotonic()
-            self.stats.add("lookups", 1)
+            self._submit_lookups(st, kv_keys(request.block_hashes[start:nfull]),
+                                 num_computed_tokens)
         try:
             st.lookup.result(timeout=self._lookup_timeout)
         except _fut.TimeoutError:
@@ -152,6 +234,23 @@ class KvcachedScheduler:
         if k:
             self.stats.add("lookup_hit_blocks", k)
         return k * bs, False
+
+    def _shift_lookup(self, st: ReqState, start: int, at: int) -> bool:
+        """A finished lookup from block 0 (a batch's) reused for a request
+        vLLM has the first start blocks of: the blocks beyond them are the
+        answer (a chain from block 0 that reaches past start finds what one
+        from start would). False when it cannot serve."""
+        f = st.lookup
+        if st.lookup_at != 0 or not f.done() or getattr(f, "_kv_taken", False):
+            return False
+        self._take_lookup(st)
+        if len(st.held) <= start:
+            return False
+        head, st.held = st.held[:start], st.held[start:]
+        if head:
+            self._queue_release(head, st.held_epoch)
+        st.lookup_at = at
+        return True
 
     def _take_lookup(self, st: ReqState) -> None:
         """Moves a finished lookup's blocks into st.held (once)."""
@@ -181,7 +280,7 @@ class KvcachedScheduler:
             return
         ids = blocks.get_block_ids()[0]
         s = st.start_block
-        hashes = [kv_key(h) for h in request.block_hashes[s:s + n]]
+        hashes = kv_keys(request.block_hashes[s:s + n])
         self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n])))
         st.loading = True
 
@@ -217,7 +316,7 @@ class KvcachedScheduler:
             a, b = st.saved_upto, min(full, len(ids))
             if b <= a:
                 continue
-            hs = [kv_key(h) for h in req.block_hashes[a:b]]
+            hs = kv_keys(req.block_hashes[a:b])
             parent = kv_key(req.block_hashes[a - 1]) if a > 0 else None
             toks = list(req.all_token_ids[a * bs:b * bs])
             try:
@@ -241,6 +340,7 @@ class KvcachedScheduler:
                     self._release_held(st)
 
     def request_finished(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
+        self._unasked.pop(request.request_id, None)
         st = self._reqs.pop(request.request_id, None)
         if st is not None:
             self._take_lookup(st)
@@ -262,11 +362,12 @@ class KvcachedScheduler:
 
     def drain(self) -> None:
         """Waits until the ops thread has done everything queued so far."""
-        self._ops.submit(lambda: None).result()
+        self._ops.submit(self._op_flush).result()
 
     def shutdown(self) -> None:
         for st in list(self._reqs.values()):
             self._release_held(st)
             self._drop_lookup(st)
+        self._ops.submit(self._op_flush)
         self._ops.submit(self.client.close)
         self._ops.shutdown(wait=True)

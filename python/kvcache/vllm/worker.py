@@ -66,10 +66,16 @@ class KvcachedWorker:
                  layout.block_bytes, self.copier.name)
 
     def unregister_kv_caches(self) -> None:
+        # Not reached in an engine (supports_sleep_mode is False); kept so
+        # that a call stops the copies rather than leave them on freed
+        # memory, and restore_kv_caches takes them up again.
+        if self.layout is not None:
+            self._parked = self.layout
         self.layout = None
 
     def restore_kv_caches(self) -> None:
-        pass
+        if self.layout is None and getattr(self, "_parked", None) is not None:
+            self.layout, self._parked = self._parked, None
 
     def start_load_kv(self, meta) -> None:
         if not isinstance(meta, KvcachedConnectorMetadata) or not meta.loads:
