@@ -48,6 +48,7 @@ def role_a(sock, admin):
     line = 'vllm:kvcached_saved_blocks_total{engine="0",model_name="tiny"} %.1f' % (
         a.stats["saved_blocks"])
     assert line in text, [ln for ln in text.splitlines() if "kvcached" in ln][:20]
+    out(first=a.first_sched, stats=a.stats)
     a.close()
 
 
