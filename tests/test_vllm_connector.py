@@ -3,8 +3,9 @@
 (docs/vllm.md): two vLLM instances in two processes share a system prompt
 through the daemon, B scheduling only the tokens beyond A's sealed prefix
 (with another KV layout, byte-exact); cache salt and LoRA keep prefixes
-apart; A's saves reach kvcached's KV events with the request's LoRA and
-extra keys as vLLM's own BlockStored has them; kv_producer only saves,
+apart; A's counters reach vLLM's Prometheus metrics; A's saves reach
+kvcached's KV events with the request's LoRA and extra keys as vLLM's own
+BlockStored has them; kv_producer only saves,
 kv_consumer only loads; preemption and abort leave no reference held (kvctl
 clients); the daemon killed in the middle: both instances go on,
 recomputing.
@@ -37,6 +38,16 @@ def role_a(sock, admin):
     a.run()
     assert a.stats.get("saved_blocks", 0) > 0, a.stats
     assert a.held() == 0
+    # The counters on vLLM's /metrics: vLLM's own KVConnectorProm (what its
+    # Prometheus stat logger builds) fed the stats this engine reported.
+    import prometheus_client
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+    prom = KVConnectorProm(a.conn._vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    prom.observe(dict(a.stats), 0)
+    text = prometheus_client.generate_latest().decode()
+    line = 'vllm:kvcached_saved_blocks_total{engine="0",model_name="tiny"} %.1f' % (
+        a.stats["saved_blocks"])
+    assert line in text, [ln for ln in text.splitlines() if "kvcached" in ln][:20]
     out(first=a.first_sched, stats=a.stats)
     a.close()
 
@@ -125,8 +136,20 @@ def role_roles(sock, admin):
 
 def role_kill(sock, admin, tag):
     """Runs requests, stops half-way until the test says go (the daemon is
-    then dead), runs more: all finish, computed locally."""
-    x = vc.Instance(sock, layout="LBNHC", extra={"lookup_deadline_ms": 2000})
+    then dead), runs more: all finish, computed locally. Instance y runs
+    under vLLM's default kv_load_failure_policy, "fail" (and the connector
+    warns of it at start), x under "recompute"."""
+    import logging
+    policy = "fail" if tag == "y" else "recompute"    # vLLM's default, and ours
+    warned = []
+
+    class H(logging.Handler):
+        def emit(self, r):
+            if r.levelno == logging.WARNING and "kv_load_failure_policy" in r.getMessage():
+                warned.append(r.getMessage())
+    logging.getLogger("kvcache.vllm").addHandler(H())
+    x = vc.Instance(sock, layout="LBNHC", extra={"lookup_deadline_ms": 2000}, policy=policy)
+    assert len(warned) == (1 if policy == "fail" else 0), (policy, warned)
     for i in range(2):
         x.add(f"{tag}-pre-{i}", vc.SYSTEM + vc.user(20 + i))
     x.run()

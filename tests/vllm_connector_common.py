@@ -67,7 +67,7 @@ class Instance:
     """One vLLM engine: Scheduler + worker-side connector, in this process."""
 
     def __init__(self, sock, layout="LBNHC", num_blocks=64, extra=None, batched=256,
-                 policy="recompute", kv_role="kv_both"):
+                 policy="recompute", kv_role="kv_both", hf_overrides=None):
         import torch
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  SchedulerConfig, VllmConfig)
@@ -91,7 +91,7 @@ class Instance:
               "retry_s": 0.05}
         ex.update(extra or {})
         mc = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
-                         max_model_len=4096)
+                         max_model_len=4096, hf_overrides=hf_overrides or {})
         sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=batched, max_model_len=4096,
                              enable_chunked_prefill=True, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BS, gpu_memory_utilization=0.9, cache_dtype="auto",

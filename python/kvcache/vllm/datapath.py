@@ -87,25 +87,37 @@ def LayerLayout_from(name, ptr, shape, strides, el, num_blocks, device) -> Layer
     # Physical order: inner dims by stride, outermost first; singletons drop.
     dims = [(istr[i], inner[i], "HNC"[i]) for i in range(3) if inner[i] > 1 or i == 2]
     dims.sort(key=lambda d: -d[0])
+    order = "".join(d[2] for d in dims)
+    # A kvcached block holds the manager block's bytes in the unsplit
+    # physical order, whatever the kernel split: the ratio kernel blocks
+    # of a manager block each hold N/ratio of its tokens, so where a dim
+    # sits outside N (H in HNC) the runs go (h, kernel block), never
+    # (kernel block, h) - else an engine that splits and one that does not
+    # would read each other's bytes permuted. Token-major orders (NHC)
+    # put the kernel blocks outermost, as they are.
+    n_pos = order.find("N")
+    split_outer = ratio > 1 and 0 <= n_pos and any(order.index(d[2]) < n_pos for d in dims
+                                                   if d[2] != "N")
     run = inner[2] * el
     outer = []
     merged = True
     for stride, size, label in reversed(dims[:-1]):       # innermost first
-        if merged and stride == run:
+        if merged and stride == run and not (split_outer and order.index(label) < n_pos):
             run *= size
         else:
             merged = False
             outer.append((stride, size))
-    order = "".join(d[2] for d in dims)
+    outer.reverse()                                        # outermost first
     offs = [sum(i * s for i, (s, _) in zip(idx, outer))
             for idx in itertools.product(*[range(n) for _, n in outer])] or [0]
     kstride = strides[0]
     if ratio > 1:
         if len(offs) == 1 and kstride == run:
             run *= ratio           # the kernel blocks of a manager block are adjacent
+        elif split_outer:
+            offs = [o + k * kstride for o in offs for k in range(ratio)]
         else:
             offs = [k * kstride + o for k in range(ratio) for o in offs]
-    offs.sort()
     dev = str(device)
     if dev.startswith("cuda") and ":" not in dev:
         dev = "cuda:0"

@@ -1,0 +1,373 @@
+"""The connector's scheduler side (one per engine): looks requests up in
+kvcached, holds the references of what it found until the workers loaded
+it, and hands the workers each step's loads and saves.
+
+``get_num_new_matched_tokens`` looks up the request's own ``block_hashes``
+beyond vLLM's local hit in kvcached's prefix index, on a thread of its own
+(a lookup that waits on a promotion from the host or disk tier answers
+``None`` - "ask again" - rather than block the scheduler); the references
+the lookup took keep the blocks from eviction until the worker has loaded
+them, the request ends, or it is preempted. ``build_connector_meta`` hands
+the worker this step's loads (hashes + vLLM block ids) and saves (full
+blocks that this step completes, with hashes, parent and token ids).
+
+Threads: the connection is used only by the one ops thread; every other
+method runs on vLLM's scheduler thread.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as _fut
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import kvcache
+
+from .client import Client
+from .identity import PoolSpec, event_meta, kv_key, kv_keys
+from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
+                       Load, Save)
+
+log = logging.getLogger("kvcache.vllm")
+
+
+@dataclass
+class ReqState:
+    request: Any
+    held: List[int] = field(default_factory=list)   # scheduler refs (lookup)
+    held_epoch: int = 0
+    lookup: Optional[_fut.Future] = None
+    lookup_at: int = -1          # num_computed_tokens the lookup was for
+    asked_since: float = 0.0
+    ext_blocks: int = 0          # blocks the last answer offered
+    start_block: int = 0         # first block of that answer
+    saved_upto: int = 0          # blocks [0, saved_upto) are in kvcached or being saved
+    loading: bool = False
+
+
+
+
+class _Part:
+    """One request's share of a batched lookup: the future's interface the
+    scheduler side uses, answering element i of the batch's result."""
+
+    def __init__(self, fut: _fut.Future, i: int):
+        self.fut, self.i = fut, i
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def cancelled(self) -> bool:
+        return self.fut.cancelled()
+
+    def result(self, timeout=None):
+        return self.fut.result(timeout)[self.i]
+
+    def add_done_callback(self, fn) -> None:
+        self.fut.add_done_callback(lambda _f: fn(self))
+
+
+class KvcachedScheduler:
+    """The scheduler side; ``KvcachedConnector`` hands it vLLM's calls."""
+
+    def __init__(self, extra: dict, spec: PoolSpec, save_mode: str, loads_on: bool):
+        self.extra, self.spec = extra, spec
+        self.block_size = spec.block_size
+        self.save_mode, self.loads_on = save_mode, loads_on
+        self.stats = KvcachedConnectorStats()
+        self._lookup_timeout = float(extra.get("lookup_timeout_ms", 20)) / 1e3
+        self._lookup_deadline = float(extra.get("lookup_deadline_ms", 2000)) / 1e3
+        self.client = Client(extra, spec, spec.order or "NHC", "scheduler")
+        self._ops = _fut.ThreadPoolExecutor(1, thread_name_prefix="kvcached-sched")
+        self._reqs: Dict[str, ReqState] = {}
+        self.deferred = 0            # lookups answered "ask again" (None), ever
+        self._pending_loads: List[Load] = []
+        # Requests added and not asked about yet (on_new_request), looked up
+        # together with the first one asked: one hand-off to the ops thread
+        # for up to lookup_batch requests rather than one each.
+        self._unasked: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+        self._batch = max(1, int(extra.get("lookup_batch", 64)))
+        # Releases wait here for the ops thread, at most one flush queued.
+        self._rel_lock = threading.Lock()
+        self._rel: List[Tuple[List[int], int]] = []
+        self._rel_queued = False
+
+    def on_new_request(self, request) -> None:
+        if self.loads_on:
+            self._unasked[request.request_id] = request
+
+    def _op_lookup_many(self, chains: List[List[bytes]]):
+        """On the ops thread: _op_lookup of each chain, in order."""
+        return [self._op_lookup(h) for h in chains]
+
+    def _op_lookup(self, hashes: List[bytes]):
+        """On the ops thread: (blocks, epoch) or None (no daemon)."""
+        c = self.client.get()
+        if c is None:
+            return None
+        try:
+            blocks = c.lookup(self.client.pool, hashes)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+            return None
+        self.client.ok()
+        return blocks, c.restarts
+
+    def _op_release(self, blocks: List[int], epoch: int) -> None:
+        c = self.client.conn
+        if c is None or not blocks or c.restarts != epoch:
+            return   # a restart dropped them with the old daemon
+        try:
+            c.release(blocks)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+
+    def _queue_release(self, blocks: List[int], epoch: int) -> None:
+        with self._rel_lock:
+            self._rel.append((blocks, epoch))
+            if self._rel_queued:
+                return
+            self._rel_queued = True
+        try:
+            self._ops.submit(self._op_flush)
+        except RuntimeError:
+            pass       # shut down: closing the connection dropped them
+
+    def _op_flush(self) -> None:
+        """On the ops thread: every queued release, one call an epoch."""
+        with self._rel_lock:
+            items, self._rel = self._rel, []
+            self._rel_queued = False
+        by_epoch: Dict[int, List[int]] = {}
+        for blocks, epoch in items:
+            by_epoch.setdefault(epoch, []).extend(blocks)
+        for epoch, blocks in by_epoch.items():
+            self._op_release(blocks, epoch)
+
+    def _release_held(self, st: ReqState, keep: int = 0) -> None:
+        if len(st.held) > keep:
+            drop = st.held[keep:]
+            st.held = st.held[:keep]
+            self._queue_release(drop, st.held_epoch)
+
+    def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
+        """Looks st's chain up, with the chains (from block 0) of up to
+        lookup_batch - 1 other requests added and not asked about yet, in
+        one task on the ops thread."""
+        items = [(st, hashes, at)]
+        self._unasked.pop(st.request.request_id, None)
+        bs = self.block_size
+        while self._unasked and len(items) < self._batch:
+            rid, req = self._unasked.popitem(last=False)
+            o = self._reqs.get(rid)
+            if o is None:
+                o = self._reqs[rid] = ReqState(req)
+            if o.lookup is not None:
+                continue
+            nfull = min(len(req.block_hashes), (req.num_tokens - 1) // bs)
+            if nfull <= 0:
+                continue
+            items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
+        fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items])
+        now = time.monotonic()
+        for i, (o, _, a) in enumerate(items):
+            o.lookup = _Part(fut, i)
+            o.lookup_at = a
+            o.asked_since = now
+        self.stats.add("lookups", len(items))
+
+    def _drop_lookup(self, st: ReqState) -> None:
+        """Forgets a lookup; one still running releases what it finds."""
+        f = st.lookup
+        st.lookup = None
+        st.lookup_at = -1
+        if f is None or getattr(f, "_kv_taken", False):
+            return
+        f._kv_taken = True
+
+        def _late(fut):
+            r = None if fut.cancelled() else fut.result()
+            if r:
+                self._queue_release(r[0], r[1])
+        f.add_done_callback(_late)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        if st is None:
+            st = self._reqs[rid] = ReqState(request)
+        if not self.loads_on:
+            return 0, False
+        bs = self.block_size
+        # vLLM computes at least the last token itself.
+        nfull = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
+        start = num_computed_tokens // bs
+        if nfull <= start:
+            st.saved_upto = max(st.saved_upto, start)
+            return 0, False
+        if st.lookup is not None and st.lookup_at != num_computed_tokens:
+            if not self._shift_lookup(st, start, num_computed_tokens):
+                self._take_lookup(st)
+                self._release_held(st)
+                self._drop_lookup(st)
+        if st.lookup is None:
+            self._submit_lookups(st, kv_keys(request.block_hashes[start:nfull]),
+                                 num_computed_tokens)
+        try:
+            st.lookup.result(timeout=self._lookup_timeout)
+        except _fut.TimeoutError:
+            if time.monotonic() - st.asked_since < self._lookup_deadline:
+                self.stats.add("lookups_deferred", 1)
+                self.deferred += 1
+                return None, False      # a promotion is under way: ask again later
+            self._drop_lookup(st)
+            self.stats.add("lookup_failures", 1)
+            return 0, False
+        self._take_lookup(st)
+        k = len(st.held)
+        st.start_block = start
+        st.ext_blocks = k
+        st.saved_upto = max(st.saved_upto, start + k)
+        if k:
+            self.stats.add("lookup_hit_blocks", k)
+        return k * bs, False
+
+    def _shift_lookup(self, st: ReqState, start: int, at: int) -> bool:
+        """A finished lookup from block 0 (a batch's) reused for a request
+        vLLM has the first start blocks of: the blocks beyond them are the
+        answer (a chain from block 0 that reaches past start finds what one
+        from start would). False when it cannot serve."""
+        f = st.lookup
+        if st.lookup_at != 0 or not f.done() or getattr(f, "_kv_taken", False):
+            return False
+        self._take_lookup(st)
+        if len(st.held) <= start:
+            return False
+        head, st.held = st.held[:start], st.held[start:]
+        if head:
+            self._queue_release(head, st.held_epoch)
+        st.lookup_at = at
+        return True
+
+    def _take_lookup(self, st: ReqState) -> None:
+        """Moves a finished lookup's blocks into st.held (once)."""
+        f = st.lookup
+        if f is None or not f.done() or getattr(f, "_kv_taken", False):
+            return
+        f._kv_taken = True
+        r = f.result()
+        self._release_held(st)
+        if r is None:
+            self.stats.add("lookup_failures", 1)
+            st.held, st.held_epoch = [], 0
+        else:
+            st.held, st.held_epoch = list(r[0]), r[1]
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return
+        self._take_lookup(st)
+        n = num_external_tokens // self.block_size if num_external_tokens > 0 else 0
+        n = min(n, len(st.held))
+        self._release_held(st, keep=n)
+        st.lookup = None
+        st.lookup_at = -1
+        if n == 0:
+            return
+        ids = blocks.get_block_ids()[0]
+        s = st.start_block
+        hashes = kv_keys(request.block_hashes[s:s + n])
+        self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n])))
+        st.loading = True
+
+    def build_connector_meta(self, scheduler_output, kv_cache_manager
+                             ) -> KvcachedConnectorMetadata:
+        meta = KvcachedConnectorMetadata(loads=self._pending_loads)
+        self._pending_loads = []
+        for rid in scheduler_output.preempted_req_ids or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                self._release_held(st)
+                self._drop_lookup(st)
+                st.loading = False
+        if self.save_mode == "none":
+            return meta
+        bs = self.block_size
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            req = st.request
+            end = req.num_computed_tokens + n - len(spec.get(rid, ()))
+            if self.save_mode == "prompt":
+                end = min(end, req.num_prompt_tokens)
+            full = min(end // bs, len(req.block_hashes))
+            if full <= st.saved_upto:
+                continue
+            try:
+                ids = kv_cache_manager.get_block_ids(rid)[0]
+            except Exception:
+                continue
+            a, b = st.saved_upto, min(full, len(ids))
+            if b <= a:
+                continue
+            hs = kv_keys(req.block_hashes[a:b])
+            parent = kv_key(req.block_hashes[a - 1]) if a > 0 else None
+            toks = list(req.all_token_ids[a * bs:b * bs])
+            try:
+                ev = event_meta(req, a, b, bs)
+            except Exception as e:   # vLLM's internals moved: events without them
+                if not getattr(self, "_meta_warned", False):
+                    log.warning("kvcached: no LoRA/extra keys for KV events (%s)", e)
+                    self._meta_warned = True
+                ev = (None, None, None)
+            meta.saves.append(Save(rid, hs, parent, list(ids[a:b]), toks, *ev))
+            st.saved_upto = b
+        return meta
+
+    def update_connector_output(self, connector_output) -> None:
+        wm = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(wm, KvcachedWorkerMetadata):
+            for rid in wm.loaded:
+                st = self._reqs.get(rid)
+                if st is not None:
+                    st.loading = False
+                    self._release_held(st)
+
+    def request_finished(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
+        self._unasked.pop(request.request_id, None)
+        st = self._reqs.pop(request.request_id, None)
+        if st is not None:
+            self._take_lookup(st)
+            self._release_held(st)
+            self._drop_lookup(st)
+        self._pending_loads = [x for x in self._pending_loads
+                               if x.req_id != request.request_id]
+        return False, None
+
+    def get_kv_connector_stats(self):
+        if self.stats.is_empty():
+            return None
+        s, self.stats = self.stats, KvcachedConnectorStats()
+        return s
+
+    def held_references(self) -> int:
+        """References the scheduler side holds now (tests, debugging)."""
+        return sum(len(st.held) for st in self._reqs.values())
+
+    def drain(self) -> None:
+        """Waits until the ops thread has done everything queued so far."""
+        self._ops.submit(self._op_flush).result()
+
+    def shutdown(self) -> None:
+        for st in list(self._reqs.values()):
+            self._release_held(st)
+            self._drop_lookup(st)
+        self._ops.submit(self._op_flush)
+        self._ops.submit(self.client.close)
+        self._ops.shutdown(wait=True)

@@ -1,0 +1,265 @@
+"""The connector's worker side (one per GPU worker): registers the pool
+of this model, layout and TP rank from vLLM's per-layer KV views
+(kvcache.vllm.datapath), loads blocks into vLLM's KV cache before the
+forward and saves full blocks after it.
+
+``start_load_kv`` looks the hashes up again on its own connection (taking
+its own references, mapping the blocks), copies every layer in one batch
+per layer, and reports the blocks it could not load through
+``get_block_ids_with_load_errors`` (vLLM recomputes them); ``wait_for_save``
+allocates, copies out, seals with vLLM's hashes and token ids, and
+releases.
+
+Threads: everything runs on the worker's thread, the connection too.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import kvcache
+
+from .client import Client
+from .datapath import BlockLayout, analyze_layer, make_copier
+from .identity import PoolSpec
+from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
+                       Load, Save)
+
+log = logging.getLogger("kvcache.vllm")
+
+
+class KvcachedWorker:
+    """The worker side; ``KvcachedConnector`` hands it vLLM's calls."""
+
+    def __init__(self, extra: dict, spec: PoolSpec, num_blocks: int, save_mode: str):
+        self.extra, self.spec = extra, spec
+        self.num_blocks = num_blocks
+        self.save_mode = save_mode
+        self.stats = KvcachedConnectorStats()
+        self.client: Optional[Client] = None
+        self.layout: Optional[BlockLayout] = None
+        self.copier = None
+        self._load_errors: Set[int] = set()
+        self._loaded: Set[str] = set()
+        self._load_hold: List[int] = []
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        names = [n for n in self.spec.layer_names if n in kv_caches]
+        missing = [n for n in self.spec.layer_names if n not in kv_caches]
+        if missing:
+            raise ValueError(f"KvcachedConnector: no KV tensor for layers {missing}")
+        nb = self.num_blocks
+        layers = [analyze_layer(n, kv_caches[n], nb) for n in names]
+        layout = BlockLayout(layers)
+        if layout.block_bytes != self.spec.block_bytes:
+            raise ValueError(f"KvcachedConnector: the KV tensors hold {layout.block_bytes} bytes "
+                             f"a block, the KV cache spec says {self.spec.block_bytes}")
+        if self.spec.order is not None and layout.order != self.spec.order:
+            raise ValueError(f"KvcachedConnector: the KV tensors' layout ({layout.order}) is not "
+                             f"the one vLLM resolved ({self.spec.order})")
+        self.layout = layout
+        self.copier = make_copier(layout, str(self.extra.get("copy_engine", "auto")))
+        self.client = Client(self.extra, self.spec, layout.order, "worker")
+        self.client.get()
+        log.info("kvcached: %d layers, %d bytes a block, %s copies", len(layers),
+                 layout.block_bytes, self.copier.name)
+
+    def unregister_kv_caches(self) -> None:
+        # Not reached in an engine (supports_sleep_mode is False); kept so
+        # that a call stops the copies rather than leave them on freed
+        # memory, and restore_kv_caches takes them up again.
+        if self.layout is not None:
+            self._parked = self.layout
+        self.layout = None
+
+    def restore_kv_caches(self) -> None:
+        if self.layout is None and getattr(self, "_parked", None) is not None:
+            self.layout, self._parked = self._parked, None
+
+    def start_load_kv(self, meta) -> None:
+        if not isinstance(meta, KvcachedConnectorMetadata) or not meta.loads:
+            return
+        if self.layout is None:
+            for ld in meta.loads:
+                self._loaded.add(ld.req_id)
+                self._load_errors.update(ld.block_ids)
+            return
+        t0 = time.perf_counter()
+        ptrs: List[int] = []
+        ids: List[int] = []
+        for ld in meta.loads:
+            self._loaded.add(ld.req_id)
+            got = self._lookup_for_load(ld)
+            for i, b in enumerate(ld.block_ids):
+                if i < len(got):
+                    ptrs.append(got[i][1])
+                    ids.append(b)
+                else:
+                    self._load_errors.add(b)
+        if not ptrs:
+            self._release_load_hold()
+            return
+        try:
+            nbytes = self.copier.copy_all(ptrs, ids, to_kv=False)
+            self.copier.sync()   # the blocks may be released after this
+            self.stats.add("loaded_blocks", len(ids))
+            self.stats.add("loaded_bytes", nbytes)
+        except Exception as e:
+            log.warning("kvcached: load failed (%s); vLLM recomputes those blocks", e)
+            self._load_errors.update(ids)
+        finally:
+            self._release_load_hold()
+            self.stats.add("load_seconds", time.perf_counter() - t0)
+
+    def _backend_ok(self, c, ptr: int) -> bool:
+        """Whether kvcached's blocks are memory this worker's copier can
+        reach: device memory for CUDA KV tensors, host memory for CPU ones
+        (checked once a connection)."""
+        key = (id(c), c.restarts)
+        if getattr(self, "_ptr_checked", None) == key:
+            return self._ptr_ok
+        dev = kvcache._is_device_pointer(ptr)
+        self._ptr_ok = dev == self.layout.is_cuda
+        self._ptr_checked = key
+        if not self._ptr_ok:
+            log.error("kvcached: the daemon's blocks are %s memory but vLLM's KV cache is on %s: "
+                      "run kvcached with --backend %s; going on without it",
+                      "device" if dev else "host", self.layout.device,
+                      "cuda" if self.layout.is_cuda else "host")
+        return self._ptr_ok
+
+    def _lookup_for_load(self, ld: Load) -> List[Tuple[int, int]]:
+        """The (block, address) pairs of the loadable head of ld's chain,
+        referenced on this worker's connection."""
+        c = self.client.get() if self.client else None
+        if c is None:
+            return []
+        try:
+            blocks = c.lookup(self.client.pool, ld.hashes)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+            return []
+        self.client.ok()
+        out = []
+        try:
+            for b in blocks:
+                out.append((b, c.block_ptr(b)))
+        except kvcache.KvError:
+            pass
+        self._load_hold.extend(blocks)
+        if out and not self._backend_ok(c, out[0][1]):
+            out = []
+        self._load_epoch = c.restarts
+        return out[:len(ld.block_ids)]
+
+    def _release_load_hold(self) -> None:
+        c = self.client.conn if self.client else None
+        held, self._load_hold = self._load_hold, []
+        if c is None or not held or c.restarts != getattr(self, "_load_epoch", -1):
+            return
+        try:
+            c.release(held)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+
+    def wait_for_save(self, meta) -> None:
+        if self.layout is None:
+            return
+        if not isinstance(meta, KvcachedConnectorMetadata) or not meta.saves:
+            return
+        n = sum(len(s.hashes) for s in meta.saves)
+        c = self.client.get()
+        if c is None:
+            self.stats.add("save_failures", n)
+            return
+        t0 = time.perf_counter()
+        try:
+            blocks = c.alloc(self.client.pool, n)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+            self.stats.add("save_failures", n)
+            return
+        self.client.ok()
+        epoch = c.restarts
+        held = list(blocks)
+        try:
+            ptrs = [c.block_ptr(b) for b in blocks]
+            if not self._backend_ok(c, ptrs[0]):
+                raise ValueError("kvcached's backend does not match the KV cache's device")
+            ids = [b for s in meta.saves for b in s.block_ids]
+            nbytes = self.copier.copy_all(ptrs, ids, to_kv=True)
+            self.copier.sync()
+            i = 0
+            saved = 0
+            for s in meta.saves:
+                k = len(s.hashes)
+                mine = blocks[i:i + k]
+                i += k
+                out = self._seal(c, mine, s)
+                # The sealed (or deduplicated) blocks replace ours one for one.
+                for b in mine:
+                    held.remove(b)
+                held.extend(out)
+                saved += k
+            self.stats.add("saved_blocks", saved)
+            self.stats.add("saved_bytes", nbytes * saved // max(n, 1))
+        except (kvcache.KvError, ValueError) as e:
+            self.client.failed(e)
+            self.stats.add("save_failures", n)
+        finally:
+            if held and c.restarts == epoch:
+                try:
+                    c.release(held)
+                except kvcache.KvError as e:
+                    self.client.failed(e)
+            self.stats.add("save_seconds", time.perf_counter() - t0)
+
+    def drop_saves(self, meta, exc: BaseException) -> None:
+        """The step's forward raised: its blocks are not what the model
+        computes, so none is saved (counted as save_failures)."""
+        if not isinstance(meta, KvcachedConnectorMetadata) or not meta.saves:
+            return
+        n = sum(len(s.hashes) for s in meta.saves)
+        self.stats.add("save_failures", n)
+        log.warning("kvcached: the forward failed (%s: %s); its %d blocks are not saved",
+                    type(exc).__name__, exc, n)
+
+    def _seal(self, c, blocks: List[int], s: Save) -> List[int]:
+        """Seals with what the events should say of the blocks; a daemon
+        that refuses the LoRA or the extra keys (past its bounds: a long
+        cache salt, many multimodal items) gets the seal without them."""
+        kw = dict(token_ids=s.token_ids, parent=s.parent)
+        if s.lora_name is None and s.lora_id is None and s.extra_keys is None:
+            return c.seal(self.client.pool, blocks, s.hashes, **kw)
+        try:
+            return c.seal(self.client.pool, blocks, s.hashes, lora_name=s.lora_name,
+                          lora_id=s.lora_id, extra_keys=s.extra_keys, **kw)
+        except (kvcache.KvError, TypeError) as e:
+            if isinstance(e, kvcache.KvError) and e.code != kvcache.EINVAL:
+                raise
+            log.debug("kvcached: sealing without the events' LoRA/extra keys: %s", e)
+            return c.seal(self.client.pool, blocks, s.hashes, **kw)
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        e, self._load_errors = self._load_errors, set()
+        if e:
+            self.stats.add("load_errors", len(e))
+        return e
+
+    def build_connector_worker_meta(self):
+        if not self._loaded:
+            return None
+        m, self._loaded = KvcachedWorkerMetadata(set(self._loaded)), set()
+        return m
+
+    def get_kv_connector_stats(self):
+        if self.stats.is_empty():
+            return None
+        s, self.stats = self.stats, KvcachedConnectorStats()
+        return s
+
+    def shutdown(self) -> None:
+        if self.client is not None:
+            self._release_load_hold()
+            self.client.close()
