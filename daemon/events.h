@@ -66,6 +66,13 @@ struct kv_events_stats {
 	uint64_t replay_inflight_bytes; /* of replay messages ZMQ still holds */
 	uint64_t buffered;         /* batches held for replay */
 	uint64_t buffered_bytes;
+	uint64_t no_model;         /* pools registered without a model: not published */
+	uint64_t oversize;         /* blocks whose token ids and keys would pass a
+				    * batch: published without them */
+	uint64_t sub_inflight_bytes; /* of published batches ZMQ's queues hold */
+	uint64_t blocks_known;     /* blocks whose Seal's parent, tokens, LoRA, keys
+				    * the tier moves' stores repeat */
+	uint64_t blocks_known_bytes;
 };
 
 /* Opens the publisher of cfg (events_endpoint, ...) and polls the replay
@@ -125,6 +132,10 @@ void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *h
 			   const uint8_t *parent, int medium, const uint32_t *tokens,
 			   const struct kv_events_meta *meta);
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
+
+/* Pool id registered without a model: its events are not published (no
+ * router could match its topic), and it is counted (no_model). */
+void kv_events_no_model(struct kv_events *ev, uint32_t pool);
 
 /* Sends the queued batches when they are due (events_interval); once per
  * loop iteration. */
