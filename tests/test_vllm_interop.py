@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """KV events against vLLM 0.33.0's own code and llm-d's decoding rules (issue
 25). Two real daemons with G1, G2 and G3 run the same workload of chains
-sealed with token ids (demotion, write-back, eviction, promotion): A with the
-defaults (hashes as bytes, data_parallel_rank 0), B with events_hash_format =
-int, events_dp_rank = 3 and events_interval = 0 (more, smaller batches).
+sealed with token ids (demotion, write-back, eviction, promotion): A with
+events_hash_format = bytes and data_parallel_rank 0, B with the default hash
+form (int, vLLM's default since issue 35), events_dp_rank = 3 and
+events_interval = 0 (more, smaller batches).
 For every batch, live and replayed:
 
   - vLLM's decoder, msgspec.msgpack.Decoder(KVEventBatch), reads it, and
@@ -408,8 +409,8 @@ def same_replay_as_vllm(ctx, s):
 def main():
     kvt.need_bins()
     ctx = zmq.Context()
-    a = Stream(ctx, "node-a")
-    b = Stream(ctx, "node-b", "--events-hash-format", "int", "--events-dp-rank", "3",
+    a = Stream(ctx, "node-a", "--events-hash-format", "bytes")
+    b = Stream(ctx, "node-b", "--events-dp-rank", "3",
                "--events-interval", "0")
     workload(a)
     workload(b)
