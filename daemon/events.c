@@ -192,7 +192,7 @@ struct rset {
 #define STORED_FIXED (256 + HASH_MAX + KV_EVENTS_LORA_MAX)
 /* Memory subscribers' queues held past which it is given back once they
  * drain or go. */
-#define TRIM_MIN (1u << 20)
+#define TRIM_MIN (512u << 10)
 
 struct kv_events {
 	void *zctx, *pub, *router;
@@ -1047,13 +1047,21 @@ void kv_events_flush(struct kv_events *ev)
 	 * goes: while they are held a timer looks again (the loop may have
 	 * nothing else to wake it). */
 	held = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
-	if (ev->pub_peak >= TRIM_MIN) {
-		if (held <= ev->pub_peak / 4) {
-			ev->pub_peak = held;
-			malloc_trim(0);
-		} else if (!ev->gw.armed) {
+	if (held) {
+		int zev;
+		size_t zsz = sizeof(zev);
+
+		/* A socket handles its pipes' ends (a subscriber gone: its
+		 * queue freed) only when called: call it, and again in a
+		 * while if batches are still held. */
+		zmq_getsockopt(ev->pub, ZMQ_EVENTS, &zev, &zsz);
+		held = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
+		if (held && !ev->gw.armed)
 			kv_loop_timeout(ev->loop, &ev->gw, 100 * 1000000ull);
-		}
+	}
+	if (ev->pub_peak >= TRIM_MIN && held <= ev->pub_peak / 4) {
+		ev->pub_peak = held;
+		malloc_trim(0);
 	}
 	flush(ev, 0);
 }

@@ -233,6 +233,9 @@ def main():
     ok(workers[0], "chain 999 2")
     # A Seal with the LoRA and extra keys (kvc_seal_events).
     ok(workers[1], "lchain 7777 6")
+    # An empty digest key (issue 36, item 6: NULL to memcpy; the sanitizer
+    # build aborts on it).
+    ok(workers[2], "echain 4242")
 
     # The workload: chains of 8 blocks, more than G1 + G2 hold, interleaved
     # across the workers, the subscriber reading as it goes; then lookups of
