@@ -11,8 +11,11 @@
  * topic's queue, once its oldest event is events_interval old (a timer on the
  * loop makes sure of it; 0: every iteration), as one message [topic, seq (8
  * bytes, big endian), msgpack [ts, [events...], data_parallel_rank]] (vLLM's
- * KVEventBatch as its publisher encodes it) with a sequence number of its own
- * per topic, and keeps it for replay.
+ * KVEventBatch as its publisher encodes it) with one sequence number for
+ * every topic of the publisher (issue 35: llm-d keeps one last-seen seq per
+ * endpoint), and keeps it for replay. A tier move's store repeats what the
+ * block's Seal said (parent, token ids, LoRA, extra keys: a record per held
+ * block) and comes before the remove it goes with.
  *
  * Threads: everything runs on the loop thread, which owns the ZeroMQ sockets
  * (they are not thread-safe). Nothing here blocks: sends are ZMQ_DONTWAIT; a
@@ -20,11 +23,14 @@
  * for that subscriber and counted (dropped), and stays in the replay buffer.
  * The replay socket (ZMQ_ROUTER) is polled by the loop through ZMQ_FD.
  *
- * Memory is bounded: the replay buffer holds at most events_buffer batches,
- * a batch is cut at KV_EVENTS_BATCH_BYTES (one event may pass it, and one
- * event is bounded by max_frame: its hashes and token ids came in one frame),
- * and a replay peer's queue at events_buffer + 2 messages (ZMQ_SNDHWM of the
- * ROUTER socket, ZMQ_ROUTER_MANDATORY: a replay that does not fit stops).
+ * Memory is bounded: a batch is never more than KV_EVENTS_BATCH_BYTES (a
+ * long chain is cut into several BlockStored; a block whose token ids and
+ * keys alone would pass it is published without them, counted), the replay
+ * buffer holds at most events_buffer batches and events_buffer_max_bytes, a
+ * subscriber's queue kv_events_sub_hwm() batches (events_subscriber_max_bytes),
+ * sharing the ring's batches, and a replay peer's queue events_buffer + 2
+ * messages (ZMQ_SNDHWM of the ROUTER socket, ZMQ_ROUTER_MANDATORY: a replay
+ * that does not fit stops).
  *
  * Without ZeroMQ and msgpack-c (KV_HAVE_EVENTS 0), kv_events_open() refuses a
  * configuration that sets events_endpoint and every other call is a no-op. */
