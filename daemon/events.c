@@ -205,6 +205,7 @@ struct kv_events {
 	int rfd;
 	int int_hashes;       /* events_hash_format = int */
 	uint64_t seq;         /* the next batch's, one sequence for every topic */
+	int stored_any;       /* a BlockStored was published */
 	uint32_t dp_rank;     /* events_dp_rank */
 	char node[256];           /* node_name, else the host name */
 	struct topic *topics;
@@ -1128,6 +1129,7 @@ static void store_one(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 {
 	size_t more;
 
+	ev->stored_any = 1;
 	if (ev->rm[medium].n && ev->rm[medium].pool == pool &&
 	    has_hash(ev->rm[medium].h, ev->rm[medium].n, hash)) {
 		pend_write(ev);
@@ -1210,6 +1212,16 @@ void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 	}
 	r = *pp;
 	r->media |= (uint8_t)(1u << medium);
+	if (r->has_parent && (!(pp = rec_slot(ev, pool, r->parent)) || !(*pp)->media)) {
+		/* Its parent is held nowhere any more, so a router has
+		 * forgotten it too: a store naming it would be dropped
+		 * (llm-d cannot resolve the parent's key). Without token ids
+		 * and parent, llm-d places the store by the block's own key,
+		 * which it still knows (the store comes before the remove). */
+		store_one(ev, pool, hash, NULL, medium, NULL, 0, r->lora_id,
+			  (const char *)(r->tok + r->ntok), r->lora_len, 0, NULL, 0);
+		return;
+	}
 	store_one(ev, pool, hash, r->has_parent ? r->parent : NULL, medium,
 		  r->ntok ? r->tok : NULL, r->ntok, r->lora_id, (const char *)(r->tok + r->ntok),
 		  r->lora_len, r->has_keys, (const char *)(r->tok + r->ntok) + r->lora_len,
@@ -1308,7 +1320,12 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
 		memcpy(ev->topics[t].name, name, (size_t)n + 1);
 		ev->topics[t].namelen = (size_t)n;
 		ev->ntopics++;
-		write_cleared(ev, t);
+		/* A new daemon: forget what an older one said. llm-d clears
+		 * the whole pod (every model) on an AllBlocksCleared: a topic
+		 * that appears once blocks were stored starts without one, or
+		 * it would wipe the other models' blocks from its index. */
+		if (!ev->stored_any)
+			write_cleared(ev, t);
 	}
 	ev->pool_topic[pool] = (uint16_t)(t + 1);
 	ev->pool_bs[pool] = block_size;

@@ -53,6 +53,7 @@ class Subscriber:
         self.tokens = 0
         self.first = {}    # hash -> (tokens, parent, lora) of its Seal's store (GPU)
         self.moves = 0     # tier stores that repeated them
+        self.orphans = 0   # tier stores of blocks whose parent had gone
         self.replays = 0
         self.replay(start, TOPIC.encode())
 
@@ -98,13 +99,23 @@ class Subscriber:
                               "batch)" % (h.hex()[:12], gone.get(h), ev["medium"]))
                     par = ev["parent_block_hash"] if i == 0 else hs[i - 1]
                     mine = (toks[i * bs:(i + 1) * bs], par, ev["lora_name"])
-                    if ev["medium"] == "GPU" and (topic, h) not in self.first:
-                        self.first[(topic, h)] = mine
-                    elif ev["medium"] != "GPU" and (topic, h) in self.first:
-                        kvt.check(mine == self.first[(topic, h)],
+                    seal = self.first.get((topic, h))
+                    if seal is None:
+                        if ev["medium"] == "GPU":
+                            self.first[(topic, h)] = mine
+                    elif mine != seal:
+                        # Only where the parent is held nowhere any more:
+                        # then without token ids and parent (a router
+                        # places it by the block's own key).
+                        par = seal[1]
+                        kvt.check(mine[:2] == ([], None) and par is not None and
+                                  not any((topic, par.hex(), m) in self.state
+                                          for m in MEDIUM.values()),
                                   "the %s store of %s says %r, its Seal said %r" %
-                                  (ev["medium"], h.hex()[:12], mine, self.first[(topic, h)]))
-                        self.moves += mine[0] != []
+                                  (ev["medium"], h.hex()[:12], mine, seal))
+                        self.orphans += 1
+                    else:
+                        self.moves += ev["medium"] != "GPU" and mine[0] != []
             elif t == "BlockRemoved":
                 kvt.check(ev.get("group_idx") == 0, "BlockRemoved without group_idx 0: %r" % ev)
                 for h in ev["block_hashes"]:
@@ -297,7 +308,8 @@ def main():
         kvt.check(keys == exp, "block %d's extra keys %r, not %r" % (i, keys, exp))
     kvt.check(nil == 2, "%d blocks without extra keys, not 2" % nil)
     print("events: %d batches, %d replays, %d pairs (%s), %d tier stores with their Seal's "
-          "token ids" % (sub.batches, sub.replays, len(want[0]), sorted(media), sub.moves))
+          "token ids, %d without (their parent gone)" % (sub.batches, sub.replays, len(want[0]),
+                                               sorted(media), sub.moves, sub.orphans))
 
     # A late subscriber: everything from the replay buffer.
     late = Subscriber(ctx, ep, rep)
