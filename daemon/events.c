@@ -598,6 +598,10 @@ static void rm_write(struct kv_events *ev, int m)
 
 	if (!rs->n)
 		return;
+	/* Stores held back go first: a tier move's store before its remove
+	 * (they never name the same block in the same medium: each side
+	 * writes the other out first when they would). */
+	pend_write(ev);
 	t = ev->pool_topic[rs->pool];
 	if (!t--)
 		goto out;  /* the pool's events stopped (a re-registration) */
