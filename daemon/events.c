@@ -1,11 +1,12 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 1,280 lines, on purpose: the encoder, the batches, the
- * publisher and the replay server all work on struct kv_events's private
- * state (the pending event, the per-topic batches, the replay ring), which no
- * other module may see; a split would need an internal header exposing all of
- * it. A quarter of the file is the no-events stubs and the socket setup.
- * Sections: stubs (KV_HAVE_EVENTS 0); encoding; batches and sending; merging
+ * One file of about 1,750 lines, on purpose: the encoder, the batches, the
+ * publisher, the block records and the replay server all work on struct
+ * kv_events's private state (the pending event, the removals held back, the
+ * per-topic batches, the records, the replay ring), which no other module may
+ * see; a split would need an internal header exposing all of it. A fifth of
+ * the file is the no-events stubs and the socket setup. Sections: stubs
+ * (KV_HAVE_EVENTS 0); encoding; batches and sending; block records; merging
  * events; topics; replay; setup. */
 #include "events.h"
 
