@@ -162,7 +162,8 @@ enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
  * holds the block, so that the stores of its tier moves say it again: a
  * router that indexes by token ids (llm-d) can place them (issue 35). Keyed
  * by (pool, hash); freed at the end of the loop iteration in which its last
- * medium went (a demotion removes G1 before it stores G2). */
+ * medium went (a demotion removes G1 before it stores G2). A Seal that said
+ * nothing of a block (no parent, token ids, LoRA or keys) makes none. */
 struct brec {
 	struct brec *next;        /* in its bucket */
 	struct brec *znext;       /* on the list of records to look at */
@@ -178,12 +179,21 @@ struct brec {
 	uint32_t tok[];           /* ntok token ids, the LoRA name, the keys */
 };
 
+/* Which hashes a list holds, by their first 8 bytes (a false positive
+ * only writes an event out early): a store or a removal asks whether the
+ * other side holds its block in O(1), not by a scan of up to PEND_MAX. */
+#define HSET_SLOTS (2 * PEND_MAX)
+struct hset {
+	uint64_t k[HSET_SLOTS];
+};
+
 /* Removals of one medium waiting to be written (they commute with stores of
  * other media: held back, they follow the stores of a tier move). */
 struct rset {
 	uint32_t pool;
 	uint32_t n;
 	uint8_t h[PEND_MAX][KV_HASH_BYTES];
+	struct hset set;
 };
 
 /* The most bytes one event may take in a batch: a batch is never more than
@@ -231,6 +241,7 @@ struct kv_events {
 	int phas_keys;
 	struct buf pkeys;
 	uint8_t phash[PEND_MAX][KV_HASH_BYTES];
+	struct hset pset;         /* phash's */
 	uint32_t nph;
 	size_t psize;         /* the pending BlockStored's bytes at most */
 	struct rset rm[KV_MEDIUMS];
@@ -502,6 +513,51 @@ static char *put_hash(const struct kv_events *ev, char *w, const uint8_t *h)
 	return put(w, h, KV_HASH_BYTES);
 }
 
+static uint64_t hset_key(const uint8_t *h)
+{
+	uint64_t v;
+
+	memcpy(&v, h, sizeof(v));
+	return v | 1;  /* 0 marks an empty slot */
+}
+
+static uint32_t hset_find(const struct hset *st, uint64_t v)
+{
+	uint32_t i = (uint32_t)(v >> 17) & (HSET_SLOTS - 1);
+
+	while (st->k[i] && st->k[i] != v)
+		i = (i + 1) & (HSET_SLOTS - 1);
+	return i;
+}
+
+static void hset_add(struct hset *st, const uint8_t *h)
+{
+	uint64_t v = hset_key(h);
+
+	st->k[hset_find(st, v)] = v;
+}
+
+static int hset_has(const struct hset *st, const uint8_t *h)
+{
+	uint64_t v = hset_key(h);
+
+	return st->k[hset_find(st, v)] == v;
+}
+
+/* Empties the set of the n hashes of h (at most PEND_MAX: it is never more
+ * than half full): in the reverse of their order, so that each one's probe
+ * still finds the slots of those before it. */
+static void hset_clear(struct hset *st, const uint8_t (*h)[KV_HASH_BYTES], uint32_t n)
+{
+	while (n--) {
+		uint64_t v = hset_key(h[n]);
+		uint32_t i = hset_find(st, v);
+
+		if (st->k[i] == v)
+			st->k[i] = 0;
+	}
+}
+
 /* Reserves room for an event of at most `room` bytes in topic t's batch:
  * a batch that could pass KV_EVENTS_BATCH_BYTES with it goes first. Returns
  * the write pointer or NULL (no memory). */
@@ -584,6 +640,7 @@ static void pend_write(struct kv_events *ev)
 	batch_done(ev, t, w);
 out:
 	ev->pk = PEND_NONE;
+	hset_clear(&ev->pset, ev->phash, ev->nph);
 	ev->nph = 0;
 	ev->nptok = 0;
 	ev->psize = 0;
@@ -616,6 +673,7 @@ static void rm_write(struct kv_events *ev, int m)
 	w = put(w, LIT(group_idx_0));
 	batch_done(ev, t, w);
 out:
+	hset_clear(&rs->set, rs->h, rs->n);
 	rs->n = 0;
 }
 
@@ -630,15 +688,6 @@ static void pend_all(struct kv_events *ev)
 		rm_write(ev, m);
 }
 
-static int has_hash(const uint8_t (*h)[KV_HASH_BYTES], uint32_t n, const uint8_t *hash)
-{
-	uint32_t i;
-
-	for (i = 0; i < n; i++)
-		if (!memcmp(h[i], hash, KV_HASH_BYTES))
-			return 1;
-	return 0;
-}
 
 static void write_cleared(struct kv_events *ev, uint32_t t)
 {
@@ -1136,7 +1185,7 @@ static void store_one(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 
 	ev->stored_any = 1;
 	if (ev->rm[medium].n && ev->rm[medium].pool == pool &&
-	    has_hash(ev->rm[medium].h, ev->rm[medium].n, hash)) {
+	    hset_has(&ev->rm[medium].set, hash)) {
 		pend_write(ev);
 		rm_write(ev, medium);
 	}
@@ -1198,6 +1247,7 @@ static void store_one(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		ev->pkeys.len = 0;
 	}
 	ev->psize += more;
+	hset_add(&ev->pset, hash);
 	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
 }
 
@@ -1252,9 +1302,19 @@ void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *h
 	ev->kscratch.len = 0;
 	if (has_keys && keys_enc(ev, meta) < 0)
 		has_keys = 0;  /* no memory: published without them */
-	rec_set(ev, pool, hash, parent, medium, tokens, ntok, meta ? meta->lora_id : 0,
-		lora_len ? meta->lora_name : NULL, lora_len, has_keys, ev->kscratch.p,
-		has_keys ? ev->kscratch.len : 0);
+	if (parent || tokens || lora_len || has_keys || (meta && meta->lora_id)) {
+		rec_set(ev, pool, hash, parent, medium, tokens, ntok, meta ? meta->lora_id : 0,
+			lora_len ? meta->lora_name : NULL, lora_len, has_keys, ev->kscratch.p,
+			has_keys ? ev->kscratch.len : 0);
+	} else {
+		/* Nothing for its tier moves to repeat: no record (a router
+		 * could not place a block stored without token ids either,
+		 * so its children's tier stores go without a parent). */
+		struct brec **pp = rec_slot(ev, pool, hash);
+
+		if (pp)
+			rec_drop(ev, pp);
+	}
 	store_one(ev, pool, hash, parent, medium, tokens, ntok, meta ? meta->lora_id : 0,
 		  lora_len ? meta->lora_name : NULL, lora_len, has_keys, ev->kscratch.p,
 		  has_keys ? ev->kscratch.len : 0);
@@ -1274,12 +1334,13 @@ void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 	}
 	/* The store of this block in this medium, if pending, goes first. */
 	if (ev->pk == PEND_STORED && ev->ppool == pool && ev->pmedium == medium &&
-	    has_hash(ev->phash, ev->nph, hash))
+	    hset_has(&ev->pset, hash))
 		pend_write(ev);
 	rs = &ev->rm[medium];
 	if (rs->n && (rs->pool != pool || rs->n == PEND_MAX))
 		rm_write(ev, medium);
 	rs->pool = pool;
+	hset_add(&rs->set, hash);
 	memcpy(rs->h[rs->n++], hash, KV_HASH_BYTES);
 }
 
