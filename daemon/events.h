@@ -93,14 +93,20 @@ void kv_events_close(struct kv_events *ev);
 /* Pool id's events go to topic kv@<node>@<model>; block_size is its
  * block_tokens; tokens: whether its Seals' token ids may be published
  * (docs/security.md); model NULL: the pool's events are not published. A
- * topic seen for the first time starts with an
- * AllBlocksCleared event (a new daemon: forget what an older one said).
- * Returns 0 or -ENOMEM (the pool's events are then not published). */
+ * topic seen for the first time before any block was stored starts with an
+ * AllBlocksCleared event (a new daemon: forget what an older one said); one
+ * seen later does not (llm-d would clear the whole pod, every model). What
+ * the pool that had this id before recorded of its blocks goes. Returns 0,
+ * -EINVAL (a name too long) or -ENOSPC (too many topics): the pool's events
+ * are then not published. */
 int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
 		   int tokens);
 
-/* hash (32 bytes) of pool was stored in medium. parent: the hash of the block
- * before it in its chain, or NULL; tokens: its block_size token ids, or NULL. */
+/* hash (32 bytes) of pool was stored in medium by the daemon itself (a tier
+ * move, an adoption): parent and tokens NULL publish what the block's Seal
+ * said, when the daemon has it (kv_events_stored_meta() recorded it), else
+ * nothing; non-NULL, these (the parent: the hash of the block before it in
+ * its chain; tokens: its block_size token ids). */
 void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens);
 
