@@ -236,11 +236,14 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "publish the token ids Seals carry (prompt content: docs/security.md); a [namespace] "
 	  "section's events key overrides it", NULL },
 	{ "events_hash_format", 0, KV_CFG_CHOICE, KV_CFG_FIELD(events_hash_format), 0, 0, 0,
-	  "bytes", "block hashes in events: bytes (all 32) or int (the last 8, big endian, as "
-	  "vLLM's default)", "bytes|int" },
+	  "int", "block hashes in events: int (the last 8 bytes, big endian: vLLM's default, "
+	  "what Dynamo and SGLang read) or bytes (all 32)", "bytes|int" },
 	{ "events_dp_rank", 0, KV_CFG_UINT, KV_CFG_FIELD(events_dp_rank), 0, 0, 1u << 16, "0",
 	  "data_parallel_rank of every event batch (vLLM's KVEventBatch), the engine rank whose "
 	  "blocks this daemon announces", NULL },
+	{ "events_buffer_max_bytes", 0, KV_CFG_SIZE, KV_CFG_FIELD(events_buffer_max_bytes), 0,
+	  65536, 0, "64MiB", "bytes of event batches kept for replay (with events_buffer: "
+	  "the older of the two bounds drops the oldest batch)", NULL },
 	{ "node_name", 0, KV_CFG_STRING, KV_CFG_FIELD(node_name), 0, 0, 0, "",
 	  "this node in event topics kv@NODE@MODEL (default: the host name)", NULL },
 };

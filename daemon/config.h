@@ -167,6 +167,7 @@ struct kv_config {
 	int events_token_ids;
 	char events_hash_format[8];
 	uint32_t events_dp_rank;
+	uint64_t events_buffer_max_bytes;     /* the replay ring, in bytes */
 	char node_name[64];
 	struct kv_ns_conf ns[KV_CFG_MAX_NS];  /* the [namespace NAME] sections */
 	uint32_t nns;

@@ -1,11 +1,12 @@
 /* KV events: see events.h; the format and its sources are in docs/events.md.
  *
- * One file of about 1,280 lines, on purpose: the encoder, the batches, the
- * publisher and the replay server all work on struct kv_events's private
- * state (the pending event, the per-topic batches, the replay ring), which no
- * other module may see; a split would need an internal header exposing all of
- * it. A quarter of the file is the no-events stubs and the socket setup.
- * Sections: stubs (KV_HAVE_EVENTS 0); encoding; batches and sending; merging
+ * One file of about 1,750 lines, on purpose: the encoder, the batches, the
+ * publisher, the block records and the replay server all work on struct
+ * kv_events's private state (the pending event, the removals held back, the
+ * per-topic batches, the records, the replay ring), which no other module may
+ * see; a split would need an internal header exposing all of it. A fifth of
+ * the file is the no-events stubs and the socket setup. Sections: stubs
+ * (KV_HAVE_EVENTS 0); encoding; batches and sending; block records; merging
  * events; topics; replay; setup. */
 #include "events.h"
 
@@ -71,6 +72,10 @@ void kv_events_flush(struct kv_events *ev)
 {
 }
 
+void kv_events_no_model(struct kv_events *ev, uint32_t pool)
+{
+}
+
 void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 {
 	memset(st, 0, sizeof(*st));
@@ -112,7 +117,6 @@ struct buf {
 struct topic {
 	char name[TOPIC_MAX];
 	size_t namelen;
-	uint64_t seq;         /* the next batch's */
 	struct buf batch;     /* HDR_ROOM bytes, then the events */
 	uint32_t nevents;
 	int queued;           /* on the dirty list */
@@ -124,7 +128,7 @@ struct topic {
 struct rbatch {
 	_Atomic uint32_t refs;
 	size_t len;
-	char p[];
+	char *p;              /* behind it: the publisher (a pointer), then the bytes */
 };
 
 struct replay {
@@ -153,6 +157,54 @@ struct rsent {
 
 enum { PEND_NONE, PEND_STORED, PEND_REMOVED };
 
+/* What a block's first BlockStored said (its Seal's parent, token ids where
+ * the namespace publishes them, LoRA, extra keys), kept while any medium
+ * holds the block, so that the stores of its tier moves say it again: a
+ * router that indexes by token ids (llm-d) can place them (issue 35). Keyed
+ * by (pool, hash); freed at the end of the loop iteration in which its last
+ * medium went (a demotion removes G1 before it stores G2). A Seal that said
+ * nothing of a block (no parent, token ids, LoRA or keys) makes none. */
+struct brec {
+	struct brec *next;        /* in its bucket */
+	struct brec *znext;       /* on the list of records to look at */
+	uint8_t hash[KV_HASH_BYTES];
+	uint8_t parent[KV_HASH_BYTES];
+	uint32_t pool;
+	uint8_t media;            /* 1 << KV_MEDIUM_* */
+	uint8_t has_parent, has_keys, zlisted, dead;
+	uint16_t lora_len;
+	uint64_t lora_id;
+	uint32_t ntok;            /* token ids, 0: none */
+	uint32_t keys_len;        /* its extra keys, encoded */
+	uint32_t tok[];           /* ntok token ids, the LoRA name, the keys */
+};
+
+/* Which hashes a list holds, by their first 8 bytes (a false positive
+ * only writes an event out early): a store or a removal asks whether the
+ * other side holds its block in O(1), not by a scan of up to PEND_MAX. */
+#define HSET_SLOTS (2 * PEND_MAX)
+struct hset {
+	uint64_t k[HSET_SLOTS];
+};
+
+/* Removals of one medium waiting to be written (they commute with stores of
+ * other media: held back, they follow the stores of a tier move). */
+struct rset {
+	uint32_t pool;
+	uint32_t n;
+	uint8_t h[PEND_MAX][KV_HASH_BYTES];
+	struct hset set;
+};
+
+/* The most bytes one event may take in a batch: a batch is never more than
+ * KV_EVENTS_BATCH_BYTES with its header and rank (issue 36). */
+#define EVENT_MAX (KV_EVENTS_BATCH_BYTES - HDR_ROOM - RANK_MAX)
+/* Room a pending BlockStored reserves besides its blocks. */
+#define STORED_FIXED (256 + HASH_MAX + KV_EVENTS_LORA_MAX)
+/* Memory subscribers' queues held past which it is given back once they
+ * drain or go. */
+#define TRIM_MIN (512u << 10)
+
 struct kv_events {
 	void *zctx, *pub, *router;
 	struct kv_loop *loop;
@@ -160,8 +212,11 @@ struct kv_events {
 	struct kv_loop_watch tw;  /* events_interval: the next send */
 	uint64_t interval_ns;
 	uint64_t pending_since;   /* CLOCK_MONOTONIC ns of the oldest unsent event; 0: none */
+	struct kv_loop_watch gw;  /* while subscribers hold batches: give memory back */
 	int rfd;
 	int int_hashes;       /* events_hash_format = int */
+	uint64_t seq;         /* the next batch's, one sequence for every topic */
+	int stored_any;       /* a BlockStored was published */
 	uint32_t dp_rank;     /* events_dp_rank */
 	char node[256];           /* node_name, else the host name */
 	struct topic *topics;
@@ -186,7 +241,21 @@ struct kv_events {
 	int phas_keys;
 	struct buf pkeys;
 	uint8_t phash[PEND_MAX][KV_HASH_BYTES];
+	struct hset pset;         /* phash's */
 	uint32_t nph;
+	size_t psize;         /* the pending BlockStored's bytes at most */
+	struct rset rm[KV_MEDIUMS];
+	/* Block records (struct brec). */
+	struct brec **recs;
+	uint32_t nbuckets, nrecs;
+	uint64_t rec_bytes;
+	struct brec *zlist;
+	struct buf kscratch;      /* one block's keys, encoded */
+	/* Batches ZMQ's subscriber queues hold (bytes, counted once per
+	 * message), and their most since memory was last given back. */
+	_Atomic uint64_t pub_inflight;
+	uint64_t pub_peak;
+	uint64_t ring_bytes_max;
 	uint32_t *ptok;
 	size_t nptok, ptok_cap;
 	/* Replay ring. */
@@ -285,7 +354,8 @@ static const char parent_key[] = "\xb1parent_block_hash";
 static const char tokens_key[] = "\xa9token_ids";
 static const char size_key[] = "\xaa" "block_size";
 static const char removed_head[] =
-	"\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes";
+	"\x84\xa4type\xac" "BlockRemoved\xac" "block_hashes";
+static const char group_idx_0[] = "\xa9group_idx\x00";
 static const char lora_id_key[] = "\xa7lora_id";
 static const char lora_name_key[] = "\xa9lora_name";
 static const char extra_keys_key[] = "\xaa" "extra_keys";
@@ -296,7 +366,8 @@ static const char *const removed_tail[KV_MEDIUMS] = {
 
 static char *put(char *w, const void *p, size_t n)
 {
-	memcpy(w, p, n);
+	if (n)  /* an empty digest has no data (NULL): memcpy's is UB */
+		memcpy(w, p, n);
 	return w + n;
 }
 
@@ -442,82 +513,181 @@ static char *put_hash(const struct kv_events *ev, char *w, const uint8_t *h)
 	return put(w, h, KV_HASH_BYTES);
 }
 
-/* Writes the pending event into its topic's batch. */
+static uint64_t hset_key(const uint8_t *h)
+{
+	uint64_t v;
+
+	memcpy(&v, h, sizeof(v));
+	return v | 1;  /* 0 marks an empty slot */
+}
+
+static uint32_t hset_find(const struct hset *st, uint64_t v)
+{
+	uint32_t i = (uint32_t)(v >> 17) & (HSET_SLOTS - 1);
+
+	while (st->k[i] && st->k[i] != v)
+		i = (i + 1) & (HSET_SLOTS - 1);
+	return i;
+}
+
+static void hset_add(struct hset *st, const uint8_t *h)
+{
+	uint64_t v = hset_key(h);
+
+	st->k[hset_find(st, v)] = v;
+}
+
+static int hset_has(const struct hset *st, const uint8_t *h)
+{
+	uint64_t v = hset_key(h);
+
+	return st->k[hset_find(st, v)] == v;
+}
+
+/* Empties the set of the n hashes of h (at most PEND_MAX: it is never more
+ * than half full): in the reverse of their order, so that each one's probe
+ * still finds the slots of those before it. */
+static void hset_clear(struct hset *st, const uint8_t (*h)[KV_HASH_BYTES], uint32_t n)
+{
+	while (n--) {
+		uint64_t v = hset_key(h[n]);
+		uint32_t i = hset_find(st, v);
+
+		if (st->k[i] == v)
+			st->k[i] = 0;
+	}
+}
+
+/* Reserves room for an event of at most `room` bytes in topic t's batch:
+ * a batch that could pass KV_EVENTS_BATCH_BYTES with it goes first. Returns
+ * the write pointer or NULL (no memory). */
+static char *batch_room(struct kv_events *ev, uint32_t t, size_t room)
+{
+	struct topic *tp = &ev->topics[t];
+
+	if (tp->nevents && tp->batch.len + room > KV_EVENTS_BATCH_BYTES - RANK_MAX)
+		send_batch(ev, t);
+	if (topic_open_batch(tp) < 0 || buf_room(&tp->batch, room) < 0)
+		return NULL;
+	return tp->batch.p + tp->batch.len;
+}
+
+static void batch_done(struct kv_events *ev, uint32_t t, char *w)
+{
+	struct topic *tp = &ev->topics[t];
+
+	tp->batch.len = (size_t)(w - tp->batch.p);
+	tp->nevents++;
+	topic_dirty(ev, t);
+	if (tp->batch.len >= KV_EVENTS_BATCH_BYTES - RANK_MAX - 512)
+		send_batch(ev, t);
+}
+
+/* Writes the pending BlockStored into its topic's batch. */
 static void pend_write(struct kv_events *ev)
 {
 	uint32_t t, i;
-	struct topic *tp;
 	size_t room;
 	char *w;
 
 	if (ev->pk == PEND_NONE)
 		return;
 	t = ev->pool_topic[ev->ppool] - 1u;
-	tp = &ev->topics[t];
-	room = 256 + (size_t)(ev->nph + 1) * HASH_MAX + ev->nptok * 5 + ev->plora_len +
-	       ev->pkeys.len;
-	if (topic_open_batch(tp) < 0 || buf_room(&tp->batch, room) < 0)
+	room = ev->psize;
+	if (!(w = batch_room(ev, t, room)))
 		goto out;  /* no memory: the event is lost, the next ones are not */
-	w = tp->batch.p + tp->batch.len;
-	if (ev->pk == PEND_STORED) {
-		/* vLLM's BlockStored as a tagged map (tag field "type"), its
-		 * fields in declaration order; those without a default
-		 * (lora_id, medium, lora_name) always, nil when unknown; those
-		 * with a default of None omitted, as msgspec's omit_defaults
-		 * does: extra_keys unless the Seal gave them, group_idx and
-		 * the rest always. */
-		*w++ = (char)0xde;  /* map16 of 8 fields, 9 with extra_keys */
-		*w++ = 0;
-		*w++ = (char)(8 + !!ev->phas_keys);
-		w = put(w, LIT(stored_head));
+	/* vLLM's BlockStored as a tagged map (tag field "type"), its fields in
+	 * declaration order; those without a default (lora_id, medium,
+	 * lora_name) always, nil when unknown; those with a default of None
+	 * omitted, as msgspec's omit_defaults does: extra_keys unless the Seal
+	 * gave them; group_idx 0, as vLLM 0.33's block pool writes for a model
+	 * of one KV-cache group; the rest never. */
+	*w++ = (char)0xde;  /* map16 of 9 fields, 10 with extra_keys */
+	*w++ = 0;
+	*w++ = (char)(9 + !!ev->phas_keys);
+	w = put(w, LIT(stored_head));
+	w = put_array(w, ev->nph);
+	for (i = 0; i < ev->nph; i++)
+		w = put_hash(ev, w, ev->phash[i]);
+	w = put(w, LIT(parent_key));
+	if (ev->phas_parent)
+		w = put_hash(ev, w, ev->pparent);
+	else
+		*w++ = (char)0xc0;
+	w = put(w, LIT(tokens_key));
+	w = put_array(w, ev->phas_tokens ? (uint32_t)ev->nptok : 0);
+	for (i = 0; ev->phas_tokens && i < ev->nptok; i++)
+		w = put_u32(w, ev->ptok[i]);
+	w = put(w, LIT(size_key));
+	w = put_u32(w, ev->pool_bs[ev->ppool]);
+	w = put(w, LIT(lora_id_key));
+	if (ev->plora_id)
+		w = put_u64(w, ev->plora_id);
+	else
+		*w++ = (char)0xc0;
+	w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
+	w = put(w, LIT(lora_name_key));
+	if (ev->plora_len)
+		w = put_str(w, ev->plora, ev->plora_len);
+	else
+		*w++ = (char)0xc0;
+	if (ev->phas_keys) {
+		w = put(w, LIT(extra_keys_key));
 		w = put_array(w, ev->nph);
-		for (i = 0; i < ev->nph; i++)
-			w = put_hash(ev, w, ev->phash[i]);
-		w = put(w, LIT(parent_key));
-		if (ev->phas_parent)
-			w = put_hash(ev, w, ev->pparent);
-		else
-			*w++ = (char)0xc0;
-		w = put(w, LIT(tokens_key));
-		w = put_array(w, ev->phas_tokens ? (uint32_t)ev->nptok : 0);
-		for (i = 0; ev->phas_tokens && i < ev->nptok; i++)
-			w = put_u32(w, ev->ptok[i]);
-		w = put(w, LIT(size_key));
-		w = put_u32(w, ev->pool_bs[ev->ppool]);
-		w = put(w, LIT(lora_id_key));
-		if (ev->plora_id)
-			w = put_u64(w, ev->plora_id);
-		else
-			*w++ = (char)0xc0;
-		w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
-		w = put(w, LIT(lora_name_key));
-		if (ev->plora_len)
-			w = put_str(w, ev->plora, ev->plora_len);
-		else
-			*w++ = (char)0xc0;
-		if (ev->phas_keys) {
-			w = put(w, LIT(extra_keys_key));
-			w = put_array(w, ev->nph);
-			w = put(w, ev->pkeys.p, ev->pkeys.len);
-		}
-	} else {
-		w = put(w, LIT(removed_head));
-		w = put_array(w, ev->nph);
-		for (i = 0; i < ev->nph; i++)
-			w = put_hash(ev, w, ev->phash[i]);
-		w = put(w, removed_tail[ev->pmedium], strlen(removed_tail[ev->pmedium]));
+		w = put(w, ev->pkeys.p, ev->pkeys.len);
 	}
-	tp->batch.len = (size_t)(w - tp->batch.p);
-	tp->nevents++;
-	topic_dirty(ev, t);
-	if (tp->batch.len >= KV_EVENTS_BATCH_BYTES)
-		send_batch(ev, t);
+	w = put(w, LIT(group_idx_0));
+	batch_done(ev, t, w);
 out:
 	ev->pk = PEND_NONE;
+	hset_clear(&ev->pset, ev->phash, ev->nph);
 	ev->nph = 0;
 	ev->nptok = 0;
+	ev->psize = 0;
 	ev->pkeys.len = 0;
 }
+
+/* Writes the removals of medium m held back. */
+static void rm_write(struct kv_events *ev, int m)
+{
+	struct rset *rs = &ev->rm[m];
+	uint32_t t, i;
+	char *w;
+
+	if (!rs->n)
+		return;
+	/* Stores held back go first: a tier move's store before its remove
+	 * (they never name the same block in the same medium: each side
+	 * writes the other out first when they would). */
+	pend_write(ev);
+	t = ev->pool_topic[rs->pool];
+	if (!t--)
+		goto out;  /* the pool's events stopped (a re-registration) */
+	if (!(w = batch_room(ev, t, 64 + (size_t)rs->n * HASH_MAX)))
+		goto out;
+	w = put(w, LIT(removed_head));
+	w = put_array(w, rs->n);
+	for (i = 0; i < rs->n; i++)
+		w = put_hash(ev, w, rs->h[i]);
+	w = put(w, removed_tail[m], strlen(removed_tail[m]));
+	w = put(w, LIT(group_idx_0));
+	batch_done(ev, t, w);
+out:
+	hset_clear(&rs->set, rs->h, rs->n);
+	rs->n = 0;
+}
+
+/* Everything held back, in an order a router can index: the pending store,
+ * then the removals. */
+static void pend_all(struct kv_events *ev)
+{
+	int m;
+
+	pend_write(ev);
+	for (m = 0; m < KV_MEDIUMS; m++)
+		rm_write(ev, m);
+}
+
 
 static void write_cleared(struct kv_events *ev, uint32_t t)
 {
@@ -540,32 +710,29 @@ static void rbatch_put(struct rbatch *b)
 		free(b);
 }
 
-static void ring_put(struct kv_events *ev, uint32_t t, uint64_t seq, const char *p, size_t len)
+/* Keeps batch b (a reference taken here) for replay: the oldest go while the
+ * ring holds events_buffer batches or events_buffer_max_bytes. */
+static void ring_put(struct kv_events *ev, uint32_t t, uint64_t seq, struct rbatch *b)
 {
 	struct replay *r;
-	struct rbatch *copy;
 
-	if (!ev->ring_cap)
-		return;
-	copy = malloc(sizeof(*copy) + len);
-	if (!copy)
+	if (!ev->ring_cap || b->len > ev->ring_bytes_max)
 		return;  /* a hole in the replay: the client sees the seq gap */
-	atomic_init(&copy->refs, 1);
-	copy->len = len;
-	memcpy(copy->p, p, len);
-	if (ev->ring_n == ev->ring_cap) {
+	while (ev->ring_n &&
+	       (ev->ring_n == ev->ring_cap || ev->st.buffered_bytes + b->len > ev->ring_bytes_max)) {
 		r = &ev->ring[ev->ring_head];
 		ev->st.buffered_bytes -= r->b->len;
 		rbatch_put(r->b);
 		ev->ring_head = (ev->ring_head + 1) % ev->ring_cap;
 		ev->ring_n--;
 	}
+	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
 	r = &ev->ring[(ev->ring_head + ev->ring_n) % ev->ring_cap];
 	r->topic = t;
 	r->seq = seq;
-	r->b = copy;
+	r->b = b;
 	ev->ring_n++;
-	ev->st.buffered_bytes += len;
+	ev->st.buffered_bytes += b->len;
 }
 
 static void put_be64(unsigned char *b, uint64_t v)
@@ -576,19 +743,49 @@ static void put_be64(unsigned char *b, uint64_t v)
 		b[i] = (unsigned char)v;
 }
 
+/* ZMQ is done with a published batch (sent to every subscriber, or dropped
+ * with a subscriber that went). */
+static void psent_free(void *data, void *hint)
+{
+	struct rbatch *b = hint;
+	struct kv_events *ev = *(struct kv_events **)((char *)data - sizeof(void *));
+
+	atomic_fetch_sub_explicit(&ev->pub_inflight, b->len, memory_order_relaxed);
+	rbatch_put(b);
+}
+
+/* The payload of one published batch: b itself, not a copy; every
+ * subscriber's queue shares it, and the ring too. */
+static int pub_payload(struct kv_events *ev, struct rbatch *b)
+{
+	zmq_msg_t m;
+
+	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&ev->pub_inflight, b->len, memory_order_relaxed);
+	if (zmq_msg_init_data(&m, b->p, b->len, psent_free, b) < 0) {
+		psent_free(b->p, b);
+		return -1;
+	}
+	if (zmq_msg_send(&m, ev->pub, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&m);
+		return -1;
+	}
+	return 0;
+}
+
 /* One multipart message to every subscriber with room for it. XPUB with
  * ZMQ_XPUB_NODROP refuses (EAGAIN) a message some subscriber's queue is full
  * for: that is how a drop is seen and counted; the message then goes to the
  * others with NODROP off, as a PUB socket sends. */
 static int pub_send(struct kv_events *ev, const struct topic *tp, const unsigned char *seq,
-		    const char *p, size_t len)
+		    struct rbatch *b)
 {
 	int pass, off = 0, on = 1, dropped = 0;
 
 	for (pass = 0; pass < 2; pass++) {
 		if (zmq_send(ev->pub, tp->name, tp->namelen, ZMQ_DONTWAIT | ZMQ_SNDMORE) >= 0) {
 			zmq_send(ev->pub, seq, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
-			zmq_send(ev->pub, p, len, ZMQ_DONTWAIT);
+			pub_payload(ev, b);
 			break;
 		}
 		if (zmq_errno() != EAGAIN || pass)
@@ -609,6 +806,7 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 	struct buf h = { (char *)hdr, 0, sizeof(hdr) };
 	struct timespec now;
 	msgpack_packer pk;
+	struct rbatch *b;
 	char *p;
 	size_t len;
 	int r;
@@ -617,16 +815,8 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 		tp->batch.len = 0;
 		return;
 	}
-	if (buf_room(&tp->batch, RANK_MAX) < 0) {
-		/* No room for the rank: the batch cannot be sent right. */
-		ev->st.dropped++;
-		ev->st.dropped_events += tp->nevents;
-		ev->st.dropped_bytes += tp->batch.len;
-		tp->seq++;
-		tp->nevents = 0;
-		tp->batch.len = 0;
-		return;
-	}
+	if (buf_room(&tp->batch, RANK_MAX) < 0)
+		goto nomem;
 	clock_gettime(CLOCK_REALTIME, &now);
 	msgpack_packer_init(&pk, &h, buf_write);
 	/* EventBatch is array_like: [ts, events, data_parallel_rank]; vLLM's
@@ -640,8 +830,17 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 	p = tp->batch.p + HDR_ROOM - h.len;
 	memcpy(p, hdr, h.len);
 	len = tp->batch.len - (HDR_ROOM - h.len);
-	put_be64(seq, tp->seq);
-	r = pub_send(ev, tp, seq, p, len);
+	/* Behind the batch, the publisher: psent_free finds its counter. */
+	b = malloc(sizeof(*b) + sizeof(void *) + len);
+	if (!b)
+		goto nomem;
+	atomic_init(&b->refs, 1);
+	b->len = len;
+	b->p = (char *)(b + 1) + sizeof(void *);
+	memcpy((char *)(b + 1), &ev, sizeof(void *));
+	memcpy(b->p, p, len);
+	put_be64(seq, ev->seq);
+	r = pub_send(ev, tp, seq, b);
 	if (r != 0) {
 		if (r < 0 && ev->st.dropped == 0)
 			kv_warn("events: send failed: %s", zmq_strerror(zmq_errno()));
@@ -649,10 +848,21 @@ static void send_batch(struct kv_events *ev, uint32_t t)
 		ev->st.dropped_events += tp->nevents;
 		ev->st.dropped_bytes += len;
 	}
-	ring_put(ev, t, tp->seq, p, len);
-	tp->seq++;
+	ring_put(ev, t, ev->seq, b);
+	rbatch_put(b);
+	if (atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed) > ev->pub_peak)
+		ev->pub_peak = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
+	ev->seq++;
 	ev->st.batches++;
 	ev->st.events += tp->nevents;
+	goto out;
+nomem:
+	/* The batch cannot be sent right: its seq is a gap. */
+	ev->st.dropped++;
+	ev->st.dropped_events += tp->nevents;
+	ev->st.dropped_bytes += tp->batch.len;
+	ev->seq++;
+out:
 	tp->nevents = 0;
 	tp->batch.len = 0;
 	/* Keep one batch's buffer; give back what a burst grew. */
@@ -699,12 +909,15 @@ static int due(struct kv_events *ev, int force)
 static void flush(struct kv_events *ev, int force)
 {
 	uint32_t i;
+	int m, held = ev->pk != PEND_NONE;
 	char sub[256];
 
-	if ((ev->pk == PEND_NONE && !ev->ndirty) || !due(ev, force))
+	for (m = 0; m < KV_MEDIUMS; m++)
+		held |= ev->rm[m].n != 0;
+	if ((!held && !ev->ndirty) || !due(ev, force))
 		return;
 	ev->pending_since = 0;
-	pend_write(ev);
+	pend_all(ev);
 	for (i = 0; i < ev->ndirty; i++) {
 		ev->topics[ev->dirty[i]].queued = 0;
 		send_batch(ev, ev->dirty[i]);
@@ -717,48 +930,226 @@ static void flush(struct kv_events *ev, int force)
 		;
 }
 
+/* ---- block records ---- */
+
+static uint32_t rec_bucket(const struct kv_events *ev, uint32_t pool, const uint8_t *hash)
+{
+	uint64_t v;
+
+	memcpy(&v, hash, sizeof(v));  /* a digest: its bytes are spread already */
+	v ^= (uint64_t)pool * 0x9e3779b97f4a7c15ull;
+	return (uint32_t)(v ^ v >> 29) & (ev->nbuckets - 1);
+}
+
+static struct brec **rec_slot(struct kv_events *ev, uint32_t pool, const uint8_t *hash)
+{
+	struct brec **pp;
+
+	if (!ev->nbuckets)
+		return NULL;
+	for (pp = &ev->recs[rec_bucket(ev, pool, hash)]; *pp; pp = &(*pp)->next)
+		if ((*pp)->pool == pool && !memcmp((*pp)->hash, hash, KV_HASH_BYTES))
+			return pp;
+	return NULL;
+}
+
+static void rec_zlist(struct kv_events *ev, struct brec *r)
+{
+	if (!r->zlisted) {
+		r->zlisted = 1;
+		r->znext = ev->zlist;
+		ev->zlist = r;
+	}
+}
+
+static size_t rec_size(const struct brec *r)
+{
+	return sizeof(*r) + (size_t)r->ntok * 4 + r->lora_len + r->keys_len;
+}
+
+/* Unlinks r from its bucket; frees it unless the list still holds it. */
+static void rec_drop(struct kv_events *ev, struct brec **pp)
+{
+	struct brec *r = *pp;
+
+	*pp = r->next;
+	ev->nrecs--;
+	ev->rec_bytes -= rec_size(r);
+	if (r->zlisted)
+		r->dead = 1;  /* freed by rec_reap() */
+	else
+		free(r);
+}
+
+static void rec_grow(struct kv_events *ev)
+{
+	uint32_t n = ev->nbuckets ? ev->nbuckets * 2 : 1024, i;
+	struct brec **nb = calloc(n, sizeof(*nb)), *r;
+	uint32_t old = ev->nbuckets;
+	struct brec **ob = ev->recs;
+
+	if (!nb)
+		return;  /* longer chains */
+	ev->recs = nb;
+	ev->nbuckets = n;
+	for (i = 0; i < old; i++)
+		while ((r = ob[i])) {
+			uint32_t k = rec_bucket(ev, r->pool, r->hash);
+
+			ob[i] = r->next;
+			r->next = nb[k];
+			nb[k] = r;
+		}
+	free(ob);
+}
+
+/* Records what a Seal said of (pool, hash), in medium. */
+static void rec_set(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		    const uint8_t *parent, int medium, const uint32_t *tokens, uint32_t ntok,
+		    uint64_t lora_id, const char *lora, size_t lora_len, int has_keys,
+		    const char *keys, size_t keys_len)
+{
+	struct brec **pp = rec_slot(ev, pool, hash), *r;
+	uint8_t media = 0;
+
+	if (pp) {
+		media = (*pp)->media;
+		rec_drop(ev, pp);
+	}
+	if (ev->nrecs >= ev->nbuckets)
+		rec_grow(ev);
+	if (!ev->nbuckets)
+		return;
+	r = malloc(sizeof(*r) + (size_t)ntok * 4 + lora_len + keys_len);
+	if (!r)
+		return;  /* its tier moves are published without what it said */
+	memset(r, 0, sizeof(*r));
+	memcpy(r->hash, hash, KV_HASH_BYTES);
+	r->pool = pool;
+	r->media = (uint8_t)(media | 1u << medium);
+	r->has_parent = parent != NULL;
+	if (parent)
+		memcpy(r->parent, parent, KV_HASH_BYTES);
+	r->ntok = ntok;
+	if (ntok)
+		memcpy(r->tok, tokens, (size_t)ntok * 4);
+	r->lora_id = lora_id;
+	r->lora_len = (uint16_t)lora_len;
+	if (lora_len)
+		memcpy((char *)(r->tok + ntok), lora, lora_len);
+	r->has_keys = (uint8_t)!!has_keys;
+	r->keys_len = (uint32_t)keys_len;
+	if (keys_len)
+		memcpy((char *)(r->tok + ntok) + lora_len, keys, keys_len);
+	pp = &ev->recs[rec_bucket(ev, pool, hash)];
+	r->next = *pp;
+	*pp = r;
+	ev->nrecs++;
+	ev->rec_bytes += rec_size(r);
+}
+
+/* The end of a loop iteration: records no medium holds any more go. */
+static void rec_reap(struct kv_events *ev)
+{
+	struct brec *r, *next, **pp;
+
+	for (r = ev->zlist, ev->zlist = NULL; r; r = next) {
+		next = r->znext;
+		r->zlisted = 0;
+		if (r->dead) {
+			free(r);
+		} else if (!r->media && (pp = rec_slot(ev, r->pool, r->hash)) && *pp == r) {
+			rec_drop(ev, pp);
+		}
+	}
+}
+
+/* Every record of pool (a new pool took its id). */
+static void rec_drop_pool(struct kv_events *ev, uint32_t pool)
+{
+	uint32_t i;
+	struct brec **pp;
+
+	for (i = 0; i < ev->nbuckets; i++)
+		for (pp = &ev->recs[i]; *pp;)
+			if ((*pp)->pool == pool)
+				rec_drop(ev, pp);
+			else
+				pp = &(*pp)->next;
+}
+
+static void trim_done(struct kv_loop_watch *w, int res, int more)
+{
+	(void)w;
+	(void)res;
+	(void)more;
+}
+
 void kv_events_flush(struct kv_events *ev)
 {
+	uint64_t held;
+
 	if (!ev)
 		return;
+	rec_reap(ev);
 	/* The replays' memory went back to ZMQ's allocator, in its I/O
 	 * thread's arena: hand it back to the system once none is in flight. */
 	if (ev->trim && !atomic_load_explicit(&ev->replay_inflight, memory_order_relaxed)) {
 		ev->trim = 0;
 		malloc_trim(0);
 	}
+	/* So with the batches a stalled subscriber held, once it reads or
+	 * goes: while they are held a timer looks again (the loop may have
+	 * nothing else to wake it). */
+	held = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
+	if (held) {
+		int zev;
+		size_t zsz = sizeof(zev);
+
+		/* A socket handles its pipes' ends (a subscriber gone: its
+		 * queue freed) only when called: call it, and again in a
+		 * while if batches are still held. */
+		zmq_getsockopt(ev->pub, ZMQ_EVENTS, &zev, &zsz);
+		held = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
+		if (held && !ev->gw.armed)
+			kv_loop_timeout(ev->loop, &ev->gw, 100 * 1000000ull);
+	}
+	if (ev->pub_peak >= TRIM_MIN && held <= ev->pub_peak / 4) {
+		ev->pub_peak = held;
+		malloc_trim(0);
+	}
 	flush(ev, 0);
 }
 
-static int can_merge(const struct kv_events *ev, int kind, uint32_t pool, int medium,
-		     const uint8_t *parent, int has_tokens, const struct kv_events_meta *m,
-		     size_t lora_len)
+static int can_merge(const struct kv_events *ev, uint32_t pool, int medium,
+		     const uint8_t *parent, int has_tokens, uint64_t lora_id, const char *lora,
+		     size_t lora_len, int has_keys, size_t more)
 {
-	if (ev->pk != kind || ev->ppool != pool || ev->pmedium != medium || ev->nph == PEND_MAX)
+	if (ev->pk != PEND_STORED || ev->ppool != pool || ev->pmedium != medium ||
+	    ev->nph == PEND_MAX || ev->psize + more > EVENT_MAX)
 		return 0;
-	if (kind == PEND_REMOVED)
-		return 1;
 	/* One BlockStored is one chain of one request: the new block's parent
 	 * is the last block of the event, and it has the same LoRA. */
 	return ev->phas_tokens == has_tokens && parent &&
 	       !memcmp(parent, ev->phash[ev->nph - 1], KV_HASH_BYTES) &&
-	       ev->phas_keys == (m && m->has_keys) && ev->plora_id == (m ? m->lora_id : 0) &&
-	       ev->plora_len == lora_len && (!lora_len || !memcmp(ev->plora, m->lora_name, lora_len));
+	       ev->phas_keys == has_keys && ev->plora_id == lora_id &&
+	       ev->plora_len == lora_len && (!lora_len || !memcmp(ev->plora, lora, lora_len));
 }
 
-/* Appends one block's extra keys, as msgspec writes the tuple vLLM's
- * to_event_extra_keys makes of them (nil for none), to the pending event's.
+/* Encodes one block's extra keys, as msgspec writes the tuple vLLM's
+ * to_event_extra_keys makes of them (nil for none), into kscratch.
  * Returns 0 or -ENOMEM. */
-static int keys_put(struct kv_events *ev, const struct kv_events_meta *m)
+static int keys_enc(struct kv_events *ev, const struct kv_events_meta *m)
 {
 	size_t room = STR_HDR, i;
 	char *w;
 
+	ev->kscratch.len = 0;
 	for (i = 0; i < m->nkeys; i++)
 		room += 1 + STR_HDR + m->keys[i].len + 9;
-	if (buf_room(&ev->pkeys, room) < 0)
+	if (buf_room(&ev->kscratch, room) < 0)
 		return -ENOMEM;
-	w = ev->pkeys.p + ev->pkeys.len;
+	w = ev->kscratch.p;
 	if (!m->nkeys) {
 		*w++ = (char)0xc0;
 	} else {
@@ -777,38 +1168,40 @@ static int keys_put(struct kv_events *ev, const struct kv_events_meta *m)
 			}
 		}
 	}
-	ev->pkeys.len = (size_t)(w - ev->pkeys.p);
+	ev->kscratch.len = (size_t)(w - ev->kscratch.p);
 	return 0;
 }
 
-void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
-		      const uint8_t *parent, int medium, const uint32_t *tokens)
+/* One block stored in medium, with what its store says. A removal of the
+ * block held back in this medium goes first (remove, then store again); in
+ * other media it waits: a router sees the store of a tier move before the
+ * remove. */
+static void store_one(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens, uint32_t ntok,
+		      uint64_t lora_id, const char *lora, size_t lora_len, int has_keys,
+		      const char *keys, size_t keys_len)
 {
-	kv_events_stored_meta(ev, pool, hash, parent, medium, tokens, NULL);
-}
+	size_t more;
 
-void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
-			   const uint8_t *parent, int medium, const uint32_t *tokens,
-			   const struct kv_events_meta *meta)
-{
-	struct kv_events_meta m0;
-	size_t lora_len;
-	uint32_t bs;
-
-	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
-		return;
-	if (!ev->pool_tokens[pool]) {
-		tokens = NULL;
-		if (meta && meta->has_keys) {
-			/* The extra keys are as private as the tokens. */
-			m0 = *meta;
-			m0.has_keys = 0;
-			meta = &m0;
-		}
+	ev->stored_any = 1;
+	if (ev->rm[medium].n && ev->rm[medium].pool == pool &&
+	    hset_has(&ev->rm[medium].set, hash)) {
+		pend_write(ev);
+		rm_write(ev, medium);
 	}
-	lora_len = meta && meta->lora_name ? strnlen(meta->lora_name, KV_EVENTS_LORA_MAX) : 0;
-	bs = ev->pool_bs[pool];
-	if (!can_merge(ev, PEND_STORED, pool, medium, parent, tokens != NULL, meta, lora_len)) {
+	more = HASH_MAX + (size_t)ntok * 5 + keys_len;
+	if (STORED_FIXED + more > EVENT_MAX) {
+		/* One block whose token ids and keys pass a batch: published
+		 * without them (counted), so that no batch passes its bound. */
+		ev->st.oversize++;
+		tokens = NULL;
+		ntok = 0;
+		has_keys = 0;
+		keys_len = 0;
+		more = HASH_MAX;
+	}
+	if (!can_merge(ev, pool, medium, parent, tokens != NULL, lora_id, lora, lora_len,
+		       has_keys, more)) {
 		pend_write(ev);
 		ev->pk = PEND_STORED;
 		ev->ppool = pool;
@@ -817,54 +1210,146 @@ void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *h
 		if (parent)
 			memcpy(ev->pparent, parent, KV_HASH_BYTES);
 		ev->phas_tokens = tokens != NULL;
-		ev->plora_id = meta ? meta->lora_id : 0;
+		ev->plora_id = lora_id;
 		ev->plora_len = lora_len;
 		if (lora_len)
-			memcpy(ev->plora, meta->lora_name, lora_len);
-		ev->phas_keys = meta && meta->has_keys;
+			memcpy(ev->plora, lora, lora_len);
+		ev->phas_keys = has_keys;
+		ev->psize = STORED_FIXED;
 	}
 	if (tokens) {
-		if (ev->nptok + bs > ev->ptok_cap) {
+		if (ev->nptok + ntok > ev->ptok_cap) {
 			size_t cap = ev->ptok_cap ? ev->ptok_cap : 1024;
 			uint32_t *np;
 
-			while (cap < ev->nptok + bs)
+			while (cap < ev->nptok + ntok)
 				cap *= 2;
 			np = realloc(ev->ptok, cap * sizeof(*np));
 			if (!np) {
 				/* Announce the hash without its tokens rather
 				 * than not at all. */
 				pend_write(ev);
-				kv_events_stored_meta(ev, pool, hash, parent, medium, NULL, meta);
+				store_one(ev, pool, hash, parent, medium, NULL, 0, lora_id, lora,
+					  lora_len, 0, NULL, 0);
 				return;
 			}
 			ev->ptok = np;
 			ev->ptok_cap = cap;
 		}
-		memcpy(ev->ptok + ev->nptok, tokens, bs * sizeof(*tokens));
-		ev->nptok += bs;
+		memcpy(ev->ptok + ev->nptok, tokens, (size_t)ntok * sizeof(*tokens));
+		ev->nptok += ntok;
 	}
-	if (ev->phas_keys && keys_put(ev, meta) < 0) {
+	if (ev->phas_keys && buf_write(&ev->pkeys, keys, keys_len) < 0) {
 		/* No memory for the keys: announce the hash without them
 		 * (the event's other blocks lose theirs too: extra_keys has
 		 * one entry per block or none). */
 		ev->phas_keys = 0;
 		ev->pkeys.len = 0;
 	}
+	ev->psize += more;
+	hset_add(&ev->pset, hash);
 	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+}
+
+/* A store the daemon makes itself (a tier move, an adoption): what the
+ * block's Seal said, when the daemon still has it. */
+void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+		      const uint8_t *parent, int medium, const uint32_t *tokens)
+{
+	struct brec **pp, *r;
+
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	if (parent || tokens || !(pp = rec_slot(ev, pool, hash))) {
+		store_one(ev, pool, hash, parent, medium, ev->pool_tokens[pool] ? tokens : NULL,
+			  tokens ? ev->pool_bs[pool] : 0, 0, NULL, 0, 0, NULL, 0);
+		return;
+	}
+	r = *pp;
+	r->media |= (uint8_t)(1u << medium);
+	if (r->has_parent && (!(pp = rec_slot(ev, pool, r->parent)) || !(*pp)->media)) {
+		/* Its parent is held nowhere any more, so a router has
+		 * forgotten it too: a store naming it would be dropped
+		 * (llm-d cannot resolve the parent's key). Without token ids
+		 * and parent, llm-d places the store by the block's own key,
+		 * which it still knows (the store comes before the remove). */
+		store_one(ev, pool, hash, NULL, medium, NULL, 0, r->lora_id,
+			  (const char *)(r->tok + r->ntok), r->lora_len, 0, NULL, 0);
+		return;
+	}
+	store_one(ev, pool, hash, r->has_parent ? r->parent : NULL, medium,
+		  r->ntok ? r->tok : NULL, r->ntok, r->lora_id, (const char *)(r->tok + r->ntok),
+		  r->lora_len, r->has_keys, (const char *)(r->tok + r->ntok) + r->lora_len,
+		  r->keys_len);
+}
+
+void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
+			   const uint8_t *parent, int medium, const uint32_t *tokens,
+			   const struct kv_events_meta *meta)
+{
+	size_t lora_len;
+	int has_keys;
+	uint32_t ntok;
+
+	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
+		return;
+	/* The extra keys are as private as the tokens. */
+	has_keys = meta && meta->has_keys && ev->pool_tokens[pool];
+	if (!ev->pool_tokens[pool])
+		tokens = NULL;
+	ntok = tokens ? ev->pool_bs[pool] : 0;
+	lora_len = meta && meta->lora_name ? strnlen(meta->lora_name, KV_EVENTS_LORA_MAX) : 0;
+	ev->kscratch.len = 0;
+	if (has_keys && keys_enc(ev, meta) < 0)
+		has_keys = 0;  /* no memory: published without them */
+	if (parent || tokens || lora_len || has_keys || (meta && meta->lora_id)) {
+		rec_set(ev, pool, hash, parent, medium, tokens, ntok, meta ? meta->lora_id : 0,
+			lora_len ? meta->lora_name : NULL, lora_len, has_keys, ev->kscratch.p,
+			has_keys ? ev->kscratch.len : 0);
+	} else {
+		/* Nothing for its tier moves to repeat: no record (a router
+		 * could not place a block stored without token ids either,
+		 * so its children's tier stores go without a parent). */
+		struct brec **pp = rec_slot(ev, pool, hash);
+
+		if (pp)
+			rec_drop(ev, pp);
+	}
+	store_one(ev, pool, hash, parent, medium, tokens, ntok, meta ? meta->lora_id : 0,
+		  lora_len ? meta->lora_name : NULL, lora_len, has_keys, ev->kscratch.p,
+		  has_keys ? ev->kscratch.len : 0);
 }
 
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium)
 {
+	struct rset *rs;
+	struct brec **pp;
+
 	if (!ev || pool >= KV_MAX_POOLS || !ev->pool_topic[pool])
 		return;
-	if (!can_merge(ev, PEND_REMOVED, pool, medium, NULL, 0, NULL, 0)) {
-		pend_write(ev);
-		ev->pk = PEND_REMOVED;
-		ev->ppool = pool;
-		ev->pmedium = medium;
+	if ((pp = rec_slot(ev, pool, hash))) {
+		(*pp)->media &= (uint8_t)~(1u << medium);
+		if (!(*pp)->media)
+			rec_zlist(ev, *pp);
 	}
-	memcpy(ev->phash[ev->nph++], hash, KV_HASH_BYTES);
+	/* The store of this block in this medium, if pending, goes first. */
+	if (ev->pk == PEND_STORED && ev->ppool == pool && ev->pmedium == medium &&
+	    hset_has(&ev->pset, hash))
+		pend_write(ev);
+	rs = &ev->rm[medium];
+	if (rs->n && (rs->pool != pool || rs->n == PEND_MAX))
+		rm_write(ev, medium);
+	rs->pool = pool;
+	hset_add(&rs->set, hash);
+	memcpy(rs->h[rs->n++], hash, KV_HASH_BYTES);
+}
+
+void kv_events_no_model(struct kv_events *ev, uint32_t pool)
+{
+	if (!ev || pool >= KV_MAX_POOLS)
+		return;
+	kv_events_pool(ev, pool, NULL, 0, 0);
+	ev->st.no_model++;
 }
 
 int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
@@ -876,9 +1361,14 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
 
 	if (!ev || pool >= KV_MAX_POOLS)
 		return 0;
-	/* Events of the pool that had this id before go out first. */
+	/* Events of the pool that had this id before go out first; what
+	 * its Seals said goes. */
 	if (ev->pk != PEND_NONE && ev->ppool == pool)
 		pend_write(ev);
+	for (n = 0; n < KV_MEDIUMS; n++)
+		if (ev->rm[n].n && ev->rm[n].pool == pool)
+			rm_write(ev, n);
+	rec_drop_pool(ev, pool);
 	if (!model) {
 		ev->pool_topic[pool] = 0;
 		return 0;
@@ -896,7 +1386,12 @@ int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint3
 		memcpy(ev->topics[t].name, name, (size_t)n + 1);
 		ev->topics[t].namelen = (size_t)n;
 		ev->ntopics++;
-		write_cleared(ev, t);
+		/* A new daemon: forget what an older one said. llm-d clears
+		 * the whole pod (every model) on an AllBlocksCleared: a topic
+		 * that appears once blocks were stored starts without one, or
+		 * it would wipe the other models' blocks from its index. */
+		if (!ev->stored_any)
+			write_cleared(ev, t);
 	}
 	ev->pool_topic[pool] = (uint16_t)(t + 1);
 	ev->pool_bs[pool] = block_size;
@@ -984,10 +1479,8 @@ static void replay_send(struct kv_events *ev, const void *id, size_t idlen, uint
 		for (t = 0; t < ev->ntopics; t++)
 			if (ev->topics[t].namelen == tlen && !memcmp(ev->topics[t].name, topic, tlen))
 				break;
-	} else if (ev->ntopics == 1) {
-		t = 0;
 	} else {
-		all = 1;  /* several topics and none named: every batch */
+		all = 1;  /* every topic's batches, in their one sequence */
 	}
 	for (i = 0; i < ev->ring_n; i++) {
 		const struct replay *r = &ev->ring[(ev->ring_head + i) % ev->ring_cap];
@@ -1052,7 +1545,7 @@ unsent:
  * publisher takes it, optionally a fourth frame naming the topic. */
 static void replay_one(struct kv_events *ev)
 {
-	unsigned char id[256], fr[3][TOPIC_MAX];
+	unsigned char id[256], fr[3][4096];
 	int idlen, flen[3] = { -1, -1, -1 }, n = 0, more, r;
 	size_t msz = sizeof(more);
 	uint64_t start = 0;
@@ -1066,23 +1559,30 @@ static void replay_one(struct kv_events *ev)
 		/* Frames past the third are read and dropped (the request is
 		 * bad); zmq_recv truncates a frame to the buffer and returns
 		 * its real length. */
-		r = zmq_recv(ev->router, fr[n < 3 ? n : 2], TOPIC_MAX, ZMQ_DONTWAIT);
+		r = zmq_recv(ev->router, fr[n < 3 ? n : 2], sizeof(fr[0]), ZMQ_DONTWAIT);
 		if (r < 0)
 			break;
 		if (n < 3)
 			flen[n] = r;
 		n++;
 	}
-	if ((size_t)idlen > sizeof(id) || (n != 2 && n != 3) || flen[0] != 0 || flen[1] != 8 ||
+	/* As vLLM's _service_replay: [identity, any, start] (the delimiter is
+	 * not looked at), the start read as int.from_bytes(start, "big"), an
+	 * unsigned integer of any length (past 2**64 - 1: after every seq,
+	 * nothing is replayed, the end marker is sent). A fourth frame names
+	 * a topic (kvcached's). */
+	if ((size_t)idlen > sizeof(id) || (n != 2 && n != 3) || flen[1] > (int)sizeof(fr[1]) ||
 	    (n == 3 && flen[2] > TOPIC_MAX)) {
 		ev->st.replay_bad++;
 		return;
 	}
-	for (r = 0; r < 8; r++)
+	for (r = 0; r < flen[1]; r++) {
+		if (start >> 56) {
+			start = UINT64_MAX;
+			break;
+		}
 		start = start << 8 | fr[1][r];
-	/* A negative start (vLLM's seq is signed) is 0. */
-	if (start >> 63)
-		start = 0;
+	}
 	ev->st.replay_requests++;
 	replay_send(ev, id, (size_t)idlen, start, n == 3 ? (const char *)fr[2] : NULL,
 		    n == 3 ? (size_t)flen[2] : 0);
@@ -1171,6 +1671,8 @@ int kv_events_open(struct kv_events **out, const struct kv_config *cfg, struct k
 	/* A host name has no '@' (node_name is checked by the configuration). */
 	ev->int_hashes = !strcmp(cfg->events_hash_format, "int");
 	ev->dp_rank = cfg->events_dp_rank;
+	ev->ring_bytes_max = cfg->events_buffer_max_bytes;
+	ev->gw.cb = trim_done;
 	ev->topics = calloc(MAX_TOPICS, sizeof(*ev->topics));
 	ev->dirty = calloc(MAX_TOPICS, sizeof(*ev->dirty));
 	ev->zctx = zmq_ctx_new();
@@ -1250,6 +1752,8 @@ void kv_events_close(struct kv_events *ev)
 		flush(ev, 1);
 	if (ev->tw.armed)
 		kv_loop_cancel(ev->loop, &ev->tw);
+	if (ev->gw.armed)
+		kv_loop_cancel(ev->loop, &ev->gw);
 	if (ev->router) {
 		if (ev->rw.armed)
 			kv_loop_cancel(ev->loop, &ev->rw);
@@ -1277,6 +1781,23 @@ void kv_events_close(struct kv_events *ev)
 	free(ev->dirty);
 	free(ev->ptok);
 	free(ev->pkeys.p);
+	free(ev->kscratch.p);
+	while (ev->zlist) {
+		struct brec *r = ev->zlist;
+
+		ev->zlist = r->znext;
+		r->zlisted = 0;
+		if (r->dead)
+			free(r);
+	}
+	for (i = 0; i < ev->nbuckets; i++)
+		while (ev->recs[i]) {
+			struct brec *r = ev->recs[i];
+
+			ev->recs[i] = r->next;
+			free(r);
+		}
+	free(ev->recs);
 	/* A cancelled watch still gets its last completion: the loop is gone
 	 * by now (daemon fini), so nothing calls back into ev. */
 	free(ev);
@@ -1291,6 +1812,9 @@ void kv_events_stats(const struct kv_events *ev, struct kv_events_stats *st)
 	*st = ev->st;
 	st->buffered = ev->ring_n;
 	st->replay_inflight_bytes = atomic_load_explicit(&ev->replay_inflight, memory_order_relaxed);
+	st->sub_inflight_bytes = atomic_load_explicit(&ev->pub_inflight, memory_order_relaxed);
+	st->blocks_known = ev->nrecs;
+	st->blocks_known_bytes = ev->rec_bytes + (uint64_t)ev->nbuckets * sizeof(*ev->recs);
 }
 
 #endif

@@ -11,8 +11,11 @@
  * topic's queue, once its oldest event is events_interval old (a timer on the
  * loop makes sure of it; 0: every iteration), as one message [topic, seq (8
  * bytes, big endian), msgpack [ts, [events...], data_parallel_rank]] (vLLM's
- * KVEventBatch as its publisher encodes it) with a sequence number of its own
- * per topic, and keeps it for replay.
+ * KVEventBatch as its publisher encodes it) with one sequence number for
+ * every topic of the publisher (issue 35: llm-d keeps one last-seen seq per
+ * endpoint), and keeps it for replay. A tier move's store repeats what the
+ * block's Seal said (parent, token ids, LoRA, extra keys: a record per held
+ * block) and comes before the remove it goes with.
  *
  * Threads: everything runs on the loop thread, which owns the ZeroMQ sockets
  * (they are not thread-safe). Nothing here blocks: sends are ZMQ_DONTWAIT; a
@@ -20,11 +23,14 @@
  * for that subscriber and counted (dropped), and stays in the replay buffer.
  * The replay socket (ZMQ_ROUTER) is polled by the loop through ZMQ_FD.
  *
- * Memory is bounded: the replay buffer holds at most events_buffer batches,
- * a batch is cut at KV_EVENTS_BATCH_BYTES (one event may pass it, and one
- * event is bounded by max_frame: its hashes and token ids came in one frame),
- * and a replay peer's queue at events_buffer + 2 messages (ZMQ_SNDHWM of the
- * ROUTER socket, ZMQ_ROUTER_MANDATORY: a replay that does not fit stops).
+ * Memory is bounded: a batch is never more than KV_EVENTS_BATCH_BYTES (a
+ * long chain is cut into several BlockStored; a block whose token ids and
+ * keys alone would pass it is published without them, counted), the replay
+ * buffer holds at most events_buffer batches and events_buffer_max_bytes, a
+ * subscriber's queue kv_events_sub_hwm() batches (events_subscriber_max_bytes),
+ * sharing the ring's batches, and a replay peer's queue events_buffer + 2
+ * messages (ZMQ_SNDHWM of the ROUTER socket, ZMQ_ROUTER_MANDATORY: a replay
+ * that does not fit stops).
  *
  * Without ZeroMQ and msgpack-c (KV_HAVE_EVENTS 0), kv_events_open() refuses a
  * configuration that sets events_endpoint and every other call is a no-op. */
@@ -66,6 +72,13 @@ struct kv_events_stats {
 	uint64_t replay_inflight_bytes; /* of replay messages ZMQ still holds */
 	uint64_t buffered;         /* batches held for replay */
 	uint64_t buffered_bytes;
+	uint64_t no_model;         /* pools registered without a model: not published */
+	uint64_t oversize;         /* blocks whose token ids and keys would pass a
+				    * batch: published without them */
+	uint64_t sub_inflight_bytes; /* of published batches ZMQ's queues hold */
+	uint64_t blocks_known;     /* blocks whose Seal's parent, tokens, LoRA, keys
+				    * the tier moves' stores repeat */
+	uint64_t blocks_known_bytes;
 };
 
 /* Opens the publisher of cfg (events_endpoint, ...) and polls the replay
@@ -80,14 +93,20 @@ void kv_events_close(struct kv_events *ev);
 /* Pool id's events go to topic kv@<node>@<model>; block_size is its
  * block_tokens; tokens: whether its Seals' token ids may be published
  * (docs/security.md); model NULL: the pool's events are not published. A
- * topic seen for the first time starts with an
- * AllBlocksCleared event (a new daemon: forget what an older one said).
- * Returns 0 or -ENOMEM (the pool's events are then not published). */
+ * topic seen for the first time before any block was stored starts with an
+ * AllBlocksCleared event (a new daemon: forget what an older one said); one
+ * seen later does not (llm-d would clear the whole pod, every model). What
+ * the pool that had this id before recorded of its blocks goes. Returns 0,
+ * -EINVAL (a name too long) or -ENOSPC (too many topics): the pool's events
+ * are then not published. */
 int kv_events_pool(struct kv_events *ev, uint32_t pool, const char *model, uint32_t block_size,
 		   int tokens);
 
-/* hash (32 bytes) of pool was stored in medium. parent: the hash of the block
- * before it in its chain, or NULL; tokens: its block_size token ids, or NULL. */
+/* hash (32 bytes) of pool was stored in medium by the daemon itself (a tier
+ * move, an adoption): parent and tokens NULL publish what the block's Seal
+ * said, when the daemon has it (kv_events_stored_meta() recorded it), else
+ * nothing; non-NULL, these (the parent: the hash of the block before it in
+ * its chain; tokens: its block_size token ids). */
 void kv_events_stored(struct kv_events *ev, uint32_t pool, const uint8_t *hash,
 		      const uint8_t *parent, int medium, const uint32_t *tokens);
 
@@ -125,6 +144,10 @@ void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *h
 			   const uint8_t *parent, int medium, const uint32_t *tokens,
 			   const struct kv_events_meta *meta);
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
+
+/* Pool id registered without a model: its events are not published (no
+ * router could match its topic), and it is counted (no_model). */
+void kv_events_no_model(struct kv_events *ev, uint32_t pool);
 
 /* Sends the queued batches when they are due (events_interval); once per
  * loop iteration. */

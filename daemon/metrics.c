@@ -588,6 +588,19 @@ static const struct fam fams[] = {
 	       "copied).", replay_inflight_bytes),
 	EVENTS("kvcached_events_buffered_batches", "gauge", "Batches held for replay.", buffered),
 	EVENTS("kvcached_events_buffered_bytes", "gauge", "Bytes of those batches.", buffered_bytes),
+	EVENTS("kvcached_events_no_model_pools_total", "counter",
+	       "Pools registered without a model: their events are not published.", no_model),
+	EVENTS("kvcached_events_oversize_total", "counter",
+	       "Blocks whose token ids and extra keys would pass a batch (64 KiB): published "
+	       "without them.", oversize),
+	EVENTS("kvcached_events_subscriber_bytes", "gauge",
+	       "Bytes of published batches subscribers' queues hold (each batch counted once).",
+	       sub_inflight_bytes),
+	EVENTS("kvcached_events_blocks_known", "gauge",
+	       "Blocks whose Seal's parent, token ids, LoRA and keys their tier moves repeat.",
+	       blocks_known),
+	EVENTS("kvcached_events_blocks_known_bytes", "gauge", "Memory those records take.",
+	       blocks_known_bytes),
 };
 
 #define NFAMS (sizeof(fams) / sizeof(fams[0]))

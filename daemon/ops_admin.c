@@ -282,6 +282,11 @@ void kv_op_stats(struct req *q, const Kvcached__Stats *m)
 			ei->replay_inflight_bytes = es.replay_inflight_bytes;
 			ei->buffered = es.buffered;
 			ei->buffered_bytes = es.buffered_bytes;
+			ei->no_model = es.no_model;
+			ei->oversize = es.oversize;
+			ei->sub_inflight_bytes = es.sub_inflight_bytes;
+			ei->blocks_known = es.blocks_known;
+			ei->blocks_known_bytes = es.blocks_known_bytes;
 			r->events = ei;
 		}
 	}

@@ -84,26 +84,17 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 	q->rs->hello = r;
 }
 
-/* KV events: the topic of new pool p, kv@<node>@<model>; the model is the
- * registration's, else "<namespace>/<pool>" ('@' made '_'). */
+/* KV events: the topic of new pool p, kv@<node>@<model>, the model the
+ * registration names; without one, no events. */
 static void pool_events(struct kv_daemon *d, const struct kv_pool *p, const struct kv_ns *ns,
 			const char *model)
 {
 	const struct kv_ns_conf *nc;
 	char name[200];
 	int tokens = d->cfg.events_token_ids;
-	char *c;
 
 	if (!d->events)
 		return;
-	if (model && *model) {
-		snprintf(name, sizeof(name), "%s", model);
-	} else {
-		snprintf(name, sizeof(name), "%s/%s", ns->name, p->name);
-		for (c = name; *c; c++)
-			if (*c == '@')
-				*c = '_';
-	}
 	nc = kv_nsconf_find(&d->cfg, ns->name);
 	if (nc && nc->events)
 		tokens = nc->events == KV_NS_EVENTS_TOKENS;
@@ -111,6 +102,14 @@ static void pool_events(struct kv_daemon *d, const struct kv_pool *p, const stru
 		kv_events_pool(d->events, p->id, NULL, 0, 0);  /* no topic: no events */
 		return;
 	}
+	if (!model || !*model) {
+		/* No model: no router could match its topic (llm-d hashes a
+		 * request's keys with the topic's model). Not published,
+		 * counted (docs/events.md, "Topics"). */
+		kv_events_no_model(d->events, p->id);
+		return;
+	}
+	snprintf(name, sizeof(name), "%s", model);
 	if (kv_events_pool(d->events, p->id, name, p->block_tokens, tokens) < 0)
 		kv_warn("events: pool '%s': no topic for model '%s'", p->name, name);
 }

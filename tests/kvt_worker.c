@@ -20,6 +20,12 @@
  *   lookup SEED N     looks the chain up (promotes what the tiers hold) and
  *                     releases what it found -> "ok K" (the prefix found)
  *   badtokens         seals one block with 15 token ids -> the error
+ *   tpool NAME BYTES MODEL T  mpool with T tokens a block (issue 36: Seals at
+ *                     the frame limit)                       -> "ok ID"
+ *   tchain SEED N     chain of N blocks of tpool's T token ids each, every id
+ *                     2**28 or more (5 bytes in a frame and in msgpack) -> "ok N"
+ *   echain SEED       one block sealed with one extra key: an empty digest
+ *                     (the NULL data protobuf-c gives it)   -> "ok 1"
  *   quit              exits 0
  *
  * A failed call answers "err CODE MESSAGE" (CODE: kvc error number, e.g.
@@ -36,6 +42,7 @@
 static kvc_block held[MAX_HELD];
 static size_t nheld;
 static int pool = -1;
+static unsigned tpool_tokens;
 
 #define TOKENS 16
 
@@ -134,6 +141,49 @@ int main(int argc, char **argv)
 			r = kvc_register_pool_model(c, &d, model);
 			if (r >= 0)
 				pool = r;
+			answer(c, r, r);
+		} else if (sscanf(line, "tpool %63s %llu %127s %u", name, &bytes, model, &n) == 4) {
+			struct kvc_pool_desc d = { .name = name, .block_bytes = bytes,
+						   .block_tokens = n, .dtype = "fp16" };
+
+			r = kvc_register_pool_model(c, &d, model);
+			if (r >= 0) {
+				pool = r;
+				tpool_tokens = n;
+			}
+			answer(c, r, r);
+		} else if (sscanf(line, "tchain %llu %u", &seed, &n) == 2 && n > 0 && n <= 256 &&
+			   tpool_tokens) {
+			size_t nt = (size_t)n * tpool_tokens, i;
+			uint32_t *tok = malloc(nt * sizeof(*tok));
+			kvc_hash h[256];
+			kvc_block b[256];
+
+			for (i = 0; tok && i < nt; i++)
+				tok[i] = (uint32_t)(0x10000000u + seed * 7919u + i);
+			for (i = 0; i < n; i++)
+				chain_hash(seed, i, &h[i]);
+			r = tok ? kvc_alloc(c, pool, n, b) : -1;
+			if (r >= 0)
+				r = kvc_seal_tokens(c, pool, b, h, n, NULL, tok, nt, b);
+			if (r >= 0)
+				r = kvc_release(c, b, n) < 0 ? -1 : (int)n;
+			free(tok);
+			answer(c, r, r);
+		} else if (sscanf(line, "echain %llu", &seed) == 1) {
+			static uint32_t tok[TOKENS], nkeys[1] = { 1 };
+			static const struct kvc_event_key key = { KVC_EVENT_KEY_BYTES, NULL, 0, 0 };
+			struct kvc_seal_info info = { .token_ids = tok, .ntokens = TOKENS,
+						      .nkeys = nkeys, .keys = &key };
+			kvc_hash h;
+			kvc_block b;
+
+			chain_hash(seed, 0, &h);
+			r = kvc_alloc(c, pool, 1, &b);
+			if (r >= 0)
+				r = kvc_seal_events(c, pool, &b, &h, 1, &info, &b);
+			if (r >= 0)
+				r = kvc_release(c, &b, 1) < 0 ? -1 : 1;
 			answer(c, r, r);
 		} else if (sscanf(line, "chain %llu %u", &seed, &n) == 2 && n > 0 && n <= 256) {
 			static kvc_hash h[256];

@@ -117,7 +117,8 @@ ALL = {
     "events_replay_max_bytes": "16MiB",
     "events_interval": "2ms",
     "events_token_ids": "yes",
-    "events_hash_format": "int",
+    "events_hash_format": "bytes",
+    "events_buffer_max_bytes": "16MiB",
     "events_dp_rank": "3",
     "node_name": "node-1",
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """KV events against vLLM 0.33.0's own code and llm-d's decoding rules (issue
 25). Two real daemons with G1, G2 and G3 run the same workload of chains
-sealed with token ids (demotion, write-back, eviction, promotion): A with the
-defaults (hashes as bytes, data_parallel_rank 0), B with events_hash_format =
-int, events_dp_rank = 3 and events_interval = 0 (more, smaller batches).
+sealed with token ids (demotion, write-back, eviction, promotion): A with
+events_hash_format = bytes and data_parallel_rank 0, B with the default hash
+form (int, vLLM's default since issue 35), events_dp_rank = 3 and
+events_interval = 0 (more, smaller batches).
 For every batch, live and replayed:
 
   - vLLM's decoder, msgspec.msgpack.Decoder(KVEventBatch), reads it, and
@@ -400,6 +401,31 @@ def same_replay_as_vllm(ctx, s):
         kvt.check(s.replay(0, s.topic.encode()) == ours, "replay naming the topic differs")
         # A start past the end: only the end marker, as vLLM answers.
         kvt.check(s.replay(n + 5) == [[b"", b"", END, b""]], "replay past the end")
+
+        # Requests vLLM's _service_replay reads its own way (issue 35): the
+        # start as int.from_bytes(start, "big"), unsigned, of any length, the
+        # delimiter not looked at. kvcached answers each as vLLM's publisher.
+        def ask(ep, req):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.RCVTIMEO, 20000)
+            sock.connect(ep)
+            sock.send_multipart(req)
+            out = []
+            while True:
+                fr = sock.recv_multipart()
+                out.append(fr)
+                if len(fr) >= 3 and fr[-2] == END:
+                    break
+            sock.close(linger=0)
+            return out
+        for req in ([b"", b""], [b"", b"\x00" * 7], [b"", (n - 3).to_bytes(3, "big")],
+                    [b"x", (n - 2).to_bytes(8, "big")], [b"", b"\x80" + b"\x00" * 7],
+                    [b"", b"\x00" * 8 + (n - 1).to_bytes(4, "big")],
+                    [b"", b"\x01" + b"\x00" * 8]):
+            a, b = ask(s.rep, req), ask(pub._replay_endpoint, req)
+            kvt.check(a == b, "replay of %r: kvcached sent %d messages, vLLM %d (%r / %r)" %
+                      (req, len(a), len(b), [f[:3] for f in a[:2]], [f[:3] for f in b[:2]]),
+                      s.daemon.log)
     finally:
         pub.shutdown()
     return n
@@ -408,8 +434,8 @@ def same_replay_as_vllm(ctx, s):
 def main():
     kvt.need_bins()
     ctx = zmq.Context()
-    a = Stream(ctx, "node-a")
-    b = Stream(ctx, "node-b", "--events-hash-format", "int", "--events-dp-rank", "3",
+    a = Stream(ctx, "node-a", "--events-hash-format", "bytes")
+    b = Stream(ctx, "node-b", "--events-dp-rank", "3",
                "--events-interval", "0")
     workload(a)
     workload(b)

@@ -13,9 +13,8 @@ what it missed) reads the batches; for every BlockStored kvcached published:
     byte;
   - vLLM's own BlockPool, caching the same blocks of the same request
     (cache_full_blocks with enable_kv_cache_events), makes a BlockStored
-    equal to kvcached's once its group_idx is left out (kvcached's pools are
-    not an engine's KV-cache groups, docs/events.md), and vLLM's encoding of
-    that event is found, byte for byte, in kvcached's payload.
+    equal to kvcached's, group_idx 0 included (issue 35), and vLLM's
+    encoding of that event is found, byte for byte, in kvcached's payload.
 
 A namespace with `events = hashes` gets the LoRA but no token ids and no
 extra keys. Hostile Seals (a LoRA name of 257 bytes, 65 keys a block, a key
@@ -33,7 +32,7 @@ import vllm_env  # noqa: E402
 
 vllm_env.reexec()
 
-# The bytes form, as kvcached's default events_hash_format.
+# The bytes form (events_hash_format = bytes below).
 os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
 
 import msgspec  # noqa: E402
@@ -187,6 +186,7 @@ def main():
     conf = os.path.join(d, "k.conf")
     with open(conf, "w") as f:
         f.write("events_token_ids = yes\nnode_name = n\nevents_buffer = 100000\n"
+                "events_hash_format = bytes\n"
                 "[namespace quiet]\nusers = *\nevents = hashes\n")
     daemon = kvt.events_daemon(d, "--config=" + conf, "--events-endpoint", ep,
                                "--events-replay-endpoint", rep, "--pool-size", "16MiB",
@@ -280,7 +280,8 @@ def main():
         kvt.check(h0 in index, "a BlockStored of blocks not sealed here")
         req, a = index[h0]
         b = a + len(ev.block_hashes)
-        theirs = msgspec.structs.replace(vllm_event(req, a, b), group_idx=None)
+        # group_idx as vLLM's block pool writes it (0: one KV-cache group).
+        theirs = vllm_event(req, a, b)
         # Compared as vLLM's decoder reads both (a tuple in an extra key
         # comes back a list).
         back = msgspec.msgpack.decode(ENCODER.encode(theirs), type=BlockStored)

@@ -261,6 +261,11 @@ static void json_events(struct json *j, const Kvcached__EventsInfo *e)
 	json_u64(j, "buffered_batches", e->buffered);
 	json_u64(j, "buffered_bytes", e->buffered_bytes);
 	json_close(j, '}');
+	json_u64(j, "no_model_pools", e->no_model);
+	json_u64(j, "oversize_blocks", e->oversize);
+	json_u64(j, "subscriber_bytes", e->sub_inflight_bytes);
+	json_u64(j, "blocks_known", e->blocks_known);
+	json_u64(j, "blocks_known_bytes", e->blocks_known_bytes);
 	json_close(j, '}');
 }
 
@@ -284,6 +289,15 @@ static void events_lines(const Kvcached__EventsInfo *e)
 	free(b);
 	free(c);
 	free(d);
+	kv_line("queued", "%s in subscribers' queues", a = fmt_bytes(e->sub_inflight_bytes));
+	kv_line("no model", "%" PRIu64 " pools (registered without a model: not published)",
+		e->no_model);
+	kv_line("oversize", "%" PRIu64 " blocks (published without token ids: past a batch)",
+		e->oversize);
+	kv_line("known", "%" PRIu64 " blocks, %s (what their Seals said, for their tier moves)",
+		e->blocks_known, b = fmt_bytes(e->blocks_known_bytes));
+	free(a);
+	free(b);
 }
 
 int cmd_events_stats(kvc_conn *c, const struct args *a)
