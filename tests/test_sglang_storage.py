@@ -37,79 +37,129 @@ def result(obj):
     print("RESULT " + json.dumps(obj), flush=True)
 
 
-def role_set(kind, layout, tag, extra):
-    """A writer: its host pool from seed ``tag``, N pages set."""
-    extra = json.loads(extra)
+CASES = [(kind, layout, v1) for kind in sc.KINDS for layout in sc.LAYOUTS
+         for v1 in (True, False)]
+
+
+def tag_of(kind, layout, v1):
+    return f"{kind}-{layout}-{'v1' if v1 else 'flat'}"
+
+
+def set_pages(kind, layout, tag, extra):
+    """A writer: its host pool from seed ``tag``, N pages set; the pages'
+    digests."""
+    v1 = extra.pop("v1", True)
     hp = sc.host_pool(kind, layout)
     sc.fill(hp, sc.seed(tag))
-    b = sc.backend(kind, layout, hp, sc.dynamic_extra(os.environ["KVT_SOCK"], **extra))
+    b = sc.backend(kind, layout, hp, sc.dynamic_extra(os.environ["KVT_SOCK"], v1=v1, **extra))
     from kvcache.sglang import KvcachedStorage
     assert type(b) is KvcachedStorage, type(b)
     ks = sc.keys(tag, N)
     assert b.batch_exists(ks) == 0, "pages found before they were set"
-    if extra.get("v1", True):
-        ok = b.batch_set_v1(ks, sc.indices(WRITE))
-        assert ok == [True] * N, ok
-    else:
-        vals = [hp.get_data_page(p * sc.PAGE, flat=True) for p in WRITE]
-        assert b.batch_set(ks, vals) is True
+
+    def store():
+        if v1:
+            return b.batch_set_v1(ks, sc.indices(WRITE))
+        return [b.batch_set(ks, [hp.get_data_page(p * sc.PAGE, flat=True) for p in WRITE])]
+
+    ok = store()
+    assert all(ok), ok
     assert b.batch_exists(ks) == N
     # Set again: nothing copied, every page reported stored.
-    again = b.batch_set_v1(ks, sc.indices(WRITE)) if extra.get("v1", True) else \
-        [b.batch_set(ks, [hp.get_data_page(p * sc.PAGE, flat=True) for p in WRITE])]
+    again = store()
     assert all(again), again
     assert b.counters["set_present_pages"] == N, b.counters
     st = b.get_stats()
-    assert sum(st.backup_pgs) == N and st.backup_bandwidth, st
+    assert st.backup_pgs == [N] and len(st.backup_bandwidth) == 1, st
     assert sc.refs() == 0, "references held after set"
     names = [c.get("name", "") for c in sc.clients() if c.get("pid") == os.getpid()]
-    assert any(n.startswith("sglang-tp0-%d" % os.getpid()) for n in names), names
-    result([sc.page_digest(hp, p) for p in WRITE])
+    assert "sglang-tp0-%d" % os.getpid() in names, names
     b.close()
+    return [sc.page_digest(hp, p) for p in WRITE]
 
 
-def role_get(kind, layout, tag, want, extra):
-    """A reader: an empty host pool, the writer's pages loaded into others."""
-    extra = json.loads(extra)
-    want = json.loads(want)
+def role_write():
+    want = {}
+    for kind, layout, v1 in CASES:
+        want[tag_of(kind, layout, v1)] = set_pages(kind, layout, tag_of(kind, layout, v1),
+                                                   {"v1": v1})
+    want["tenant"] = set_pages("mha", "page_first", "tenant", {"namespace": "kvt-tenant-a"})
+    result(want)
+
+
+def get_pages(kind, layout, tag, want, extra):
+    """A reader: an empty host pool, the writer's pages loaded into others;
+    want None: none of them may be found."""
+    extra = dict(extra)
+    v1 = extra.pop("v1", True)
     hp = sc.host_pool(kind, layout)
     model = extra.pop("model_name", sc.MODEL)
     tp = tuple(extra.pop("tp", (0, 1)))
-    b = sc.backend(kind, layout, hp, sc.dynamic_extra(os.environ["KVT_SOCK"], **extra), tp=tp,
-                   model=model)
+    b = sc.backend(kind, layout, hp, sc.dynamic_extra(os.environ["KVT_SOCK"], v1=v1, **extra),
+                   tp=tp, model=model)
     ks = sc.keys(tag, N)
     hit = b.batch_exists(ks)
+
+    def load(keys, pages):
+        if v1:
+            return b.batch_get_v1(keys, sc.indices(pages))
+        got = b.batch_get(keys, [hp.get_dummy_flat_data_page() for _ in keys])
+        for p, t in zip(pages, got):
+            if t is not None:
+                hp.set_from_flat_data_page(p * sc.PAGE, t)
+        return [t is not None for t in got]
+
     if want is None:
         # Another model, tenant, shard or layout: none of the pages.
-        got = b.batch_get_v1(ks, sc.indices(READ)) if extra.get("v1", True) else \
-            b.batch_get(ks, [hp.get_dummy_flat_data_page() for _ in ks])
-        assert hit == 0 and not any(got), (hit, got)
+        got = load(ks, READ)
+        assert hit == 0 and not any(got), (tag, extra, hit, got)
         assert sc.refs() == 0
-        result("none")
+        b.close()
         return
-    assert hit == N, f"batch_exists found {hit} of {N}"
-    if extra.get("v1", True):
-        ok = b.batch_get_v1(ks, sc.indices(READ))
-        assert ok == [True] * N, ok
-    else:
-        pages = b.batch_get(ks, [hp.get_dummy_flat_data_page() for _ in ks])
-        assert all(p is not None for p in pages), pages
-        for p, t in zip(READ, pages):
-            hp.set_from_flat_data_page(p * sc.PAGE, t)
+    assert hit == N, f"{tag}: batch_exists found {hit} of {N}"
+    ok = load(ks, READ)
+    assert ok == [True] * N, (tag, ok)
     got = [sc.page_digest(hp, p) for p in READ]
     for i in range(N):
-        assert got[i] == want[i], f"{kind} {layout}: page {i} differs after the round trip"
+        assert got[i] == want[i], f"{tag}: page {i} differs after the round trip"
     # A chain only partly in kvcached: its head loads, the rest are misses.
     part = ks[:3] + sc.keys(tag + "-absent", 2)
     assert b.batch_exists(part) == 3
-    if extra.get("v1", True):
-        ok = b.batch_get_v1(part, sc.indices([70, 71, 72, 73, 74]))
-        assert ok == [True, True, True, False, False], ok
+    ok = load(part, [20, 21, 22, 23, 24])
+    assert ok == [True, True, True, False, False], (tag, ok)
     st = b.get_stats()
-    assert sum(st.prefetch_pgs) >= N, st
+    assert sum(st.prefetch_pgs) == N + 3, st
     assert sc.refs() == 0, "references held after get"
-    result("ok")
     b.close()
+
+
+def role_read(want):
+    want = json.loads(want)
+    for kind, layout, v1 in CASES:
+        tag = tag_of(kind, layout, v1)
+        # Another process, same model/tenant/layout/shard: every page.
+        get_pages(kind, layout, tag, want[tag], {"v1": v1})
+        print(f"ok: {kind} {layout} {'v1' if v1 else 'batch_get/batch_set'}: {N} pages set "
+              "by one process, loaded byte-exact by another", flush=True)
+        if not v1:
+            continue
+        # Instances whose bytes would differ never share.
+        others = [{"model_name": "kvt/another-model"}, {"model": "kvt/another-model"},
+                  {"namespace": "kvt-other-tenant"}, {"v1": False}]
+        if kind == "mha":
+            others.append({"tp": [1, 2]})
+        for o in others:
+            get_pages(kind, layout, tag, None, o)
+        for lay in sc.LAYOUTS:
+            if lay != layout:
+                get_pages(kind, lay, tag, None, {})
+        print(f"ok: {kind} {layout}: another model, tenant, shard, layout or page format "
+              "finds none", flush=True)
+    get_pages("mha", "page_first", "tenant", want["tenant"], {"namespace": "kvt-tenant-a"})
+    get_pages("mha", "page_first", "tenant", None, {"namespace": "kvt-tenant-b"})
+    get_pages("mha", "page_first", "tenant", None, {})
+    print("ok: namespaces: a tenant's pages, not another's", flush=True)
+    result("ok")
 
 
 def main():
@@ -122,53 +172,23 @@ def main():
 
     def run(*args):
         r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
-                           text=True, timeout=300, env=env)
+                           text=True, timeout=600, env=env)
+        sys.stdout.write("".join(ln + "\n" for ln in r.stdout.splitlines()
+                                 if ln.startswith("ok:")))
         res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
         if r.returncode != 0 or not res:
             sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
-            kvt.fail(f"{args[:3]} failed (exit {r.returncode})", daemon.log)
+            kvt.fail(f"{args[0]} failed (exit {r.returncode})", daemon.log)
         return json.loads(res[-1])
 
-    no = json.dumps({})
-    for kind in sc.KINDS:
-        for layout in sc.LAYOUTS:
-            for v1 in (True, False):
-                tag = f"{kind}-{layout}-{v1}"
-                ex = json.dumps({"v1": v1} if not v1 else {})
-                want = run("set", kind, layout, tag, ex if not v1 else no)
-                assert len(set(want)) == N
-                # Another process, same model/tenant/layout/shard: every page.
-                check = run("get", kind, layout, tag, json.dumps(want), ex)
-                kvt.check(check == "ok", f"{tag}: {check}", daemon.log)
-                print(f"ok: {kind} {layout} {'v1' if v1 else 'batch_get/batch_set'}: "
-                      f"{N} pages set by one process, loaded byte-exact by another",
-                      flush=True)
-            # Instances whose bytes would differ never share.
-            tag = f"{kind}-{layout}-True"
-            others = [{"model_name": "kvt/another-model"}, {"namespace": "kvt-other-tenant"},
-                      {"model": "kvt/another-model"}]
-            if kind == "mha":
-                others.append({"tp": [1, 2]})
-            for o in others:
-                kvt.check(run("get", kind, layout, tag, "null", json.dumps(o)) == "none",
-                          f"{tag} {o}", daemon.log)
-            other = [lay for lay in sc.LAYOUTS if lay != layout][0]
-            kvt.check(run("get", kind, other, tag, "null", no) == "none", f"{tag} as {other}",
-                      daemon.log)
-            print(f"ok: {kind} {layout}: other model, tenant, shard, layout find none",
-                  flush=True)
-    # The writer's tenant sets in its own namespace; the other tenant finds none.
-    want = run("set", "mha", "page_first", "tenant", json.dumps({"namespace": "kvt-tenant-a"}))
-    kvt.check(run("get", "mha", "page_first", "tenant", json.dumps(want),
-                  json.dumps({"namespace": "kvt-tenant-a"})) == "ok", "tenant a", daemon.log)
-    kvt.check(run("get", "mha", "page_first", "tenant", "null",
-                  json.dumps({"namespace": "kvt-tenant-b"})) == "none", "tenant b", daemon.log)
-    print("ok: namespaces: one tenant's pages, not another's", flush=True)
+    # One SGLang instance sets pages of every kind, layout and format; another
+    # process loads them.
+    want = run("write")
+    kvt.check(run("read", json.dumps(want)) == "ok", "read", daemon.log)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        role, args = sys.argv[2], sys.argv[3:]
-        {"set": role_set, "get": role_get}[role](*args)
+        {"write": role_write, "read": role_read}[sys.argv[2]](*sys.argv[3:])
     else:
         main()

@@ -101,7 +101,7 @@ def main():
     # 3. Full: another client holds every block; sets fail, nothing raises.
     import kvcache
     hog = kvcache.connect(daemon.sock, client_name="kvt-hog")
-    name, lay, bb = b._spec("v1")
+    name, lay, bb, _ = b._spec("v1")
     hp_pool = hog.register_pool(name, bb, sc.PAGE, dtype="fp16", layout=lay, model=sc.MODEL)
     held = []
     try:

@@ -67,6 +67,8 @@ from .identity import _GEOMETRY  # noqa: E402
 
 log = logging.getLogger("kvcache.sglang")
 
+_MIN_BLOCK = 4096
+
 _COUNTERS = ("exists_calls", "exists_hit_pages", "get_pages", "get_hit_pages",
              "get_failed_pages", "set_pages", "set_stored_pages", "set_present_pages",
              "set_failed_pages", "get_bytes", "set_bytes", "get_seconds", "set_seconds",
@@ -123,7 +125,7 @@ class _Conn:
             spec = o._spec(fmt)
             if spec is None:
                 return None
-            name, lay, block_bytes = spec
+            name, lay, block_bytes, _ = spec
             p = c.register_pool(name, block_bytes, o.page_size, dtype=o.dtype_name,
                                 layout=lay, model=o.model)
             self.conn = c
@@ -196,7 +198,7 @@ class KvcachedStorage(HiCacheStorage):
         self.mem_pool_host = None
         self.page_size = 0
         self.dtype_name = ""
-        self._specs: Dict[str, Tuple[str, bytes, int]] = {}
+        self._specs: Dict[str, Tuple[str, bytes, int, int]] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: set = set()
@@ -220,9 +222,9 @@ class KvcachedStorage(HiCacheStorage):
                  "namespace %s", type(mem_pool_host).__name__, mem_pool_host.layout,
                  self.page_size, self.model, self.namespace or "(the uid's own)")
 
-    def _spec(self, fmt: str) -> Optional[Tuple[str, bytes, int]]:
-        """(pool name, layout bytes, block bytes) of this host pool for a page
-        format: "v1" (get_page_buffer_meta's pieces) or "flat"."""
+    def _spec(self, fmt: str) -> Optional[Tuple[str, bytes, int, int]]:
+        """(pool name, layout bytes, block bytes, page bytes) of this host pool
+        for a page format: "v1" (get_page_buffer_meta's pieces) or "flat"."""
         if fmt in self._specs:
             return self._specs[fmt]
         hp = self.mem_pool_host
@@ -237,7 +239,10 @@ class KvcachedStorage(HiCacheStorage):
             t = hp.get_dummy_flat_data_page()
             pieces = (t.numel() * t.element_size(),)
         name, lay = pool_identity(self.cfg, _host_dict(hp), fmt, pieces, self.model)
-        self._specs[fmt] = (name, lay, sum(pieces))
+        # kvcached's blocks are multiples of 256 bytes from 4 KiB: a small
+        # page takes a block padded past its bytes (never read back).
+        page = sum(pieces)
+        self._specs[fmt] = (name, lay, max(_MIN_BLOCK, -(-page // 256) * 256), page)
         return self._specs[fmt]
 
     def _client(self, fmt: str):
@@ -259,7 +264,7 @@ class KvcachedStorage(HiCacheStorage):
         self.counters["daemon_errors"] += 1
         if not self._is_down:
             log.warning("kvcache.sglang: cannot use kvcached (%s); SGLang recomputes what "
-                        "it would have loaded, retrying every %.1fs", e, self.retry_s)
+                        "it would have loaded, retrying every %gs", e, self.retry_s)
             self._is_down = True
         else:
             log.debug("kvcache.sglang: kvcached still unusable: %s", e)
@@ -413,8 +418,9 @@ class KvcachedStorage(HiCacheStorage):
         c["set_failed_pages"] += n - stored
         c["set_bytes"] += nbytes
         c["set_seconds"] += dt
-        if stored:
-            self._backup_pgs.append(stored)
+        if nbytes:
+            # Pages copied in (not those kvcached already had).
+            self._backup_pgs.append(len(todo))
             self._backup_bw.append(nbytes / dt / 1e9 if dt > 0 else 0.0)
         return ok
 
@@ -467,7 +473,7 @@ class KvcachedStorage(HiCacheStorage):
 
     def _flat_spec_bytes(self) -> int:
         s = self._spec("flat")
-        return s[2] if s else -1
+        return s[3] if s else -1
 
     def _tensor_piece(self, t: Optional[torch.Tensor]):
         if t is None or t.device.type != "cpu" or not t.is_contiguous():
