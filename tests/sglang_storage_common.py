@@ -35,8 +35,17 @@ def device_pool(kind):
 def host_pool(kind, layout, dev=None):
     """SGLang's own host pool for a CPU device pool, as its
     _build_mha_mla_host_pool makes it, but unpinned."""
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     dev = dev or device_pool(kind)
+    # SGLang checks a pool against the machine's free memory less a reserve
+    # of its own (several GB, more than a busy shared machine has free);
+    # these pools are a few KB: book them against a budget of their size.
+    with host_memory_budget_scope(64 << 20):
+        return _host_pool(kind, layout, dev, MLATokenToKVPoolHost)
+
+
+def _host_pool(kind, layout, dev, MLATokenToKVPoolHost):
     kw = dict(host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
               pin_memory=False, allocator_type="default", pool_label="kv")
     if kind == "mha":

@@ -38,7 +38,14 @@ def result(obj):
 
 
 def dist():
+    """One rank, as SGLang's scheduler process of a TP-1 server: a gloo
+    group of one and the parallel widths its launcher would publish."""
     import torch.distributed as td
+    from sglang.srt.runtime_context import get_parallel
+    get_parallel().override_permanently(
+        tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, attn_dp_size=1,
+        attn_dp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dcp_size=1, attn_dcp_rank=0,
+        pp_size=1, pp_rank=0)
     if not td.is_initialized():
         import tempfile
         f = tempfile.mktemp(prefix="kvt-sglang-pg.")
@@ -89,7 +96,7 @@ def role_write(kind, layout):
     assert op.completed_tokens == n, f"backup wrote {op.completed_tokens} of {n} tokens"
     b = cc.storage_backend
     assert b.counters["set_stored_pages"] == NPAGES, b.counters
-    pages = sorted({int(i) // sc.PAGE for i in host.tolist()})
+    pages = [int(host[i * sc.PAGE]) // sc.PAGE for i in range(NPAGES)]
     want = [sc.page_digest(hp, p) for p in pages]
     cc.detach_storage_backend()
     assert sc.refs() == 0
@@ -104,7 +111,8 @@ def role_read(kind, layout, want, model):
     # Another instance's scheduler: its own prefix is empty, the prompt
     # goes to the prefetch thread.
     sys.stdout.flush()
-    op = cc.prefetch("req-1", TOKENS, None, None)
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    op = cc.prefetch(CacheRequestHandle("req-1", 0), TOKENS)
     hit = cc.prefetch_hit_queue.get(timeout=WAIT)
     assert hit is op
     if want is None:

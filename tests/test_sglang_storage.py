@@ -162,6 +162,12 @@ def role_read(want):
     result("ok")
 
 
+def role_get(kind, layout, tag, want, extra):
+    """One reader (for test_sglang_storage_restart.py)."""
+    get_pages(kind, layout, tag, json.loads(want), json.loads(extra))
+    result("ok")
+
+
 def main():
     import kvt
     kvt.need_bins()
@@ -189,6 +195,6 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        {"write": role_write, "read": role_read}[sys.argv[2]](*sys.argv[3:])
+        {"write": role_write, "read": role_read, "get": role_get}[sys.argv[2]](*sys.argv[3:])
     else:
         main()

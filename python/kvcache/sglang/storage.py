@@ -280,14 +280,20 @@ class KvcachedStorage(HiCacheStorage):
         return [list(zip(ptrs[i * per:(i + 1) * per], sizes[i * per:(i + 1) * per]))
                 for i in range(n)]
 
-    def _lookup(self, conn, pool, hashes: List[bytes]) -> List[int]:
+    def _lookup(self, conn, pool, hashes: List[bytes]) -> Tuple[List[int], int]:
+        """The cached prefix of hashes, each block referenced, and the epoch
+        (Connection.restarts) they belong to: read after the call, which may
+        itself have reconnected to a restarted daemon before it took them."""
         try:
-            return conn.lookup(pool, hashes)
+            blocks = conn.lookup(pool, hashes)
+            return blocks, conn.restarts
         except kvcache.KvError as e:
             self._down(e)
-            return []
+            return [], conn.restarts
 
     def _release(self, conn, blocks: List[int], epoch: int) -> None:
+        """Drops the references on blocks taken in epoch; a restart since
+        dropped them with the old daemon."""
         if not blocks or conn.restarts != epoch:
             return   # a restart dropped them with the old daemon
         try:
@@ -325,8 +331,7 @@ class KvcachedStorage(HiCacheStorage):
             return ok
         conn, pool = cl
         t0 = time.perf_counter()
-        epoch = conn.restarts
-        blocks = self._lookup(conn, pool, [page_key(k) for k in keys])
+        blocks, epoch = self._lookup(conn, pool, [page_key(k) for k in keys])
         nbytes = 0
         try:
             for i, b in enumerate(blocks):
@@ -377,10 +382,9 @@ class KvcachedStorage(HiCacheStorage):
         conn, pool = cl
         t0 = time.perf_counter()
         hashes = [page_key(k) for k in keys]
-        epoch = conn.restarts
         ok = [False] * n
         # Pages already cached (this chain's head, usually) are not copied.
-        have = self._lookup(conn, pool, hashes)
+        have, epoch = self._lookup(conn, pool, hashes)
         self._release(conn, have, epoch)
         for i in range(len(have)):
             ok[i] = True
@@ -391,6 +395,7 @@ class KvcachedStorage(HiCacheStorage):
         try:
             if todo:
                 blocks = conn.alloc(pool, len(todo))
+                epoch = conn.restarts
                 for j, i in enumerate(todo):
                     dst = conn.block_ptr(blocks[j])
                     dev = _is_device(dst)
@@ -401,7 +406,7 @@ class KvcachedStorage(HiCacheStorage):
                     nbytes += off
                 held = conn.seal(pool, blocks, [hashes[i] for i in todo])
                 blocks = []
-                self._release(conn, held, epoch)
+                self._release(conn, held, conn.restarts)
                 for i in todo:
                     ok[i] = True
         except kvcache.KvError as e:
@@ -432,8 +437,7 @@ class KvcachedStorage(HiCacheStorage):
         if cl is None:
             return 0
         conn, pool = cl
-        epoch = conn.restarts
-        blocks = self._lookup(conn, pool, [page_key(k) for k in keys])
+        blocks, epoch = self._lookup(conn, pool, [page_key(k) for k in keys])
         self._release(conn, blocks, epoch)
         self.counters["exists_hit_pages"] += len(blocks)
         return len(blocks)
