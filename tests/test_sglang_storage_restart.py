@@ -12,6 +12,7 @@ without it."""
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -156,6 +157,39 @@ def main():
     kvt.check(q.batch_exists(ks) == 0, "pages of a refused set are found")
     kvt.check(sc.refs() == 0, "references held after a refusal", daemon2.log)
     q.close()
+
+    # 7. Slow: a daemon that stops answering (SIGSTOP). With a binding that
+    # has deadlines (kvcache.Connection.set_timeout), every call returns by
+    # its timeout_ms as a miss or a failed set; after SIGCONT the backend
+    # serves again and nothing stays referenced. Without one (a binding from
+    # before deadlines) the calls would wait for the daemon: not tried.
+    import kvcache
+    if hasattr(kvcache.Connection, "set_timeout"):
+        s_ = sc.backend(KIND, LAYOUT, hp, sc.dynamic_extra(sock, timeout_ms=300))
+        kvt.check(s_.batch_exists(ks2) == N, "the slow-daemon backend does not find the pages")
+        kvt.check(s_._local.c.conn.timeout_ms == 300, "the backend's timeout_ms is not the "
+                  "connection's deadline")
+        daemon2.signal(signal.SIGSTOP)
+        try:
+            kvt.check(s_.batch_exists(ks2) == 0, "exists found pages on a stopped daemon")
+            kvt.check(s_.batch_get_v1(ks2, sc.indices(range(40, 40 + N))) == [False] * N,
+                      "a get was reported loaded from a stopped daemon")
+            kvt.check(s_.batch_set_v1(sc.keys("stopped", N), W) == [False] * N,
+                      "a set was reported stored on a stopped daemon")
+        finally:
+            daemon2.signal(signal.SIGCONT)
+        kvt.check(kvt.wait_for(lambda: s_.batch_get_v1(ks2, sc.indices(range(40, 40 + N)))
+                               == [True] * N, timeout=10),
+                  "no get after the daemon answered again", daemon2.log)
+        kvt.check([sc.page_digest(hp, p) for p in range(40, 40 + N)] == want,
+                  "bytes differ after the stop")
+        kvt.check(sc.refs() == 0, "references held after the stop", daemon2.log)
+        s_.close()
+        print("ok: a stopped daemon: every call returned by its deadline as a miss or a failed "
+              "set; served again after SIGCONT", flush=True)
+    else:
+        print("ok: (no deadlines in this binding: the stopped-daemon step is not run)",
+              flush=True)
     b.close()
     kvt.check(not [c for c in sc.clients() if c.get("pid") == os.getpid()],
               "connections left open after close()", daemon2.log)
