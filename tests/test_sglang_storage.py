@@ -197,4 +197,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         {"write": role_write, "read": role_read, "get": role_get}[sys.argv[2]](*sys.argv[3:])
     else:
-        main()
+        import kvt
+        try:
+            main()
+        finally:
+            kvt.cleanup()   # the daemons it started

@@ -197,4 +197,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import kvt
+    try:
+        main()
+    finally:
+        kvt.cleanup()   # the daemons it started
