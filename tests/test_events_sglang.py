@@ -75,7 +75,12 @@ class Stream:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.RCVTIMEO, 20000)
         s.connect(self.rep)
-        s.send_multipart([b"", (max(self.batches) + 1 if self.batches else 0).to_bytes(8, "big")])
+        # From the first batch missing: a SUB that joined late (ZMQ's slow
+        # joiner) missed the first ones, not only the ones after its last.
+        start = 0
+        while start in self.batches:
+            start += 1
+        s.send_multipart([b"", start.to_bytes(8, "big")])
         while True:
             fr = s.recv_multipart()
             seq = int.from_bytes(fr[2], "big")
