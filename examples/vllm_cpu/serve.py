@@ -141,8 +141,10 @@ class Server:
         e.pop("KVT_IN_VLLM_ENV", None)
         e.update(env or {})
         self.logf = open(self.log, "ab")
+        # In the caller's process group (no session of its own): a test that
+        # meson kills at its timeout takes its engines with it.
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT, env=e, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=e)
         self.started = time.monotonic()
 
     # -- process --
@@ -191,33 +193,36 @@ class Server:
         return text in self.logtext()[start:]
 
     def stop(self, timeout=60):
+        """SIGTERM to the server, then SIGKILL to whatever of its process tree
+        (engine core, worker) is left."""
+        tree = self.pids()
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            self.proc.terminate()
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        # Its engine core and worker are children in the same session: none
-        # outlives it.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.logf.close()
+                pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait()
+        if not self.logf.closed:
+            self.logf.close()
 
     def pids(self):
-        """The server's process and its children (the engine core)."""
-        out = [self.proc.pid]
-        try:
-            r = subprocess.run(["pgrep", "-s", str(self.proc.pid)], capture_output=True,
-                               text=True, timeout=10)
-            out = sorted({int(x) for x in r.stdout.split()} | {self.proc.pid})
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        """The server's process and its descendants (engine core, worker)."""
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            try:
+                with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                    todo += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
         return out
 
     # -- requests --
