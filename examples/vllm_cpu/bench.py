@@ -3,10 +3,11 @@
 build serving SmolLM2-135M-Instruct, OpenAI API, streamed, greedy) over one
 trace, in three set-ups measured in the same run:
 
-  recompute   one vLLM process, no prefix cache, no connector: every prompt
-              computed in full (the ceiling);
-  prefix      one vLLM process with vLLM's own prefix cache (the floor: a
-              repeated system prompt is found in the process's own memory);
+  recompute   one vLLM process without a connector, each request with a cache
+              salt of its own, so that vLLM's prefix cache never matches:
+              every prompt computed in full (the ceiling);
+  prefix      the same process, one salt: vLLM's own prefix cache (the floor:
+              a repeated system prompt is found in the process's own memory);
   kvcached    two vLLM processes with KvcachedConnector and their own prefix
               caches, the trace's requests spread over them at random (seeded)
               as a load balancer would: a system prompt one process computed
@@ -15,7 +16,8 @@ trace, in three set-ups measured in the same run:
 The trace: --prompts system prompts of 1-2k tokens (support-desk rules of
 real English), each request one of them drawn Zipf(--zipf) and a user turn
 after it; one request at a time (time to first token without queueing).
-Each engine answers a short unrelated request first (one-off costs out of the
+The three engines start together (one wait), then serve one set-up at a
+time; each answers a short unrelated request first (one-off costs out of the
 figures). Prints p50/p99 per set-up, over all requests and over the requests
 whose system prompt was seen before (the hits: in `kvcached`, split into those
 served from the process's own cache and those loaded from kvcached), and the
@@ -62,14 +64,14 @@ def warm(s):
         raise RuntimeError("%s: %s" % (s.name, r["error"]))
 
 
-def run(trace_, systems, servers, pick, max_tokens):
+def run(trace_, systems, servers, pick, max_tokens, salt=lambda i: None):
     """Sends the trace one request at a time; returns a list of
     (ttft, hit kind) with kind "miss", "local" or "kvcached"."""
     seen = {}               # prompt -> set of server names that served it
     out = []
     for i, (p, u) in enumerate(trace_):
         s = servers[pick(i)]
-        r = s.complete(systems[p], u, max_tokens=max_tokens)
+        r = s.complete(systems[p], u, max_tokens=max_tokens, salt=salt(i))
         if r["error"]:
             raise RuntimeError("%s: %s" % (s.name, r["error"]))
         if p not in seen:
@@ -90,7 +92,7 @@ def main():
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
@@ -119,26 +121,27 @@ def main():
         print("trace: %d requests over %d system prompts (Zipf %.2f), max_tokens %d; "
               "logs in %s" % (args.requests, args.prompts, args.zipf, args.max_tokens, d),
               flush=True)
-        # The two single-process set-ups start together, then run one at a time.
-        rec = start("recompute", kvcached=None, prefix_caching=False)
-        pre = start("prefix", kvcached=None, prefix_caching=True)
-        for s in (rec, pre):
-            s.wait_ready()
-            warm(s)
-        results["recompute"] = run(tr, systems, [rec], lambda i: 0, args.max_tokens)
-        results["prefix"] = run(tr, systems, [pre], lambda i: 0, args.max_tokens)
-        rec.stop()
-        pre.stop()
-
         dlog = open(os.path.join(d, "kvcached.log"), "ab")
         daemon = subprocess.Popen([args.kvcached, "--config=", "--socket=" + sock,
                                    "--pool-size", "1GiB", "--segment-size", "64MiB"],
                                   stdout=dlog, stderr=subprocess.STDOUT)
+        # Three engines start together (one start-up wait), then serve one
+        # set-up at a time: one without a connector for recompute and the
+        # floor, two with KvcachedConnector.
+        solo = start("solo", kvcached=None, prefix_caching=True)
         a = start("kvcached-A", kvcached=sock, policy="recompute")
         b = start("kvcached-B", kvcached=sock, policy="recompute")
-        for s in (a, b):
+        for s in (solo, a, b):
             s.wait_ready()
             warm(s)
+        # recompute: a cache salt of its own per request, so vLLM's prefix
+        # cache never matches (as with it off); the floor: one salt, the
+        # process's own prefix cache.
+        results["recompute"] = run(tr, systems, [solo], lambda i: 0, args.max_tokens,
+                                   salt=lambda i: "recompute-%d" % i)
+        results["prefix"] = run(tr, systems, [solo], lambda i: 0, args.max_tokens,
+                                salt=lambda i: "floor")
+        solo.stop()
         lb = random.Random(args.seed + 1)
         picks = [lb.randrange(2) for _ in tr]
         results["kvcached"] = run(tr, systems, [a, b], lambda i: picks[i], args.max_tokens)

@@ -227,14 +227,17 @@ class Server:
 
     # -- requests --
 
-    def complete(self, system, user, max_tokens=24, timeout=300):
-        """One streamed, greedy completion of the chat prompt. Returns a dict:
+    def complete(self, system, user, max_tokens=24, timeout=300, salt=None):
+        """One streamed, greedy completion of the chat prompt (salt: vLLM's
+        cache_salt, None for none). Returns a dict:
         text, ttft (s to the first content chunk), total (s), prompt_tokens,
         cached_tokens (usage.prompt_tokens_details), error (None or the
         server's error: an HTTP status or an error event in the stream)."""
         body = {"model": SERVED, "prompt": chatml(system, user), "max_tokens": max_tokens,
                 "temperature": 0, "seed": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
+        if salt:
+            body["cache_salt"] = salt       # vLLM's: keys its prefix cache (and kvcached's)
         t0 = time.monotonic()
         res = {"text": "", "ttft": None, "total": None, "prompt_tokens": None,
                "cached_tokens": None, "error": None}
@@ -275,6 +278,8 @@ class Server:
         finally:
             c.close()
         res["total"] = time.monotonic() - t0
+        if res["ttft"] is None:     # no text at all (an empty answer): the whole time
+            res["ttft"] = res["total"]
         if res["error"] is None and res["prompt_tokens"] is None:
             res["error"] = "the stream ended without its usage chunk"
         return res
