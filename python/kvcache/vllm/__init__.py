@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # vLLM releases whose connector API, per-layer KV views and block hashes this
 # connector was written and tested against.
-SUPPORTED_VLLM = ("0.33",)
+SUPPORTED_VLLM = ("0.32", "0.33")
 
 _LAZY = ("KvcachedConnector", "KvcachedConnectorMetadata", "KvcachedWorkerMetadata",
          "KvcachedConnectorStats")
