@@ -111,6 +111,10 @@ class KvcachedConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         self.connector_scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
+    def get_external_cache_hit_sources(self, request, num_external_tokens: int):
+        return self.connector_scheduler.get_external_cache_hit_sources(request,
+                                                                       num_external_tokens)
+
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return self.connector_scheduler.build_connector_meta(
             scheduler_output, getattr(self, "_kv_cache_manager", None))

@@ -33,11 +33,26 @@ from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, Kvcach
 
 log = logging.getLogger("kvcache.vllm")
 
+try:   # vLLM 0.33 (v1/metrics/cache_hit_source.py); 0.32 has no hit sources
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource as _CHS
+    _SOURCES: Optional[Dict[Any, Any]] = {
+        kvcache.TIER_G1: _CHS.DEVICE, kvcache.TIER_G2: _CHS.HOST,
+        kvcache.TIER_G3: _CHS.DISK, kvcache.TIER_G4: _CHS.P2P,
+        None: _CHS.EXTERNAL_UNSPECIFIED}
+except ImportError:
+    _SOURCES = None
+
+
+def _unspecified():
+    return _SOURCES[None] if _SOURCES is not None else "external_unspecified"
+
 
 @dataclass
 class ReqState:
     request: Any
     held: List[int] = field(default_factory=list)   # scheduler refs (lookup)
+    tiers: List[int] = field(default_factory=list)  # kvcache.TIER_* of each held block
+    load_tiers: List[int] = field(default_factory=list)  # of the blocks the last load plan took
     held_epoch: int = 0
     lookup: Optional[_fut.Future] = None
     lookup_at: int = -1          # num_computed_tokens the lookup was for
@@ -109,12 +124,12 @@ class KvcachedScheduler:
         if c is None:
             return None
         try:
-            blocks = c.lookup(self.client.pool, hashes)
+            blocks, tiers = c.lookup(self.client.pool, hashes, tiers=True)
         except kvcache.KvError as e:
             self.client.failed(e)
             return None
         self.client.ok()
-        return blocks, c.restarts
+        return blocks, c.restarts, tiers
 
     def _op_release(self, blocks: List[int], epoch: int) -> None:
         c = self.client.conn
@@ -151,6 +166,7 @@ class KvcachedScheduler:
         if len(st.held) > keep:
             drop = st.held[keep:]
             st.held = st.held[:keep]
+            del st.tiers[keep:]
             self._queue_release(drop, st.held_epoch)
 
     def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
@@ -247,6 +263,7 @@ class KvcachedScheduler:
         if len(st.held) <= start:
             return False
         head, st.held = st.held[:start], st.held[start:]
+        st.tiers = st.tiers[start:]
         if head:
             self._queue_release(head, st.held_epoch)
         st.lookup_at = at
@@ -262,9 +279,9 @@ class KvcachedScheduler:
         self._release_held(st)
         if r is None:
             self.stats.add("lookup_failures", 1)
-            st.held, st.held_epoch = [], 0
+            st.held, st.held_epoch, st.tiers = [], 0, []
         else:
-            st.held, st.held_epoch = list(r[0]), r[1]
+            st.held, st.held_epoch, st.tiers = list(r[0]), r[1], list(r[2])
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -276,6 +293,7 @@ class KvcachedScheduler:
         self._release_held(st, keep=n)
         st.lookup = None
         st.lookup_at = -1
+        st.load_tiers = list(st.tiers[:n])
         if n == 0:
             return
         ids = blocks.get_block_ids()[0]
@@ -349,6 +367,24 @@ class KvcachedScheduler:
         self._pending_loads = [x for x in self._pending_loads
                                if x.req_id != request.request_id]
         return False, None
+
+    def get_external_cache_hit_sources(self, request, num_external_tokens: int):
+        """num_external_tokens split by the tier kvcached found each block
+        in (the lookup's tiers, kept for the load plan update_state_after_alloc
+        made): G1 (kvcached's device pool) "device", G2 "host", G3 "disk", G4
+        (another node) "p2p", anything else "external_unspecified"."""
+        if num_external_tokens <= 0:
+            return {}
+        st = self._reqs.get(request.request_id)
+        tiers = st.load_tiers if st is not None else []
+        bs = self.block_size
+        if _SOURCES is None or len(tiers) * bs != num_external_tokens:
+            return {_unspecified(): num_external_tokens}
+        out: Dict[Any, int] = {}
+        for t in tiers:
+            src = _SOURCES.get(t, _SOURCES[None])
+            out[src] = out.get(src, 0) + bs
+        return out
 
     def get_kv_connector_stats(self):
         if self.stats.is_empty():
