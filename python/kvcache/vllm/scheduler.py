@@ -61,6 +61,7 @@ class ReqState:
     start_block: int = 0         # first block of that answer
     saved_upto: int = 0          # blocks [0, saved_upto) are in kvcached or being saved
     loading: bool = False
+    async_load: bool = False     # the last answer was (n, True)
 
 
 
@@ -105,6 +106,12 @@ class KvcachedScheduler:
         # for up to lookup_batch requests rather than one each.
         self._unasked: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
         self._batch = max(1, int(extra.get("lookup_batch", 64)))
+        # Hits not in kvcached's device pool (promoted from the host or disk
+        # tier, fetched from another node) load asynchronously.
+        self.async_loads = str(extra.get("async_loads", "tiers"))
+        if self.async_loads not in ("tiers", "never"):
+            raise ValueError("KvcachedConnector: async_loads %r: \"tiers\" or \"never\""
+                             % self.async_loads)
         # Releases wait here for the ops thread, at most one flush queued.
         self._rel_lock = threading.Lock()
         self._rel: List[Tuple[List[int], int]] = []
@@ -247,9 +254,11 @@ class KvcachedScheduler:
         st.start_block = start
         st.ext_blocks = k
         st.saved_upto = max(st.saved_upto, start + k)
+        st.async_load = bool(k) and self.async_loads == "tiers" and any(
+            t != kvcache.TIER_G1 for t in st.tiers[:k])
         if k:
             self.stats.add("lookup_hit_blocks", k)
-        return k * bs, False
+        return k * bs, st.async_load
 
     def _shift_lookup(self, st: ReqState, start: int, at: int) -> bool:
         """A finished lookup from block 0 (a batch's) reused for a request
@@ -299,7 +308,8 @@ class KvcachedScheduler:
         ids = blocks.get_block_ids()[0]
         s = st.start_block
         hashes = kv_keys(request.block_hashes[s:s + n])
-        self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n])))
+        self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n]),
+                                        st.async_load))
         st.loading = True
 
     def build_connector_meta(self, scheduler_output, kv_cache_manager
