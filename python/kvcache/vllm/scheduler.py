@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import kvcache
 
 from .client import Client
-from .identity import PoolSpec, event_meta, kv_key, kv_keys
+from .identity import PoolSpec, event_meta, kv_keys
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
                        Load, Save)
 
@@ -62,6 +62,15 @@ class ReqState:
     saved_upto: int = 0          # blocks [0, saved_upto) are in kvcached or being saved
     loading: bool = False
     async_load: bool = False     # the last answer was (n, True)
+    keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...), kept
+    keys_base: int = 0                   # from the lookup for the saves and loads
+
+    def keys_of(self, a: int, b: int) -> List[bytes]:
+        """kvcached keys of the request's blocks [a, b)."""
+        k, kb = self.keys, self.keys_base
+        if k is not None and kb <= a and b - kb <= len(k):
+            return k[a - kb:b - kb]
+        return kv_keys(self.request.block_hashes[a:b])
 
 
 
@@ -196,7 +205,9 @@ class KvcachedScheduler:
             items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
         fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items])
         now = time.monotonic()
-        for i, (o, _, a) in enumerate(items):
+        bs = self.block_size
+        for i, (o, keys, a) in enumerate(items):
+            o.keys, o.keys_base = keys, a // bs
             o.lookup = _Part(fut, i)
             o.lookup_at = a
             o.asked_since = now
@@ -307,7 +318,7 @@ class KvcachedScheduler:
             return
         ids = blocks.get_block_ids()[0]
         s = st.start_block
-        hashes = kv_keys(request.block_hashes[s:s + n])
+        hashes = st.keys_of(s, s + n)
         self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n]),
                                         st.async_load))
         st.loading = True
@@ -344,8 +355,8 @@ class KvcachedScheduler:
             a, b = st.saved_upto, min(full, len(ids))
             if b <= a:
                 continue
-            hs = kv_keys(req.block_hashes[a:b])
-            parent = kv_key(req.block_hashes[a - 1]) if a > 0 else None
+            hs = st.keys_of(a, b)
+            parent = st.keys_of(a - 1, a)[0] if a > 0 else None
             toks = list(req.all_token_ids[a * bs:b * bs])
             try:
                 ev = event_meta(req, a, b, bs)
