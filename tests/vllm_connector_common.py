@@ -190,11 +190,16 @@ class Instance:
                 for li in range(len(LAYERS)):
                     self._slot(li, ids[p // BS], p % BS).copy_(self._expect(r, p, li))
         w.wait_for_save()
+        # Asynchronous loads that ended: their requests and failed blocks.
+        _, recving = w.get_finished(set(so.finished_req_ids))
+        late = w.get_block_ids_with_load_errors()
+        self.load_errors += len(late)
+        errors = errors | late
         st = w.get_kv_connector_stats()
         if st is not None:
             for k, v in st.data.items():
                 self.stats[k] = self.stats.get(k, 0) + v
-        out = KVConnectorOutput(invalid_block_ids=errors,
+        out = KVConnectorOutput(invalid_block_ids=errors, finished_recving=recving or set(),
                                 kv_connector_worker_meta=w.build_connector_worker_meta())
         w.clear_connector_metadata()
         req_ids = list(so.num_scheduled_tokens)
@@ -227,10 +232,19 @@ class Instance:
                 return
             so = self.step()
             if so.total_num_scheduled_tokens == 0:
-                # Nothing to run: a lookup is pending (answered None); wait
-                # for the connector's ops thread rather than spin.
+                # Nothing to run: a lookup is pending (answered None) or an
+                # asynchronous load; wait for the connector's threads rather
+                # than spin.
                 self.conn.drain()
+                self.wait_loads()
         raise AssertionError("requests did not finish in %d steps" % limit)
+
+    def wait_loads(self, timeout=60):
+        """Waits until the worker side's asynchronous loads have ended."""
+        import concurrent.futures
+        fl = list(self.worker.connector_worker._inflight.values())
+        if fl:
+            concurrent.futures.wait(fl, timeout=timeout)
 
     def abort(self, rid):
         from vllm.v1.request import RequestStatus

@@ -57,6 +57,9 @@ class KvcachedConnector(KVConnectorBase_V1):
       to kvcached;
     - ``copy_engine`` ("auto"; "cupy"; "triton"; "torch") for CUDA tensors;
     - ``retry_s`` (default 1): how often to retry a daemon that is down.
+    - ``async_loads`` ("tiers", the default; "never"): hits not in
+      kvcached's device pool load asynchronously (``(n, True)``, finished
+      through ``get_finished``).
     """
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
@@ -110,6 +113,10 @@ class KvcachedConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         self.connector_scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_external_cache_hit_sources(self, request, num_external_tokens: int):
+        return self.connector_scheduler.get_external_cache_hit_sources(request,
+                                                                       num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return self.connector_scheduler.build_connector_meta(
@@ -185,6 +192,11 @@ class KvcachedConnector(KVConnectorBase_V1):
             return
         if self.has_connector_metadata():
             self.connector_worker.wait_for_save(self._get_connector_metadata())
+
+    def get_finished(self, finished_req_ids):
+        if self.connector_worker is None:
+            return None, None
+        return self.connector_worker.get_finished(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self.connector_worker is None:

@@ -18,6 +18,7 @@ class Load:
     req_id: str
     hashes: List[bytes]        # kvcached hashes of the blocks to load, a chain
     block_ids: List[int]       # vLLM block ids to load into, same length
+    async_: bool = False       # loaded off the forward, finished through get_finished
 
 
 @dataclass

@@ -27,17 +27,32 @@ from typing import Any, Dict, List, Optional, Tuple
 import kvcache
 
 from .client import Client
-from .identity import PoolSpec, event_meta, kv_key, kv_keys
+from .identity import PoolSpec, event_meta, kv_keys
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
                        Load, Save)
 
 log = logging.getLogger("kvcache.vllm")
+
+try:   # vLLM 0.33 (v1/metrics/cache_hit_source.py); 0.32 has no hit sources
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource as _CHS
+    _SOURCES: Optional[Dict[Any, Any]] = {
+        kvcache.TIER_G1: _CHS.DEVICE, kvcache.TIER_G2: _CHS.HOST,
+        kvcache.TIER_G3: _CHS.DISK, kvcache.TIER_G4: _CHS.P2P,
+        None: _CHS.EXTERNAL_UNSPECIFIED}
+except ImportError:
+    _SOURCES = None
+
+
+def _unspecified():
+    return _SOURCES[None] if _SOURCES is not None else "external_unspecified"
 
 
 @dataclass
 class ReqState:
     request: Any
     held: List[int] = field(default_factory=list)   # scheduler refs (lookup)
+    tiers: List[int] = field(default_factory=list)  # kvcache.TIER_* of each held block
+    load_tiers: List[int] = field(default_factory=list)  # of the blocks the last load plan took
     held_epoch: int = 0
     lookup: Optional[_fut.Future] = None
     lookup_at: int = -1          # num_computed_tokens the lookup was for
@@ -46,6 +61,16 @@ class ReqState:
     start_block: int = 0         # first block of that answer
     saved_upto: int = 0          # blocks [0, saved_upto) are in kvcached or being saved
     loading: bool = False
+    async_load: bool = False     # the last answer was (n, True)
+    keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...), kept
+    keys_base: int = 0                   # from the lookup for the saves and loads
+
+    def keys_of(self, a: int, b: int) -> List[bytes]:
+        """kvcached keys of the request's blocks [a, b)."""
+        k, kb = self.keys, self.keys_base
+        if k is not None and kb <= a and b - kb <= len(k):
+            return k[a - kb:b - kb]
+        return kv_keys(self.request.block_hashes[a:b])
 
 
 
@@ -90,6 +115,12 @@ class KvcachedScheduler:
         # for up to lookup_batch requests rather than one each.
         self._unasked: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
         self._batch = max(1, int(extra.get("lookup_batch", 64)))
+        # Hits not in kvcached's device pool (promoted from the host or disk
+        # tier, fetched from another node) load asynchronously.
+        self.async_loads = str(extra.get("async_loads", "tiers"))
+        if self.async_loads not in ("tiers", "never"):
+            raise ValueError("KvcachedConnector: async_loads %r: \"tiers\" or \"never\""
+                             % self.async_loads)
         # Releases wait here for the ops thread, at most one flush queued.
         self._rel_lock = threading.Lock()
         self._rel: List[Tuple[List[int], int]] = []
@@ -109,12 +140,12 @@ class KvcachedScheduler:
         if c is None:
             return None
         try:
-            blocks = c.lookup(self.client.pool, hashes)
+            blocks, tiers = c.lookup(self.client.pool, hashes, tiers=True)
         except kvcache.KvError as e:
             self.client.failed(e)
             return None
         self.client.ok()
-        return blocks, c.restarts
+        return blocks, c.restarts, tiers
 
     def _op_release(self, blocks: List[int], epoch: int) -> None:
         c = self.client.conn
@@ -151,6 +182,7 @@ class KvcachedScheduler:
         if len(st.held) > keep:
             drop = st.held[keep:]
             st.held = st.held[:keep]
+            del st.tiers[keep:]
             self._queue_release(drop, st.held_epoch)
 
     def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
@@ -173,7 +205,9 @@ class KvcachedScheduler:
             items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
         fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items])
         now = time.monotonic()
-        for i, (o, _, a) in enumerate(items):
+        bs = self.block_size
+        for i, (o, keys, a) in enumerate(items):
+            o.keys, o.keys_base = keys, a // bs
             o.lookup = _Part(fut, i)
             o.lookup_at = a
             o.asked_since = now
@@ -231,9 +265,11 @@ class KvcachedScheduler:
         st.start_block = start
         st.ext_blocks = k
         st.saved_upto = max(st.saved_upto, start + k)
+        st.async_load = bool(k) and self.async_loads == "tiers" and any(
+            t != kvcache.TIER_G1 for t in st.tiers[:k])
         if k:
             self.stats.add("lookup_hit_blocks", k)
-        return k * bs, False
+        return k * bs, st.async_load
 
     def _shift_lookup(self, st: ReqState, start: int, at: int) -> bool:
         """A finished lookup from block 0 (a batch's) reused for a request
@@ -247,6 +283,7 @@ class KvcachedScheduler:
         if len(st.held) <= start:
             return False
         head, st.held = st.held[:start], st.held[start:]
+        st.tiers = st.tiers[start:]
         if head:
             self._queue_release(head, st.held_epoch)
         st.lookup_at = at
@@ -262,9 +299,9 @@ class KvcachedScheduler:
         self._release_held(st)
         if r is None:
             self.stats.add("lookup_failures", 1)
-            st.held, st.held_epoch = [], 0
+            st.held, st.held_epoch, st.tiers = [], 0, []
         else:
-            st.held, st.held_epoch = list(r[0]), r[1]
+            st.held, st.held_epoch, st.tiers = list(r[0]), r[1], list(r[2])
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -276,12 +313,14 @@ class KvcachedScheduler:
         self._release_held(st, keep=n)
         st.lookup = None
         st.lookup_at = -1
+        st.load_tiers = list(st.tiers[:n])
         if n == 0:
             return
         ids = blocks.get_block_ids()[0]
         s = st.start_block
-        hashes = kv_keys(request.block_hashes[s:s + n])
-        self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n])))
+        hashes = st.keys_of(s, s + n)
+        self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n]),
+                                        st.async_load))
         st.loading = True
 
     def build_connector_meta(self, scheduler_output, kv_cache_manager
@@ -316,8 +355,8 @@ class KvcachedScheduler:
             a, b = st.saved_upto, min(full, len(ids))
             if b <= a:
                 continue
-            hs = kv_keys(req.block_hashes[a:b])
-            parent = kv_key(req.block_hashes[a - 1]) if a > 0 else None
+            hs = st.keys_of(a, b)
+            parent = st.keys_of(a - 1, a)[0] if a > 0 else None
             toks = list(req.all_token_ids[a * bs:b * bs])
             try:
                 ev = event_meta(req, a, b, bs)
@@ -349,6 +388,24 @@ class KvcachedScheduler:
         self._pending_loads = [x for x in self._pending_loads
                                if x.req_id != request.request_id]
         return False, None
+
+    def get_external_cache_hit_sources(self, request, num_external_tokens: int):
+        """num_external_tokens split by the tier kvcached found each block
+        in (the lookup's tiers, kept for the load plan update_state_after_alloc
+        made): G1 (kvcached's device pool) "device", G2 "host", G3 "disk", G4
+        (another node) "p2p", anything else "external_unspecified"."""
+        if num_external_tokens <= 0:
+            return {}
+        st = self._reqs.get(request.request_id)
+        tiers = st.load_tiers if st is not None else []
+        bs = self.block_size
+        if _SOURCES is None or len(tiers) * bs != num_external_tokens:
+            return {_unspecified(): num_external_tokens}
+        out: Dict[Any, int] = {}
+        for t in tiers:
+            src = _SOURCES.get(t, _SOURCES[None])
+            out[src] = out.get(src, 0) + bs
+        return out
 
     def get_kv_connector_stats(self):
         if self.stats.is_empty():

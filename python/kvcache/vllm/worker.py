@@ -10,12 +10,22 @@ per layer, and reports the blocks it could not load through
 allocates, copies out, seals with vLLM's hashes and token ids, and
 releases.
 
-Threads: everything runs on the worker's thread, the connection too.
+Loads the scheduler marked asynchronous (hits kvcached had outside its
+device pool) run on a thread of the worker's own ("kvcached-load", with a
+copier of its own) while vLLM runs other requests' forwards; vLLM holds the
+request in WAITING_FOR_REMOTE_KVS until ``get_finished`` reports it in
+finished_recving, with its failed blocks in
+``get_block_ids_with_load_errors`` of the same step.
+
+Threads: everything else runs on the worker's thread. The connection is
+shared with the load thread (the library serializes calls on it, each
+within its deadline).
 """
 from __future__ import annotations
 
 import logging
 import time
+import concurrent.futures as _fut
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import kvcache
@@ -43,6 +53,10 @@ class KvcachedWorker:
         self._load_errors: Set[int] = set()
         self._loaded: Set[str] = set()
         self._load_hold: List[int] = []
+        self._async: Optional[_fut.ThreadPoolExecutor] = None
+        self._acopier = None
+        self._inflight: Dict[str, _fut.Future] = {}
+        self._done_now: Set[str] = set()      # async loads that failed at start
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         names = [n for n in self.spec.layer_names if n in kv_caches]
@@ -82,15 +96,32 @@ class KvcachedWorker:
             return
         if self.layout is None:
             for ld in meta.loads:
-                self._loaded.add(ld.req_id)
                 self._load_errors.update(ld.block_ids)
+                if ld.async_:
+                    self._done_now.add(ld.req_id)
+                else:
+                    self._loaded.add(ld.req_id)
+            return
+        sync = []
+        for ld in meta.loads:
+            if not ld.async_:
+                sync.append(ld)
+                continue
+            if self._async is None:
+                self._async = _fut.ThreadPoolExecutor(1, thread_name_prefix="kvcached-load")
+                self._acopier = make_copier(self.layout, str(self.extra.get("copy_engine",
+                                                                            "auto")))
+            self._inflight[ld.req_id] = self._async.submit(self._load_async, ld)
+        if not sync:
             return
         t0 = time.perf_counter()
         ptrs: List[int] = []
         ids: List[int] = []
-        for ld in meta.loads:
+        for ld in sync:
             self._loaded.add(ld.req_id)
-            got = self._lookup_for_load(ld)
+            got, epoch = self._lookup_for_load(ld, self._load_hold)
+            if epoch >= 0:
+                self._load_epoch = epoch
             for i, b in enumerate(ld.block_ids):
                 if i < len(got):
                     ptrs.append(got[i][1])
@@ -129,17 +160,75 @@ class KvcachedWorker:
                       "cuda" if self.layout.is_cuda else "host")
         return self._ptr_ok
 
-    def _lookup_for_load(self, ld: Load) -> List[Tuple[int, int]]:
+    def _load_async(self, ld: Load):
+        """On the load thread: ld's blocks into vLLM's KV cache. Returns
+        (block ids not loaded, stats)."""
+        t0 = time.perf_counter()
+        hold: List[int] = []
+        st: Dict[str, float] = {}
+        errors: Set[int] = set()
+        epoch = -1
+        try:
+            got, epoch = self._lookup_for_load(ld, hold)
+            errors = set(ld.block_ids[len(got):])
+            if got:
+                ids = ld.block_ids[:len(got)]
+                try:
+                    nbytes = self._acopier.copy_all([p for _, p in got], ids, to_kv=False)
+                    self._acopier.sync()
+                    st["loaded_blocks"] = len(ids)
+                    st["loaded_bytes"] = nbytes
+                except Exception as e:
+                    log.warning("kvcached: load failed (%s); vLLM recomputes those blocks", e)
+                    errors.update(ids)
+        except Exception as e:   # never leave vLLM waiting for a request
+            log.warning("kvcached: asynchronous load failed (%s)", e)
+            errors = set(ld.block_ids)
+        finally:
+            self._release(hold, epoch)
+            st["load_seconds"] = time.perf_counter() - t0
+        return errors, st
+
+    def get_finished(self, finished_req_ids) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        """(None, the requests whose asynchronous load ended since the
+        last call); their failed blocks go to get_block_ids_with_load_errors
+        of this step, the scheduler side learns of them through the worker
+        metadata (and releases its references)."""
+        done = set(self._done_now)
+        self._done_now.clear()
+        for rid, f in list(self._inflight.items()):
+            if not f.done():
+                continue
+            del self._inflight[rid]
+            errors, st = f.result()
+            self._load_errors.update(errors)
+            for k, v in st.items():
+                self.stats.add(k, v)
+            done.add(rid)
+        self._loaded.update(done)
+        return None, (done or None)
+
+    def _release(self, held: List[int], epoch: int) -> None:
+        c = self.client.conn if self.client else None
+        if c is None or not held or c.restarts != epoch:
+            return
+        try:
+            c.release(held)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+
+    def _lookup_for_load(self, ld: Load, hold: List[int]) -> Tuple[List[Tuple[int, int]], int]:
         """The (block, address) pairs of the loadable head of ld's chain,
-        referenced on this worker's connection."""
+        referenced on this worker's connection (the references go to hold),
+        and the connection's epoch (-1: none)."""
         c = self.client.get() if self.client else None
         if c is None:
-            return []
+            return [], -1
         try:
             blocks = c.lookup(self.client.pool, ld.hashes)
         except kvcache.KvError as e:
             self.client.failed(e)
-            return []
+            return [], -1
         self.client.ok()
         out = []
         try:
@@ -147,11 +236,10 @@ class KvcachedWorker:
                 out.append((b, c.block_ptr(b)))
         except kvcache.KvError:
             pass
-        self._load_hold.extend(blocks)
+        hold.extend(blocks)
         if out and not self._backend_ok(c, out[0][1]):
             out = []
-        self._load_epoch = c.restarts
-        return out[:len(ld.block_ids)]
+        return out[:len(ld.block_ids)], c.restarts
 
     def _release_load_hold(self) -> None:
         c = self.client.conn if self.client else None
@@ -260,6 +348,9 @@ class KvcachedWorker:
         return s
 
     def shutdown(self) -> None:
+        if self._async is not None:
+            # Each load ends within the connection's deadline.
+            self._async.shutdown(wait=True)
         if self.client is not None:
             self._release_load_hold()
             self.client.close()
