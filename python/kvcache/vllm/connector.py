@@ -57,9 +57,18 @@ class KvcachedConnector(KVConnectorBase_V1):
       to kvcached;
     - ``copy_engine`` ("auto"; "cupy"; "triton"; "torch") for CUDA tensors;
     - ``retry_s`` (default 1): how often to retry a daemon that is down.
+    - ``timeout_ms`` (default 5000): the deadline of every call to the
+      daemon (0: the client library's default, 60 s); a load past it is a
+      load error, a save past it is skipped;
+    - ``lookup_batch`` (default 64): how many new requests' chains one
+      scheduler-side lookup asks for;
     - ``async_loads`` ("tiers", the default; "never"): hits not in
       kvcached's device pool load asynchronously (``(n, True)``, finished
       through ``get_finished``).
+
+    Set ``"kv_load_failure_policy": "recompute"`` in the kv-transfer
+    config: vLLM's default, "fail", fails a request whose load failed (a
+    daemon restart); the connector warns at start when it is "fail".
     """
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
