@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -471,19 +472,51 @@ static void hconn_close(struct kv_http *h, struct hconn *hc, _Atomic uint64_t *c
  * its place even while a burst of newcomers arrives beside it. */
 #define HTTP_GRACE_NS (250 * 1000000ull)
 
-static void admit(struct kv_http *h, struct hconn *nc)
+/* Whether the peer of a connection still sending its request has gone: an
+ * end of stream with nothing left to read, or an error. Such a connection
+ * can never finish its request; libmicrohttpd closes it on its next read,
+ * but a burst of accepts can come before that read. */
+static int peer_gone(const struct hconn *hc)
 {
-	struct hconn *hc, *oldest;
-	uint32_t same = 0, live = 0;
-	int over_addr, over_all;
+	char b;
+	ssize_t n;
 
+	if (hc->requested || hc->fd < 0)
+		return 0;
+	n = recv(hc->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The connections that hold a place: not closing, and (sweep) not gone. */
+static void count_live(struct kv_http *h, const struct hconn *nc, int sweep, uint32_t *same,
+		       uint32_t *live)
+{
+	struct hconn *hc;
+
+	*same = *live = 0;
 	for (hc = h->conns.next; hc != &h->conns; hc = hc->next) {
 		if (hc->closing)
 			continue;
-		live++;
+		if (sweep && hc != nc && peer_gone(hc)) {
+			hc->closing = 1;
+			shutdown(hc->fd, SHUT_RDWR);
+			continue;
+		}
+		(*live)++;
 		if (!memcmp(hc->addr, nc->addr, sizeof(nc->addr)))
-			same++;
+			(*same)++;
 	}
+}
+
+static void admit(struct kv_http *h, struct hconn *nc)
+{
+	struct hconn *hc, *oldest;
+	uint32_t same, live;
+	int over_addr, over_all;
+
+	count_live(h, nc, 0, &same, &live);
+	if (same > h->max_per_addr || live > h->max_conns)
+		count_live(h, nc, 1, &same, &live);   /* peers that left hold no place */
 	over_addr = same > h->max_per_addr;
 	over_all = live > h->max_conns;
 	if (!over_addr && !over_all)

@@ -19,6 +19,7 @@ real daemon with 300 pools and metrics_listen, real HTTP clients.
 Needs curl (77 without)."""
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -225,9 +226,30 @@ print("ok: 64 slow connections: at most %d held, all closed (%d counted); %d scr
       "them answered" % (most_alive, closed, ok))
 
 # --- 80 connections opened and closed ---------------------------------------
-for _ in range(80):
-    c = socket.create_connection(("127.0.0.1", port))
-    c.close()
+# The daemon is stopped meanwhile, so that the 80 and a scrape after them wait
+# in the backlog together and are accepted in one burst, before any of the 80
+# is read: those whose peers left must not hold places against the scrape.
+daemon.proc.send_signal(signal.SIGSTOP)
+try:
+    for _ in range(80):
+        c = socket.create_connection(("127.0.0.1", port))
+        c.close()
+    scrape = socket.create_connection(("127.0.0.1", port), timeout=20)
+    scrape.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+finally:
+    daemon.proc.send_signal(signal.SIGCONT)
+reply = b""
+try:
+    while True:
+        b = scrape.recv(65536)
+        if not b:
+            break
+        reply += b
+except OSError as e:
+    reply += b"\n(%s)" % str(e).encode()
+scrape.close()
+check(reply.startswith(b"HTTP/1.1 200") and len(reply) > size // 2,
+      "a scrape accepted with 80 closed connections: %r" % reply[:80], daemon.log)
 st, body = get(port)
 check(st == 200 and len(body) > size // 2, "after 80 connections: %s" % st, daemon.log)
 check(w.cmd("ping").startswith("ok"), "worker after all that", daemon.log)
