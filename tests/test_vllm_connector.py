@@ -12,7 +12,6 @@ recomputing.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
-import json
 import os
 import subprocess
 import sys
@@ -22,10 +21,6 @@ import vllm_connector_common as vc  # noqa: E402
 
 BS = vc.BS
 S = len(vc.SYSTEM)
-
-
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
 
 
 def role_a(sock, admin):
@@ -48,7 +43,7 @@ def role_a(sock, admin):
     line = 'vllm:kvcached_saved_blocks_total{engine="0",model_name="tiny"} %.1f' % (
         a.stats["saved_blocks"])
     assert line in text, [ln for ln in text.splitlines() if "kvcached" in ln][:20]
-    out(first=a.first_sched, stats=a.stats)
+    vc.out(first=a.first_sched, stats=a.stats)
     a.close()
 
 
@@ -81,7 +76,7 @@ def role_b(sock, admin):
     assert b.load_errors == 0
     assert b.held() == 0, "scheduler side still holds references"
     assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0, "the daemon counts references"
-    out(first=f, stats=b.stats)
+    vc.out(first=f, stats=b.stats)
     b.close()
 
 
@@ -105,7 +100,7 @@ def role_c(sock, admin):
     assert c.held() == 0, "scheduler side still holds references"
     refs = vc.kvctl_refs(kvctl, admin, os.getpid())
     assert refs == 0, f"the daemon counts {refs} references of this process"
-    out(preempted=sorted(c.preempted), stats=c.stats)
+    vc.out(preempted=sorted(c.preempted), stats=c.stats)
     c.close()
 
 
@@ -130,7 +125,7 @@ def role_roles(sock, admin):
     hit = (len(full) - 1) // BS * BS
     assert cons.first_sched["c-1"] == len(full) - hit, cons.first_sched
     assert cons.stats.get("saved_blocks", 0) == 0, cons.stats
-    out(first=cons.first_sched)
+    vc.out(first=cons.first_sched)
     cons.close()
 
 
@@ -161,7 +156,7 @@ def role_kill(sock, admin, tag):
     done = {r for r in x.finished if "-post-" in r}
     assert len(done) == 3, x.finished
     assert x.held() == 0
-    out(first=x.first_sched, stats=x.stats)
+    vc.out(first=x.first_sched, stats=x.stats)
     x.close()
 
 
@@ -171,7 +166,7 @@ def role_fill(sock, admin):
     f.add("f-first", vc.SYSTEM + vc.user(40))
     f.run()
     assert f.stats.get("saved_blocks", 0) >= 6, f.stats
-    out(stats=f.stats)
+    vc.out(stats=f.stats)
     f.close()
 
 
@@ -192,17 +187,8 @@ def role_promo(sock, admin):
     assert p.conn.deferred >= 1, "the scheduler was never answered None"
     assert p.held() == 0
     assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0
-    out(first=p.first_sched, stats=p.stats)
+    vc.out(first=p.first_sched, stats=p.stats)
     p.close()
-
-
-def child(role, sock, admin, *rest):
-    try:
-        {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill, "fill": role_fill,
-         "promo": role_promo, "roles": role_roles}[role](sock, admin, *rest)
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
 
 
 def a_events(rep, daemon):
@@ -266,14 +252,7 @@ def main():
     cur = [daemon]
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, cur[0].sock, cur[0].admin,
-                            *rest], capture_output=True, text=True, timeout=600)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", cur[0].log)
-        print(f"instance {role}: {res[-1][7:]}")
-        return json.loads(res[-1][7:])
+        return vc.run_child(__file__, [role, cur[0].sock, cur[0].admin, *rest], cur[0].log)
 
     run("a")
     if rep:
@@ -324,8 +303,5 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"a": role_a, "b": role_b, "c": role_c, "kill": role_kill,
+                            "fill": role_fill, "promo": role_promo, "roles": role_roles})

@@ -12,9 +12,7 @@ in the step it finishes; nothing referenced afterwards.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
-import json
 import os
-import subprocess
 import sys
 import threading
 
@@ -27,16 +25,12 @@ P_DEV = [900 - t for t in vc.SYSTEM] + vc.user(41)
 P_OTHER = [150 + t // 2 for t in vc.SYSTEM] + vc.user(42)
 
 
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
-
-
 def role_fill(sock, admin, which):
     f = vc.Instance(sock, layout="LBNHC")
     f.add("fill-" + which, P_HOST if which == "host" else P_DEV)
     f.run()
     assert f.stats.get("saved_blocks", 0) >= 6, f.stats
-    out(stats=f.stats)
+    vc.out(stats=f.stats)
     f.close()
 
 
@@ -91,7 +85,7 @@ def role_async(sock, admin):
     assert i.stats.get("loaded_blocks", 0) == n_host + n_dev, i.stats
     assert i.held() == 0
     assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0, "references left"
-    out(answers=answers, first=i.first_sched, stats=i.stats)
+    vc.out(answers=answers, first=i.first_sched, stats=i.stats)
     i.close()
 
 
@@ -122,16 +116,8 @@ def role_gone(sock, admin):
     assert i.stats.get("loaded_blocks", 0) == n, i.stats
     assert i.held() == 0
     assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0, "references left"
-    out(errors=i.load_errors, stats=i.stats)
+    vc.out(errors=i.load_errors, stats=i.stats)
     i.close()
-
-
-def child(role, sock, admin, *rest):
-    try:
-        {"fill": role_fill, "async": role_async, "gone": role_gone}[role](sock, admin, *rest)
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
 
 
 def main():
@@ -142,14 +128,8 @@ def main():
                         "64KiB", "--host-tier-size", "4MiB")
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, daemon.sock,
-                            daemon.admin, *rest], capture_output=True, text=True, timeout=300)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", daemon.log)
-        print(f"instance {role}: {res[-1][7:]}")
-        return json.loads(res[-1][7:])
+        return vc.run_child(__file__, [role, daemon.sock, daemon.admin, *rest], daemon.log,
+                            timeout=300)
 
     def to_host():
         r = daemon.kvctl("evict", "--all")
@@ -169,8 +149,4 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"fill": role_fill, "async": role_async, "gone": role_gone})

@@ -14,7 +14,6 @@ without it. Exit 0 pass, 1 fail, 77 skip."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -162,7 +161,7 @@ def role(sock, admin, theta, expect_hit):
     want = len(full) - hit if expect_hit == "1" else len(full)
     got = x.first_sched["r"]
     assert got == want, f"rope_theta {theta}: scheduled {got} tokens first, want {want}"
-    print("RESULT " + json.dumps({"first": got, "stats": x.stats}), flush=True)
+    vc.out(first=got, stats=x.stats)
     x.close()
 
 
@@ -176,13 +175,7 @@ def main():
                         "64KiB")
 
     def run(*args):
-        r = subprocess.run([sys.executable, __file__, "--child", daemon.sock, daemon.admin,
-                            *args], capture_output=True, text=True, timeout=600)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {args} failed (exit {r.returncode})", daemon.log)
-        print(f"instance {args}: {res[-1][7:]}")
+        vc.run_child(__file__, [daemon.sock, daemon.admin, *args], daemon.log, what=str(args))
 
     run("-", "0")                 # saves, with the model's own rope_theta
     run("20000", "0")             # another rope_theta: nothing to load
@@ -193,12 +186,4 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        try:
-            role(*sys.argv[2:])
-        except AssertionError as e:
-            print("FAIL:", e, file=sys.stderr, flush=True)
-            sys.exit(1)
-    else:
-        main()
+    vc.main_or_child(main, role)

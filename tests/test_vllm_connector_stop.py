@@ -16,7 +16,6 @@ without it. Exit 0 pass, 1 fail, 77 skip."""
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -30,10 +29,6 @@ P2 = [900 - t for t in vc.SYSTEM] + vc.user(41)
 P3 = [150 + t // 2 for t in vc.SYSTEM] + vc.user(42)
 
 
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
-
-
 def role_fill(sock, admin, pid):
     f = vc.Instance(sock, layout="LBNHC")
     f.add("fill-1", P1)
@@ -41,7 +36,7 @@ def role_fill(sock, admin, pid):
     f.add("fill-3", P3)
     f.run()
     assert f.stats.get("saved_blocks", 0) >= 18, f.stats
-    out(stats=f.stats)
+    vc.out(stats=f.stats)
     f.close()
 
 
@@ -134,15 +129,7 @@ def role_stop(sock, admin, pid):
         assert shut < 20, "shutdown waited %.1f s for a stopped daemon" % shut
     finally:
         os.kill(daemon, signal.SIGCONT)
-    out(load_s=max(took), shutdown_s=shut, loaded_after=got, stats=i.stats)
-
-
-def child(role, sock, admin, *rest):
-    try:
-        {"fill": role_fill, "stop": role_stop}[role](sock, admin, *rest)
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
+    vc.out(load_s=max(took), shutdown_s=shut, loaded_after=got, stats=i.stats)
 
 
 def main():
@@ -154,16 +141,11 @@ def main():
     pid = str(daemon.proc.pid)
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, daemon.sock,
-                            daemon.admin, pid, *rest], capture_output=True, text=True,
-                           timeout=300)
-        daemon.signal(signal.SIGCONT)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", daemon.log)
-        print(f"instance {role}: {res[-1][7:]}")
-        return json.loads(res[-1][7:])
+        try:
+            return vc.run_child(__file__, [role, daemon.sock, daemon.admin, pid, *rest],
+                                daemon.log, timeout=300)
+        finally:
+            daemon.signal(signal.SIGCONT)
 
     run("fill")
     run("stop")
@@ -181,8 +163,4 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"fill": role_fill, "stop": role_stop})

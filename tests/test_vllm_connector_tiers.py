@@ -7,9 +7,7 @@ each request's split sums to the tokens it loaded.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
-import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,17 +19,13 @@ PROMPT_HOST = vc.SYSTEM + vc.user(40)
 PROMPT_DEV = [900 - t for t in vc.SYSTEM] + vc.user(41)
 
 
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
-
-
 def role_fill(sock, admin, which):
     """Computes and saves one prompt."""
     f = vc.Instance(sock, layout="LBNHC")
     f.add("fill-" + which, PROMPT_HOST if which == "host" else PROMPT_DEV)
     f.run()
     assert f.stats.get("saved_blocks", 0) >= 6, f.stats
-    out(stats=f.stats)
+    vc.out(stats=f.stats)
     f.close()
 
 
@@ -60,16 +54,8 @@ def role_sources(sock, admin):
         res[name] = list(seen)
         assert seen == [{name: want}], (name, seen, want)
     assert i.held() == 0
-    out(sources=res, stats=i.stats)
+    vc.out(sources=res, stats=i.stats)
     i.close()
-
-
-def child(role, sock, admin, *rest):
-    try:
-        {"fill": role_fill, "sources": role_sources}[role](sock, admin, *rest)
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
 
 
 def main():
@@ -80,14 +66,7 @@ def main():
                         "64KiB", "--host-tier-size", "4MiB")
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, daemon.sock,
-                            daemon.admin, *rest], capture_output=True, text=True, timeout=600)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", daemon.log)
-        print(f"instance {role}: {res[-1][7:]}")
-        return json.loads(res[-1][7:])
+        return vc.run_child(__file__, [role, daemon.sock, daemon.admin, *rest], daemon.log)
 
     run("fill", "host")
     r = daemon.kvctl("evict", "--all")          # every cached device block to the host tier
@@ -102,8 +81,4 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"fill": role_fill, "sources": role_sources})

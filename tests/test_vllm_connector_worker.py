@@ -161,7 +161,7 @@ def role_save(sock, pairs):
     out = {}
     for i, (a, _, ka, _) in enumerate(json.loads(pairs)):
         out[f"t{i}"] = save_one(sock, a, ka, f"t{i}")
-    print("RESULT " + json.dumps(out), flush=True)
+    vc.out(**out)
 
 
 def role_load(sock, pairs, want):
@@ -171,7 +171,7 @@ def role_load(sock, pairs, want):
         want = json.load(f)
     for i, (_, b, _, kb) in enumerate(json.loads(pairs)):
         load_one(sock, b, kb, f"t{i}", want[f"t{i}"])
-    print("RESULT ok", flush=True)
+    vc.out(ok=True)
 
 
 def role_refused(sock, what):
@@ -211,7 +211,7 @@ def role_refused(sock, what):
         assert len(connects) == 1, f"a refused namespace was tried {len(connects)} times"
     if what == "full":
         assert vc.kvctl_refs(os.environ["KVCTL_BIN"], os.environ["KVT_ADMIN"], os.getpid()) == 0
-    print("RESULT ok", flush=True)
+    vc.out(ok=True)
     w.shutdown()
 
 
@@ -263,7 +263,7 @@ def role_lostback(sock):
     assert len(rec.at(logging.WARNING, "lost")) == 1
     st = w.get_kv_connector_stats()
     assert st.data["saved_blocks"] >= 3, st.data
-    print("RESULT ok", flush=True)
+    vc.out(ok=True)
     w.shutdown()
 
 
@@ -311,7 +311,7 @@ def role_failfwd(sock):
     assert not err, f"a step run inside an except block saved nothing ({err})"
     err = step("ff-ok", False)
     assert not err, f"a step whose forward returned saved nothing ({err})"
-    print("RESULT ok", flush=True)
+    vc.out(ok=True)
     w.shutdown()
 
 
@@ -324,7 +324,7 @@ def role_down(sock):
     do_save(w, meta(saves=[_Save("s", hashes("down", 1), None, [4], list(range(vc.BS)))]))
     st = w.get_kv_connector_stats()
     assert st.data["save_failures"] == 1 and st.data["load_errors"] == 3, st.data
-    print("RESULT ok", flush=True)
+    vc.out(ok=True)
     w.shutdown()
 
 
@@ -337,13 +337,8 @@ def main():
     env = dict(os.environ, KVT_ADMIN=daemon.admin)
 
     def run(*args):
-        r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
-                           text=True, timeout=800, env=env)
-        res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
-            kvt.fail(f"{args[0]} {str(args[2:])[:200]} failed (exit {r.returncode})", daemon.log)
-        return res[-1]
+        return vc.run_child(__file__, list(args), daemon.log, timeout=800, env=env,
+                            what=f"{args[0]} {str(args[2:])[:200]}")
 
     # Pairs whose kvcached bytes agree: same physical order of a block's
     # H and N (the pool's name carries it), any placement of layers/blocks.
@@ -357,7 +352,7 @@ def main():
              ("LBNHC", "BLNHC", 8, 0)]
     wf = os.path.join(d, "want.json")
     with open(wf, "w") as f:
-        f.write(run("save", daemon.sock, json.dumps(pairs)))
+        json.dump(run("save", daemon.sock, json.dumps(pairs)), f)
     run("load", daemon.sock, json.dumps(pairs), wf)
     for a, b, ka, kb in pairs:
         print(f"{a} (kernel block {ka or vc.BS}) -> {b} (kernel block {kb or vc.BS}): "
@@ -403,7 +398,7 @@ def main():
     p.stdin.write("go\n")
     p.stdin.flush()
     o, e = p.communicate(timeout=300)
-    if p.returncode != 0 or "RESULT ok" not in o:
+    if p.returncode != 0 or 'RESULT {"ok": true}' not in o:
         sys.stderr.write(o[-3000:] + e[-6000:])
         kvt.fail("lostback failed", daemon.log)
     print("daemon lost and back: one WARNING, one INFO")
@@ -414,19 +409,7 @@ def main():
     print("PASS")
 
 
-def child(role, *args):
-    try:
-        {"save": role_save, "load": role_load, "down": role_down, "failfwd": role_failfwd,
-         "lostback": role_lostback,
-         "refused": role_refused}[role](*args)
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
-
-
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"save": role_save, "load": role_load, "down": role_down,
+                            "failfwd": role_failfwd, "lostback": role_lostback,
+                            "refused": role_refused})

@@ -274,3 +274,45 @@ SYSTEM = [100 + (i * 7) % 800 for i in range(4 * BS)]     # 4 blocks of system p
 
 def user(seed, n=40):
     return [100 + (seed * 13 + i * 11) % 800 for i in range(n)]
+
+
+# --- the tests' processes: a script's main() starts children of itself -----
+
+def out(**kw):
+    """A child's result: one line of JSON, the one run_child returns."""
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def run_child(script, args, log, timeout=600, env=None, what=None):
+    """Runs `script --child ARGS...` (the vLLM environment's python) and
+    returns its last RESULT line decoded; fails the test with the child's
+    output and the daemon's log (log) when it exits non-zero or prints none."""
+    import kvt
+    r = subprocess.run([sys.executable, script, "--child", *args], capture_output=True,
+                       text=True, timeout=timeout, env=env)
+    res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    what = what or " ".join(args[:1])[:200]
+    if r.returncode != 0 or not res:
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
+        kvt.fail(f"instance {what} failed (exit {r.returncode})", log)
+    print(f"instance {what}: {res[-1][:300]}")
+    return json.loads(res[-1])
+
+
+def main_or_child(main, roles):
+    """A test script's entry: re-executed under the vLLM environment
+    (need_vllm), it runs roles[ROLE](ARGS...) when called as
+    `--child ROLE ARGS...` (a failed assertion is a FAIL line and exit 1),
+    main() otherwise. roles may be one function, which takes ROLE too."""
+    need_vllm()
+    if len(sys.argv) < 2 or sys.argv[1] != "--child":
+        main()
+        return
+    try:
+        if callable(roles):
+            roles(*sys.argv[2:])
+        else:
+            roles[sys.argv[2]](*sys.argv[3:])
+    except AssertionError as e:
+        print("FAIL:", e, file=sys.stderr, flush=True)
+        sys.exit(1)
