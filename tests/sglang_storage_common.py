@@ -138,3 +138,43 @@ def refs(pid=None):
 def clients():
     j = kvctl_json(os.environ["KVCTL_BIN"], os.environ["KVT_ADMIN"], "clients")
     return j.get("clients", [])
+
+
+def result(obj):
+    """A child's result: one line of JSON, the one write_then_read reads."""
+    print("RESULT " + json.dumps(obj), flush=True)
+
+
+def write_then_read(script, roles):
+    """A test script's entry. As `--child ROLE ARGS...`: runs roles[ROLE].
+    Otherwise: one daemon, `script --child write` in one process and then
+    `--child read WANT` in another (WANT: what the writer returned), each
+    one's "ok:" lines printed; the test fails when either fails or the
+    reader's result is not "ok"."""
+    import sys
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        roles[sys.argv[2]](*sys.argv[3:])
+        return
+    import kvt
+    try:
+        kvt.need_bins()
+        d = kvt.tmpdir()
+        daemon = kvt.Daemon(d, "--pool-size", "16MiB", "--segment-size", "4MiB",
+                            "--page-size", "64KiB")
+        env = dict(os.environ, KVT_ADMIN=daemon.admin, KVT_SOCK=daemon.sock)
+
+        def run(*args):
+            r = subprocess.run([sys.executable, script, "--child", *args], capture_output=True,
+                               text=True, timeout=600, env=env)
+            sys.stdout.write("".join(ln + "\n" for ln in r.stdout.splitlines()
+                                     if ln.startswith("ok:")))
+            res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+            if r.returncode != 0 or not res:
+                sys.stderr.write(r.stdout[-3000:] + r.stderr[-8000:])
+                kvt.fail(f"{args[0]} failed (exit {r.returncode})", daemon.log)
+            return json.loads(res[-1])
+
+        want = run("write")
+        kvt.check(run("read", json.dumps(want)) == "ok", "read", daemon.log)
+    finally:
+        kvt.cleanup()   # the daemons it started

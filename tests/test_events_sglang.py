@@ -17,27 +17,12 @@ scripts/sglang-env; KVCACHED_SGLANG_ENV elsewhere).
 
 Exit 77 without the SGLang environment or a daemon built with events."""
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-ENV = os.environ.get("KVCACHED_SGLANG_ENV", "/var/cache/kvcached/sglang-0.5.23")
+import sglang_env  # noqa: E402
 
-
-def reexec():
-    if os.environ.get("KVT_IN_SGLANG_ENV") == "1":
-        return
-    py = os.path.join(ENV, "bin", "python")
-    if not (os.path.exists(os.path.join(ENV, ".kvcached-complete")) and os.access(py, os.X_OK)):
-        print("SKIP: no SGLang environment at %s (scripts/sglang-env makes it)" % ENV)
-        sys.exit(77)
-    os.environ["KVT_IN_SGLANG_ENV"] = "1"
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(sys.argv[0])] + sys.argv[1:])
-
-
-reexec()
+sglang_env.reexec()
 
 import msgspec  # noqa: E402
 import zmq  # noqa: E402

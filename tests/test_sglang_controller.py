@@ -16,7 +16,6 @@ Runs under the SGLang virtual environment (scripts/sglang-env); exits 77
 without it."""
 import json
 import os
-import subprocess
 import sys
 import threading
 
@@ -31,10 +30,6 @@ import sglang_storage_common as sc  # noqa: E402
 NPAGES = 8
 TOKENS = [(17 * i + 5) % 1000 for i in range(NPAGES * sc.PAGE)]
 WAIT = 120
-
-
-def result(obj):
-    print("RESULT " + json.dumps(obj), flush=True)
 
 
 def dist():
@@ -86,7 +81,7 @@ CONFIGS = (("mha", "page_first"), ("mha", "layer_first"), ("mla", "page_first_di
 
 
 def role_write():
-    result({f"{k} {lay}": write(k, lay) for k, lay in CONFIGS})
+    sc.result({f"{k} {lay}": write(k, lay) for k, lay in CONFIGS})
 
 
 def role_read(want):
@@ -97,7 +92,7 @@ def role_read(want):
         print(f"ok: {kind} {layout}: SGLang's controller backed up {NPAGES} pages through "
               "kvcached; another's prefetch found and loaded them byte-exact; another "
               "model's found none", flush=True)
-    result("ok")
+    sc.result("ok")
 
 
 def write(kind, layout):
@@ -165,35 +160,5 @@ def read(kind, layout, want, model):
     _ = (junk, torch)
 
 
-def main():
-    import kvt
-    kvt.need_bins()
-    d = kvt.tmpdir()
-    daemon = kvt.Daemon(d, "--pool-size", "16MiB", "--segment-size", "4MiB", "--page-size",
-                        "64KiB")
-    env = dict(os.environ, KVT_ADMIN=daemon.admin, KVT_SOCK=daemon.sock)
-
-    def run(*args):
-        r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
-                           text=True, timeout=600, env=env)
-        sys.stdout.write("".join(ln + "\n" for ln in r.stdout.splitlines()
-                                 if ln.startswith("ok:")))
-        res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-8000:])
-            kvt.fail(f"{args[:3]} failed (exit {r.returncode})", daemon.log)
-        return json.loads(res[-1])
-
-    want = run("write")
-    kvt.check(run("read", json.dumps(want)) == "ok", "read", daemon.log)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        {"write": role_write, "read": role_read}[sys.argv[2]](*sys.argv[3:])
-    else:
-        import kvt
-        try:
-            main()
-        finally:
-            kvt.cleanup()   # the daemons it started
+    sc.write_then_read(__file__, {"write": role_write, "read": role_read})

@@ -17,7 +17,6 @@ Runs under the SGLang virtual environment (scripts/sglang-env); exits 77
 without it."""
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,10 +30,6 @@ import sglang_storage_common as sc  # noqa: E402
 N = 6                       # pages a writer sets
 WRITE = list(range(1, N + 1))
 READ = [40, 33, 50, 41, 47, 60]   # pages a reader loads into (any order)
-
-
-def result(obj):
-    print("RESULT " + json.dumps(obj), flush=True)
 
 
 CASES = [(kind, layout, v1) for kind in sc.KINDS for layout in sc.LAYOUTS
@@ -84,7 +79,7 @@ def role_write():
         want[tag_of(kind, layout, v1)] = set_pages(kind, layout, tag_of(kind, layout, v1),
                                                    {"v1": v1})
     want["tenant"] = set_pages("mha", "page_first", "tenant", {"namespace": "kvt-tenant-a"})
-    result(want)
+    sc.result(want)
 
 
 def get_pages(kind, layout, tag, want, extra):
@@ -159,46 +154,14 @@ def role_read(want):
     get_pages("mha", "page_first", "tenant", None, {"namespace": "kvt-tenant-b"})
     get_pages("mha", "page_first", "tenant", None, {})
     print("ok: namespaces: a tenant's pages, not another's", flush=True)
-    result("ok")
+    sc.result("ok")
 
 
 def role_get(kind, layout, tag, want, extra):
     """One reader (for test_sglang_storage_restart.py)."""
     get_pages(kind, layout, tag, json.loads(want), json.loads(extra))
-    result("ok")
-
-
-def main():
-    import kvt
-    kvt.need_bins()
-    d = kvt.tmpdir()
-    daemon = kvt.Daemon(d, "--pool-size", "16MiB", "--segment-size", "4MiB", "--page-size",
-                        "64KiB")
-    env = dict(os.environ, KVT_ADMIN=daemon.admin, KVT_SOCK=daemon.sock)
-
-    def run(*args):
-        r = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
-                           text=True, timeout=600, env=env)
-        sys.stdout.write("".join(ln + "\n" for ln in r.stdout.splitlines()
-                                 if ln.startswith("ok:")))
-        res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
-            kvt.fail(f"{args[0]} failed (exit {r.returncode})", daemon.log)
-        return json.loads(res[-1])
-
-    # One SGLang instance sets pages of every kind, layout and format; another
-    # process loads them.
-    want = run("write")
-    kvt.check(run("read", json.dumps(want)) == "ok", "read", daemon.log)
+    sc.result("ok")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        {"write": role_write, "read": role_read, "get": role_get}[sys.argv[2]](*sys.argv[3:])
-    else:
-        import kvt
-        try:
-            main()
-        finally:
-            kvt.cleanup()   # the daemons it started
+    sc.write_then_read(__file__, {"write": role_write, "read": role_read, "get": role_get})
