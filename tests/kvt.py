@@ -135,6 +135,30 @@ class Daemon:
     def kvctl(self, *args, admin=True):
         return kvctl("-s", self.admin if admin else self.sock, *args)
 
+    def metric(self, name, missing=False):
+        """The value of one sample in `kvctl metrics` (a float); fails the
+        test when there is none, or returns missing when that is not False
+        (a kvcached from before the metric)."""
+        r = self.kvctl("metrics")
+        check(r.returncode == 0, "kvctl metrics: %s" % r.stderr, self.log)
+        for line in r.stdout.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        if missing is not False:
+            return missing
+        fail("no %s in kvctl metrics" % name, self.log)
+
+    def rss(self):
+        """The daemon's resident memory in bytes (0 once it has gone)."""
+        try:
+            with open("/proc/%d/status" % self.proc.pid) as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
     def tiers_idle(self):
         """True when no tier copy or disk I/O is in flight (kvctl status).
         Demotions and G2's write-back to G3 go on after a workload's last

@@ -35,15 +35,6 @@ daemon = kvt.Daemon(d, "--max-memory-per-uid=24MiB", "--max-connection-memory=1G
                     "--socket-mode=0666", "--frame-timeout=5min")
 
 
-def metric(name):
-    r = daemon.kvctl("metrics")
-    check(r.returncode == 0, "kvctl metrics: %s" % r.stderr)
-    for line in r.stdout.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    kvt.fail("no %s" % name)
-
-
 def as_uid(uid):
     return (lambda: (os.setgid(uid), os.setuid(uid))) if ROOT and uid != os.getuid() else None
 
@@ -81,12 +72,12 @@ a = subprocess.Popen([sys.executable, "-c", ATTACK, daemon.sock, str(CONNS)],
                      preexec_fn=as_uid(UID_A))
 kvt._cleanup.append(a.kill)
 check(a.stdout.readline().strip() == "sent", "the attacker did not finish sending", daemon.log)
-check(kvt.wait_for(lambda: metric("kvcached_connection_memory_closes_total") >= 1, 20),
+check(kvt.wait_for(lambda: daemon.metric("kvcached_connection_memory_closes_total") >= 1, 20),
       "no connection closed over max_memory_per_uid", daemon.log)
-held = metric("kvcached_connection_buffer_bytes")
+held = daemon.metric("kvcached_connection_buffer_bytes")
 print("uid %d: %d partial frames of 3 MiB sent; the daemon holds %.1f MiB of buffers (bound "
       "%d MiB), %d connections closed" % (UID_A, CONNS, held / MIB, BOUND // MIB,
-                                          metric("kvcached_connection_memory_closes_total")))
+                                          daemon.metric("kvcached_connection_memory_closes_total")))
 check(held <= BOUND + MIB, "buffers %d past the bound %d" % (held, BOUND), daemon.log)
 a.stdin.write("count\n")
 a.stdin.flush()
@@ -126,8 +117,8 @@ else:
 a.stdin.write("bye\n")
 a.stdin.flush()
 a.wait(timeout=10)
-check(kvt.wait_for(lambda: metric("kvcached_connection_buffer_bytes") < MIB, 20),
-      "buffers not given back: %d" % metric("kvcached_connection_buffer_bytes"), daemon.log)
+check(kvt.wait_for(lambda: daemon.metric("kvcached_connection_buffer_bytes") < MIB, 20),
+      "buffers not given back: %d" % daemon.metric("kvcached_connection_buffer_bytes"), daemon.log)
 print("ok: buffers back to %d bytes after uid %d's connections closed"
-      % (metric("kvcached_connection_buffer_bytes"), UID_A))
+      % (daemon.metric("kvcached_connection_buffer_bytes"), UID_A))
 daemon.kill()

@@ -196,15 +196,6 @@ def dump(daemon):
     return out
 
 
-def metric(daemon, name):
-    r = daemon.kvctl("metrics")
-    kvt.check(r.returncode == 0, "kvctl metrics: %s" % r.stderr, daemon.log)
-    for line in r.stdout.splitlines():
-        if line.startswith(name + " "):
-            return int(line.split()[1])
-    kvt.fail("no %s in kvctl metrics" % name, daemon.log)
-
-
 def ok(w, line):
     r = w.cmd(line)
     kvt.check(r.startswith("ok"), "worker: %s -> %s" % (line, r))
@@ -315,7 +306,7 @@ def main():
     late = Subscriber(ctx, ep, rep)
     kvt.check(late.pairs() == want[0], "the late subscriber rebuilt %d pairs, not %d" %
               (len(late.pairs()), len(want[0])), daemon.log)
-    kvt.check(metric(daemon, "kvcached_events_replay_requests_total") >= 1,
+    kvt.check(int(daemon.metric("kvcached_events_replay_requests_total")) >= 1,
               "replays not counted", daemon.log)
 
     # kvctl events: the replayed batches, then one live one.
@@ -364,7 +355,7 @@ def main():
     bad.connect(rep)
     bad.send_multipart([b"", (0).to_bytes(8, "big"), b"t", b"extra"])  # too many frames
     bad.send_multipart([b"", (0).to_bytes(8, "big"), b"t" * 1000])     # topic too long
-    kvt.check(kvt.wait_for(lambda: metric(daemon, "kvcached_events_replay_bad_total") >= 2,
+    kvt.check(kvt.wait_for(lambda: int(daemon.metric("kvcached_events_replay_bad_total")) >= 2,
                            timeout=10, step=0.05), "bad replay requests not counted", daemon.log)
     bad.close(linger=0)
     again = Subscriber(ctx, ep, rep)
@@ -445,8 +436,8 @@ def slow_subscriber():
     ok(w2, "mpool p 16384 model-a")
     for i in range(1500):
         ok(w if i % 2 else w2, "chain %d 8" % (10000 + i))
-    dropped = metric(daemon, "kvcached_events_dropped_total")
-    published = metric(daemon, "kvcached_events_published_total")
+    dropped = int(daemon.metric("kvcached_events_dropped_total"))
+    published = int(daemon.metric("kvcached_events_published_total"))
     kvt.check(dropped > 0, "no drops counted (%d published)" % published, daemon.log)
     print("slow subscriber: %d of %d batches dropped for it" % (dropped, published))
     w.quit()

@@ -71,23 +71,9 @@ time.sleep(3600)
 SANITIZED = bool(os.environ.get("ASAN_OPTIONS"))
 
 
-def rss(daemon):
-    with open("/proc/%d/status" % daemon.proc.pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def metric(daemon, name):
-    r = daemon.kvctl("metrics")
-    kvt.check(r.returncode == 0, "kvctl metrics: %s" % r.stderr, daemon.log)
-    for line in r.stdout.splitlines():
-        if line.startswith(name + " "):
-            return int(float(line.split()[1]))
-    if BEFORE:
-        return -1
-    kvt.fail("no %s in kvctl metrics" % name, daemon.log)
+    """A counter's value; -1 against a kvcached from before it (KVT_BEFORE)."""
+    return int(daemon.metric(name, missing=-1 if BEFORE else False))
 
 
 def kvctl_events(daemon):
@@ -123,7 +109,7 @@ def main():
     for seed in range(300):
         ok(w, "chain %d 64" % (seed + 1))
     ring = metric(daemon, "kvcached_events_buffered_bytes")
-    base = rss(daemon)
+    base = daemon.rss()
     print("ring: %d batches, %.1f MiB; daemon RSS %.1f MiB" %
           (metric(daemon, "kvcached_events_buffered_batches"), ring / MIB, base / MIB))
 
@@ -145,7 +131,7 @@ def main():
                            if not BEFORE else
                            metric(daemon, "kvcached_events_replay_requests_total") >= 100, 60),
               "replay requests not all handled", daemon.log)
-    during = rss(daemon)
+    during = daemon.rss()
     served = metric(daemon, "kvcached_events_replay_requests_total")
     refused = metric(daemon, "kvcached_events_replay_refused_total")
     inflight = metric(daemon, "kvcached_events_replay_inflight_bytes")
@@ -181,8 +167,8 @@ def main():
                                == 0, 30), "replay bytes still in flight after the peers went",
                   daemon.log)
     ok(w, "ping")   # a loop turn: the daemon gives back what the replays used
-    kvt.wait_for(lambda: rss(daemon) - base < 4 * MIB, 10)
-    after = rss(daemon)
+    kvt.wait_for(lambda: daemon.rss() - base < 4 * MIB, 10)
+    after = daemon.rss()
     print("after the peers went: RSS %.1f MiB (+%.1f)" % (after / MIB, (after - base) / MIB))
     if not BEFORE and not SANITIZED:
         kvt.check(after - base < 8 * MIB, "RSS not back: +%d" % (after - base), daemon.log)
@@ -208,7 +194,7 @@ def main():
     # and sends it nothing more until it reads: the rest is a sequence gap
     # to it), so the check is on the stall being counted and on memory.
     d0 = metric(daemon, "kvcached_events_dropped_total")
-    base2 = rss(daemon)
+    base2 = daemon.rss()
     start = seed
     while metric(daemon, "kvcached_events_dropped_total") == d0 and seed < start + 3000:
         for _ in range(20):
@@ -219,7 +205,7 @@ def main():
     for _ in range(300):
         ok(w, "chain %d 64" % seed)
         seed += 1
-    during2 = rss(daemon)
+    during2 = daemon.rss()
     dropped = metric(daemon, "kvcached_events_dropped_total") - d1
     print("20 subscribers not reading, %d batches: RSS %.1f MiB (+%.1f); drops counted %d"
           % (seed - start, during2 / MIB, (during2 - base2) / MIB, stalls + dropped))
@@ -250,8 +236,8 @@ def main():
     sub_proc.wait()
     ctx.term()
     ok(w, "ping")
-    kvt.wait_for(lambda: rss(daemon) - base2 < 4 * MIB, 10)
-    after2 = rss(daemon)
+    kvt.wait_for(lambda: daemon.rss() - base2 < 4 * MIB, 10)
+    after2 = daemon.rss()
     print("after the subscribers went: RSS %.1f MiB (+%.1f)" % (after2 / MIB,
                                                                (after2 - base2) / MIB))
     w.quit()

@@ -54,23 +54,9 @@ time.sleep(3600)
 '''
 
 
-def rss(daemon):
-    with open("/proc/%d/status" % daemon.proc.pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def metric(daemon, name):
-    r = daemon.kvctl("metrics")
-    kvt.check(r.returncode == 0, "kvctl metrics: %s" % r.stderr, daemon.log)
-    for line in r.stdout.splitlines():
-        if line.startswith(name + " "):
-            return int(float(line.split()[1]))
-    if BEFORE:
-        return -1
-    kvt.fail("no %s in kvctl metrics" % name, daemon.log)
+    """A counter's value; -1 against a kvcached from before it (KVT_BEFORE)."""
+    return int(daemon.metric(name, missing=-1 if BEFORE else False))
 
 
 def ok(w, line):
@@ -105,11 +91,11 @@ def main():
     os.kill(sub.pid, signal.SIGSTOP)
     ok(w, "tchain %d %d" % (seed, BLOCKS))   # one Seal at the limit first: buffers grown
     seed += 1
-    base = rss(daemon)
+    base = daemon.rss()
     for _ in range(SEALS):
         ok(w, "tchain %d %d" % (seed, BLOCKS))
         seed += 1
-    during = rss(daemon)
+    during = daemon.rss()
     ring = metric(daemon, "kvcached_events_buffered_bytes")
     held = metric(daemon, "kvcached_events_subscriber_bytes")
     dropped = metric(daemon, "kvcached_events_dropped_total")
@@ -141,8 +127,8 @@ def main():
     if not BEFORE:
         kvt.check(kvt.wait_for(lambda: metric(daemon, "kvcached_events_subscriber_bytes") == 0,
                                30), "the gone subscriber's batches are still held", daemon.log)
-    kvt.wait_for(lambda: rss(daemon) - base < RING_MAX + known + 4 * MIB, 10)
-    after = rss(daemon)
+    kvt.wait_for(lambda: daemon.rss() - base < RING_MAX + known + 4 * MIB, 10)
+    after = daemon.rss()
     print("after the subscriber went: RSS %.1f MiB (+%.1f)" % (after / MIB, (after - base) / MIB))
     if not BEFORE and not SANITIZED:
         kvt.check(after - base < RING_MAX + known + 8 * MIB, "RSS not back: +%.1f MiB" %
