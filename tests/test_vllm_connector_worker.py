@@ -332,12 +332,21 @@ def main():
     import kvt
     kvt.need_bins()
     d = kvt.tmpdir()
+    # World-connectable: the namespace refusal is tried by another uid when
+    # this test runs as root (root may open every namespace).
     daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
-                        "64KiB")
+                        "64KiB", "--socket-mode=0666")
     env = dict(os.environ, KVT_ADMIN=daemon.admin)
 
-    def run(*args):
-        return vc.run_child(__file__, list(args), daemon.log, timeout=800, env=env,
+    def run(*args, user=None):
+        e = env
+        if user is not None:
+            home = os.path.join(d, "home-%d" % user)
+            os.makedirs(home, exist_ok=True)
+            os.chown(home, user, user)
+            os.chmod(d, 0o755)
+            e = dict(env, HOME=home)
+        return vc.run_child(__file__, list(args), daemon.log, timeout=800, env=e, user=user,
                             what=f"{args[0]} {str(args[2:])[:200]}")
 
     # Pairs whose kvcached bytes agree: same physical order of a block's
@@ -359,9 +368,9 @@ def main():
               "byte-exact")
     run("failfwd", daemon.sock)
     print("a step whose forward raised (vLLM's own _get_kv_connector_output): nothing sealed")
-    if os.getuid() != 0:        # root may open every namespace
-        run("refused", daemon.sock, "namespace")
-        print("namespace refused: every block a load error, saves skipped")
+    run("refused", daemon.sock, "namespace", user=54321 if os.getuid() == 0 else None)
+    print("namespace refused: every block a load error, saves skipped, one ERROR naming the "
+          "uid and the namespace, no retries")
     # Full: another client holds every page of the daemon.
     import kvcache
     hog = kvcache.connect(daemon.sock)

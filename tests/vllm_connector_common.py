@@ -283,13 +283,15 @@ def out(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
 
 
-def run_child(script, args, log, timeout=600, env=None, what=None):
-    """Runs `script --child ARGS...` (the vLLM environment's python) and
-    returns its last RESULT line decoded; fails the test with the child's
-    output and the daemon's log (log) when it exits non-zero or prints none."""
+def run_child(script, args, log, timeout=600, env=None, what=None, user=None):
+    """Runs `script --child ARGS...` (the vLLM environment's python; as uid
+    and gid user when given) and returns its last RESULT line decoded; fails
+    the test with the child's output and the daemon's log (log) when it
+    exits non-zero or prints none."""
     import kvt
+    ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
     r = subprocess.run([sys.executable, script, "--child", *args], capture_output=True,
-                       text=True, timeout=timeout, env=env)
+                       text=True, timeout=timeout, env=env, **ids)
     res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     what = what or " ".join(args[:1])[:200]
     if r.returncode != 0 or not res:
