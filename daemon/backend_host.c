@@ -235,18 +235,16 @@ static void host_populate(struct kv_backend *be, uint32_t dev, uint64_t off, uin
  * way its pages are there from the start, touched once (issue 38): mlock
  * faults them in, and where it is refused MADV_POPULATE_WRITE does, so the
  * first demotion into each page does not take a fault per 4 KiB page (on
- * this VM a first touch costs 5-10 times the copy of the page). Huge pages
- * where the kernel gives them (transparent_hugepage "madvise" or "always"):
- * one fault and one TLB entry per 2 MiB instead of 512. */
+ * this VM a first touch costs 5-10 times the copy of the page). Not huge
+ * pages: MADV_HUGEPAGE made a daemon with a 1 GiB host tier take 2-5 times
+ * longer to start here (the kernel compacts memory to find them), for no
+ * copy measurably faster (issue 38, docs/benchmarks.md). */
 static void *host_host_alloc(struct kv_backend *be, uint64_t bytes)
 {
 	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
 		return NULL;
-#ifdef MADV_HUGEPAGE
-	(void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
 	if (mlock(p, bytes) < 0)
 		(void)madvise(p, bytes, MADV_POPULATE_WRITE);
 	return p;
