@@ -218,6 +218,7 @@ static void host_populate(struct kv_backend *be, uint32_t dev, uint64_t off, uin
 		return;
 	p = h->segs[off / be->segment_bytes].map + first * POP_PAGE;
 	len = (end - first) * POP_PAGE;  /* segment_bytes is a multiple of 4 KiB */
+	be->populated += len;
 	if (!h->wk.started) {
 		if (madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
 			h->no_populate = 1;  /* a kernel before 5.14 */
