@@ -25,8 +25,9 @@
 #define PICKS 200000
 
 /* The pools the bench registered, in the order of their ids (pool.h's
- * interface has no walk over them: the walk below keeps its own list, as
- * pool_int.h is the pool module's alone). */
+ * interface has no walk over them: the walk below keeps its own list and
+ * takes each pool's oldest through kv_pool_oldest_cached(), as pool_int.h
+ * and the pools' LRU lists are the pool module's alone). */
 static struct kv_pool **pools;
 static uint32_t npools_reg;
 
@@ -38,16 +39,14 @@ static struct kv_block *walk(struct kv_pools *ps, uint32_t dev)
 
 	for (i = 0; i < npools_reg; i++) {
 		struct kv_pool *q = pools[i];
-		struct kv_list *n;
 		struct kv_block *b;
 		struct kv_ns *m;
 
-		if (!q || q->device != dev || !(n = kv_list_back(&q->lru)))
+		if (!q || q->device != dev || !(b = kv_pool_oldest_cached(q)))
 			continue;
 		m = kv_ns_get(kv_pools_nstab(ps), q->ns);
 		if (m->used[0] < m->lim.reserve + q->block_bytes)
 			continue;
-		b = kv_container_of(n, struct kv_block, node);
 		if (!oldest || m->lim.priority < best_prio ||
 		    (m->lim.priority == best_prio && b->tick < oldest->tick)) {
 			oldest = b;

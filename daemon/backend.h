@@ -116,6 +116,10 @@ struct kv_backend {
 	 * a worker with its own CUDA_VISIBLE_DEVICES finds its GPU; host: none. */
 	int has_uuid;
 	unsigned char uuid[KV_MAX_DEVICES][16];
+	/* Bytes populate() has asked the kernel to populate (host: handed to
+	 * MADV_POPULATE_WRITE; each page once per mapping of its segment), for
+	 * the tests. */
+	uint64_t populated;
 };
 
 /* The bytes of device dev's segments, and the most of any device (the range a

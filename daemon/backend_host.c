@@ -17,7 +17,19 @@
  * freshly written blocks faults in the daemon once per 16 pages and runs at
  * about half of memcpy's speed (docs/benchmarks.md, (g)). The pages are
  * allocated then rather than at the client's first write; a segment never
- * handed to a pool still costs no memory. */
+ * handed to a pool still costs no memory.
+ *
+ * Each page is populated once per mapping (issue 38): a bitmap per segment
+ * (one bit per 4 KiB page, made with the mapping and gone with it) says which
+ * pages were already handed to MADV_POPULATE_WRITE, and a populate that finds
+ * them all set asks the kernel for nothing. Without it, every run a pool
+ * takes again after giving it back (a promotion into a pool that a demotion
+ * just emptied) walked its page tables again on the copy thread, in front of
+ * the copies: a quarter of that thread's time in a G2 -> G1 lookup of 256 KiB
+ * blocks (docs/benchmarks.md, issue 38). The page-table entries of a shared
+ * mapping stay until it is unmapped (the memfd is never punched), so a set
+ * bit stays true; were the kernel to drop one, the next copy faults once,
+ * as it would have without any populate. */
 #include "backend.h"
 
 #include <errno.h>
@@ -42,7 +54,10 @@
 struct host_seg {
 	int fd;
 	uint8_t *map;
+	uint64_t *pop;              /* a bit per 4 KiB page of map: populated */
 };
+
+#define POP_PAGE 4096u
 
 struct host_backend {
 	struct kv_backend be;
@@ -75,6 +90,8 @@ static void host_seg_drop(struct host_backend *h, struct host_seg *s)
 		munmap(s->map, h->be.segment_bytes);
 	if (s->fd >= 0)
 		close(s->fd);
+	free(s->pop);
+	s->pop = NULL;
 	s->map = NULL;
 	s->fd = -1;
 }
@@ -101,6 +118,11 @@ static int host_segment_create(struct kv_backend *be, uint32_t dev, uint32_t idx
 	if (ns.map == MAP_FAILED) {
 		ns.map = NULL;
 		r = -errno;
+		goto err;
+	}
+	ns.pop = calloc((be->segment_bytes / POP_PAGE + 63) / 64, sizeof(uint64_t));
+	if (!ns.pop) {
+		r = -ENOMEM;
 		goto err;
 	}
 	host_seg_drop(h, &h->segs[idx]);
@@ -158,14 +180,45 @@ static void hpop_run(struct kv_job *j)
 	free(w);
 }
 
+/* Marks the pages of [off, off + len) (one segment's) populated; returns
+ * the first and one past the last page that were not, first == end when
+ * none. */
+static void pop_mark(struct host_backend *h, uint64_t off, uint64_t len, uint64_t *first,
+		     uint64_t *end)
+{
+	uint64_t *bits = h->segs[off / h->be.segment_bytes].pop;
+	uint64_t o = off % h->be.segment_bytes, i;
+	uint64_t a = o / POP_PAGE, z = (o + len + POP_PAGE - 1) / POP_PAGE;
+
+	*first = *end = a;
+	for (i = a; i < z; i++) {
+		uint64_t m = 1ull << (i % 64);
+
+		if (bits[i / 64] & m)
+			continue;
+		bits[i / 64] |= m;
+		if (*first == *end)
+			*first = i;
+		*end = i + 1;
+	}
+}
+
 static void host_populate(struct kv_backend *be, uint32_t dev, uint64_t off, uint64_t len)
 {
 	struct host_backend *h = (struct host_backend *)be;
 	uint8_t *p = host_addr(h, off, len);
+	uint64_t first, end;
 	struct hpop *w;
 
-	if (dev != 0 || !p || h->no_populate)
+	if (dev != 0 || !p || !len || h->no_populate)
 		return;
+	/* Only the span of pages not populated yet (usually all or none). */
+	pop_mark(h, off, len, &first, &end);
+	if (first == end)
+		return;
+	p = h->segs[off / be->segment_bytes].map + first * POP_PAGE;
+	len = (end - first) * POP_PAGE;  /* segment_bytes is a multiple of 4 KiB */
+	be->populated += len;
 	if (!h->wk.started) {
 		if (madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
 			h->no_populate = 1;  /* a kernel before 5.14 */
@@ -179,14 +232,22 @@ static void host_populate(struct kv_backend *be, uint32_t dev, uint64_t off, uin
 }
 
 /* G2 on the host backend is plain anonymous memory, locked where
- * RLIMIT_MEMLOCK allows (so it is never swapped), unlocked otherwise. */
+ * RLIMIT_MEMLOCK allows (so it is never swapped), unlocked otherwise. Either
+ * way its pages are there from the start, touched once (issue 38): mlock
+ * faults them in, and where it is refused MADV_POPULATE_WRITE does, so the
+ * first demotion into each page does not take a fault per 4 KiB page (on
+ * this VM a first touch costs 5-10 times the copy of the page). Not huge
+ * pages: MADV_HUGEPAGE made a daemon with a 1 GiB host tier take 2-5 times
+ * longer to start here (the kernel compacts memory to find them), for no
+ * copy measurably faster (issue 38, docs/benchmarks.md). */
 static void *host_host_alloc(struct kv_backend *be, uint64_t bytes)
 {
 	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
 		return NULL;
-	(void)mlock(p, bytes);
+	if (mlock(p, bytes) < 0)
+		(void)madvise(p, bytes, MADV_POPULATE_WRITE);
 	return p;
 }
 
@@ -405,6 +466,8 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 	/* Without the thread, copies happen inline: slower, not wrong. */
 	if (kv_worker_start(&h->wk, h->be.completion_fd) < 0)
 		kv_warn("host backend: no copy thread; copies run inline");
+	else
+		h->wk.one_wake = 1;  /* host_reap() clears completion_fd through reap_clear */
 	*out = &h->be;
 	return 0;
 }

@@ -776,6 +776,13 @@ struct kv_block *kv_pool_seal_found(struct kv_pool *p, struct kv_block *b, const
 	return b;
 }
 
+struct kv_block *kv_pool_oldest_cached(struct kv_pool *p)
+{
+	struct kv_list *n = kv_list_back(&p->lru);
+
+	return n ? kv_container_of(n, struct kv_block, node) : NULL;
+}
+
 uint64_t kv_block_offset(const struct kv_block *b)
 {
 	const struct kv_pool *p = b->run->pool;

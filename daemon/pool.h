@@ -295,6 +295,10 @@ struct kv_events *kv_pools_events(const struct kv_pools *ps);
  * of the lowest eviction priority, then the oldest; none of a namespace at or
  * below its G1 reserve. NULL if none. */
 struct kv_block *kv_pools_oldest_cached(struct kv_pools *ps, uint32_t dev);
+/* The CACHED block (not demoting) of pool p that its LRU gives up first (an
+ * operator's Evict of one pool), whatever its namespace's reserve. NULL if
+ * none. O(1). The tiers go through this, never through p->lru. */
+struct kv_block *kv_pool_oldest_cached(struct kv_pool *p);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);

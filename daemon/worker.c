@@ -10,6 +10,10 @@
 static void finished(struct kv_worker *w, struct kv_job *j, int has_done)
 {
 	uint64_t one = 1;
+	/* With one_wake, a list that was not empty has had its write since
+	 * the last kv_worker_reap_clear(), which takes the whole list and
+	 * clears efd under this lock. */
+	int wake = has_done && (!w->one_wake || !w->done);
 
 	if (has_done) {
 		j->next = NULL;
@@ -17,7 +21,7 @@ static void finished(struct kv_worker *w, struct kv_job *j, int has_done)
 		w->done_tail = &j->next;
 	}
 	w->finished++;
-	if (has_done && write(w->efd, &one, sizeof(one)) < 0) {
+	if (wake && write(w->efd, &one, sizeof(one)) < 0) {
 		/* EAGAIN: the counter is full, so the loop will wake anyway. */
 	}
 }

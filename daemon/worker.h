@@ -39,6 +39,12 @@ struct kv_worker {
 	struct kv_job *done, **done_tail;  /* run, done() not called yet */
 	int efd;
 	int started, stop, busy;
+	/* Set after kv_worker_start() where efd is the worker's own and only
+	 * kv_worker_reap_clear() clears it: the thread then writes efd only
+	 * when its done list goes from empty to not empty, one wakeup of the
+	 * loop (and one write) per run of finished jobs instead of one per job
+	 * (issue 38: a lookup's promotions of 256 KiB blocks, one job each). */
+	int one_wake;
 	uint64_t submitted, finished;      /* counts (under lock) */
 };
 

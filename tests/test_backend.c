@@ -227,6 +227,26 @@ int main(void)
 	}
 	CHECK_EQ(be->ops->segment_fd(be, 0, NSEG), -EINVAL);
 	CHECK_EQ(be->ops->segment_fd(be, 1, 0), -EINVAL);
+	if (!cuda) {
+		/* Each page populated once per mapping (issue 38): a range handed
+		 * to a pool again asks the kernel for nothing; a recreated
+		 * segment (a new mapping) is populated again. */
+		be->ops->populate(be, 0, 0, SEG);
+		CHECK_EQ(be->populated, SEG);
+		be->ops->populate(be, 0, 0, SEG);
+		be->ops->populate(be, 0, 4096, SEG / 2);
+		CHECK_EQ(be->populated, SEG);
+		be->ops->populate(be, 0, SEG - 4096, 8192);  /* past segment 0: refused */
+		CHECK_EQ(be->populated, SEG);
+		be->ops->populate(be, 0, SEG + 4096, 8192);  /* pages 1 and 2 of segment 1 */
+		CHECK_EQ(be->populated, SEG + 8192);
+		be->ops->populate(be, 0, SEG, 4 * 4096);     /* of pages 0-3, 0 and 3 are new */
+		CHECK_EQ(be->populated, SEG + 8192 + 4 * 4096);
+		CHECK_EQ(be->ops->segment_create(be, 0, 0), 0);
+		be->ops->populate(be, 0, 0, SEG);
+		CHECK_EQ(be->populated, 2 * SEG + 8192 + 4 * 4096);
+		CHECK_EQ(be->epoch[0][0], 2);
+	}
 
 	arena = be->ops->host_alloc(be, arena_bytes);
 	CHECK(arena != NULL);

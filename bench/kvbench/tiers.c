@@ -189,6 +189,22 @@ static const char *size_str(uint64_t b, char *buf, size_t len)
 	return buf;
 }
 
+/* $KVBENCH_PERF_FIFO: perf's control fifo (perf record -D -1
+ * --control=fifo:PATH ...): "enable" before and "disable" after each timed
+ * G1 -> G2 demotion (the first and the second: $KVBENCH_PERF_PHASE=demote)
+ * or each timed G2 -> G1 lookup (promote, the default), so that a profile of
+ * the daemon holds those only. */
+static void perf_ctl(const char *phase, const char *cmd)
+{
+	const char *path = getenv("KVBENCH_PERF_FIFO"), *want = getenv("KVBENCH_PERF_PHASE");
+	FILE *f;
+
+	if (!path || strcmp(want ? want : "promote", phase) || !(f = fopen(path, "we")))
+		return;
+	fprintf(f, "%s\n", cmd);
+	fclose(f);
+}
+
 /* --- the floors --- */
 
 static uint8_t *floor_src, *floor_dst;
@@ -612,10 +628,12 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 
 	/* 2. G1 -> G2. */
 	w = (struct twant){ .g2_demotions = s0.t[1].demotions + n };
+	perf_ctl("demote", "enable");
 	t0 = now_ns();
 	ev = tier_evict(c, 0, pool);
 	t1 = now_ns();
 	t2 = tiers_settle(c, pool, &w, timeout, "G1 -> G2", &s1);
+	perf_ctl("demote", "disable");
 	if (ev != n)
 		note("  warning: evict g1 acted on %" PRIu64 " blocks, not %" PRIu64, ev, n);
 	note("  %s: evict g1 replied after %.3f s, G2 settled after %.3f s", bs, secs_between(t0, t1),
@@ -671,17 +689,21 @@ static void tier_size(kvc_conn *c, uint64_t block, uint64_t volume, bool have_fi
 
 	/* 6. G1 -> G2 again, then G2 -> G1: one lookup. */
 	w = (struct twant){ .g2_demotions = s1.t[1].demotions + n };
+	perf_ctl("demote", "enable");
 	t0 = now_ns();
 	ev = tier_evict(c, 0, pool);
 	t1 = now_ns();
 	t2 = tiers_settle(c, pool, &w, timeout, "G1 -> G2 again", &s0);
+	perf_ctl("demote", "disable");
 	if (ev != n)
 		note("  warning: evict g1 acted on %" PRIu64 " blocks, not %" PRIu64, ev, n);
 	tier_row_add("G1->G2 demote again", block, n, secs_between(t0, t2), mc, down_name,
 		     "no floor", 0.8)->reply_secs = secs_between(t0, t1);
+	perf_ctl("promote", "enable");
 	t0 = now_ns();
 	k = kvc_lookup(c, pool, chain, n, b);
 	t1 = now_ns();
+	perf_ctl("promote", "disable");
 	check(c, k, "lookup (G2 -> G1)");
 	tiers_read(c, pool, &s1);
 	if ((uint64_t)k != n)

@@ -55,7 +55,6 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 		while (op->n < BATCH && started + op->bytes < want) {
 			struct kv_block *b;
 			struct tblock *tb;
-			struct kv_list *n;
 
 			/* With a disk behind it, G2 keeps g2_low percent free or
 			 * clean for promotions to stage through: past that,
@@ -63,11 +62,7 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 			if (t->lv[L3].on && (t->dirty_bytes + t->swap_bytes) * 100 >=
 						    t->lv[L2].st.capacity * (100 - t->cfg.g2_low))
 				break;
-			if (only)
-				b = (n = kv_list_back(&only->lru)) ? kv_container_of(n, struct kv_block, node)
-								   : NULL;
-			else
-				b = kv_pools_oldest_cached(t->ps, dev);
+			b = only ? kv_pool_oldest_cached(only) : kv_pools_oldest_cached(t->ps, dev);
 			if (!b)
 				break;
 			tb = tb_new(t, kv_block_pool(b), b->ix.hash, b->ix.born_ms);
