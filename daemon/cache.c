@@ -12,6 +12,10 @@
 
 /* ---- lookup ------------------------------------------------------------- */
 
+/* Hashes a lookup probes the index for at once (kv_index_find_many()): a
+ * chain that misses early wastes at most this many probes. */
+#define LOOKUP_STEP 32
+
 /* Drops pins [from, to) of ss; the rest keep their order. */
 static void unpin_range(struct kv_session *ss, uint32_t from, uint32_t to)
 {
@@ -87,12 +91,22 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	 * pins (blk[c..g)): a chain all in G1 is a hit that starts nothing,
 	 * and would drop the pins as soon as taken (below). One index probe
 	 * a block, which the walks below reuse. */
-	for (g = c; g < n; g++) {
-		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + g * KV_HASH_BYTES);
+	for (g = c; g < n;) {
+		struct kv_index_entry *ie[LOOKUP_STEP];
+		uint64_t key[LOOKUP_STEP];
+		size_t m = n - g < LOOKUP_STEP ? n - g : LOOKUP_STEP, j;
 
-		if (!e || e->kind != KV_ENTRY_BLOCK || kv_pool_expired(p, e))
+		kv_index_find_many(kv_pools_index(d->pools), p->id, hashes + g * KV_HASH_BYTES, m,
+				   key, ie);
+		for (j = 0; j < m; j++, g++) {
+			struct kv_index_entry *e = ie[j];
+
+			if (!e || e->kind != KV_ENTRY_BLOCK || kv_pool_expired(p, e))
+				break;
+			blk[g] = kv_container_of(e, struct kv_block, ix);
+		}
+		if (j < m)
 			break;
-		blk[g] = kv_container_of(e, struct kv_block, ix);
 	}
 	if (g == n) {
 		for (k = 0; k < c; k++)
@@ -256,14 +270,10 @@ void kv_cache_count_lookup(struct kv_daemon *d, struct kv_pool *p, size_t n, siz
 void kv_cache_seal_plan(struct kv_daemon *d, struct kv_pool *p, const uint8_t *hashes,
 			size_t n, struct kv_cache_seal *pl)
 {
-	const struct kv_index *index = kv_pools_index(d->pools);
-
+	kv_index_find_many(kv_pools_index(d->pools), p->id, hashes, n, pl->key, pl->ie);
 	for (size_t i = 0; i < n; i++) {
-		const uint8_t *h = hashes + i * KV_HASH_BYTES;
-		struct kv_index_entry *e;
+		struct kv_index_entry *e = pl->ie[i];
 
-		pl->key[i] = kv_index_key(index, p->id, h);
-		e = pl->ie[i] = kv_index_find_key(index, pl->key[i], p->id, h);
 		pl->dedup[i] = e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix)
 							      : NULL;
 	}
