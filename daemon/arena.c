@@ -25,6 +25,7 @@ static void pb_free(void *ctx, void *p)
 void kv_arena_init(struct kv_arena *a)
 {
 	a->head = NULL;
+	a->spare = NULL;
 	a->pb.alloc = pb_alloc;
 	a->pb.free = pb_free;
 	a->pb.allocator_data = a;
@@ -39,12 +40,19 @@ void *kv_arena_alloc(struct kv_arena *a, size_t n)
 	if (!n)
 		n = 16;
 	if (!c || c->size - c->used < n) {
+		struct kv_arena_chunk **sp = &a->spare;
 		size_t size = n > CHUNK ? n : CHUNK;
 
-		c = malloc(sizeof(*c) + size);
-		if (!c)
-			return NULL;
-		c->size = size;
+		while (*sp && (*sp)->size < n)
+			sp = &(*sp)->next;
+		if (*sp) {
+			c = *sp;
+			*sp = c->next;
+		} else {
+			if (!(c = malloc(sizeof(*c) + size)))
+				return NULL;
+			c->size = size;
+		}
 		c->used = 0;
 		c->next = a->head;
 		a->head = c;
@@ -56,35 +64,34 @@ void *kv_arena_alloc(struct kv_arena *a, size_t n)
 
 void kv_arena_reset(struct kv_arena *a)
 {
-	struct kv_arena_chunk *c = a->head;
+	struct kv_arena_chunk *c = a->head, *next;
+	size_t kept = 0;
 
-	if (!c)
-		return;
-	/* Keep the oldest chunk (the last in the list) if it is the usual size. */
-	while (c->next) {
-		struct kv_arena_chunk *next = c->next;
-
-		free(c);
-		c = next;
+	for (next = a->spare; next; next = next->next)
+		kept += next->size;
+	/* The used chunks join the spare ones while they fit in KV_ARENA_KEEP;
+	 * the rest go back to malloc. */
+	for (; c; c = next) {
+		next = c->next;
+		if (kept + c->size <= KV_ARENA_KEEP) {
+			kept += c->size;
+			c->next = a->spare;
+			a->spare = c;
+		} else {
+			free(c);
+		}
 	}
-	if (c->size > CHUNK) {
-		free(c);
-		c = NULL;
-	} else {
-		c->used = 0;
-	}
-	a->head = c;
+	a->head = NULL;
 }
 
 void kv_arena_fini(struct kv_arena *a)
 {
-	struct kv_arena_chunk *c = a->head;
+	struct kv_arena_chunk *c, *next;
 
-	while (c) {
-		struct kv_arena_chunk *next = c->next;
-
+	kv_arena_reset(a);
+	for (c = a->spare; c; c = next) {
+		next = c->next;
 		free(c);
-		c = next;
 	}
-	a->head = NULL;
+	a->spare = NULL;
 }

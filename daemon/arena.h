@@ -9,8 +9,16 @@
 
 struct kv_arena_chunk;
 
+/* Chunks are kept across resets, up to KV_ARENA_KEEP bytes of them: a
+ * batch's request and reply (a Lookup of max_batch hashes) take several,
+ * and giving them back to malloc after every request moved the heap's top
+ * with brk(), which waits on the mm lock while a worker populates pool
+ * memory (issue 38's profile). */
+#define KV_ARENA_KEEP (1u << 20)
+
 struct kv_arena {
-	struct kv_arena_chunk *head;  /* current chunk; the first is kept across resets */
+	struct kv_arena_chunk *head;   /* the chunks in use, the current first */
+	struct kv_arena_chunk *spare;  /* kept by the last reset, empty */
 	ProtobufCAllocator pb;
 };
 

@@ -12,6 +12,10 @@
 
 /* ---- lookup ------------------------------------------------------------- */
 
+/* Hashes a lookup probes the index for at once (kv_index_find_many()): a
+ * chain that misses early wastes at most this many probes. */
+#define LOOKUP_STEP 32
+
 /* Drops pins [from, to) of ss; the rest keep their order. */
 static void unpin_range(struct kv_session *ss, uint32_t from, uint32_t to)
 {
@@ -67,8 +71,8 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	uint32_t c = resume_point(ss, p, hashes, n), old = ss->npins, done = c;
 	uint32_t oldest = c ? ss->lk_oldest : 0;
 	uint64_t born = c ? ss->pins[oldest]->ix.born_ms : 0;
-	int parked = 0, expired = 0, gap = 0, run = 1;
-	size_t k;
+	int parked = 0, expired = 0, gap = 0, run = 1, started = 0;
+	size_t k, g, walked;
 
 	ss->lk_done = 0;
 	*old_pins = old;
@@ -83,18 +87,50 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	 * at a time costs O(n) lookups, not one walk from block 0 per rerun;
 	 * this run's unbroken run of pinned G1 blocks after them (0..done-1)
 	 * is carried to the next, should it park. */
+	/* First the G1 blocks at the head of the rest of the chain, without
+	 * pins (blk[c..g)): a chain all in G1 is a hit that starts nothing,
+	 * and would drop the pins as soon as taken (below). One index probe
+	 * a block, which the walks below reuse. */
+	for (g = c; g < n;) {
+		struct kv_index_entry *ie[LOOKUP_STEP];
+		uint64_t key[LOOKUP_STEP];
+		size_t m = n - g < LOOKUP_STEP ? n - g : LOOKUP_STEP, j;
+
+		kv_index_find_many(kv_pools_index(d->pools), p->id, hashes + g * KV_HASH_BYTES, m,
+				   key, ie);
+		for (j = 0; j < m; j++, g++) {
+			struct kv_index_entry *e = ie[j];
+
+			if (!e || e->kind != KV_ENTRY_BLOCK || kv_pool_expired(p, e))
+				break;
+			blk[g] = kv_container_of(e, struct kv_block, ix);
+		}
+		if (j < m)
+			break;
+	}
+	if (g == n) {
+		for (k = 0; k < c; k++)
+			blk[k] = ss->pins[k];
+		return (int)n;
+	}
 	for (k = c; k < n; k++) {
-		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+		struct kv_index_entry *e;
 		struct kv_block *b;
 		uint32_t before = ss->npins;
 
-		if (!e || kv_pool_expired(p, e))
-			break;
-		if (e->kind != KV_ENTRY_BLOCK) {
-			run = 0;
-			continue;
+		if (k < g) {
+			b = blk[k];
+		} else {
+			e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+			if (!e || kv_pool_expired(p, e))
+				break;
+			if (e->kind != KV_ENTRY_BLOCK) {
+				blk[k] = NULL;
+				run = 0;
+				continue;
+			}
+			b = blk[k] = kv_container_of(e, struct kv_block, ix);
 		}
-		b = kv_container_of(e, struct kv_block, ix);
 		if (kv_session_pin(ss, b) < 0)
 			return -ENOMEM;
 		if (!run || ss->npins == before) {
@@ -109,14 +145,24 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		}
 		done = (uint32_t)k + 1;
 	}
+	/* blk[c..walked): the G1 blocks the walk above found, NULL where a
+	 * lower tier's copy is; at walked it stopped (no entry, or expired). */
+	walked = k;
 	for (k = 0; k < c; k++)
 		blk[k] = ss->pins[k];
 	/* Blocks in lower tiers are promoted first: all of the chain's at once,
 	 * and the request parks on the first; when it runs again the next
-	 * promotion still under way parks it, until the whole prefix is in G1. */
+	 * promotion still under way parks it, until the whole prefix is in G1.
+	 * Until the first promotion starts nothing has changed the index since
+	 * the walk above, so its G1 blocks are taken as found (one index probe
+	 * a block for a chain all in G1); a promotion may demote or evict to
+	 * make room, so after it every hash is searched again. */
 	for (k = c; k < n; k++) {
-		struct kv_index_entry *e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
+		struct kv_index_entry *e;
 
+		if (!started && k < walked && blk[k])
+			continue;
+		e = kv_pool_find_entry(p, hashes + k * KV_HASH_BYTES);
 		if (!e) {
 			gap = 1;
 			break;
@@ -137,6 +183,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 
 			if (tiers && tiers[k] < tier)
 				tiers[k] = (uint8_t)tier;
+			started = 1;
 			r = kv_tiers_promote(d->tiers, e, parked ? NULL : &ss->waiter);
 
 			if (r == -EAGAIN)
@@ -183,6 +230,26 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	return (int)k;
 }
 
+void kv_cache_lookup_held(struct kv_session *ss, struct kv_block *const *blk, size_t k,
+			  uint32_t old_pins, uint32_t *mine)
+{
+	size_t i;
+
+	if (!old_pins) {
+		memset(mine, 0, k * sizeof(*mine));
+		return;
+	}
+	/* b->check counts b's pins among the last run's; read per listing. */
+	for (i = 0; i < k; i++)
+		blk[i]->check = 0;
+	for (uint32_t j = 0; j < old_pins; j++)
+		ss->pins[j]->check = 0;
+	for (uint32_t j = 0; j < old_pins; j++)
+		ss->pins[j]->check++;
+	for (i = 0; i < k; i++)
+		mine[i] = blk[i]->check;
+}
+
 void kv_cache_lookup_done(struct kv_session *ss, uint32_t old_pins)
 {
 	unpin_range(ss, 0, old_pins);
@@ -203,14 +270,10 @@ void kv_cache_count_lookup(struct kv_daemon *d, struct kv_pool *p, size_t n, siz
 void kv_cache_seal_plan(struct kv_daemon *d, struct kv_pool *p, const uint8_t *hashes,
 			size_t n, struct kv_cache_seal *pl)
 {
-	const struct kv_index *index = kv_pools_index(d->pools);
-
+	kv_index_find_many(kv_pools_index(d->pools), p->id, hashes, n, pl->key, pl->ie);
 	for (size_t i = 0; i < n; i++) {
-		const uint8_t *h = hashes + i * KV_HASH_BYTES;
-		struct kv_index_entry *e;
+		struct kv_index_entry *e = pl->ie[i];
 
-		pl->key[i] = kv_index_key(index, p->id, h);
-		e = pl->ie[i] = kv_index_find_key(index, pl->key[i], p->id, h);
 		pl->dedup[i] = e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix)
 							      : NULL;
 	}

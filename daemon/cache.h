@@ -66,6 +66,15 @@ struct kv_session;
 int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
 		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins,
 		    uint8_t *tiers);
+/* How many of the references blk[i] (blk[0..k) from kv_cache_lookup())
+ * has are the pins of the lookup's previous, parked run (old_pins of
+ * them), into mine[0..k): they go once the caller's references are taken
+ * (kv_cache_lookup_done()), so a rerun's room under max_block_refs is what
+ * a fresh lookup's would be, also when the chain lists a block many times
+ * and the last run pinned it as many times. All 0 when old_pins is 0.
+ * Uses b->check of the blocks. */
+void kv_cache_lookup_held(struct kv_session *ss, struct kv_block *const *blk, size_t k,
+			  uint32_t old_pins, uint32_t *mine);
 /* The lookup is over (answered or refused): drops the previous run's pins
  * (old_pins from kv_cache_lookup()). Not called for a held request, which
  * keeps them for when it runs again. */

@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "config.h"
+#include "index.h"
+#include "kvcached.pb-c.h"
 #include "kvconfig.h"
 #include "kverr.h"
 
@@ -26,6 +28,50 @@ uint32_t kv_events_sub_hwm(const struct kv_config *cfg)
 	if (by_bytes < 16)
 		by_bytes = 16;
 	return by_bytes < cfg->events_hwm ? (uint32_t)by_bytes : cfg->events_hwm;
+}
+
+/* Translates the request's keys (moved here from the Seal handler, issue
+ * 38: the handler validates, this module owns what an event says). */
+void kv_events_sealed(struct kv_events *ev, uint32_t pool, uint32_t block_tokens,
+		      const Kvcached__Seal *m, size_t i)
+{
+	struct kv_event_key keys[KV_EVENTS_KEYS_MAX];
+	struct kv_events_meta meta = { .lora_name = m->lora_name, .lora_id = m->lora_id };
+	const uint8_t *parent = NULL;
+
+	if (!ev)
+		return;
+	if (m->n_token_ids)
+		parent = i ? m->hashes.data + (i - 1) * KV_HASH_BYTES
+			   : m->parent_hash.len ? m->parent_hash.data : NULL;
+	if (m->n_extra_keys) {
+		const Kvcached__BlockKeys *bk = m->extra_keys[i];
+
+		meta.has_keys = 1;
+		meta.keys = keys;
+		meta.nkeys = bk->n_keys;
+		for (size_t k = 0; k < bk->n_keys; k++) {
+			const Kvcached__EventKey *e = bk->keys[k];
+
+			keys[k] = (struct kv_event_key){ 0 };
+			if (e->key_case == KVCACHED__EVENT_KEY__KEY_DIGEST) {
+				keys[k].kind = KV_EVENT_KEY_DIGEST;
+				keys[k].p = (const char *)e->digest.data;
+				keys[k].len = e->digest.len;
+			} else if (e->key_case == KVCACHED__EVENT_KEY__KEY_MM) {
+				keys[k].kind = KV_EVENT_KEY_MM;
+				keys[k].p = e->mm->identifier;
+				keys[k].len = strlen(e->mm->identifier);
+				keys[k].offset = e->mm->offset;
+			} else {
+				keys[k].kind = KV_EVENT_KEY_TEXT;
+				keys[k].p = e->text;
+				keys[k].len = strlen(e->text);
+			}
+		}
+	}
+	kv_events_stored_meta(ev, pool, m->hashes.data + i * KV_HASH_BYTES, parent, KV_MEDIUM_G1,
+			      m->n_token_ids ? m->token_ids + (size_t)i * block_tokens : NULL, &meta);
 }
 
 #if !KV_HAVE_EVENTS

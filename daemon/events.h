@@ -145,6 +145,19 @@ void kv_events_stored_meta(struct kv_events *ev, uint32_t pool, const uint8_t *h
 			   const struct kv_events_meta *meta);
 void kv_events_removed(struct kv_events *ev, uint32_t pool, const uint8_t *hash, int medium);
 
+/* Block i of Seal m (kvcached.proto) of pool (blocks of block_tokens
+ * tokens) went into G1: its BlockStored, translated from the request. With
+ * token ids the blocks of one Seal are one chain: block i's parent is block
+ * i - 1, block 0's m->parent_hash. The LoRA and block i's extra keys go
+ * with it. m was checked by the Seal handler first: hashes, token ids and
+ * parent_hash of the right lengths, extra_keys one per block or none, at
+ * most KV_EVENTS_KEYS_MAX keys a block, each a text, digest or mm of at
+ * most KV_EVENTS_KEY_MAX bytes, lora_name at most KV_EVENTS_LORA_MAX. ev
+ * NULL: nothing. */
+struct Kvcached__Seal;
+void kv_events_sealed(struct kv_events *ev, uint32_t pool, uint32_t block_tokens,
+		      const struct Kvcached__Seal *m, size_t i);
+
 /* Pool id registered without a model: its events are not published (no
  * router could match its topic), and it is counted (no_model). */
 void kv_events_no_model(struct kv_events *ev, uint32_t pool);

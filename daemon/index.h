@@ -38,6 +38,14 @@ int kv_index_init(struct kv_index *ix, uint64_t seed);
 void kv_index_fini(struct kv_index *ix);
 
 struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, const uint8_t *hash);
+/* kv_index_find() of n hashes (KV_HASH_BYTES each) of pool at once: their
+ * keys into key[0..n) and what the index holds under each into out[0..n)
+ * (NULL: absent). The same answers as n calls, with the probes' memory
+ * loads overlapped (prefetched a few hashes ahead) instead of one miss
+ * after another: what a batch (Seal, Lookup) costs per block in a large
+ * index is its cache misses. */
+void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t *hashes, size_t n,
+			uint64_t *key, struct kv_index_entry **out);
 
 /* The keyed hash of (pool, hash) that places it in the table: a caller that
  * finds and then inserts one key (a seal) computes it once and passes it to

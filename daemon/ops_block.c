@@ -13,6 +13,7 @@
 #include "frame.h"
 #include "log.h"
 #include "ops_block.h"
+#include "policy.h"
 #include "tenant.h"
 
 void kv_op_hello(struct req *q, const Kvcached__Hello *h)
@@ -84,65 +85,6 @@ void kv_op_hello(struct req *q, const Kvcached__Hello *h)
 	q->rs->hello = r;
 }
 
-/* KV events: the topic of new pool p, kv@<node>@<model>, the model the
- * registration names; without one, no events. */
-static void pool_events(struct kv_daemon *d, const struct kv_pool *p, const struct kv_ns *ns,
-			const char *model)
-{
-	const struct kv_ns_conf *nc;
-	char name[200];
-	int tokens = d->cfg.events_token_ids;
-
-	if (!d->events)
-		return;
-	nc = kv_nsconf_find(&d->cfg, ns->name);
-	if (nc && nc->events)
-		tokens = nc->events == KV_NS_EVENTS_TOKENS;
-	if (nc && nc->events == KV_NS_EVENTS_OFF) {
-		kv_events_pool(d->events, p->id, NULL, 0, 0);  /* no topic: no events */
-		return;
-	}
-	if (!model || !*model) {
-		/* No model: no router could match its topic (llm-d hashes a
-		 * request's keys with the topic's model). Not published,
-		 * counted (docs/events.md, "Topics"). */
-		kv_events_no_model(d->events, p->id);
-		return;
-	}
-	snprintf(name, sizeof(name), "%s", model);
-	if (kv_events_pool(d->events, p->id, name, p->block_tokens, tokens) < 0)
-		kv_warn("events: pool '%s': no topic for model '%s'", p->name, name);
-}
-
-/* compress of p's namespace, fixed now that p is created (before the tiers
- * compute its layout id, which names the format of its tier copies). */
-static void pool_compress(struct kv_daemon *d, struct kv_pool *p, const struct kv_ns *ns)
-{
-	const struct kv_ns_conf *nc = kv_nsconf_find(&d->cfg, ns->name);
-	enum kv_dtype t = kv_dtype_parse(p->dtype);
-
-	if (!nc || !nc->compress)
-		return;
-	if (t == KV_DTYPE_NONE) {
-		kv_info("pool '%s' of namespace '%s': dtype '%s' is not FP16 or BF16: its tier "
-			"copies stay uncompressed", p->name, ns->name, p->dtype);
-		return;
-	}
-	if (!d->be->quant) {
-		/* cuda: a device could not load the kernels (logged at start). */
-		kv_info("pool '%s' of namespace '%s': the %s backend does not compress tier "
-			"copies here (see the start-up log): they stay uncompressed", p->name,
-			ns->name, d->be->name);
-		return;
-	}
-	p->qfmt = (uint8_t)nc->compress;
-	p->qdtype = (uint8_t)t;
-	kv_info("pool '%s' of namespace '%s': tier copies in FP8 %s, %llu bytes a block "
-		"instead of %llu", p->name, ns->name, p->qfmt == KV_QFMT_E5M2 ? "E5M2" : "E4M3",
-		(unsigned long long)kv_pool_stored_bytes(p),
-		(unsigned long long)p->block_bytes);
-}
-
 void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 {
 	struct kv_pool_desc desc = {
@@ -189,9 +131,7 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 	/* The pool lives at least as long as this session. */
 	kv_session_keep_pool(q->ss, p);
 	if (rc == 1) {
-		pool_events(d, p, ns, m->model);
-		pool_compress(d, p, ns);
-		kv_tiers_pool_added(d->tiers, p);
+		kv_policy_pool_added(d, p, ns, m->model);
 	}
 	if (!(r = q_alloc(q, sizeof(*r))))
 		return;
@@ -322,52 +262,6 @@ static int seal_plan(struct req *q, struct kv_pool *p, const Kvcached__Seal *m,
 	return 0;
 }
 
-/* KV events: block i of seal m went into the index. With token ids the
- * blocks of one Seal are one chain (kvcached.proto): block i's parent is
- * block i - 1, block 0's parent_hash. The LoRA and block i's extra keys
- * (seal_meta_check() bounded them) go with it. */
-static void seal_event(struct kv_daemon *d, const struct kv_pool *p, const Kvcached__Seal *m,
-		       size_t i)
-{
-	struct kv_event_key keys[KV_EVENTS_KEYS_MAX];
-	struct kv_events_meta meta = { .lora_name = m->lora_name, .lora_id = m->lora_id };
-	const uint8_t *parent = NULL;
-
-	if (!d->events)
-		return;
-	if (m->n_token_ids)
-		parent = i ? m->hashes.data + (i - 1) * HASH
-			   : m->parent_hash.len ? m->parent_hash.data : NULL;
-	if (m->n_extra_keys) {
-		const Kvcached__BlockKeys *bk = m->extra_keys[i];
-
-		meta.has_keys = 1;
-		meta.keys = keys;
-		meta.nkeys = bk->n_keys;
-		for (size_t k = 0; k < bk->n_keys; k++) {
-			const Kvcached__EventKey *e = bk->keys[k];
-
-			keys[k] = (struct kv_event_key){ 0 };
-			if (e->key_case == KVCACHED__EVENT_KEY__KEY_DIGEST) {
-				keys[k].kind = KV_EVENT_KEY_DIGEST;
-				keys[k].p = (const char *)e->digest.data;
-				keys[k].len = e->digest.len;
-			} else if (e->key_case == KVCACHED__EVENT_KEY__KEY_MM) {
-				keys[k].kind = KV_EVENT_KEY_MM;
-				keys[k].p = e->mm->identifier;
-				keys[k].len = strlen(e->mm->identifier);
-				keys[k].offset = e->mm->offset;
-			} else {
-				keys[k].kind = KV_EVENT_KEY_TEXT;
-				keys[k].p = e->text;
-				keys[k].len = strlen(e->text);
-			}
-		}
-	}
-	kv_events_stored_meta(d->events, p->id, m->hashes.data + i * HASH, parent, KV_MEDIUM_G1,
-			      m->n_token_ids ? m->token_ids + i * p->block_tokens : NULL, &meta);
-}
-
 /* What a Seal says about its blocks for the events (kvcached.proto): a
  * client's counts and lengths are bounded here, before anything is sealed;
  * a bad one fails this request alone (EINVAL, with the block's index). The
@@ -481,7 +375,7 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 						    pl.repeats);
 
 		if (nb == b && b->state == KV_BLOCK_SEALED)
-			seal_event(q->d, p, m, i);
+			kv_events_sealed(q->d->events, p->id, p->block_tokens, m, i);
 		if (nb != b) {
 			kv_refmap_sub(&q->ss->refs, b);
 			kv_refmap_add(&q->ss->refs, nb);
@@ -561,24 +455,15 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	k = (size_t)r;
 	/* A hit that would take a block past max_block_refs refuses the whole
 	 * lookup, before any reference is taken (a chain may list one block
-	 * many times: b->check counts them). The pins a parked run left
-	 * (pins[0..old_pins)) go once the references are taken, so they do not
-	 * count (mine[i]: how many of blk[i]'s references they are): a rerun
-	 * is given what a fresh lookup would be, also when the chain lists a
-	 * block many times and the last run pinned it as many times. */
+	 * many times: b->check counts them). The pins a parked run left go
+	 * once the references are taken, so they do not count (mine[i]: how
+	 * many of blk[i]'s references they are, kv_cache_lookup_held()). */
 	if (old_pins && k) {
 		if (!(mine = q_alloc(q, k * sizeof(*mine)))) {
 			kv_cache_lookup_done(q->ss, old_pins);
 			return;
 		}
-		for (size_t i = 0; i < k; i++)
-			q->blk[i]->check = 0;
-		for (uint32_t i = 0; i < old_pins; i++)
-			q->ss->pins[i]->check = 0;
-		for (uint32_t i = 0; i < old_pins; i++)
-			q->ss->pins[i]->check++;
-		for (size_t i = 0; i < k; i++)
-			mine[i] = q->blk[i]->check;
+		kv_cache_lookup_held(q->ss, q->blk, k, old_pins, mine);
 	}
 	for (size_t i = 0; i < k; i++)
 		q->blk[i]->check = 0;

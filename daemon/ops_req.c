@@ -149,14 +149,18 @@ int kv_op_fds_room(struct req *q, uint64_t n)
 int kv_op_want_segments(struct req *q, struct kv_block *const *blocks, size_t n)
 {
 	static struct kv_ratelimit dup_log = { .interval_ms = 1000 };
+	const struct kv_run *last = NULL;
 
 	for (size_t i = 0; i < n; i++) {
 		uint32_t dev, seg, old;
 		uint64_t held;
 		int r;
 
-		if (!blocks[i])
+		/* A run lies in one segment, and a batch's blocks mostly come
+		 * in runs: a block of the run just checked is the peer's. */
+		if (!blocks[i] || blocks[i]->run == last)
 			continue;
+		last = blocks[i]->run;
 		kv_block_where(blocks[i], &dev, &seg);
 		if (kv_session_has_segment(q->ss, dev, seg))
 			continue;
@@ -213,8 +217,10 @@ void kv_op_reply_blocks(struct req *q, size_t n)
 	for (i = 0; i < n; i++) {
 		uint32_t dev, seg;
 
-		kv_block_where(q->blk[i], &dev, &seg);
-		kv_assert(kv_session_has_segment(q->ss, dev, seg));
+		if (!i || q->blk[i]->run != q->blk[i - 1]->run) {
+			kv_block_where(q->blk[i], &dev, &seg);
+			kv_assert(kv_session_has_segment(q->ss, dev, seg));
+		}
 		h[i] = kv_block_handle(q->blk[i]);
 	}
 	for (i = 0; i < q->nsegs; i++) {

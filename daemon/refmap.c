@@ -83,13 +83,23 @@ int kv_refmap_reserve(struct kv_refmap *m, size_t n)
 
 int kv_refmap_add(struct kv_refmap *m, void *key)
 {
-	struct kv_refmap_slot *s = find(m, key);
+	size_t i = 0;
 
 	kv_assert(m->refs < UINT64_MAX);
-	if (s) {
-		if (s->count >= KV_REFMAP_COUNT_MAX)
+	/* One probe: it ends at the key or at the empty slot a new key goes
+	 * into, which is taken as is unless the map must grow first. */
+	if (m->cap)
+		for (i = slot_of(m, key); m->slots[i].key && m->slots[i].key != key;
+		     i = (i + 1) & (m->cap - 1))
+			;
+	if (m->cap && m->slots[i].key) {
+		if (m->slots[i].count >= KV_REFMAP_COUNT_MAX)
 			return -EOVERFLOW;
-		s->count++;
+		m->slots[i].count++;
+	} else if ((m->used + 1) * 2 <= m->cap) {
+		m->slots[i].key = key;
+		m->slots[i].count = 1;
+		m->used++;
 	} else {
 		if (kv_refmap_reserve(m, 1) < 0)
 			return -ENOMEM;

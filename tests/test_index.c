@@ -6,8 +6,36 @@
 #include "index.h"
 
 #define N 50000
+#define MANY 1000
 
 static struct kv_index_entry e[N];
+static uint8_t hs[MANY * KV_HASH_BYTES];
+static uint64_t keys[MANY];
+static struct kv_index_entry *found[MANY];
+
+/* kv_index_find_many() answers as kv_index_find() does, hash by hash, for
+ * batches of every length around its prefetch distance, with hits, misses
+ * (a removed entry, another pool's hash) and repeats mixed. */
+static void check_many(struct kv_index *ix, uint32_t pool)
+{
+	for (uint32_t n = 0; n <= MANY; n = n < 20 ? n + 1 : n * 3 + 1) {
+		if (n > MANY)
+			n = MANY;
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t j = (i * 7919u + n) % N;
+
+			memcpy(hs + (size_t)i * KV_HASH_BYTES, i % 5 == 4 ? e[j / 2].hash : e[j].hash,
+			       KV_HASH_BYTES);
+		}
+		kv_index_find_many(ix, pool, hs, n, keys, found);
+		for (uint32_t i = 0; i < n; i++) {
+			CHECK(found[i] == kv_index_find(ix, pool, hs + (size_t)i * KV_HASH_BYTES));
+			CHECK_EQ(keys[i], kv_index_key(ix, pool, hs + (size_t)i * KV_HASH_BYTES));
+		}
+		if (n == MANY)
+			break;
+	}
+}
 
 static void key(struct kv_index_entry *x, uint32_t i)
 {
@@ -36,11 +64,14 @@ int main(void)
 	CHECK(kv_index_find(&ix, e[5].pool + 1, e[5].hash) == NULL);
 	memset(h, 0xab, sizeof(h));
 	CHECK(kv_index_find(&ix, 0, h) == NULL);
+	check_many(&ix, 0);
+	check_many(&ix, 1);
 	for (i = 0; i < N; i += 2)
 		kv_index_remove(&ix, &e[i]);
 	CHECK_EQ(ix.count, N / 2);
 	for (i = 0; i < N; i++)
 		CHECK((kv_index_find(&ix, e[i].pool, e[i].hash) == &e[i]) == (i % 2 == 1));
+	check_many(&ix, 2);
 	kv_index_fini(&ix);
 	return 0;
 }
