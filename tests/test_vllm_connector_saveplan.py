@@ -100,4 +100,13 @@ def main():
 
 if __name__ == "__main__":
     vc.need_vllm()
-    main()
+    try:
+        main()
+    except AssertionError:
+        # A check inside the engines: fail through kvt, which stops the
+        # daemon (an uncaught exception would leave it running).
+        import traceback
+
+        import kvt
+        traceback.print_exc()
+        kvt.fail("a planned save differs from vLLM's own state (above)")
