@@ -392,3 +392,26 @@ def test_lookup_tiers(daemon):
         blocks = c.lookup(pool, chain)
         assert len(blocks) == 3
         c.release(blocks)
+
+
+def test_hash_arguments_copied_whole(daemon):
+    """A chain's hashes go to the library in one copy: every one is checked
+    (a 31- and a 33-byte hash make 64 bytes, and are still refused, naming
+    the first), and bytes, bytearray, memoryview and 32 ints find the same
+    blocks."""
+    chain = kvcache.hash_chain(list(range(700, 748)), 16)
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        with pytest.raises(ValueError, match="hash 1: 31 bytes"):
+            c.lookup(pool, [chain[0], chain[1][:31], chain[2] + b"x"])
+        with pytest.raises(ValueError, match="hash 0: 33 bytes"):
+            c.lookup(pool, (h for h in [chain[0] + b"x", chain[1][:31]]))
+        with pytest.raises(ValueError):
+            c.seal(pool, c.alloc(pool, 2), [chain[0][:31], chain[1] + b"x"])
+        c.release(c.seal(pool, c.alloc(pool, 3), chain))
+        for form in (list(chain), tuple(chain), [bytearray(h) for h in chain],
+                     [memoryview(h) for h in chain], [list(h) for h in chain],
+                     iter(chain)):
+            blocks = c.lookup(pool, form)
+            assert len(blocks) == 3, type(form)
+            c.release(blocks)

@@ -25,13 +25,26 @@ def _blocks(bs: Iterable[int]) -> Tuple[ctypes.Array, int]:
 
 
 def _hashes(hs: Iterable[bytes]) -> Tuple[ctypes.Array, int]:
-    hs = list(hs)
-    arr = (_native.Hash * max(len(hs), 1))()
-    for i, h in enumerate(hs):
-        if len(h) != HASH_BYTES:
-            raise ValueError(f"hash {i}: {len(h)} bytes, not {HASH_BYTES}")
-        ctypes.memmove(arr[i].b, bytes(h), HASH_BYTES)
-    return arr, len(hs)
+    """An array of kvc_hash from 32-byte hashes, copied in one piece (a
+    2k-token chain is 128 hashes: one memmove each cost more than the call
+    to the daemon)."""
+    hs = hs if type(hs) is list else list(hs)
+    n = len(hs)
+    if n == 0:
+        return (_native.Hash * 1)(), 0
+    if set(map(len, hs)) != {HASH_BYTES}:
+        for i, h in enumerate(hs):
+            if len(h) != HASH_BYTES:
+                raise ValueError(f"hash {i}: {len(h)} bytes, not {HASH_BYTES}")
+    try:
+        buf = b"".join(hs)
+    except TypeError:          # not bytes-like (a list of 32 ints): as bytes() takes it
+        buf = b"".join(bytes(h) for h in hs)
+    if len(buf) != n * HASH_BYTES:     # a memoryview of wider items
+        buf = b"".join(bytes(h) for h in hs)
+        if len(buf) != n * HASH_BYTES:
+            raise ValueError(f"hashes: {len(buf)} bytes for {n} hashes")
+    return (_native.Hash * n).from_buffer_copy(buf), n
 
 
 def _hash_out(n: int) -> ctypes.Array:

@@ -68,9 +68,14 @@ class ReqState:
     def keys_of(self, a: int, b: int) -> List[bytes]:
         """kvcached keys of the request's blocks [a, b)."""
         k, kb = self.keys, self.keys_base
-        if k is not None and kb <= a and b - kb <= len(k):
-            return k[a - kb:b - kb]
-        return kv_keys(self.request.block_hashes[a:b])
+        if k is None or a < kb or a - kb >= len(k):
+            return kv_keys(self.request.block_hashes[a:b])
+        have = k[a - kb:b - kb]
+        if a + len(have) >= b:
+            return have
+        # The lookup stopped short of b (it leaves vLLM the last token's
+        # block): only the blocks past it are converted.
+        return have + kv_keys(self.request.block_hashes[a + len(have):b])
 
 
 
@@ -337,6 +342,12 @@ class KvcachedScheduler:
             return meta
         bs = self.block_size
         spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        # A request new to this step comes with its block ids (all of them:
+        # vLLM's get_blocks); asking the cache manager again would build
+        # the same list from its block objects a second time.
+        new_ids = {}
+        for nr in scheduler_output.scheduled_new_reqs or ():
+            new_ids[nr.req_id] = nr.block_ids
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             st = self._reqs.get(rid)
             if st is None:
@@ -348,8 +359,9 @@ class KvcachedScheduler:
             full = min(end // bs, len(req.block_hashes))
             if full <= st.saved_upto:
                 continue
+            ids = new_ids.get(rid)
             try:
-                ids = kv_cache_manager.get_block_ids(rid)[0]
+                ids = (ids if ids is not None else kv_cache_manager.get_block_ids(rid))[0]
             except Exception:
                 continue
             a, b = st.saved_upto, min(full, len(ids))
@@ -357,7 +369,9 @@ class KvcachedScheduler:
                 continue
             hs = st.keys_of(a, b)
             parent = st.keys_of(a - 1, a)[0] if a > 0 else None
-            toks = list(req.all_token_ids[a * bs:b * bs])
+            toks = req.all_token_ids[a * bs:b * bs]
+            if type(toks) is not list:
+                toks = list(toks)
             try:
                 ev = event_meta(req, a, b, bs)
             except Exception as e:   # vLLM's internals moved: events without them
