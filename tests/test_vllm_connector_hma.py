@@ -18,7 +18,10 @@ memory) in two engines (two processes).
   otherwise) registers none of a's pools and gets no hit;
 - refused: configurations the connector cannot keep right (chunked local
   attention, Mamba state, groups of different block sizes) refuse at
-  construction with a message naming them.
+  construction with a message naming them;
+- fail: a load missing one group's block fails the request's load as a
+  whole (failed_recving), vLLM recomputes it (bytes checked) and is not
+  offered the same hit again.
 
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
@@ -99,6 +102,40 @@ def role_b(sock, admin):
     refs = vc.kvctl_refs(kvctl, admin, os.getpid())
     assert refs == 0, f"the daemon counts {refs} references of this process"
     out(first=f, stats=b.stats, pools=pools_of(b))
+    b.close()
+
+
+def role_fail(sock, admin):
+    """A hybrid load that misses a block of one group fails the request's
+    load as a whole (failed_recving; vLLM 0.33 takes no per-block errors
+    from several groups): vLLM recomputes it, every byte checked, and the
+    connector does not offer the same hit again (it would fail the same
+    way for ever)."""
+    kvctl = os.environ["KVCTL_BIN"]
+    b = vc.Instance(sock, windows=GEMMA, num_blocks=400, batched=1024)
+    wk = b.worker.connector_worker
+    swa_g = [i for i, (_, w) in enumerate(b.groups) if w is not None][0]
+    real_lookup = wk._lookup_for_load
+
+    def lookup(ld, hold, group=0):
+        if group == swa_g and ld.hashes:       # a window block kvcached lacks
+            ld.hashes = [b"\x77" * 32] + list(ld.hashes[1:])
+        return real_lookup(ld, hold, group)
+    wk._lookup_for_load = lookup
+    full = LONG + vc.user(1)
+    b.add("f-same", full)
+    b.run()
+    assert b.failed_loads == 1, b.failed_loads
+    assert b.first_sched["f-same"] == len(full), b.first_sched
+    assert not b.stats.get("loaded_blocks"), b.stats
+    assert b.stats.get("load_errors", 0) > 0, b.stats
+    # Recomputed, its blocks are saved again (what kvcached lacked among
+    # them): 12 full blocks (200 tokens and 3 outputs) a group.
+    assert b.stats.get("saved_blocks") == 2 * 12, b.stats
+    assert b.held() == 0
+    refs = vc.kvctl_refs(kvctl, admin, os.getpid())
+    assert refs == 0, f"the daemon counts {refs} references of this process"
+    out(first=b.first_sched, stats=b.stats)
     b.close()
 
 
@@ -209,8 +246,8 @@ def role_refused(sock, admin):
 
 
 def child(role, sock, admin, *rest):
-    {"a": role_a, "b": role_b, "planted": role_planted, "other": role_other,
-     "refused": role_refused}[role](sock, admin, *rest)
+    {"a": role_a, "b": role_b, "fail": role_fail, "planted": role_planted,
+     "other": role_other, "refused": role_refused}[role](sock, admin, *rest)
 
 
 def main():
@@ -232,6 +269,7 @@ def main():
 
     a = run("a")
     run("b")
+    run("fail")
     run("planted")
     run("other", json.dumps(a["pools"]))
     run("refused")

@@ -74,6 +74,7 @@ class ReqState:
     keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...), kept
     keys_base: int = 0                   # from the lookup for the saves and loads
     hit: int = 0                 # several groups: the blocks every group can supply
+    load_failed: bool = False    # a hybrid load failed: no more hits for it
 
     def keys_of(self, a: int, b: int) -> List[bytes]:
         """kvcached keys of the request's blocks [a, b)."""
@@ -325,7 +326,7 @@ class KvcachedScheduler:
         st = self._reqs.get(rid)
         if st is None:
             st = self._reqs[rid] = ReqState(request)
-        if not self.loads_on:
+        if not self.loads_on or st.load_failed:
             return 0, False
         bs = self.block_size
         # vLLM computes at least the last token itself.
@@ -538,6 +539,15 @@ class KvcachedScheduler:
         return meta
 
     def update_connector_output(self, connector_output) -> None:
+        # A hybrid load that failed: vLLM puts the request back to waiting
+        # (recompute) and asks again; the same answer could fail the same
+        # way for ever, so it is computed without kvcached.
+        for rid in getattr(connector_output, "failed_recving", None) or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.load_failed = True
+                # What kvcached lacked is saved again as vLLM recomputes it.
+                st.saved_upto = min(st.saved_upto, st.start_block)
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(wm, KvcachedWorkerMetadata):
             for rid in wm.loaded:
