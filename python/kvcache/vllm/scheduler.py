@@ -229,9 +229,14 @@ class KvcachedScheduler:
             keep += b
             for i in range(len(b)):
                 tiers[a + i] = max(tiers[a + i], t[i])
-        drop = list(held)
-        for x in keep:
-            drop.remove(x)
+        # held may name a block twice (two lookups, two references).
+        want = collections.Counter(keep)
+        drop = []
+        for x in held:
+            if want[x]:
+                want[x] -= 1
+            else:
+                drop.append(x)
         if drop:
             try:
                 c.release(drop)
