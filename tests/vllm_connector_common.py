@@ -64,10 +64,16 @@ def model_dir():
 
 
 class Instance:
-    """One vLLM engine: Scheduler + worker-side connector, in this process."""
+    """One vLLM engine: Scheduler + worker-side connector, in this process.
+
+    windows: a hybrid (Gemma-2-like) model instead of the two-layer one:
+    one entry a layer, None for full attention, else the layer's sliding
+    window; vLLM's own planner groups the layers (get_global_kv_cache_groups,
+    get_kv_cache_configs) with its hybrid allocator on, and allocate_kv_cache
+    lays the views out (a layer of each group over the same memory)."""
 
     def __init__(self, sock, layout="LBNHC", num_blocks=64, extra=None, batched=256,
-                 policy="recompute", kv_role="kv_both", hf_overrides=None):
+                 policy="recompute", kv_role="kv_both", hf_overrides=None, windows=None):
         import torch
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  SchedulerConfig, VllmConfig)
@@ -77,7 +83,7 @@ class Instance:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                                 KVCacheGroupSpec, KVCacheTensor,
-                                                compute_layout_strides,
+                                                SlidingWindowSpec, compute_layout_strides,
                                                 create_kv_cache_views)
         from vllm.v1.kv_cache_layout import KVCacheLayout
         from vllm.v1.structured_output import StructuredOutputManager
@@ -105,22 +111,52 @@ class Instance:
         spec = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD,
                                  dtype=torch.float16)
         lay = KVCacheLayout[layout]
-        n = len(LAYERS)
-        # Strides as vLLM's planner computes them (kv_cache_planning.py).
-        ls, bstride = compute_layout_strides(spec, num_blocks, n, lay)[:2]
-        t = KVCacheTensor(size=spec.page_size_bytes * num_blocks * n, layers=list(LAYERS),
-                          layer_stride=ls, block_stride=bstride)
-        kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[t],
-                            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        self.layers = list(LAYERS)
+        if windows is not None:
+            from vllm.v1.core.kv_cache_planning import (get_global_kv_cache_groups,
+                                                        get_kv_cache_configs)
+            from vllm.v1.worker.utils import allocate_kv_cache
+            # The CPU platform turns the hybrid allocator off; the engines
+            # these tests stand for (CUDA) keep it, the connector being
+            # SupportsHMA (checked by the caller).
+            vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+            self.layers = ["model.layers.%d.self_attn.attn" % i for i in range(len(windows))]
+            specs = {}
+            for name, w in zip(self.layers, windows):
+                specs[name] = (spec if w is None else SlidingWindowSpec(
+                    block_size=BS, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16,
+                    sliding_window=w))
+            groups = get_global_kv_cache_groups(vc, [specs])
+            kvc = get_kv_cache_configs(vc, [specs], [spec.page_size_bytes * num_blocks *
+                                                     len(groups)], groups)[0]
+            num_blocks = kvc.num_blocks
+        else:
+            n = len(LAYERS)
+            # Strides as vLLM's planner computes them (kv_cache_planning.py).
+            ls, bstride = compute_layout_strides(spec, num_blocks, n, lay)[:2]
+            t = KVCacheTensor(size=spec.page_size_bytes * num_blocks * n, layers=list(LAYERS),
+                              layer_stride=ls, block_stride=bstride)
+            kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[t],
+                                kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        self.kvc = kvc
+        # Per group: its layers' indices and its window (None: full).
+        self.groups = [([self.layers.index(x) for x in g.layer_names],
+                        getattr(g.kv_cache_spec, "sliding_window", None)
+                        if isinstance(g.kv_cache_spec, SlidingWindowSpec) else None)
+                       for g in kvc.kv_cache_groups]
         vc.cache_config.num_gpu_blocks = num_blocks
         self.sched = Scheduler(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
                                structured_output_manager=StructuredOutputManager(vc),
                                block_size=BS)
         self.conn = self.sched.connector
         assert isinstance(self.conn, KvcachedConnector), type(self.conn)
-        self.raw = torch.zeros(t.size, dtype=torch.int8)
-        views = create_kv_cache_views(self.raw, spec, num_blocks, lay, t)
-        self.kv = dict(zip(LAYERS, views))
+        self.null_id = self.sched.kv_cache_manager.block_pool.null_block.block_id
+        if windows is not None:
+            self.kv = allocate_kv_cache(kvc, torch.device("cpu"), lay)
+        else:
+            self.raw = torch.zeros(t.size, dtype=torch.int8)
+            views = create_kv_cache_views(self.raw, spec, num_blocks, lay, t)
+            self.kv = dict(zip(LAYERS, views))
         self.worker = KvcachedConnector(vc, KVConnectorRole.WORKER, kvc)
         self.worker.register_kv_caches(self.kv)
         self.reqs = {}
@@ -139,7 +175,7 @@ class Instance:
         return hashlib.sha256(repr((salt, lora, list(toks))).encode()).digest()
 
     def _slot(self, li, b, off):
-        v = self.kv[LAYERS[li]].view(self.torch.uint8)    # [B, H, N, C bytes]
+        v = self.kv[self.layers[li]].view(self.torch.uint8)    # [B, H, N, C bytes]
         return v[b, :, off, :]
 
     def _expect(self, r, p, li):
@@ -172,26 +208,36 @@ class Instance:
         w.start_load_kv(None)
         errors = w.get_block_ids_with_load_errors()
         self.load_errors += len(errors)
-        ids_of = {}
         for rid, n in so.num_scheduled_tokens.items():
             r = self.reqs[rid]
             self.first_sched.setdefault(rid, n)
-            ids = self.sched.kv_cache_manager.get_block_ids(rid)[0]
-            ids_of[rid] = ids
+            per_group = self.sched.kv_cache_manager.get_block_ids(rid)
             done = r.num_computed_tokens - n     # schedule() already counted this step's
-            bad = any(ids[p // BS] in errors for p in range(done))
-            if not bad:
+            for (lis, win), ids in zip(self.groups, per_group):
+                bad = any(ids[p // BS] in errors for p in range(done))
+                if bad:
+                    continue
                 for p in range(done):      # what attention would read
-                    for li in range(len(LAYERS)):
+                    if ids[p // BS] == self.null_id:
+                        # Only a window's skipped tokens may be vLLM's null block.
+                        if win is None or p >= done - win + 1:
+                            raise AssertionError(f"{rid}: token {p} of layers {lis} in the "
+                                                 "null block")
+                        continue
+                    for li in lis:
                         got = self._slot(li, ids[p // BS], p % BS)
                         if not self.torch.equal(got, self._expect(r, p, li)):
                             raise AssertionError(f"{rid}: token {p} layer {li}: wrong KV bytes")
-            for p in range(done, done + n):  # the forward writes this step's tokens
-                for li in range(len(LAYERS)):
-                    self._slot(li, ids[p // BS], p % BS).copy_(self._expect(r, p, li))
+                for p in range(done, done + n):  # the forward writes this step's tokens
+                    for li in lis:
+                        self._slot(li, ids[p // BS], p % BS).copy_(self._expect(r, p, li))
         w.wait_for_save()
-        # Asynchronous loads that ended: their requests and failed blocks.
-        _, recving = w.get_finished(set(so.finished_req_ids))
+        # Asynchronous loads that ended: their requests and failed blocks
+        # (a hybrid model's failed loads as failed_recving, per request).
+        tr = w.get_transfer_results(set(so.finished_req_ids))
+        recving = tr.finished_recving
+        failed = set(getattr(tr, "failed_recving", ()) or ())
+        self.failed_loads = getattr(self, "failed_loads", 0) + len(failed)
         late = w.get_block_ids_with_load_errors()
         self.load_errors += len(late)
         errors = errors | late
@@ -200,6 +246,7 @@ class Instance:
             for k, v in st.data.items():
                 self.stats[k] = self.stats.get(k, 0) + v
         out = KVConnectorOutput(invalid_block_ids=errors, finished_recving=recving or set(),
+                                failed_recving=failed,
                                 kv_connector_worker_meta=w.build_connector_worker_meta())
         w.clear_connector_metadata()
         req_ids = list(so.num_scheduled_tokens)

@@ -7,7 +7,7 @@ import inspect
 import logging
 import os
 import time
-from typing import Optional
+from typing import List, Optional, Union
 
 import kvcache
 
@@ -53,7 +53,15 @@ class Client:
     library drops the connection (the daemon releases its references), so
     neither a forward nor a shutdown waits on a stopped daemon for longer."""
 
-    def __init__(self, extra: dict, spec: PoolSpec, order: str, role: str):
+    def __init__(self, extra: dict, spec: Union[PoolSpec, List[PoolSpec]], order, role: str):
+        # spec: one PoolSpec, or one per KV cache group (their pools are
+        # registered together; ``pools[g]`` is group g's, ``pool`` group
+        # 0's); order likewise one physical order or one per group.
+        self.specs = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+        self.orders = (list(order) if isinstance(order, (list, tuple))
+                       else [order] * len(self.specs))
+        spec, order = self.specs[0], self.orders[0]
+        self.pools: list = []
         self.socket = extra.get("socket") or None
         self.namespace = extra.get("namespace") or None
         self.retry_s = float(extra.get("retry_s", 1.0))
@@ -93,12 +101,16 @@ class Client:
         c = None
         try:
             c = self._connect()
-            name, lay = self.spec.desc(self.order)
-            self.pool = c.register_pool(name, self.spec.block_bytes, self.spec.block_size,
-                                        dtype=self.spec.dtype, layout=lay, model=self.spec.model)
+            pools, names = [], []
+            for sp, order in zip(self.specs, self.orders):
+                name, lay = sp.desc(order)
+                pools.append(c.register_pool(name, sp.block_bytes, sp.block_size,
+                                             dtype=sp.dtype, layout=lay, model=sp.model))
+                names.append(name)
+            self.pools, self.pool = pools, pools[0]
             self.conn = c
-            log.info("kvcached: %s connected, pool %s (%d bytes a block)%s", self.role, name,
-                     self.spec.block_bytes,
+            log.info("kvcached: %s connected, pool %s (%d bytes a block)%s", self.role,
+                     ", ".join(names), self.spec.block_bytes,
                      "" if self.deadlines else "; calls have no deadline (this kvcache "
                      "binding has none)")
             self.ok()

@@ -21,9 +21,9 @@ from typing import Any, Dict, Optional, Set, Tuple
 from . import _compat  # noqa: F401  (the vLLM release check, before vLLM's modules)
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA)
 
-from .identity import PoolSpec, dtype_name, event_meta, kv_key, tp_rank_size  # noqa: E402
+from .identity import PoolSpec, dtype_name, event_meta, kv_key, pool_specs, tp_rank_size  # noqa: E402
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats,  # noqa: E402
                        KvcachedWorkerMetadata, Load, Save, build_prom_metrics)
 from .scheduler import KvcachedScheduler  # noqa: E402
@@ -39,7 +39,7 @@ __all__ = ["KvcachedConnector", "KvcachedConnectorMetadata", "KvcachedWorkerMeta
            "KvcachedConnectorStats"]
 
 
-class KvcachedConnector(KVConnectorBase_V1):
+class KvcachedConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's KV connector over kvcached. kv_connector_extra_config:
 
     - ``socket``: the daemon's socket (default: $KVCACHED_SOCKET, else
@@ -76,7 +76,11 @@ class KvcachedConnector(KVConnectorBase_V1):
         self.extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.is_scheduler = role == KVConnectorRole.SCHEDULER
         tp_rank = 0 if self.is_scheduler else tp_rank_size()[0]
-        self.spec = PoolSpec(vllm_config, kv_cache_config, self.extra, tp_rank)
+        # One pool per KV cache group (vLLM's hybrid allocator gives a
+        # Gemma-2-like model a full-attention and a sliding-window group);
+        # configurations the connector cannot keep right are refused here.
+        self.specs = pool_specs(vllm_config, kv_cache_config, self.extra, tp_rank)
+        self.spec = self.specs[0]
         self.block_size = self.spec.block_size
         save_mode = str(self.extra.get("save", "all"))
         # kv_role: a consumer only loads, a producer only saves; kv_both does both.
@@ -95,10 +99,10 @@ class KvcachedConnector(KVConnectorBase_V1):
                     "it) fails its request instead of being recomputed; set "
                     "\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config "
                     "(docs/vllm.md)", policy)
-            self.connector_scheduler = KvcachedScheduler(self.extra, self.spec, save_mode,
+            self.connector_scheduler = KvcachedScheduler(self.extra, self.specs, save_mode,
                                                          bool(ktc.is_kv_consumer))
         else:
-            self.connector_worker = KvcachedWorker(self.extra, self.spec,
+            self.connector_worker = KvcachedWorker(self.extra, self.specs,
                                                    kv_cache_config.num_blocks, save_mode)
 
     @classmethod
@@ -135,6 +139,13 @@ class KvcachedConnector(KVConnectorBase_V1):
         self.connector_scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
+        return self.connector_scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
+        """SupportsHMA: vLLM's hybrid allocator keeps running with the
+        connector, and calls this (once, every group's block ids) instead of
+        request_finished. Saves are made in the step that computes the
+        blocks, so nothing waits for the request's end."""
         return self.connector_scheduler.request_finished(request, block_ids)
 
     @property
@@ -206,6 +217,19 @@ class KvcachedConnector(KVConnectorBase_V1):
         if self.connector_worker is None:
             return None, None
         return self.connector_worker.get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids):
+        """get_finished's requests, with the asynchronous loads that failed
+        as failed_recving: with several KV cache groups vLLM cannot map a
+        block id to a request (block ids are per group), so a hybrid
+        model's failed load fails its request's load as a whole (vLLM
+        recomputes it, or fails it under kv_load_failure_policy "fail")."""
+        res = super().get_transfer_results(finished_req_ids)
+        if self.connector_worker is not None and hasattr(res, "failed_recving"):
+            failed = self.connector_worker.take_failed_requests()
+            res.failed_recving |= failed
+            res.finished_recving |= failed
+        return res
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self.connector_worker is None:

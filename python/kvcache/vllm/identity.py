@@ -15,7 +15,8 @@ from . import _compat  # noqa: F401  (the vLLM release check, before vLLM's modu
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     generate_block_hash_extra_keys, to_event_extra_keys)
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec, compute_layer_kv_cache_shape_bytes)
+    FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec,
+    compute_layer_kv_cache_shape_bytes)
 
 import kvcache  # noqa: E402
 
@@ -200,21 +201,84 @@ def kv_identity(vllm_config, extra: dict, spec, layer_names) -> dict:
             "quant": _digest(quant), "geom": geom, "par": par}
 
 
-class PoolSpec:
-    """The kvcached pool of one model, layout and TP rank, as both sides
-    compute it from vLLM's configuration: same name, block size and layout
-    bytes in every engine that can share the blocks, different ones where
-    the bytes would differ."""
+def check_groups(kv_cache_config) -> list:
+    """The KV cache groups' specs, after checking that the connector can
+    keep every group's blocks right (docs/vllm.md, "Hybrid models"): full
+    attention and sliding-window groups of one block size (vLLM's hybrid
+    allocator with a Gemma-2-like model). Raises ValueError, naming what
+    it found, for anything else (Mamba and other state groups, chunked
+    local attention, cross attention, groups of different block sizes or
+    with trailing tokens retained below the window): blocks of such groups
+    are not what a token chain's hash says they are, so sharing them could
+    hand an engine KV it would not compute."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    if not groups:
+        raise ValueError("KvcachedConnector: no KV cache groups")
+    for g in groups:
+        sp = g.kv_cache_spec
+        # One group: any full-attention spec (with the hybrid allocator off
+        # vLLM folds windows into it and keeps every block). Several: the
+        # plain kinds whose managers keep or drop whole head blocks only.
+        if len(groups) == 1:
+            ok = isinstance(sp, FullAttentionSpec) or type(sp) is SlidingWindowSpec
+        else:
+            ok = type(sp) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec)
+        ok = ok and not getattr(sp, "non_causal", False)
+        if not ok:
+            raise ValueError(
+                "KvcachedConnector supports models whose KV cache groups are full-attention "
+                f"or sliding-window attention; this one has {kinds} (Mamba/SSM state, "
+                "chunked local, cross and non-causal attention are not supported: their "
+                "blocks are not keyed by the token chain alone)")
+        if type(sp) is SlidingWindowSpec and getattr(sp, "extra_retained_tokens", 0):
+            raise ValueError("KvcachedConnector: a sliding-window group retains "
+                             f"{sp.extra_retained_tokens} tokens below its window (multi-"
+                             "module speculative decoding); not supported")
+        if getattr(g, "enable_kv_transfer", True) is False:
+            raise ValueError(f"KvcachedConnector: KV cache group {kinds} has KV transfer "
+                             "disabled; a hit would leave that group's blocks unloaded")
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    hbs = getattr(kv_cache_config, "hash_block_size", None)
+    if len(sizes) != 1 or (hbs is not None and hbs not in sizes):
+        raise ValueError("KvcachedConnector: KV cache groups of block sizes "
+                         f"{[g.kv_cache_spec.block_size for g in groups]} (hash block size "
+                         f"{hbs}); it needs one block size, the one vLLM hashes by")
+    return groups
 
-    def __init__(self, vllm_config, kv_cache_config, extra: dict, tp_rank: int):
-        groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
-            kinds = [type(g.kv_cache_spec).__name__ for g in groups]
-            raise ValueError("KvcachedConnector supports models whose KV cache is one group of "
-                             f"full attention layers; this one has {kinds} (hybrid, sliding-"
-                             "window-only and Mamba models are not supported yet)")
-        spec = groups[0].kv_cache_spec
-        self.layer_names = list(groups[0].layer_names)
+
+def groups_identity(groups) -> str:
+    """What every group's pool carries of all the groups: each group's
+    kind, window and layers. A layer's K/V depends on every layer below it,
+    so two engines whose grouping differs anywhere (another window, layers
+    split otherwise) share no group's blocks."""
+    return _digest([[type(g.kv_cache_spec).__name__,
+                     getattr(g.kv_cache_spec, "sliding_window", None),
+                     list(g.layer_names)] for g in groups])
+
+
+def pool_specs(vllm_config, kv_cache_config, extra: dict, tp_rank: int) -> list:
+    """One PoolSpec per KV cache group (check_groups first)."""
+    groups = check_groups(kv_cache_config)
+    return [PoolSpec(vllm_config, kv_cache_config, extra, tp_rank, group=i)
+            for i in range(len(groups))]
+
+
+class PoolSpec:
+    """The kvcached pool of one model, layout, TP rank and KV cache group,
+    as both sides compute it from vLLM's configuration: same name, block
+    size and layout bytes in every engine that can share the blocks,
+    different ones where the bytes would differ. A kvcached block holds one
+    vLLM block of every layer of the group."""
+
+    def __init__(self, vllm_config, kv_cache_config, extra: dict, tp_rank: int, group: int = 0):
+        groups = check_groups(kv_cache_config)
+        self.group = group
+        self.ngroups = len(groups)
+        spec = groups[group].kv_cache_spec
+        # Tokens a sliding-window group attends to (None: full attention).
+        self.window = spec.sliding_window if type(spec) is SlidingWindowSpec else None
+        self.layer_names = list(groups[group].layer_names)
         self.block_size = spec.block_size
         shape = compute_layer_kv_cache_shape_bytes(spec, 1)    # (1, H, N, C bytes)
         self.layer_bytes = int(shape[1] * shape[2] * shape[3])
@@ -239,6 +303,10 @@ class PoolSpec:
         self.block_bytes = self.layer_bytes * len(self.layer_names)
         self._layout_name = layout_name
         self.kv_id = kv_identity(vllm_config, extra, spec, self.layer_names)
+        if len(groups) > 1:
+            # Hybrid (vLLM's hybrid allocator): the group and the whole
+            # grouping; a single group's identity stays as it was.
+            self.kv_id["group"] = {"index": group, "of": groups_identity(groups)}
 
     def desc(self, order: str) -> Tuple[str, bytes]:
         d = {"engine": "vllm", "model": self.model, "dtype": self.dtype,
@@ -248,5 +316,6 @@ class PoolSpec:
         lay = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         h = hashlib.sha256(lay).hexdigest()[:12]
         base = os.path.basename(self.model.rstrip("/")) or "model"
-        name = f"vllm/{base[:30]}/tp{self.tp[0]}/{h}"
+        g = f"/g{self.group}" if self.ngroups > 1 else ""
+        name = f"vllm/{base[:30]}/tp{self.tp[0]}{g}/{h}"
         return name, lay

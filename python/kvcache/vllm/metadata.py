@@ -4,7 +4,7 @@ the requests whose loads a worker finished, and the connector's counters."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import _compat  # noqa: F401  (the vLLM release check, before vLLM's modules)
 
@@ -19,6 +19,11 @@ class Load:
     hashes: List[bytes]        # kvcached hashes of the blocks to load, a chain
     block_ids: List[int]       # vLLM block ids to load into, same length
     async_: bool = False       # loaded off the forward, finished through get_finished
+    # Several KV cache groups (vLLM's hybrid allocator): (group, hashes,
+    # block ids) of each group, only the blocks vLLM holds for it (a
+    # sliding-window group's blocks below its window are vLLM's null block
+    # and not loaded); hashes/block_ids above are then empty.
+    groups: Optional[List[Tuple[int, List[bytes], List[int]]]] = None
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Save:
     lora_name: Optional[str] = None
     lora_id: Optional[int] = None
     extra_keys: Optional[List[Any]] = None
+    group: int = 0             # the KV cache group (its own kvcached pool)
 
 
 @dataclass

@@ -11,6 +11,15 @@ them, the request ends, or it is preempted. ``build_connector_meta`` hands
 the worker this step's loads (hashes + vLLM block ids) and saves (full
 blocks that this step completes, with hashes, parent and token ids).
 
+Several KV cache groups (vLLM's hybrid allocator, ``SupportsHMA``): each
+group has its own kvcached pool, and a hit of n blocks is offered only
+when every group has what vLLM will hold for it after the hit - a
+full-attention group all n blocks, a sliding-window group the blocks its
+window reaches from the hit's end (vLLM puts its null block in place of
+the others and never reads them). Such loads are always asynchronous:
+vLLM 0.33 takes a hybrid model's load failures only per request
+(failed_recving), never per block.
+
 Threads: the connection is used only by the one ops thread; every other
 method runs on vLLM's scheduler thread.
 """
@@ -64,6 +73,8 @@ class ReqState:
     async_load: bool = False     # the last answer was (n, True)
     keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...), kept
     keys_base: int = 0                   # from the lookup for the saves and loads
+    hit: int = 0                 # several groups: the blocks every group can supply
+    load_failed: bool = False    # a hybrid load failed: no more hits for it
 
     def keys_of(self, a: int, b: int) -> List[bytes]:
         """kvcached keys of the request's blocks [a, b)."""
@@ -103,14 +114,19 @@ class _Part:
 class KvcachedScheduler:
     """The scheduler side; ``KvcachedConnector`` hands it vLLM's calls."""
 
-    def __init__(self, extra: dict, spec: PoolSpec, save_mode: str, loads_on: bool):
-        self.extra, self.spec = extra, spec
+    def __init__(self, extra: dict, specs: List[PoolSpec], save_mode: str, loads_on: bool):
+        specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
+        spec = specs[0]
+        self.extra, self.spec, self.specs = extra, spec, specs
+        # Several groups, or a sliding-window one: per-group lookups, loads
+        # and saves (vLLM may hold the null block in place of some).
+        self.hybrid = len(specs) > 1 or spec.window is not None
         self.block_size = spec.block_size
         self.save_mode, self.loads_on = save_mode, loads_on
         self.stats = KvcachedConnectorStats()
         self._lookup_timeout = float(extra.get("lookup_timeout_ms", 20)) / 1e3
         self._lookup_deadline = float(extra.get("lookup_deadline_ms", 2000)) / 1e3
-        self.client = Client(extra, spec, spec.order or "NHC", "scheduler")
+        self.client = Client(extra, specs, [s.order or "NHC" for s in specs], "scheduler")
         self._ops = _fut.ThreadPoolExecutor(1, thread_name_prefix="kvcached-sched")
         self._reqs: Dict[str, ReqState] = {}
         self.deferred = 0            # lookups answered "ask again" (None), ever
@@ -135,15 +151,18 @@ class KvcachedScheduler:
         if self.loads_on:
             self._unasked[request.request_id] = request
 
-    def _op_lookup_many(self, chains: List[List[bytes]]):
+    def _op_lookup_many(self, chains: List[List[bytes]], starts: List[int]):
         """On the ops thread: _op_lookup of each chain, in order."""
-        return [self._op_lookup(h) for h in chains]
+        return [self._op_lookup(h, a) for h, a in zip(chains, starts)]
 
-    def _op_lookup(self, hashes: List[bytes]):
-        """On the ops thread: (blocks, epoch) or None (no daemon)."""
+    def _op_lookup(self, hashes: List[bytes], start: int = 0):
+        """On the ops thread: (blocks, epoch, tiers) or None (no daemon);
+        several groups: (blocks, epoch, tiers, hit) (_op_lookup_groups)."""
         c = self.client.get()
         if c is None:
             return None
+        if self.hybrid:
+            return self._op_lookup_groups(c, hashes, start)
         try:
             blocks, tiers = c.lookup(self.client.pool, hashes, tiers=True)
         except kvcache.KvError as e:
@@ -151,6 +170,84 @@ class KvcachedScheduler:
             return None
         self.client.ok()
         return blocks, c.restarts, tiers
+
+    def _swa_first(self, spec: PoolSpec, end: int) -> int:
+        """The first block a sliding-window group holds once end blocks are
+        computed (SlidingWindowManager.get_num_skipped_tokens: the blocks
+        wholly before the window of the next token are the null block)."""
+        return max(0, end * self.block_size - spec.window + 1) // self.block_size
+
+    def _op_lookup_groups(self, c, hashes: List[bytes], start: int):
+        """On the ops thread: the longest hit n (blocks from start) that
+        every group can supply, each group's blocks referenced: all n of a
+        full-attention group, [first, start + n) of a sliding-window group
+        (first from _swa_first). Returns (every group's blocks, epoch,
+        tiers (per hit block, the slowest group's), n)."""
+        held: List[int] = []
+        try:
+            n = len(hashes)
+            full: Dict[int, Tuple[List[int], List[int]]] = {}
+            for g, sp in enumerate(self.specs):
+                if sp.window is None and n:
+                    b, t = c.lookup(self.client.pools[g], hashes[:n], tiers=True)
+                    held += b
+                    full[g] = (b, t)
+                    n = min(n, len(b))
+            # Until every sliding-window group has its window for the same n
+            # (a shorter hit reaches further back).
+            swa: Dict[int, Tuple[int, List[int], List[int]]] = {}
+            while n > 0:
+                swa, n0 = {}, n
+                for g, sp in enumerate(self.specs):
+                    if sp.window is None:
+                        continue
+                    while n > 0:
+                        a = max(self._swa_first(sp, start + n), start) - start
+                        b, t = c.lookup(self.client.pools[g], hashes[a:n], tiers=True)
+                        held += b
+                        if len(b) == n - a:
+                            swa[g] = (a, b, t)
+                            break
+                        # Block a + len(b) is missing: no hit reaches past it.
+                        n = a + len(b)
+                if n == n0:
+                    break
+            if n <= 0:
+                n, swa = 0, {}
+            self.client.ok()
+        except kvcache.KvError as e:
+            self.client.failed(e)
+            if self.client.conn is c and held:
+                try:
+                    c.release(held)
+                except kvcache.KvError:
+                    pass
+            return None
+        # Keep what a hit of n blocks loads; everything else goes back.
+        keep: List[int] = []
+        tiers = [kvcache.TIER_G1] * n
+        for g, (b, t) in full.items():
+            keep += b[:n]
+            for i in range(n):
+                tiers[i] = max(tiers[i], t[i])
+        for g, (a, b, t) in swa.items():
+            keep += b
+            for i in range(len(b)):
+                tiers[a + i] = max(tiers[a + i], t[i])
+        # held may name a block twice (two lookups, two references).
+        want = collections.Counter(keep)
+        drop = []
+        for x in held:
+            if want[x]:
+                want[x] -= 1
+            else:
+                drop.append(x)
+        if drop:
+            try:
+                c.release(drop)
+            except kvcache.KvError as e:
+                self.client.failed(e)
+        return keep, c.restarts, tiers, n
 
     def _op_release(self, blocks: List[int], epoch: int) -> None:
         c = self.client.conn
@@ -208,7 +305,8 @@ class KvcachedScheduler:
             if nfull <= 0:
                 continue
             items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
-        fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items])
+        fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items],
+                               [a // self.block_size for _, _, a in items])
         now = time.monotonic()
         bs = self.block_size
         for i, (o, keys, a) in enumerate(items):
@@ -238,7 +336,7 @@ class KvcachedScheduler:
         st = self._reqs.get(rid)
         if st is None:
             st = self._reqs[rid] = ReqState(request)
-        if not self.loads_on:
+        if not self.loads_on or st.load_failed:
             return 0, False
         bs = self.block_size
         # vLLM computes at least the last token itself.
@@ -266,12 +364,12 @@ class KvcachedScheduler:
             self.stats.add("lookup_failures", 1)
             return 0, False
         self._take_lookup(st)
-        k = len(st.held)
+        k = st.hit if self.hybrid else len(st.held)
         st.start_block = start
         st.ext_blocks = k
         st.saved_upto = max(st.saved_upto, start + k)
-        st.async_load = bool(k) and self.async_loads == "tiers" and any(
-            t != kvcache.TIER_G1 for t in st.tiers[:k])
+        st.async_load = bool(k) and (self.hybrid or (self.async_loads == "tiers" and any(
+            t != kvcache.TIER_G1 for t in st.tiers[:k])))
         if k:
             self.stats.add("lookup_hit_blocks", k)
         return k * bs, st.async_load
@@ -282,8 +380,9 @@ class KvcachedScheduler:
         answer (a chain from block 0 that reaches past start finds what one
         from start would). False when it cannot serve."""
         f = st.lookup
-        if st.lookup_at != 0 or not f.done() or getattr(f, "_kv_taken", False):
-            return False
+        if (self.hybrid or st.lookup_at != 0 or not f.done()
+                or getattr(f, "_kv_taken", False)):
+            return False     # several groups: the window's blocks depend on start
         self._take_lookup(st)
         if len(st.held) <= start:
             return False
@@ -304,9 +403,10 @@ class KvcachedScheduler:
         self._release_held(st)
         if r is None:
             self.stats.add("lookup_failures", 1)
-            st.held, st.held_epoch, st.tiers = [], 0, []
+            st.held, st.held_epoch, st.tiers, st.hit = [], 0, [], 0
         else:
             st.held, st.held_epoch, st.tiers = list(r[0]), r[1], list(r[2])
+            st.hit = r[3] if len(r) > 3 else len(st.held)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -314,12 +414,21 @@ class KvcachedScheduler:
             return
         self._take_lookup(st)
         n = num_external_tokens // self.block_size if num_external_tokens > 0 else 0
-        n = min(n, len(st.held))
-        self._release_held(st, keep=n)
+        if self.hybrid:
+            n = min(n, st.hit)
+            # The references cover a hit of st.hit blocks; a shorter one
+            # loads without them (the worker looks the blocks up again).
+            self._release_held(st, keep=len(st.held) if n == st.hit else 0)
+        else:
+            n = min(n, len(st.held))
+            self._release_held(st, keep=n)
         st.lookup = None
         st.lookup_at = -1
         st.load_tiers = list(st.tiers[:n])
         if n == 0:
+            return
+        if self.hybrid:
+            self._plan_groups_load(st, request, blocks, n)
             return
         ids = blocks.get_block_ids()[0]
         s = st.start_block
@@ -327,6 +436,67 @@ class KvcachedScheduler:
         self._pending_loads.append(Load(request.request_id, hashes, list(ids[s:s + n]),
                                         st.async_load))
         st.loading = True
+
+    def _plan_groups_load(self, st: ReqState, request, blocks, n: int) -> None:
+        """A hybrid model's load of blocks [s, s + n): in each group, the
+        blocks vLLM holds (the null block stands where a sliding window
+        no longer reaches: nothing is loaded there)."""
+        s = st.start_block
+        hashes = st.keys_of(s, s + n)
+        groups = []
+        for g, blist in enumerate(blocks.blocks):
+            hs, ids = [], []
+            for i in range(s, min(s + n, len(blist))):
+                b = blist[i]
+                if b.is_null:
+                    if ids:
+                        # A hole after a held block is not a window's: load
+                        # nothing of the group (no hashes: the worker
+                        # fails the request's load, vLLM recomputes it).
+                        hs = []
+                        ids = [x.block_id for x in blist[s:s + n] if not x.is_null]
+                        break
+                    continue
+                hs.append(hashes[i - s])
+                ids.append(b.block_id)
+            groups.append((g, hs, ids))
+        self._pending_loads.append(Load(request.request_id, [], [], True, groups))
+        st.loading = True
+
+    def _plan_groups_save(self, meta, st: ReqState, rid: str, kv_cache_manager,
+                          a: int, b: int) -> int:
+        """A hybrid model's saves of blocks [a, b): one Save a group, of the
+        blocks vLLM holds for it (a sliding-window group's head blocks may
+        be the null block already). Returns the end saved (a when vLLM
+        holds nothing for the request)."""
+        try:
+            per_group = kv_cache_manager.get_blocks(rid).blocks
+        except Exception:
+            return a
+        req = st.request
+        bs = self.block_size
+        b = min([b] + [len(x) for x in per_group])
+        if b <= a:
+            return a
+        hs = st.keys_of(a, b)
+        try:
+            ev = event_meta(req, a, b, bs)
+        except Exception:
+            ev = (None, None, None)
+        for g, blist in enumerate(per_group):
+            i = a
+            while i < b and blist[i].is_null:
+                i += 1
+            if i >= b:
+                continue
+            if any(x.is_null for x in blist[i:b]):
+                continue         # not a window's shape: save nothing of it
+            parent = st.keys_of(i - 1, i)[0] if i > 0 else None
+            extra = ev[2][i - a:] if ev[2] is not None else None
+            meta.saves.append(Save(rid, hs[i - a:], parent, [x.block_id for x in blist[i:b]],
+                                   list(req.all_token_ids[i * bs:b * bs]), ev[0], ev[1],
+                                   extra, group=g))
+        return b
 
     def build_connector_meta(self, scheduler_output, kv_cache_manager
                              ) -> KvcachedConnectorMetadata:
@@ -359,6 +529,10 @@ class KvcachedScheduler:
             full = min(end // bs, len(req.block_hashes))
             if full <= st.saved_upto:
                 continue
+            if self.hybrid:
+                st.saved_upto = self._plan_groups_save(meta, st, rid, kv_cache_manager,
+                                                       st.saved_upto, full)
+                continue
             ids = new_ids.get(rid)
             try:
                 ids = (ids if ids is not None else kv_cache_manager.get_block_ids(rid))[0]
@@ -384,6 +558,15 @@ class KvcachedScheduler:
         return meta
 
     def update_connector_output(self, connector_output) -> None:
+        # A hybrid load that failed: vLLM puts the request back to waiting
+        # (recompute) and asks again; the same answer could fail the same
+        # way for ever, so it is computed without kvcached.
+        for rid in getattr(connector_output, "failed_recving", None) or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.load_failed = True
+                # What kvcached lacked is saved again as vLLM recomputes it.
+                st.saved_upto = min(st.saved_upto, st.start_block)
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(wm, KvcachedWorkerMetadata):
             for rid in wm.loaded:
