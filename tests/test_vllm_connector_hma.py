@@ -27,7 +27,6 @@ Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,10 +36,6 @@ BS = vc.BS
 W = 40                                    # the sliding window: 3 blocks reach back
 GEMMA = [W, None, W, None]                # layers 0, 2 sliding; 1, 3 full
 LONG = [100 + (i * 17) % 800 for i in range(10 * BS)]   # 10 blocks of system prompt
-
-
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
 
 
 def pools_of(inst):
@@ -77,7 +72,7 @@ def role_a(sock, admin):
     # (its blocks are all held while the step that computes them runs).
     assert a.stats.get("saved_blocks", 0) == 2 * (12 + 6), a.stats
     assert a.held() == 0
-    out(pools=pools_of(a), stats=a.stats)
+    vc.out(pools=pools_of(a), stats=a.stats)
     a.close()
 
 
@@ -101,7 +96,7 @@ def role_b(sock, admin):
     assert b.held() == 0, "scheduler side still holds references"
     refs = vc.kvctl_refs(kvctl, admin, os.getpid())
     assert refs == 0, f"the daemon counts {refs} references of this process"
-    out(first=f, stats=b.stats, pools=pools_of(b))
+    vc.out(first=f, stats=b.stats, pools=pools_of(b))
     b.close()
 
 
@@ -135,7 +130,7 @@ def role_fail(sock, admin):
     assert b.held() == 0
     refs = vc.kvctl_refs(kvctl, admin, os.getpid())
     assert refs == 0, f"the daemon counts {refs} references of this process"
-    out(first=b.first_sched, stats=b.stats)
+    vc.out(first=b.first_sched, stats=b.stats)
     b.close()
 
 
@@ -186,7 +181,7 @@ def role_planted(sock, admin):
     assert b.stats.get("loaded_blocks") == n + window_blocks(n), b.stats
     assert b.failed_loads == 0 and b.load_errors == 0
     assert b.held() == 0
-    out(first=f, stats=b.stats)
+    vc.out(first=f, stats=b.stats)
     b.close()
 
 
@@ -206,7 +201,7 @@ def role_other(sock, admin, a_pools):
         assert not e.stats.get("loaded_blocks"), e.stats
         res[tag] = sorted(mine)
         e.close()
-    out(**res)
+    vc.out(**res)
 
 
 def role_refused(sock, admin):
@@ -242,12 +237,7 @@ def role_refused(sock, admin):
                 said[what] = str(e)
             else:
                 raise AssertionError(f"{what}: the connector was constructed")
-    out(said=said)
-
-
-def child(role, sock, admin, *rest):
-    {"a": role_a, "b": role_b, "fail": role_fail, "planted": role_planted,
-     "other": role_other, "refused": role_refused}[role](sock, admin, *rest)
+    vc.out(said=said)
 
 
 def main():
@@ -258,14 +248,7 @@ def main():
                         "--page-size", "64KiB")
 
     def run(role, *rest):
-        r = subprocess.run([sys.executable, __file__, "--child", role, daemon.sock,
-                            daemon.admin, *rest], capture_output=True, text=True, timeout=600)
-        res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-            kvt.fail(f"instance {role} failed (exit {r.returncode})", daemon.log)
-        print(f"instance {role}: {res[-1][7:]}")
-        return json.loads(res[-1][7:])
+        return vc.run_child(__file__, [role, daemon.sock, daemon.admin, *rest], daemon.log)
 
     a = run("a")
     run("b")
@@ -278,8 +261,5 @@ def main():
 
 
 if __name__ == "__main__":
-    vc.need_vllm()
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
-    else:
-        main()
+    vc.main_or_child(main, {"a": role_a, "b": role_b, "fail": role_fail, "planted": role_planted,
+                            "other": role_other, "refused": role_refused})
