@@ -1007,10 +1007,14 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1);
 }
 
-/* Appends commands while the output buffer has room. */
+/* Appends commands while the output buffer has room, and room for one
+ * more value sent from where it is: those cost no memory here, so a batch
+ * of large SETs goes out RC_EXT_MAX values to a sendmsg(), not what
+ * RC_OBUF_HIGH would hold. */
 static void rc_fill(struct kv_rc *rc, struct rc_node *node)
 {
-	while (node->send && rc_out_left(node) < RC_OBUF_HIGH) {
+	while (node->send && sdslen(node->c->obuf) - node->obuf_off < RC_OBUF_HIGH &&
+	       node->next < RC_EXT_MAX) {
 		if (rc_append(rc, node, node->send)) {
 			rc_node_fail(rc, node, "out of memory");
 			return;
@@ -1075,8 +1079,13 @@ static void rc_write(struct kv_rc *rc, struct rc_node *node)
 		}
 		left -= step;
 	}
-	if (node->ext_cur == node->next)
-		node->ext_cur = node->next = 0;
+	if (node->ext_cur) {
+		/* The values out make room for more (rc_fill()). */
+		memmove(node->ext, node->ext + node->ext_cur,
+			(node->next - node->ext_cur) * sizeof(node->ext[0]));
+		node->next -= node->ext_cur;
+		node->ext_cur = 0;
+	}
 	if (node->obuf_off == sdslen(obuf) && !node->next) {
 		sdsclear(obuf);   /* all out: no move, the allocation stays */
 		node->obuf_off = 0;
