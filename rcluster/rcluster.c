@@ -1296,10 +1296,13 @@ static void rc_direct_start(struct rc_node *node)
 		memcpy(iov[i].iov_base, p, iov[i].iov_len);
 		p += iov[i].iov_len;
 	}
+	/* One byte of the CRLF may be here already. */
+	node->direct.crlf_got = (unsigned)(have - hdr - got);
+	if (node->direct.crlf_got)
+		node->direct.crlf[0] = *p;
 	node->direct.d = d;
 	node->direct.len = len;
 	node->direct.got = got;
-	node->direct.crlf_got = 0;
 	/* The reader starts afresh: it holds nothing of this reply now. */
 	sdsclear(r->buf);
 	r->pos = r->len = 0;

@@ -260,6 +260,13 @@ static int reply_get(int fd, const char *key, size_t klen)
 		puts_fd(fd, "cde");
 		nanosleep(&ts, NULL);
 		puts_fd(fd, IS("split") ? "fg\r\n" : "fgXY");
+	} else if (IS("splitcr")) {
+		/* The value and half its CRLF, then the other half. */
+		struct timespec ts = { 0, 20000000L };
+
+		puts_fd(fd, "$7\r\nabcdefg\r");
+		nanosleep(&ts, NULL);
+		puts_fd(fd, "\n");
 	} else if (IS("close")) {
 		return -1;
 	} else if (IS("slow")) {
@@ -790,6 +797,10 @@ static void test_into(void)
 		CHECK(out[0].status == KV_RC_HIT && out[0].len == 7 && dst_holds(0, "abcdefg", 7));
 		kv_rc_stats(rc, &b);
 		CHECK_EQ(b.direct - a.direct, 1);
+		sk[0] = (struct kv_rc_key){ "splitcr", 7 };
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 1, sk, d, NULL, NULL, out), 1);
+		CHECK(out[0].status == KV_RC_HIT && out[0].len == 7 && dst_holds(0, "abcdefg", 7));
 		dst_init(d, 2);
 		CHECK_EQ(kv_rc_get_into(rc, 1, sk + 1, d, NULL, NULL, out), 0);
 		CHECK(out[0].status == KV_RC_ERROR);
