@@ -90,6 +90,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,6 +111,8 @@
 #define RC_POOL_CLASSES 8
 #define RC_POOL_DEFAULT (128u << 20)
 #define RC_READER_KEEP (4u << 20)
+#define RC_EXT_MIN 4096u             /* SET values this long are sent from where they are */
+#define RC_EXT_MAX 64                /* ... at most this many in a node's output at once */
 
 /* What precedes every string this module hands out; the bytes follow it. */
 union rc_vhdr {
@@ -194,6 +197,25 @@ struct rc_node {
 	uint64_t moved;            /* bytes sent and received since */
 	int auth_pending, replies;
 	size_t budget;             /* bytes the reply being read has taken */
+	/* A GET's value being read from the socket straight into its
+	 * destination (rc_direct_start()): d NULL when none. */
+	struct {
+		const struct kv_rc_dst *d;
+		size_t len, got;       /* its length, bytes of it read */
+		char crlf[2];
+		unsigned crlf_got;
+	} direct;
+	/* Values sent from the caller's memory (rc_append_argv()): the bytes to
+	 * send are obuf up to ext[0].at, ext[0]'s, obuf on to ext[1].at, ...,
+	 * the rest of obuf; ext_cur and ext_off (bytes of it sent), obuf_off
+	 * (bytes of obuf sent) say how far sending has come. */
+	struct {
+		size_t at;
+		const char *p;
+		size_t len;
+	} ext[RC_EXT_MAX];
+	unsigned next, ext_cur;
+	size_t ext_off, obuf_off, ext_left;  /* ext_left: bytes of ext not yet sent */
 };
 
 struct rc_call {
@@ -225,7 +247,6 @@ struct kv_rc {
 	uint64_t last_refresh;     /* ns */
 	unsigned refresh_rr;
 	struct rc_call *call;      /* the call in progress */
-	char *rbuf;                /* RC_READ_CHUNK */
 	struct {
 		struct rc_pool_class c[RC_POOL_CLASSES];
 		size_t bytes;          /* held in the classes */
@@ -623,6 +644,9 @@ static void rc_node_close(struct rc_node *node)
 		redisFree(node->c);
 	node->c = NULL;
 	node->state = RC_DOWN;
+	node->direct.d = NULL;
+	node->next = node->ext_cur = 0;
+	node->ext_off = node->obuf_off = node->ext_left = 0;
 }
 
 static void rc_node_free(struct rc_node *node)
@@ -743,7 +767,8 @@ static int rc_check(const struct kv_rc *rc)
 			return 0;
 		if (node->head || node->send || node->recv || node->auth_pending)
 			return 0;
-		if (node->state == RC_UP && (sdslen(node->c->obuf) || rc_leftover(node->c)))
+		if (node->state == RC_UP && (sdslen(node->c->obuf) || node->next || node->direct.d ||
+					     rc_leftover(node->c)))
 			return 0;
 	}
 	return 1;
@@ -874,20 +899,35 @@ static void rc_connected(struct kv_rc *rc, struct rc_node *node)
 	}
 }
 
+/* Bytes of the node's output not sent yet: obuf's and the values' sent
+ * from where they are. */
+static size_t rc_out_left(const struct rc_node *node)
+{
+	return sdslen(node->c->obuf) - node->obuf_off + node->ext_left;
+}
+
 /* Appends a command to the node's output buffer, formatted in place: one
  * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
- * formats into a malloc'd command, then copies that into the buffer). */
-static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens)
+ * formats into a malloc'd command, then copies that into the buffer).
+ * Argument ext (-1: none), when RC_EXT_MIN bytes or more, is not copied at
+ * all: rc_write() sends it from where it is, which the caller keeps until
+ * the call returns (kv_rc_set()'s values). */
+static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens,
+			  int ext)
 {
 	char hdr[32];
 	size_t total = 0;
 	sds o;
 	int i, n;
 
+	if (ext >= 0 && (lens[ext] < RC_EXT_MIN || node->next >= RC_EXT_MAX))
+		ext = -1;
 	for (i = 0; i < argc; i++) {
-		if (lens[i] > SIZE_MAX / 2 - total)
+		size_t l = i == ext ? 0 : lens[i];
+
+		if (l > SIZE_MAX / 2 - total)
 			return -ENOMEM;
-		total += lens[i] + 32;
+		total += l + 32;
 	}
 	if (!(o = sdsMakeRoomFor(node->c->obuf, total + 16)))
 		return -ENOMEM;
@@ -897,7 +937,14 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 	for (i = 0; i < argc; i++) {
 		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
 		o = sdscatlen(o, hdr, (size_t)n);
-		o = sdscatlen(o, argv[i], lens[i]);
+		if (i == ext) {
+			node->ext[node->next].at = sdslen(o);
+			node->ext[node->next].p = argv[i];
+			node->ext[node->next++].len = lens[i];
+			node->ext_left += lens[i];
+		} else {
+			o = sdscatlen(o, argv[i], lens[i]);
+		}
 		o = sdscatlen(o, "\r\n", 2);
 	}
 	kv_assert(o == node->c->obuf);   /* the room was made above */
@@ -957,13 +1004,17 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
 		lens[1] = call->keys[op->idx].len;
 	}
-	return rc_append_argv(node, argc, argv, lens);
+	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1);
 }
 
-/* Appends commands while the output buffer has room. */
+/* Appends commands while the output buffer has room, and room for one
+ * more value sent from where it is: those cost no memory here, so a batch
+ * of large SETs goes out RC_EXT_MAX values to a sendmsg(), not what
+ * RC_OBUF_HIGH would hold. */
 static void rc_fill(struct kv_rc *rc, struct rc_node *node)
 {
-	while (node->send && sdslen(node->c->obuf) < RC_OBUF_HIGH) {
+	while (node->send && sdslen(node->c->obuf) - node->obuf_off < RC_OBUF_HIGH &&
+	       node->next < RC_EXT_MAX) {
 		if (rc_append(rc, node, node->send)) {
 			rc_node_fail(rc, node, "out of memory");
 			return;
@@ -972,13 +1023,30 @@ static void rc_fill(struct kv_rc *rc, struct rc_node *node)
 	}
 }
 
+/* Sends what it can of the node's output in one sendmsg(): obuf's bytes
+ * and the values sent from where they are, in order. */
 static void rc_write(struct kv_rc *rc, struct rc_node *node)
 {
 	sds obuf = node->c->obuf;
 	int fault = rc_fault(rc, KV_RC_FAULT_WRITE);
+	struct iovec iov[2 * RC_EXT_MAX + 1];
+	struct msghdr msg = { .msg_iov = iov };
+	size_t off = node->obuf_off, left;
+	unsigned e, k = 0;
 	ssize_t n;
 
-	n = fault ? (errno = ECONNRESET, -1) : send(node->c->fd, obuf, sdslen(obuf), MSG_NOSIGNAL);
+	for (e = node->ext_cur; e < node->next; e++) {
+		size_t skip = e == node->ext_cur ? node->ext_off : 0;
+
+		if (node->ext[e].at > off)
+			iov[k++] = (struct iovec){ obuf + off, node->ext[e].at - off };
+		off = node->ext[e].at;
+		iov[k++] = (struct iovec){ (void *)(node->ext[e].p + skip), node->ext[e].len - skip };
+	}
+	if (sdslen(obuf) > off)
+		iov[k++] = (struct iovec){ obuf + off, sdslen(obuf) - off };
+	msg.msg_iovlen = k;
+	n = fault ? (errno = ECONNRESET, -1) : sendmsg(node->c->fd, &msg, MSG_NOSIGNAL);
 	if (n < 0) {
 		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
 		    !rc_node_retry(rc, node))
@@ -988,10 +1056,46 @@ static void rc_write(struct kv_rc *rc, struct rc_node *node)
 	}
 	rc->st.bytes_out += (uint64_t)n;
 	node->moved += (uint64_t)n;
-	if ((size_t)n == sdslen(obuf))
+	/* Forward over what went: obuf never past the next value's place
+	 * until that value is out. */
+	for (left = (size_t)n; left;) {
+		size_t step;
+
+		if (node->ext_cur < node->next && node->obuf_off == node->ext[node->ext_cur].at) {
+			step = node->ext[node->ext_cur].len - node->ext_off;
+			step = step < left ? step : left;
+			node->ext_off += step;
+			node->ext_left -= step;
+			if (node->ext_off == node->ext[node->ext_cur].len) {
+				node->ext_cur++;
+				node->ext_off = 0;
+			}
+		} else {
+			step = node->ext_cur < node->next
+				? node->ext[node->ext_cur].at - node->obuf_off
+				: sdslen(obuf) - node->obuf_off;
+			step = step < left ? step : left;
+			node->obuf_off += step;
+		}
+		left -= step;
+	}
+	if (node->ext_cur) {
+		/* The values out make room for more (rc_fill()). */
+		memmove(node->ext, node->ext + node->ext_cur,
+			(node->next - node->ext_cur) * sizeof(node->ext[0]));
+		node->next -= node->ext_cur;
+		node->ext_cur = 0;
+	}
+	if (node->obuf_off == sdslen(obuf) && !node->next) {
 		sdsclear(obuf);   /* all out: no move, the allocation stays */
-	else
-		sdsrange(obuf, (int)n, -1);
+		node->obuf_off = 0;
+	} else if (node->obuf_off >= RC_OBUF_HIGH) {
+		/* What was sent goes (headers, mostly: the values are not here). */
+		sdsrange(obuf, (int)node->obuf_off, -1);
+		for (e = node->ext_cur; e < node->next; e++)
+			node->ext[e].at -= node->obuf_off;
+		node->obuf_off = 0;
+	}
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
 }
 
@@ -1126,14 +1230,180 @@ out:
 	rc_reply_free(r);
 }
 
+/* Bytes of d's parts from offset off on, as iovecs (at most
+ * KV_RC_DST_PARTS), up to len bytes in all; returns how many. */
+static unsigned rc_dst_iov(const struct kv_rc_dst *d, size_t off, size_t len, struct iovec *iov)
+{
+	unsigned i, k = 0;
+
+	for (i = 0; i < d->nparts && len; i++) {
+		size_t pl = d->part[i].len, m;
+
+		if (off >= pl) {
+			off -= pl;
+			continue;
+		}
+		m = pl - off < len ? pl - off : len;
+		iov[k++] = (struct iovec){ (char *)d->part[i].p + off, m };
+		len -= m;
+		off = 0;
+	}
+	return k;
+}
+
+/* After the reader ran out of bytes: when what it holds is the start of a
+ * GET's value that has a destination, and whose length fits it, the bytes
+ * of it already read are copied there, the reader is emptied, and the rest
+ * of the value will be read from the socket straight into the destination
+ * (rc_read()), not through the reader's buffer (one copy a value less, and
+ * none from the reader's buffer to the slot). Anything else, a value too
+ * long or a length that is not plain digits included, is left to the
+ * reader, whose rules (and rc_read()'s bound on what it holds) apply as
+ * before. */
+static void rc_direct_start(struct rc_node *node)
+{
+	redisReader *r = node->c->reader;
+	const struct kv_rc_dst *d;
+	const char *p = r->buf + r->pos, *e;
+	size_t have = r->len - r->pos, len = 0, cap = 0, hdr, got;
+	struct iovec iov[KV_RC_DST_PARTS];
+	unsigned i, k;
+
+	if (r->err || r->reply || r->ridx != 0 || r->rstack[0].type != REDIS_REPLY_STRING ||
+	    !(d = rc_reply_dst(node)))
+		return;
+	/* The reader has taken the '$': the length and its CRLF follow. */
+	e = memchr(p, '\r', have < 21 ? have : 21);
+	if (!e || e == p || (size_t)(e - p) + 2 > have || e[1] != '\n')
+		return;
+	for (const char *q = p; q < e; q++) {
+		if (*q < '0' || *q > '9' || len > (SIZE_MAX - 9) / 10)
+			return;
+		len = len * 10 + (size_t)(*q - '0');
+	}
+	for (i = 0; i < d->nparts; i++)
+		cap += d->part[i].len;
+	hdr = (size_t)(e - p) + 2;
+	/* Not empty (a GETRANGE's miss), not longer than the destination, not
+	 * more than a reply may take, and not all here (then the reader has
+	 * it). */
+	if (!len || len > cap || len > node->rc->lim.max_value || have - hdr >= len + 2)
+		return;
+	got = have - hdr < len ? have - hdr : len;
+	k = rc_dst_iov(d, 0, got, iov);
+	p += hdr;
+	for (i = 0; i < k; i++) {
+		memcpy(iov[i].iov_base, p, iov[i].iov_len);
+		p += iov[i].iov_len;
+	}
+	/* One byte of the CRLF may be here already. */
+	node->direct.crlf_got = (unsigned)(have - hdr - got);
+	if (node->direct.crlf_got)
+		node->direct.crlf[0] = *p;
+	node->direct.d = d;
+	node->direct.len = len;
+	node->direct.got = got;
+	/* The reader starts afresh: it holds nothing of this reply now. */
+	sdsclear(r->buf);
+	r->pos = r->len = 0;
+	r->ridx = -1;
+}
+
+/* n bytes came into the direct value's iovecs (and, past them, into the
+ * reader's buffer: not counted here); returns how many were the value's
+ * (its payload and CRLF). Hands the value's reply on once it is whole. */
+static size_t rc_direct_take(struct kv_rc *rc, struct rc_node *node, size_t n)
+{
+	size_t took = 0, m;
+	struct rc_reply *r;
+
+	m = node->direct.len - node->direct.got;
+	m = m < n ? m : n;
+	node->direct.got += m;
+	took += m;
+	n -= m;
+	m = 2 - node->direct.crlf_got;
+	m = m < n ? m : n;
+	node->direct.crlf_got += (unsigned)m;
+	took += m;
+	if (node->direct.crlf_got < 2)
+		return took;
+	if (memcmp(node->direct.crlf, "\r\n", 2)) {
+		rc_node_fail(rc, node, "reply: a value not followed by CRLF");
+		return took;
+	}
+	if (!(r = calloc(1, sizeof(*r)))) {
+		rc_node_fail(rc, node, "out of memory");
+		return took;
+	}
+	r->type = REDIS_REPLY_STRING;
+	r->len = node->direct.len;
+	r->dst = RC_DST_WRITTEN;
+	node->direct.d = NULL;
+	rc_reply(rc, node, r);
+	return took;
+}
+
+/* Hands on every whole reply the reader holds, then lets a value begun
+ * be read straight into its destination. */
+static void rc_parse(struct kv_rc *rc, struct rc_node *node)
+{
+	redisReader *reader = node->c->reader;
+	void *r;
+
+	while (node->state == RC_UP) {
+		r = NULL;
+		if (redisReaderGetReply(reader, &r) != REDIS_OK) {
+			rc_node_fail(rc, node, "reply: %s", reader->errstr);
+			return;
+		}
+		if (!r)
+			break;
+		rc_reply(rc, node, r);
+	}
+	if (node->state == RC_UP)
+		rc_direct_start(node);
+}
+
+/* Reads what the node sent: into the rest of a value being read straight
+ * into its destination, if one is, and on into the reader's own buffer
+ * (no copy through a buffer of ours: hiredis' redisReaderFeed() would copy
+ * it in). */
 static void rc_read(struct kv_rc *rc, struct rc_node *node)
 {
 	int fault = rc_fault(rc, KV_RC_FAULT_READ);
-	redisReader *reader;
+	redisReader *reader = node->c->reader;
+	struct iovec iov[KV_RC_DST_PARTS + 2];
+	unsigned k = 0;
 	ssize_t n;
-	void *r;
+	sds b;
 
-	n = fault ? (errno = ECONNRESET, -1) : read(node->c->fd, rc->rbuf, RC_READ_CHUNK);
+	if (reader->err) {
+		rc_node_fail(rc, node, "reply: %s", reader->errstr);
+		return;
+	}
+	/* hiredis frees an empty buffer over maxbuf at the next feed: keep
+	 * one that holds the largest value a call allows. */
+	reader->maxbuf = RC_READER_KEEP + 2 * (rc->lim.get_max ? rc->lim.get_max : 0);
+	if (reader->len == 0 && sdsavail(reader->buf) > reader->maxbuf) {
+		sdsfree(reader->buf);
+		reader->buf = sdsempty();
+		reader->pos = 0;
+	}
+	if (!reader->buf || !(b = sdsMakeRoomFor(reader->buf, RC_READ_CHUNK))) {
+		rc_node_fail(rc, node, "out of memory");
+		return;
+	}
+	reader->buf = b;
+	if (node->direct.d) {
+		k = rc_dst_iov(node->direct.d, node->direct.got,
+			       node->direct.len - node->direct.got, iov);
+		if (node->direct.crlf_got < 2)
+			iov[k++] = (struct iovec){ node->direct.crlf + node->direct.crlf_got,
+						   2 - node->direct.crlf_got };
+	}
+	iov[k++] = (struct iovec){ b + sdslen(b), RC_READ_CHUNK };
+	n = fault ? (errno = ECONNRESET, -1) : readv(node->c->fd, iov, (int)k);
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
 	if (n <= 0) {
@@ -1145,24 +1415,16 @@ static void rc_read(struct kv_rc *rc, struct rc_node *node)
 	rc->st.bytes_in += (uint64_t)n;
 	node->moved += (uint64_t)n;
 	node->deadline = now_ns() + ms_ns(rc->lim.timeout_ms);
-	reader = node->c->reader;
-	/* hiredis frees an empty buffer over maxbuf at the next feed: keep
-	 * one that holds the largest value a call allows. */
-	reader->maxbuf = RC_READER_KEEP + 2 * (rc->lim.get_max ? rc->lim.get_max : 0);
-	if (redisReaderFeed(reader, rc->rbuf, (size_t)n) != REDIS_OK) {
-		rc_node_fail(rc, node, "reply: %s", reader->errstr);
-		return;
-	}
-	while (node->state == RC_UP) {
-		r = NULL;
-		if (redisReaderGetReply(reader, &r) != REDIS_OK) {
-			rc_node_fail(rc, node, "reply: %s", reader->errstr);
+	if (node->direct.d) {
+		n -= (ssize_t)rc_direct_take(rc, node, (size_t)n);
+		if (node->state != RC_UP)
 			return;
-		}
-		if (!r)
-			break;
-		rc_reply(rc, node, r);
 	}
+	if (n) {
+		sdsIncrLen(reader->buf, (int)n);
+		reader->len = sdslen(reader->buf);
+	}
+	rc_parse(rc, node);
 	if (node->state == RC_UP &&
 	    reader->len - reader->pos > rc->lim.max_value + (size_t)RC_REPLY_SLACK)
 		rc_node_fail(rc, node, "a reply larger than max_value (%zu bytes)", rc->lim.max_value);
@@ -1275,7 +1537,7 @@ static void rc_exchange(struct kv_rc *rc)
 			}
 			rc->pfd[j].fd = node->c->fd;
 			rc->pfd[j].events = node->state == RC_CONNECTING ? POLLOUT :
-				POLLIN | (sdslen(node->c->obuf) ? POLLOUT : 0);
+				POLLIN | (rc_out_left(node) ? POLLOUT : 0);
 			rc->pfd[j].revents = 0;
 			if (node->deadline < first)
 				first = node->deadline;
@@ -1326,7 +1588,7 @@ static void rc_exchange(struct kv_rc *rc)
 				rc_connected(rc, node);
 				continue;
 			}
-			if ((ev & POLLOUT) && sdslen(node->c->obuf))
+			if ((ev & POLLOUT) && rc_out_left(node))
 				rc_write(rc, node);
 			if (node->state == RC_UP && (ev & (POLLIN | POLLHUP | POLLERR)))
 				rc_read(rc, node);
@@ -1856,9 +2118,6 @@ int kv_rc_new(const char *seeds, const char *user, const char *password, unsigne
 	}
 	if (timeout_ms)
 		rc->lim.timeout_ms = timeout_ms;
-	rc->rbuf = malloc(RC_READ_CHUNK);
-	if (!rc->rbuf)
-		goto fail;
 	if (password) {
 		rc->password = strdup(password);
 		if (!rc->password || (user && !(rc->user = strdup(user))))
@@ -1921,7 +2180,6 @@ void kv_rc_free(struct kv_rc *rc)
 	free(rc->nodes);
 	free(rc->active);
 	free(rc->pfd);
-	free(rc->rbuf);
 	for (i = 0; i < RC_POOL_CLASSES; i++)
 		rc_pool_drop(rc, &rc->pool.c[i]);
 	free(rc->user);

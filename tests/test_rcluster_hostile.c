@@ -249,6 +249,24 @@ static int reply_get(int fd, const char *key, size_t klen)
 				return -1;
 			nanosleep(&ts, NULL);
 		}
+	} else if (IS("split") || IS("splitbad")) {
+		/* A value in three pieces, 20 ms apart: the client reads the rest
+		 * of it straight into the destination (rcluster.c,
+		 * rc_direct_start()); splitbad's terminator is not CRLF. */
+		struct timespec ts = { 0, 20000000L };
+
+		puts_fd(fd, "$7\r\nab");
+		nanosleep(&ts, NULL);
+		puts_fd(fd, "cde");
+		nanosleep(&ts, NULL);
+		puts_fd(fd, IS("split") ? "fg\r\n" : "fgXY");
+	} else if (IS("splitcr")) {
+		/* The value and half its CRLF, then the other half. */
+		struct timespec ts = { 0, 20000000L };
+
+		puts_fd(fd, "$7\r\nabcdefg\r");
+		nanosleep(&ts, NULL);
+		puts_fd(fd, "\n");
 	} else if (IS("close")) {
 		return -1;
 	} else if (IS("slow")) {
@@ -765,6 +783,31 @@ static void test_into(void)
 		CHECK(out[0].status == KV_RC_ERROR && dst_holds(0, "", 0));
 		CHECK(out[1].status == KV_RC_ERROR && dst_holds(1, "", 0));
 	}
+	/* A value that comes in pieces: the rest read straight into the
+	 * destination, across its two parts, never past them; one whose
+	 * terminator is not CRLF is an error (the client's own check there:
+	 * hiredis skips those two bytes unread), and the next call on the
+	 * same client works. */
+	{
+		struct kv_rc_key sk[2] = { { "split", 5 }, { "splitbad", 8 } };
+
+		kv_rc_stats(rc, &a);
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 1, sk, d, NULL, NULL, out), 1);
+		CHECK(out[0].status == KV_RC_HIT && out[0].len == 7 && dst_holds(0, "abcdefg", 7));
+		kv_rc_stats(rc, &b);
+		CHECK_EQ(b.direct - a.direct, 1);
+		sk[0] = (struct kv_rc_key){ "splitcr", 7 };
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 1, sk, d, NULL, NULL, out), 1);
+		CHECK(out[0].status == KV_RC_HIT && out[0].len == 7 && dst_holds(0, "abcdefg", 7));
+		dst_init(d, 2);
+		CHECK_EQ(kv_rc_get_into(rc, 1, sk + 1, d, NULL, NULL, out), 0);
+		CHECK(out[0].status == KV_RC_ERROR);
+		CHECK(strstr(kv_rc_last_error(rc), "not followed by CRLF"));
+		CHECK(dst_holds(1, "", 0));
+		expect_hit(rc, "hit", "abc", 3);
+	}
 	/* Bad destinations are refused before anything is sent. */
 	dst_init(d, 1);
 	d[0].nparts = KV_RC_DST_PARTS + 1;
@@ -833,6 +876,29 @@ static void test_deadlines(void)
 	       DRIP_SILENCE_MS, (unsigned long long)ms);
 	CHECK(ms < 5000);
 	kv_rc_free(rc);
+
+	/* The same drip read straight into a destination that holds it
+	 * (rc_direct_start()): the rate floor ends it as well, and nothing
+	 * lands past the destination's end. */
+	{
+		static unsigned char big[4096 + 64];
+		struct kv_rc_key k = { "drip", 4 };
+		struct kv_rc_dst d = { .part = { { big + 32, 4096 } }, .nparts = 1 };
+		struct kv_rc_val out;
+
+		memset(big, GUARD, sizeof(big));
+		rc = client(NULL, DRIP_SILENCE_MS, 0);
+		t0 = mono_ms();
+		CHECK_EQ(kv_rc_get_into(rc, 1, &k, &d, NULL, NULL, &out), 0);
+		ms = mono_ms() - t0;
+		CHECK(out.status == KV_RC_ERROR && strstr(kv_rc_last_error(rc), "too slow"));
+		CHECK(ms < 5000);
+		for (size_t i = 0; i < 32; i++)
+			CHECK(big[i] == GUARD && big[sizeof(big) - 1 - i] == GUARD);
+		for (size_t i = 32; i < 32 + 10; i++)
+			CHECK(big[i] == 'd');   /* what came before the floor ended it */
+		kv_rc_free(rc);
+	}
 
 	rc = client(NULL, DRIP_SILENCE_MS, 0);
 	kv_rc_get_limits(rc, &l);
