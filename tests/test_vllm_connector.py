@@ -170,21 +170,30 @@ def role_fill(sock, admin):
     f.close()
 
 
-def role_promo(sock, admin):
+def role_promo(sock, admin, pid):
     """The first request's prefix is in the host tier: the lookup waits on a
     promotion; with lookup_timeout_ms 0 the scheduler is answered "ask
     again" (None) rather than held, and the request is scheduled when the
-    answer is there, beyond the promoted prefix."""
+    answer is there, beyond the promoted prefix. The daemon (pid) is
+    stopped for the first step, so that the lookup cannot have finished
+    before the scheduler asks, however the machine schedules threads."""
+    import signal
     kvctl = os.environ["KVCTL_BIN"]
     p = vc.Instance(sock, layout="LBNHC", extra={"lookup_timeout_ms": 0,
                                                  "lookup_deadline_ms": 600000})
     full = vc.SYSTEM + vc.user(40)
-    p.add("p-1", full)
+    os.kill(int(pid), signal.SIGSTOP)
+    try:
+        p.add("p-1", full)
+        so = p.step()
+        assert so.total_num_scheduled_tokens == 0, "scheduled with the daemon stopped"
+        assert p.conn.deferred >= 1, "the scheduler was held, not answered None"
+    finally:
+        os.kill(int(pid), signal.SIGCONT)
     p.run()
     want = len(full) - (len(full) - 1) // BS * BS
     assert p.first_sched.get("p-1") == want, (p.first_sched, want)
     assert p.stats.get("loaded_blocks", 0) == (len(full) - 1) // BS, p.stats
-    assert p.conn.deferred >= 1, "the scheduler was never answered None"
     assert p.held() == 0
     assert vc.kvctl_refs(kvctl, admin, os.getpid()) == 0
     vc.out(first=p.first_sched, stats=p.stats)
@@ -270,7 +279,7 @@ def main():
     r = small.kvctl("evict", "--all")          # every cached device block to the host tier
     kvt.check(r.returncode == 0, "kvctl evict: " + r.stderr, small.log)
     print("kvctl evict --all:", r.stdout.strip())
-    run("promo")
+    run("promo", str(small.proc.pid))
     r = small.kvctl("-o", "json", "status")
     kvt.check(r.returncode == 0 and '"promotions": 6' in r.stdout, "kvctl status", small.log)
     small.kill()
