@@ -175,11 +175,8 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		kv_cache_alloc_undo(p, q->blk, m->count);
 		return;
 	}
-	for (i = 0; i < m->count; i++) {
-		if (i + KV_REFMAP_AHEAD < m->count)
-			kv_refmap_prefetch(&q->ss->refs, q->blk[i + KV_REFMAP_AHEAD]);
+	for (i = 0; i < m->count; i++)
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
-	}
 	kv_op_reply_blocks(q, m->count);
 }
 
@@ -491,8 +488,6 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	if (tiers && k && !(tv = q_alloc(q, k * sizeof(*tv))))
 		return;
 	for (size_t i = 0; i < k; i++) {
-		if (i + KV_REFMAP_AHEAD < k)
-			kv_refmap_prefetch(&q->ss->refs, q->blk[i + KV_REFMAP_AHEAD]);
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
 	}
@@ -516,8 +511,6 @@ void kv_op_release(struct req *q, const Kvcached__Release *m)
 	/* Tail first: a chain listed head first leaves its tail the oldest in
 	 * the LRU, so eviction takes it before the head. */
 	for (i = m->n_blocks; i-- > 0;) {
-		if (i >= KV_REFMAP_AHEAD)
-			kv_refmap_prefetch(&q->ss->refs, q->blk[i - KV_REFMAP_AHEAD]);
 		kv_refmap_sub(&q->ss->refs, q->blk[i]);
 		kv_block_unref(q->blk[i]);
 	}
@@ -540,8 +533,6 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 	}
 	/* The blocks are held: their segments are the session's already. */
 	for (i = 0; i < m->n_blocks; i++) {
-		if (i + KV_REFMAP_AHEAD < m->n_blocks)
-			kv_refmap_prefetch(&q->ss->refs, q->blk[i + KV_REFMAP_AHEAD]);
 		kv_block_ref(q->blk[i]);
 		kv_refmap_add(&q->ss->refs, q->blk[i]);
 	}

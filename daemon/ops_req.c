@@ -267,12 +267,8 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	/* b->check counts how often each block is listed. */
 	for (i = 0; i < n; i++) {
 		struct kv_block *b = q->blk[i];
-		uint32_t held, limit;
-
-		if (i + KV_REFMAP_AHEAD < n)
-			kv_refmap_prefetch(&q->ss->refs, q->blk[i + KV_REFMAP_AHEAD]);
-		held = kv_refmap_get(&q->ss->refs, b);
-		limit = per && per < held ? per : held;
+		uint32_t held = kv_refmap_get(&q->ss->refs, b);
+		uint32_t limit = per && per < held ? per : held;
 
 		if (++b->check > limit) {
 			kv_op_fail(q, held ? KVCACHED__ERROR_CODE__ESTATE : KVCACHED__ERROR_CODE__ESTALE,

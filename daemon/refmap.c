@@ -8,7 +8,12 @@
 
 static size_t slot_of(const struct kv_refmap *m, const void *key)
 {
-	return kv_refmap_home(m, key);
+	uint64_t x = (uint64_t)(uintptr_t)key;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (size_t)x & (m->cap - 1);
 }
 
 void kv_refmap_init(struct kv_refmap *m)

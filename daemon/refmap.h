@@ -30,30 +30,6 @@ struct kv_refmap {
 	uint64_t refs; /* sum of counts */
 };
 
-/* key's home slot (m->cap > 0): a 64-bit finalizer of the pointer. */
-static inline size_t kv_refmap_home(const struct kv_refmap *m, const void *key)
-{
-	uint64_t x = (uint64_t)(uintptr_t)key;
-
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	return (size_t)x & (m->cap - 1);
-}
-
-/* How many keys ahead a loop over a batch asks for: a probe's slot is a
- * random line of a table that outgrows L1 with a few thousand references. */
-#define KV_REFMAP_AHEAD 8
-
-/* A hint only, for a loop that probes many keys (issue 38): asks for key's
- * home slot now, so that its probe later finds the line there. Changes
- * nothing; a map reallocated since makes it a wasted hint, never an access. */
-static inline void kv_refmap_prefetch(const struct kv_refmap *m, const void *key)
-{
-	if (m->cap)
-		__builtin_prefetch(&m->slots[kv_refmap_home(m, key)]);
-}
-
 void kv_refmap_init(struct kv_refmap *m);
 void kv_refmap_fini(struct kv_refmap *m);
 
