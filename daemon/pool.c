@@ -695,9 +695,15 @@ int kv_block_ref(struct kv_block *b)
 			b->run->ndemoting--;
 			kv_list_del(&b->node);
 		} else {
+			/* The pool's heap is keyed by its LRU's back: only taking
+			 * the back (the oldest) off moves its key (issue 38: a
+			 * lookup of a chain takes a block off mid-list each time). */
+			int back = b->node.next == &p->lru;
+
 			b->run->nlru--;
 			kv_list_del(&b->node);
-			pool_lru_changed(p);
+			if (back)
+				pool_lru_changed(p);
 		}
 		b->state = KV_BLOCK_SEALED;
 		pool_cached_add(p, -1);
@@ -717,10 +723,15 @@ void kv_block_unref(struct kv_block *b)
 	if (--b->ref > 0)
 		return;
 	if (b->state == KV_BLOCK_SEALED) {
+		/* At the front: the back, the heap's key, moves only when the
+		 * LRU was empty. */
+		int was_empty = kv_list_empty(&p->lru);
+
 		b->state = KV_BLOCK_CACHED;
 		b->tick = ++p->pools->tick;
 		kv_list_push_front(&p->lru, &b->node);
-		pool_lru_changed(p);
+		if (was_empty)
+			pool_lru_changed(p);
 		b->run->nlru++;
 		p->n.sealed--;
 		pool_cached_add(p, 1);

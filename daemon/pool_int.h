@@ -56,7 +56,10 @@ static inline void pool_cached_add(struct kv_pool *p, int d)
 
 /* ---- evict.c ---- */
 /* p's LRU changed (a block put on or taken off it): its place in its
- * device's heap follows. O(log pools), O(1) when its back stays. */
+ * device's heap follows. O(log pools), O(1) when its back stays. Only a
+ * change of the back (or of the list's emptiness) moves the key, so the hot
+ * paths (kv_block_ref/unref) call it only then; kv_pools_check() verifies
+ * every heap entry's key against its LRU's back. */
 void pool_lru_changed(struct kv_pool *p);
 /* p leaves its heap (it is being freed; its LRU is empty). */
 void pool_heap_remove(struct kv_pool *p);

@@ -689,6 +689,81 @@ static void test_free(void)
 	env_free(&e);
 }
 
+/* Across pools the oldest cached block is found through a heap keyed by each
+ * pool's LRU back (evict.c); kv_block_ref() and kv_block_unref() move that
+ * key only when they touch the back or empty/fill the list (issue 38). Two
+ * pools with interleaved ticks: references taken on the back, mid-list and
+ * on every block of one pool, then given back; after each step the checker
+ * verifies every heap key against its LRU's back, and at the end the blocks
+ * come out oldest first across both pools, in the order of their last
+ * release. */
+static void test_heap_keys(void)
+{
+	struct env e;
+	struct kv_pool *a, *c;
+	struct kv_block *ba[4], *bc[4], *want[8], *x;
+	uint8_t h[KV_HASH_BYTES];
+	char why[512];
+	int i, n = 0;
+
+	env_new(&e, 2, 4);
+	a = pool(&e, 1, "a", 16384);
+	c = pool(&e, 1, "c", 16384);
+	CHECK(kv_pool_alloc(a, 4, ba, why, sizeof(why)) == 0);
+	CHECK(kv_pool_alloc(c, 4, bc, why, sizeof(why)) == 0);
+	for (i = 0; i < 4; i++) {
+		hash_of(h, i);
+		CHECK(kv_pool_seal(a, ba[i], h) == ba[i]);
+		CHECK(kv_pool_seal(c, bc[i], h) == bc[i]);
+	}
+	/* Ticks: a0 < c0 < a1 < c1 < ... */
+	for (i = 0; i < 4; i++) {
+		kv_block_unref(ba[i]);
+		kv_block_unref(bc[i]);
+	}
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == ba[0]);
+
+	/* a's back taken: a's key moves to a1, c0 is now the oldest. */
+	CHECK(kv_block_ref(ba[0]) == 0);
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == bc[0]);
+	/* Mid-list: no key moves. */
+	CHECK(kv_block_ref(bc[2]) == 0);
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == bc[0]);
+	/* c's back: c's key moves to c1, a1 is the oldest. */
+	CHECK(kv_block_ref(bc[0]) == 0);
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == ba[1]);
+	/* Every block of c taken: c leaves the heap. */
+	CHECK(kv_block_ref(bc[1]) == 0 && kv_block_ref(bc[3]) == 0);
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == ba[1]);
+	/* Given back, newest first (release order): c comes back with c3. */
+	kv_block_unref(bc[3]);
+	must_be_consistent(e.ps);
+	kv_block_unref(ba[0]);  /* to a's front: a's key stays a1 */
+	must_be_consistent(e.ps);
+	CHECK(kv_pools_oldest_cached(e.ps, 0) == ba[1]);
+	kv_block_unref(bc[2]);
+	kv_block_unref(bc[0]);
+	kv_block_unref(bc[1]);
+	must_be_consistent(e.ps);
+
+	/* Oldest first: a1 a2 a3 (their first release), then c3, a0, c2, c0, c1. */
+	want[0] = ba[1], want[1] = ba[2], want[2] = ba[3], want[3] = bc[3];
+	want[4] = ba[0], want[5] = bc[2], want[6] = bc[0], want[7] = bc[1];
+	while ((x = kv_pools_oldest_cached(e.ps, 0))) {
+		CHECK(n < 8 && x == want[n]);
+		CHECK(kv_pools_drop_cached(x) == 1);
+		must_be_consistent(e.ps);
+		n++;
+	}
+	CHECK_EQ(n, 8);
+	env_free(&e);
+}
+
 int main(void)
 {
 	test_layouts();
@@ -696,6 +771,7 @@ int main(void)
 	test_sharing();
 	test_copy();
 	test_demote();
+	test_heap_keys();
 	test_room_after_demotions();
 	test_dev_room();
 	test_ref_saturation();
