@@ -1,4 +1,11 @@
-/* GET /metrics over HTTP; see http.h. */
+/* GET /metrics over HTTP; see http.h.
+ *
+ * One file of about 900 lines, on purpose: the loop's side (building the
+ * exposition a page a turn) and the HTTP thread's side (admission, the
+ * bounds, the deadlines) hand one private struct kv_http and its eventfds
+ * back and forth, and split in two they would need that struct in a shared
+ * header only they include; the listen-address parsing at the top is the
+ * only part that stands alone, and it is small. */
 #include "http.h"
 
 #include <arpa/inet.h>

@@ -2,7 +2,9 @@
  * speaks the protocol from proto/ by hand. Covers the wire format of each op,
  * segment fds (early, split, missing), block addresses in shared memory,
  * daemon errors, protocol violations that break a connection, local limits,
- * and calls from several threads. Exits 0 (pass) or 1 (fail). */
+ * and calls from several threads. Exits 0 (pass) or 1 (fail).
+ * One file past 1,000 lines: every case talks to the one scripted daemon
+ * defined here, and the cases are short. */
 #include <errno.h>
 #include <linux/sockios.h>
 #include <pthread.h>
