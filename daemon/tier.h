@@ -73,7 +73,8 @@ struct kv_tier_stats {
 	 * payload bytes, and what the blocks uncompressed would take more. */
 	uint64_t comp_bytes, comp_saved;
 	/* G2: its copies, G3: its disk I/O failing: rounds backed off, and
-	 * whether it backs off now (tier_int.h, BO_*). */
+	 * whether it is failing (from a failed round to the next success;
+	 * tier_int.h, BO_*). */
 	uint64_t backoffs, backing_off;
 };
 

@@ -169,10 +169,12 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 	if (t->lv[L3].on)
 		st[KV_TIER_G3] = t->lv[L3].st;
 	st[KV_TIER_G2].backoffs = t->bo[BO_COPY].total;
-	st[KV_TIER_G2].backing_off = (uint64_t)tier_io_held(t, BO_COPY);
+	/* From a failed round to the next success, the retries between the
+	 * rounds included: the gauge does not blink while a retry is in flight. */
+	st[KV_TIER_G2].backing_off = t->bo[BO_COPY].rounds != 0;
 	if (t->lv[L3].on) {
 		st[KV_TIER_G3].backoffs = t->bo[BO_DISK].total;
-		st[KV_TIER_G3].backing_off = (uint64_t)tier_io_held(t, BO_DISK);
+		st[KV_TIER_G3].backing_off = t->bo[BO_DISK].rounds != 0;
 	}
 	if (t->lv[L3].on) {
 		st[KV_TIER_G3].io_errors += t->jr.errors;
