@@ -80,6 +80,7 @@ struct g4_fetch {
 	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
+	char why[160];            /* the client's first error of this job ("": none) */
 };
 
 /* A client's write job, one at a time: the loop's while its client's
@@ -94,6 +95,7 @@ struct g4_wjob {
 	struct kv_rc_key keys[WRITE_BATCH];
 	struct kv_rc_val vals[WRITE_BATCH];
 	int status[WRITE_BATCH];
+	char why[160];            /* the client's first error when a write failed */
 };
 
 /* A user the cluster is talked to as: the daemon's (remote_user), or a

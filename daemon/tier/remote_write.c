@@ -37,6 +37,7 @@
 #include "crc32c.h"
 #include "fault.h"
 #include "g4mac.h"
+#include "log.h"
 
 /* ---- the write pool (loop only) ------------------------------------------ */
 
@@ -219,6 +220,8 @@ static void write_run(struct kv_job *j)
 		for (i = 0; i < w->n; i++)
 			w->ok += w->status[i] == KV_RC_OK;
 	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
+	if (w->ok < w->n)   /* on the write thread: its client's error, before the next job */
+		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr));
 }
 
 static void write_flush(struct kv_tiers *t, uint32_t cl);
@@ -231,6 +234,9 @@ static void write_done(struct kv_job *j)
 	g->st.writes += w->ok;
 	g->st.write_errors += w->n - w->ok;
 	g->cl[w->cl].wr_st = w->rc;
+	if (w->ok < w->n)
+		kv_debug("G4: %u of a batch of %u writes failed; the cluster client's first error: %s",
+			 w->n - w->ok, w->n, w->why);
 	while (w->list) {
 		struct g4_write *x = w->list;
 
