@@ -44,6 +44,11 @@ struct g4_write {
 	size_t keylen;
 	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool */
 	size_t len;
+	/* A write made at demotion: the block, held BUSY_G4 until the seal
+	 * job is done, and its payload in its G2 slot, which the worker
+	 * copies into buf; NULL when the loop copied it. */
+	struct tblock *tb;
+	const uint8_t *slot;
 };
 
 struct g4_fetch {
