@@ -154,6 +154,7 @@ struct kv_g4 {
 	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
 	struct g4_wclass wpool[WPOOL_CLASSES];
 	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
+	uint64_t held;             /* G2 copies held BUSY_G4 (tier_remote_put()) */
 	struct kv_g4_stats st;
 };
 

@@ -348,6 +348,7 @@ static void seal_done(struct kv_job *j)
 	if (w->tb) {
 		/* Its slot is read: back on its LRU, or freed if killed meanwhile. */
 		tb_busy_clear(t, w->tb, BUSY_G4);
+		g->held--;
 		w->tb = NULL;
 		w->slot = NULL;
 	}
@@ -361,6 +362,11 @@ static void seal_done(struct kv_job *j)
 	*g->cl[w->cl].pending_tail = w;
 	g->cl[w->cl].pending_tail = &w->next;
 	write_flush(t, w->cl);
+}
+
+uint64_t tier_remote_held(const struct kv_tiers *t)
+{
+	return t->g4 ? t->g4->held : 0;
 }
 
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
@@ -389,6 +395,7 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	if (when == KV_G4W_DEMOTE && !tb->busy) {
 		/* It stays in G2: the worker copies it from its slot, held. */
 		tb_busy_set(tb, BUSY_G4);
+		g->held++;
 		w->tb = tb;
 		w->slot = slot;
 	} else {

@@ -503,6 +503,10 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 		      size_t len);
 /* Worker thread, slot busy: header and payload into tb->g4_buf. */
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
+/* G2 copies held BUSY_G4 now (their values being copied out on the
+ * worker): counted in G2's inflight in Stats, so that what waits for the
+ * tiers to settle waits for them too (an Evict of G2 does not drop them). */
+uint64_t tier_remote_held(const struct kv_tiers *t);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb);
 /* Check: adds each G4 fetch's hold on its pool (queued or being read) to
