@@ -164,8 +164,11 @@ void kv_tiers_stats(const struct kv_tiers *t, struct kv_tier_stats st[KV_NTIERS]
 		st[KV_TIER_G1].evictions += p->n.evictions;
 	}
 	st[KV_TIER_G1].inflight = t->lv[L2].st.inflight;
-	if (t->lv[L2].on)
+	if (t->lv[L2].on) {
 		st[KV_TIER_G2] = t->lv[L2].st;
+		/* and the G2 copies being copied out into G4 values (BUSY_G4) */
+		st[KV_TIER_G2].inflight += tier_remote_held(t);
+	}
 	if (t->lv[L3].on)
 		st[KV_TIER_G3] = t->lv[L3].st;
 	st[KV_TIER_G2].backoffs = t->bo[BO_COPY].total;

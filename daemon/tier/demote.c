@@ -128,8 +128,8 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 			t->lv[L2].st.blocks++;
 			g2_dirty_add(t, tb, 1);
 			t->lv[L2].st.demotions++;
-			tier_remote_put(t, tb, KV_G4W_DEMOTE);
 			tb_busy_clear(t, tb, BUSY_DOWN);
+			tier_remote_put(t, tb, KV_G4W_DEMOTE);   /* idle now: may hold it */
 		} else {
 			/* A lookup took the block meanwhile (or the copy failed):
 			 * the block stays in G1, the copy goes. */

@@ -44,6 +44,11 @@ struct g4_write {
 	size_t keylen;
 	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool */
 	size_t len;
+	/* A write made at demotion: the block, held BUSY_G4 until the seal
+	 * job is done, and its payload in its G2 slot, which the worker
+	 * copies into buf; NULL when the loop copied it. */
+	struct tblock *tb;
+	const uint8_t *slot;
 };
 
 struct g4_fetch {
@@ -80,6 +85,7 @@ struct g4_fetch {
 	uint8_t chk[FETCH_MAX];   /* read thread: check_in_slot()'s answer + 1; 0: none yet */
 	uint32_t bad_sum, bad_mac, oversize, errors, misses;
 	struct kv_rc_stats rc;    /* the client's counters after this job */
+	char why[160];            /* the client's first error of this job ("": none) */
 };
 
 /* A client's write job, one at a time: the loop's while its client's
@@ -94,6 +100,7 @@ struct g4_wjob {
 	struct kv_rc_key keys[WRITE_BATCH];
 	struct kv_rc_val vals[WRITE_BATCH];
 	int status[WRITE_BATCH];
+	char why[160];            /* the client's first error when a write failed */
 };
 
 /* A user the cluster is talked to as: the daemon's (remote_user), or a
@@ -147,6 +154,7 @@ struct kv_g4 {
 	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
 	struct g4_wclass wpool[WPOOL_CLASSES];
 	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
+	uint64_t held;             /* G2 copies held BUSY_G4 (tier_remote_put()) */
 	struct kv_g4_stats st;
 };
 

@@ -138,9 +138,11 @@ static void fetch_run(struct kv_job *j)
 	    kv_rc_get_into(rc, f->n, f->keys, f->dst, fetch_value, f, f->vals) < 0) {
 		f->errors = f->n;
 		kv_rc_stats(rc, &f->rc);
+		snprintf(f->why, sizeof(f->why), "%s", kv_rc_last_error(rc));
 		return;
 	}
 	kv_rc_stats(rc, &f->rc);
+	snprintf(f->why, sizeof(f->why), "%s", kv_rc_last_error(rc));
 	for (i = 0; i < f->n; i++) {
 		struct kv_rc_val *v = &f->vals[i];
 		struct slot_hdr want = f->want;
@@ -239,6 +241,11 @@ static void fetch_done(struct kv_job *j)
 	if (f->oversize)
 		kv_warn("G4: a value for pool '%s' is longer than its %zu bytes; refused after "
 			"%zu bytes, treated as a miss", f->pool->name, f->vlen, f->vlen + 1);
+	if (f->why[0])
+		kv_debug("G4: a fetch of %u blocks for pool '%s': %u served, %u misses, %u errors "
+			 "in %llu ms; the cluster client's first error: %s", f->n, f->pool->name,
+			 f->good, f->misses, f->errors,
+			 (unsigned long long)((kv_hist_now_ns() - f->start_ns) / 1000000), f->why);
 	g->nreading--;
 	g->cur[f->rd] = NULL;
 	g->st.fetching--;

@@ -447,6 +447,8 @@ const char *tb_state_problem(const struct tblock *tb)
 		return "tblock: read from G3 without a G3 copy and a G2 slot to read into";
 	if ((tb->busy & BUSY_UP) && !tb->run[L2])
 		return "tblock: promoted without a G2 copy";
+	if ((tb->busy & BUSY_G4) && !tb->run[L2])
+		return "tblock: copied into a G4 value without a G2 copy";
 	if (idle && !tb->run[L2] && !tb->run[L3])
 		return "tblock: idle without a copy";
 	if (idle && tb->run[L3] && !tb->g3_ok)

@@ -82,9 +82,13 @@ struct level {
  * the LRUs, so that the demotions it starts cannot drop it for a G2 slot.
  * BUSY_FETCH: a G2 slot reserved for a G4 fetch (remote_read.c), which the read
  * thread writes the value into; not in the index until the fetch is done on
- * the loop and the value checked out. */
+ * the loop and the value checked out.
+ * BUSY_G4: a G2 copy that the tier's worker copies into a G4 value and sums
+ * (tier_remote_put() at demotion, remote_write.c): off the LRUs, so nothing
+ * drops it or hands its slot to another block until seal_done() clears it;
+ * a block killed meanwhile (a seal, a promotion, a reload) is freed then. */
 enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32,
-       BUSY_FETCH = 64 };
+       BUSY_FETCH = 64, BUSY_G4 = 128 };
 
 /* A block held by the lower tiers: a tblock, with a G2 copy, a G3 copy or
  * both. Its state is its copies (run[L2], run[L3] and g3_ok), its busy flags
@@ -483,8 +487,11 @@ void tier_remote_reap(struct kv_tiers *t);
  * (it came down into G2), against its namespace's remote_write. */
 int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when);
 /* Loop, tb's G2 slot holding its payload: when tier_remote_want() says so,
- * copies it and hands the copy to a worker for its checksums (and tag),
- * then to the writes. Returns 1 when a write is under way. */
+ * a G4 value of it is made and written: at demotion (KV_G4W_DEMOTE; tb idle,
+ * and it stays) the slot is held BUSY_G4 while the worker copies and sums
+ * it; otherwise (G2 is about to drop it, or a flush walks the LRU) the loop
+ * copies it and the worker sums the copy. Returns 1 when a write is under
+ * way. */
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when);
 /* Whether a G4 value of len bytes at data is the block want describes
  * (want: the header it must carry, hash included, CRCs aside): its length
@@ -496,6 +503,10 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 		      size_t len);
 /* Worker thread, slot busy: header and payload into tb->g4_buf. */
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
+/* G2 copies held BUSY_G4 now (their values being copied out on the
+ * worker): counted in G2's inflight in Stats, so that what waits for the
+ * tiers to settle waits for them too (an Evict of G2 does not drop them). */
+uint64_t tier_remote_held(const struct kv_tiers *t);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb);
 /* Check: adds each G4 fetch's hold on its pool (queued or being read) to
