@@ -61,6 +61,12 @@ static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block 
 	}
 	if (b->ref > KV_BLOCK_REF_MAX)
 		bad(c, "block %#llx: ref %u over the maximum %u", h, b->ref, KV_BLOCK_REF_MAX);
+	/* The owner slot (sessrefs.h): set iff it counts references, never
+	 * more than the block has, none on a FREE block. */
+	if ((b->owner == 0) != (b->own == 0) || b->own > b->ref ||
+	    (b->state == KV_BLOCK_FREE && b->owner))
+		bad(c, "block %#llx: owner %llu holds %u of its %u references", h,
+		    (unsigned long long)b->owner, b->own, b->ref);
 	if (refs && b->check != b->ref)
 		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
 	if (kv_block_lookup(ps, kv_block_handle(b)) != b)

@@ -267,7 +267,7 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	/* b->check counts how often each block is listed. */
 	for (i = 0; i < n; i++) {
 		struct kv_block *b = q->blk[i];
-		uint32_t held = kv_refmap_get(&q->ss->refs, b);
+		uint32_t held = kv_sessrefs_get(&q->ss->refs, b);
 		uint32_t limit = per && per < held ? per : held;
 
 		if (++b->check > limit) {

@@ -123,6 +123,12 @@ struct kv_block {
 	uint16_t slot;
 	uint8_t state;
 	uint8_t demoting;          /* CACHED and on the demoting list */
+	/* The one holder whose references are counted on the block itself
+	 * (sessrefs.h: a session's id; 0: none) and how many of ref are its.
+	 * The pool only keeps them: owner == 0 iff own == 0, own <= ref, none
+	 * on a FREE block (kv_block_assert_state(), kv_pools_check()). */
+	uint32_t own;
+	uint64_t owner;
 };
 
 struct kv_pool_desc {
