@@ -399,7 +399,7 @@ void kv_op_check(struct req *q)
 	kv_list_for_each(pos, &d->sessions) {
 		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
 
-		if (kv_sessrefs_each(&ss->refs, d->pools, count_ref, NULL) && ++lost == 1)
+		if (kv_sessrefs_each(&ss->refs, count_ref, NULL) && ++lost == 1)
 			add_problem(&c, "a session's count of the blocks it owns differs from "
 					"the blocks that name it their owner");
 		for (uint32_t i = 0; i < ss->npins; i++)

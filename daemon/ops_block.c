@@ -160,7 +160,7 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 			   -1, "alloc of %u blocks: must be 1..%u", m->count, q->d->cfg.max_batch);
 		return;
 	}
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, m->count) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->count) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -365,7 +365,7 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	 * peer has not seen. */
 	if (seal_plan(q, p, m, &pl) < 0 || kv_op_want_segments(q, pl.c.dedup, m->n_blocks) < 0)
 		return;
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, m->n_blocks) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -486,7 +486,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			lookup_tiers_keep(q, p, m, n);
 		return;
 	}
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, k) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -532,7 +532,7 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 	for (i = 0; i < m->n_blocks; i++)
 		if (kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check) < 0)
 			return;
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, m->n_blocks) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -562,7 +562,7 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 		return;
 	if (!(copy = q_alloc(q, n * sizeof(*copy))) || !(tmp = q_alloc(q, n * sizeof(*tmp))))
 		return;
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, n) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, n) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -700,7 +700,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	uint32_t n = 0, i;
 	int rc;
 
-	if (kv_sessrefs_reserve(&q->ss->refs, q->d->pools, q->d->cfg.max_batch) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, q->d->cfg.max_batch) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}

@@ -550,7 +550,7 @@ void kv_block_assert_state(const struct kv_block *b)
 	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
 	kv_assert(b->ref <= KV_BLOCK_REF_MAX);
 	kv_assert(b->slot < b->run->pool->blocks_per_run);
-	kv_assert((b->owner == 0) == (b->own == 0) && b->own <= b->ref);
+	kv_assert((b->owner || !b->own) && b->own <= b->ref);
 }
 
 static struct kv_block *take_free(struct kv_pool *p)
@@ -586,9 +586,10 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	kv_assert(b->state != KV_BLOCK_FREE);
 	kv_assert(b->ref == 0 && !b->demoting);
 	kv_assert(!kv_list_linked(&b->node) && !b->ix.pprev);
-	kv_assert(b->owner == 0);
+	kv_assert(b->own == 0);
 	kv_assert(run->nused > 0);
 	b->state = KV_BLOCK_FREE;
+	b->owner = 0;   /* one that held no references (sessrefs.h) */
 	b->gen++;
 	kv_list_push_front(&p->free, &b->node);
 	p->n.free++;

@@ -125,9 +125,11 @@ struct kv_block {
 	uint8_t demoting;          /* CACHED and on the demoting list */
 	/* The one holder whose references are counted on the block itself
 	 * (sessrefs.h: a session's id; 0: none) and how many of ref are its.
-	 * The pool only keeps them: owner == 0 iff own == 0, own <= ref, none
-	 * on a FREE block (kv_block_assert_state(), kv_pools_check()). */
+	 * The pool keeps them, and clears owner when it frees the block:
+	 * own > 0 only with an owner, own <= ref, none on a FREE block
+	 * (kv_block_assert_state(), kv_pools_check()). */
 	uint32_t own;
+	uint8_t listed;            /* scratch: the checker (in its owner's list) */
 	uint64_t owner;
 };
 

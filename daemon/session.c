@@ -46,7 +46,7 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	ss->admin = admin;
 	ss->id = ++d->next_session;
 	ss->connected_ms = kv_now_ms();
-	kv_sessrefs_init(&ss->refs, ss->id);
+	kv_sessrefs_init(&ss->refs, ss->id, d->pools);
 	kv_list_init(&ss->waiter.link);
 	ss->waiter.hold = session_hold;
 	kv_swap_owner_init(&ss->swaps);
@@ -106,7 +106,7 @@ void kv_session_release(struct kv_session *ss)
 	if (!kv_list_linked(&ss->link))
 		return;
 	/* Nothing a worker held leaks; nothing it sealed is lost. */
-	kv_sessrefs_release(&ss->refs, d->pools);
+	kv_sessrefs_release(&ss->refs);
 	kv_sessrefs_fini(&ss->refs);
 	if (kv_list_linked(&ss->waiter.link))
 		kv_list_del(&ss->waiter.link);

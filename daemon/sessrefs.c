@@ -8,12 +8,13 @@
 /* Set on b->owner while owned[] is compacted: the block was kept already. */
 #define MARK (UINT64_C(1) << 63)
 
-void kv_sessrefs_init(struct kv_sessrefs *r, uint64_t id)
+void kv_sessrefs_init(struct kv_sessrefs *r, uint64_t id, struct kv_pools *ps)
 {
 	kv_assert(id != 0 && !(id & MARK));
 	memset(r, 0, sizeof(*r));
 	kv_refmap_init(&r->map);
 	r->id = id;
+	r->ps = ps;
 }
 
 void kv_sessrefs_fini(struct kv_sessrefs *r)
@@ -25,64 +26,76 @@ void kv_sessrefs_fini(struct kv_sessrefs *r)
 	r->n = r->cap = 0;
 }
 
-/* Leaves in owned[] each block r owns once, in the order first listed.
- * Returns how many: r->nowned unless an invariant is broken. */
-static size_t compact(struct kv_sessrefs *r, struct kv_pools *ps)
+/* Leaves in owned[] each block r holds references on as its owner, once, in
+ * the order first listed; the blocks it owns with none are given up (their
+ * owner cleared). Sets b->listed on those kept if listed. Returns how many:
+ * r->nowned unless an invariant is broken. */
+static size_t compact(struct kv_sessrefs *r, int listed)
 {
 	size_t i, k = 0;
 
 	for (i = 0; i < r->n; i++) {
-		struct kv_block *b = kv_block_lookup(ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
 
-		if (b && b->owner == r->id) {
-			b->owner |= MARK;
-			r->owned[k++] = r->owned[i];
+		if (!b || b->owner != r->id)
+			continue;   /* stale, taken over, or kept already */
+		if (b->own == 0) {
+			b->owner = 0;
+			continue;
 		}
+		b->owner |= MARK;
+		r->owned[k++] = r->owned[i];
 	}
 	for (i = 0; i < k; i++) {
-		struct kv_block *b = kv_block_lookup(ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
 
 		kv_assert(b && b->owner == (r->id | MARK));
 		b->owner = r->id;
+		if (listed)
+			b->listed = 1;
 	}
 	r->n = k;
 	return k;
 }
 
-int kv_sessrefs_reserve(struct kv_sessrefs *r, struct kv_pools *ps, size_t n)
+int kv_sessrefs_reserve(struct kv_sessrefs *r, size_t n)
+{
+	/* owned[] needs no room: a block that cannot be listed goes in the
+	 * map (kv_sessrefs_add_slow()). */
+	return kv_refmap_reserve(&r->map, n);
+}
+
+/* Room for one more handle in owned[]: 1, or 0 when there is no memory. */
+static int owned_room(struct kv_sessrefs *r)
 {
 	size_t cap;
 	uint64_t *o;
 
-	if (kv_refmap_reserve(&r->map, n) < 0)
-		return -ENOMEM;
-	if (n <= r->cap - r->n)
-		return 0;
+	if (r->n < r->cap)
+		return 1;
 	if (r->n >= 2 * r->nowned + 64) {
-		/* Every block r owns is listed (sessrefs.h): kept once. */
-		size_t k = compact(r, ps);
+		/* Every block r holds references on as owner is listed
+		 * (sessrefs.h): each is kept once. */
+		size_t k = compact(r, 0);
 
 		kv_assert(k == r->nowned);
 		(void)k;
-		if (n <= r->cap - r->n)
-			return 0;
+		if (r->n < r->cap)
+			return 1;
 	}
-	cap = r->cap ? r->cap : 64;
-	while (cap - r->n < n)
-		cap *= 2;
+	cap = r->cap ? 2 * r->cap : 64;
 	if (!(o = realloc(r->owned, cap * sizeof(*o))))
-		return -ENOMEM;
+		return 0;
 	r->owned = o;
 	r->cap = cap;
-	return 0;
+	return 1;
 }
 
 void kv_sessrefs_add_slow(struct kv_sessrefs *r, struct kv_block *b)
 {
 	kv_assert(b->ref > 0 && b->state != KV_BLOCK_FREE);
-	if (b->owner == 0) {
-		/* kv_sessrefs_reserve() made room. */
-		kv_assert(r->n < r->cap);
+	if (b->own == 0 && owned_room(r)) {
+		/* Nobody holds references as its owner: r becomes it. */
 		r->owned[r->n++] = kv_block_handle(b);
 		b->owner = r->id;
 		b->own = 1;
@@ -110,14 +123,14 @@ static void each_map(void *key, uint32_t count, void *ctx)
 	e->fn(key, count, e->ctx);
 }
 
-int kv_sessrefs_each(struct kv_sessrefs *r, struct kv_pools *ps,
+int kv_sessrefs_each(struct kv_sessrefs *r,
 		     void (*fn)(struct kv_block *b, uint32_t count, void *ctx), void *ctx)
 {
 	struct each_map e = { fn, ctx };
-	size_t k = compact(r, ps);
+	size_t k = compact(r, 1);
 
 	for (size_t i = 0; i < r->n; i++) {
-		struct kv_block *b = kv_block_lookup(ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
 
 		fn(b, b->own, ctx);
 	}
@@ -132,7 +145,7 @@ static void release_map(void *key, uint32_t count, void *ctx)
 		kv_block_unref(key);
 }
 
-void kv_sessrefs_release(struct kv_sessrefs *r, struct kv_pools *ps)
+void kv_sessrefs_release(struct kv_sessrefs *r)
 {
 	/* The map first: it holds no reference on an owned block's behalf,
 	 * and a block with references left is not freed, so every owned
@@ -140,15 +153,16 @@ void kv_sessrefs_release(struct kv_sessrefs *r, struct kv_pools *ps)
 	kv_refmap_each(&r->map, release_map, NULL);
 	kv_refmap_fini(&r->map);
 	for (size_t i = 0; i < r->n; i++) {
-		struct kv_block *b = kv_block_lookup(ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
 		uint32_t n;
 
 		if (!b || b->owner != r->id)
-			continue;   /* stale, or listed before and released */
+			continue;   /* stale, taken over, or listed before */
 		n = b->own;
 		b->owner = 0;
 		b->own = 0;
-		r->nowned--;
+		if (n)
+			r->nowned--;
 		while (n--)
 			kv_block_unref(b);
 	}
