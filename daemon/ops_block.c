@@ -369,6 +369,8 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 		q->out = KV_OP_NOMEM;
 		return;
 	}
+	/* The batch's blocks are born at one instant. */
+	kv_pools_hold_clock(q->d->pools, kv_mono_ms());
 	for (i = 0; i < m->n_blocks; i++) {
 		struct kv_block *b = q->blk[i], *nb;
 		/* A dedup drops b's reference, which may free b: the
@@ -387,6 +389,7 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 			kv_sessrefs_add(&q->ss->refs, nb);
 		q->blk[i] = nb;
 	}
+	kv_pools_hold_clock(q->d->pools, 0);
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 

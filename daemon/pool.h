@@ -310,6 +310,10 @@ struct kv_block *kv_pool_oldest_cached(struct kv_pool *p);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);
+/* The time (kv_mono_ms()) the seals and TTL checks that follow go by, until
+ * called again with 0 (read the clock each time): one reading for a batch
+ * (issue 38: clock_gettime per block was a twentieth of a Seal of 256). */
+void kv_pools_hold_clock(struct kv_pools *ps, uint64_t now_ms);
 /* Evicts b if it is CACHED and not being demoted (a prefix past its TTL).
  * Returns 1 if it did. */
 int kv_pools_drop_cached(struct kv_block *b);
