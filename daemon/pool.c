@@ -20,6 +20,9 @@
 
 /* See KV_BLOCK_REF_MAX: a session's refmap count on a block is at most the
  * block's ref, so it must be able to reach it. */
+/* pool.h's layout: the index entry in the first line, two lines a block. */
+_Static_assert(sizeof(struct kv_index_entry) <= 64 && sizeof(struct kv_block) == 128,
+	       "a block is two cache lines, its index entry the first");
 _Static_assert(KV_BLOCK_REF_MAX <= KV_REFMAP_COUNT_MAX,
 	       "a block's references must fit a session's refmap count");
 
@@ -457,7 +460,11 @@ static int pool_run_new(struct kv_pool *p)
 	first = kv_pages_alloc(dev, p->run_pages, p->ns, NULL, &fresh, pool_keep_free_segs(p));
 	if (first < 0)
 		return (int)first;
-	run = malloc(sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run);
+	/* Aligned for its blocks' cache lines (pool.h); a multiple of it,
+	 * as aligned_alloc() wants. */
+	run = aligned_alloc(_Alignof(struct kv_run),
+			    (sizeof(*run) + sizeof(struct kv_block) * p->blocks_per_run +
+			     _Alignof(struct kv_run) - 1) & ~(_Alignof(struct kv_run) - 1));
 	if (!run) {
 		r = -ENOMEM;
 		goto err;
