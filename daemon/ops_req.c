@@ -251,7 +251,8 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 		return n ? -E2BIG : -EINVAL;
 	}
 	for (i = 0; i < n; i++) {
-		struct kv_block *b = kv_block_lookup(q->d->pools, handles[i]);
+		struct kv_block *b = kv_block_lookup_near(q->d->pools, handles[i],
+							  i ? q->blk[i - 1] : NULL);
 
 		if (!b || b->state == KV_BLOCK_FREE || kv_block_pool(b)->ns != q->ss->ns ||
 		    (p && kv_block_pool(b) != p)) {

@@ -445,6 +445,25 @@ struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h)
 	return (b->gen & GEN_MASK) == gen ? b : NULL;
 }
 
+struct kv_block *kv_block_lookup_near(struct kv_pools *ps, uint64_t h, const struct kv_block *near)
+{
+	const struct kv_run *run;
+	const struct kv_block *b;
+
+	/* near's run is alive (near is held or was just resolved) and owns
+	 * its pages: a handle naming its pool and first page names it, as
+	 * kv_block_lookup() would find through the pool and the page. */
+	if (!near)
+		return kv_block_lookup(ps, h);
+	run = near->run;
+	if (((h >> 12) & 0xfffff) != run->first_page || ((h >> 32) & 0xfff) != run->pool->id)
+		return kv_block_lookup(ps, h);
+	if ((h & 0xfff) >= run->pool->blocks_per_run)
+		return NULL;
+	b = &run->blocks[h & 0xfff];
+	return (b->gen & GEN_MASK) == (uint32_t)(h >> 44) ? (struct kv_block *)b : NULL;
+}
+
 /* ---- runs ---------------------------------------------------------------- */
 
 static int pool_run_new(struct kv_pool *p)
@@ -550,7 +569,7 @@ static const struct {
 /* Inlined at the allocator's own transitions (issue 38: out of line, it was
  * a tenth of a lookup of 1,000 and its release): the caller's loads of the
  * block's fields serve the checks too. */
-static inline void block_assert_state(const struct kv_block *b)
+static inline __attribute__((always_inline)) void block_assert_state(const struct kv_block *b)
 {
 	kv_assert(b->state <= KV_BLOCK_CACHED);
 	kv_assert((b->ref == 0) == state_holds[b->state].no_ref);

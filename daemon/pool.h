@@ -251,6 +251,9 @@ uint64_t kv_block_handle(const struct kv_block *b);
 /* The live block named by h, whatever its state (FREE blocks too: callers
  * check the state), or NULL when no block with that generation exists. */
 struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h);
+/* The same, quicker when h names a block of near's run (a batch's handles
+ * come in runs): near is a block resolved just before, or NULL. */
+struct kv_block *kv_block_lookup_near(struct kv_pools *ps, uint64_t h, const struct kv_block *near);
 static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
 
 /* Allocates n WRITABLE blocks (ref 1) into out, all or nothing: from the free
