@@ -32,11 +32,14 @@ void kv_sessrefs_fini(struct kv_sessrefs *r)
  * r->nowned unless an invariant is broken. */
 static size_t compact(struct kv_sessrefs *r, int listed)
 {
+	struct kv_block *near = NULL;   /* nothing is freed meanwhile */
 	size_t i, k = 0;
 
 	for (i = 0; i < r->n; i++) {
-		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup_near(r->ps, r->owned[i], near);
 
+		if (b)
+			near = b;
 		if (!b || b->owner != r->id)
 			continue;   /* stale, taken over, or kept already */
 		if (b->own == 0) {
@@ -46,10 +49,12 @@ static size_t compact(struct kv_sessrefs *r, int listed)
 		b->owner |= MARK;
 		r->owned[k++] = r->owned[i];
 	}
+	near = NULL;
 	for (i = 0; i < k; i++) {
-		struct kv_block *b = kv_block_lookup(r->ps, r->owned[i]);
+		struct kv_block *b = kv_block_lookup_near(r->ps, r->owned[i], near);
 
 		kv_assert(b && b->owner == (r->id | MARK));
+		near = b;
 		b->owner = r->id;
 		if (listed)
 			b->listed = 1;
