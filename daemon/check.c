@@ -61,6 +61,15 @@ static void check_block(struct kv_pools *ps, struct checker *c, struct kv_block 
 	}
 	if (b->ref > KV_BLOCK_REF_MAX)
 		bad(c, "block %#llx: ref %u over the maximum %u", h, b->ref, KV_BLOCK_REF_MAX);
+	/* The owner slot (sessrefs.h): references counted only with an
+	 * owner, never more than the block has, no owner on a FREE block;
+	 * with refs, every owner lists the block (kv_sessrefs_each()). */
+	if ((!b->owner && b->own) || b->own > b->ref || (b->state == KV_BLOCK_FREE && b->owner))
+		bad(c, "block %#llx: owner %llu holds %u of its %u references", h,
+		    (unsigned long long)b->owner, b->own, b->ref);
+	if (refs && b->owner && !b->listed)
+		bad(c, "block %#llx: its owner %llu does not list it", h,
+		    (unsigned long long)b->owner);
 	if (refs && b->check != b->ref)
 		bad(c, "block %#llx: ref %u but sessions hold %u", h, b->ref, b->check);
 	if (kv_block_lookup(ps, kv_block_handle(b)) != b)
@@ -311,7 +320,7 @@ void kv_pools_check_clear(struct kv_pools *ps)
 			struct kv_run *run = kv_container_of(pos, struct kv_run, link);
 
 			for (s = 0; s < ps->pool[i]->blocks_per_run; s++)
-				run->blocks[s].check = 0;
+				run->blocks[s].check = 0, run->blocks[s].listed = 0;
 		}
 	}
 }

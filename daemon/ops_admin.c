@@ -366,10 +366,10 @@ struct check_ctx {
 	size_t cap;
 };
 
-static void count_ref(void *key, uint32_t count, void *ctx)
+static void count_ref(struct kv_block *b, uint32_t count, void *ctx)
 {
 	(void)ctx;
-	((struct kv_block *)key)->check += count;
+	b->check += count;
 }
 
 static void add_problem(void *ctx, const char *msg)
@@ -399,7 +399,9 @@ void kv_op_check(struct req *q)
 	kv_list_for_each(pos, &d->sessions) {
 		struct kv_session *ss = kv_container_of(pos, struct kv_session, link);
 
-		kv_refmap_each(&ss->refs, count_ref, NULL);
+		if (kv_sessrefs_each(&ss->refs, count_ref, NULL) && ++lost == 1)
+			add_problem(&c, "a session's count of the blocks it owns differs from "
+					"the blocks that name it their owner");
 		for (uint32_t i = 0; i < ss->npins; i++)
 			ss->pins[i]->check++;
 		for (uint32_t id = 0; id < KV_MAX_POOLS; id++) {

@@ -160,7 +160,7 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 			   -1, "alloc of %u blocks: must be 1..%u", m->count, q->d->cfg.max_batch);
 		return;
 	}
-	if (kv_refmap_reserve(&q->ss->refs, m->count) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->count) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -176,7 +176,7 @@ void kv_op_alloc(struct req *q, const Kvcached__Alloc *m)
 		return;
 	}
 	for (i = 0; i < m->count; i++)
-		kv_refmap_add(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
 	kv_op_reply_blocks(q, m->count);
 }
 
@@ -365,23 +365,31 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 	 * peer has not seen. */
 	if (seal_plan(q, p, m, &pl) < 0 || kv_op_want_segments(q, pl.c.dedup, m->n_blocks) < 0)
 		return;
-	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
+	/* The batch's blocks are born at one instant. */
+	kv_pools_hold_clock(q->d->pools, kv_mono_ms());
 	for (i = 0; i < m->n_blocks; i++) {
-		struct kv_block *b = q->blk[i];
-		struct kv_block *nb = kv_cache_seal(q->d, p, b, m->hashes.data + i * HASH, &pl.c, i,
-						    pl.repeats);
+		struct kv_block *b = q->blk[i], *nb;
+		/* A dedup drops b's reference, which may free b: the
+		 * session's count on it goes first (sessrefs.h keeps it on
+		 * the block). Only a hash the plan found, or any when the
+		 * batch repeats one, can dedup. */
+		int may_dedup = pl.repeats || pl.c.dedup[i];
 
+		if (may_dedup)
+			kv_sessrefs_sub(&q->ss->refs, b);
+		nb = kv_cache_seal(q->d, p, b, m->hashes.data + i * HASH, &pl.c, i, pl.repeats);
+		kv_assert(may_dedup || nb == b);
 		if (nb == b && b->state == KV_BLOCK_SEALED)
 			kv_events_sealed(q->d->events, p->id, p->block_tokens, m, i);
-		if (nb != b) {
-			kv_refmap_sub(&q->ss->refs, b);
-			kv_refmap_add(&q->ss->refs, nb);
-			q->blk[i] = nb;
-		}
+		if (may_dedup)
+			kv_sessrefs_add(&q->ss->refs, nb);
+		q->blk[i] = nb;
 	}
+	kv_pools_hold_clock(q->d->pools, 0);
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 
@@ -481,7 +489,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 			lookup_tiers_keep(q, p, m, n);
 		return;
 	}
-	if (kv_refmap_reserve(&q->ss->refs, k) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, k) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -489,7 +497,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		return;
 	for (size_t i = 0; i < k; i++) {
 		kv_block_ref(q->blk[i]);
-		kv_refmap_add(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
 	}
 	kv_cache_lookup_done(q->ss, old_pins);
 	kv_cache_count_lookup(q->d, p, n, k);
@@ -511,7 +519,7 @@ void kv_op_release(struct req *q, const Kvcached__Release *m)
 	/* Tail first: a chain listed head first leaves its tail the oldest in
 	 * the LRU, so eviction takes it before the head. */
 	for (i = m->n_blocks; i-- > 0;) {
-		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_sub(&q->ss->refs, q->blk[i]);
 		kv_block_unref(q->blk[i]);
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
@@ -527,14 +535,14 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 	for (i = 0; i < m->n_blocks; i++)
 		if (kv_op_ref_room(q, q->blk[i], i, q->blk[i]->check) < 0)
 			return;
-	if (kv_refmap_reserve(&q->ss->refs, m->n_blocks) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, m->n_blocks) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
 	/* The blocks are held: their segments are the session's already. */
 	for (i = 0; i < m->n_blocks; i++) {
 		kv_block_ref(q->blk[i]);
-		kv_refmap_add(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
 	}
 	kv_op_reply_blocks(q, m->n_blocks);
 }
@@ -557,7 +565,7 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 		return;
 	if (!(copy = q_alloc(q, n * sizeof(*copy))) || !(tmp = q_alloc(q, n * sizeof(*tmp))))
 		return;
-	if (kv_refmap_reserve(&q->ss->refs, n) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, n) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -620,9 +628,9 @@ void kv_op_cow(struct req *q, const Kvcached__Cow *m)
 	for (i = 0; i < n; i++) {
 		if (!copy[i])
 			continue;
-		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_sub(&q->ss->refs, q->blk[i]);
 		kv_block_unref(q->blk[i]);
-		kv_refmap_add(&q->ss->refs, copy[i]);
+		kv_sessrefs_add(&q->ss->refs, copy[i]);
 		q->blk[i] = copy[i];
 	}
 	kv_op_reply_blocks(q, n);
@@ -669,7 +677,7 @@ void kv_op_swap_out(struct req *q, const Kvcached__SwapOut *m)
 	}
 	/* The swap holds these references now. */
 	for (i = 0; i < m->n_blocks; i++)
-		kv_refmap_sub(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_sub(&q->ss->refs, q->blk[i]);
 	kvcached__swap_out_reply__init(r);
 	r->swap = handle;
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_SWAP_OUT;
@@ -695,7 +703,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 	uint32_t n = 0, i;
 	int rc;
 
-	if (kv_refmap_reserve(&q->ss->refs, q->d->cfg.max_batch) < 0) {
+	if (kv_sessrefs_reserve(&q->ss->refs, q->d->cfg.max_batch) < 0) {
 		q->out = KV_OP_NOMEM;
 		return;
 	}
@@ -716,7 +724,7 @@ void kv_op_swap_in(struct req *q, const Kvcached__SwapIn *m)
 		return;
 	}
 	for (i = 0; i < n; i++)
-		kv_refmap_add(&q->ss->refs, q->blk[i]);
+		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
 	if (kv_op_want_segments(q, q->blk, n) < 0) {
 		/* Only a dup that failed gets here (room was checked): the
 		 * blocks are the session's now and cannot be given back. */

@@ -251,7 +251,8 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 		return n ? -E2BIG : -EINVAL;
 	}
 	for (i = 0; i < n; i++) {
-		struct kv_block *b = kv_block_lookup(q->d->pools, handles[i]);
+		struct kv_block *b = kv_block_lookup_near(q->d->pools, handles[i],
+							  i ? q->blk[i - 1] : NULL);
 
 		if (!b || b->state == KV_BLOCK_FREE || kv_block_pool(b)->ns != q->ss->ns ||
 		    (p && kv_block_pool(b) != p)) {
@@ -267,7 +268,7 @@ int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, siz
 	/* b->check counts how often each block is listed. */
 	for (i = 0; i < n; i++) {
 		struct kv_block *b = q->blk[i];
-		uint32_t held = kv_refmap_get(&q->ss->refs, b);
+		uint32_t held = kv_sessrefs_get(&q->ss->refs, b);
 		uint32_t limit = per && per < held ? per : held;
 
 		if (++b->check > limit) {

@@ -112,9 +112,12 @@ enum kv_block_state { KV_BLOCK_FREE, KV_BLOCK_WRITABLE, KV_BLOCK_SEALED, KV_BLOC
 
 struct kv_run;
 
+/* Two cache lines, aligned (issue 38): the index entry alone in the first
+ * (what a chain walk compares), the rest in the second (what the batch
+ * loops of Lookup, Release and Alloc read and write, and the LRU links). */
 struct kv_block {
+	_Alignas(64) struct kv_index_entry ix;  /* SEALED, CACHED: in the index */
 	struct kv_list node;       /* FREE: pool free list; CACHED: pool LRU */
-	struct kv_index_entry ix;  /* SEALED, CACHED: in the index */
 	struct kv_run *run;
 	uint64_t tick;             /* when it last became CACHED */
 	uint32_t ref;
@@ -123,6 +126,14 @@ struct kv_block {
 	uint16_t slot;
 	uint8_t state;
 	uint8_t demoting;          /* CACHED and on the demoting list */
+	/* The one holder whose references are counted on the block itself
+	 * (sessrefs.h: a session's id; 0: none) and how many of ref are its.
+	 * The pool keeps them, and clears owner when it frees the block:
+	 * own > 0 only with an owner, own <= ref, none on a FREE block
+	 * (kv_block_assert_state(), kv_pools_check()). */
+	uint32_t own;
+	uint8_t listed;            /* scratch: the checker (in its owner's list) */
+	uint64_t owner;
 };
 
 struct kv_pool_desc {
@@ -240,6 +251,9 @@ uint64_t kv_block_handle(const struct kv_block *b);
 /* The live block named by h, whatever its state (FREE blocks too: callers
  * check the state), or NULL when no block with that generation exists. */
 struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h);
+/* The same, quicker when h names a block of near's run (a batch's handles
+ * come in runs): near is a block resolved just before, or NULL. */
+struct kv_block *kv_block_lookup_near(struct kv_pools *ps, uint64_t h, const struct kv_block *near);
 static inline struct kv_pool *kv_block_pool(const struct kv_block *b);
 
 /* Allocates n WRITABLE blocks (ref 1) into out, all or nothing: from the free
@@ -302,6 +316,10 @@ struct kv_block *kv_pool_oldest_cached(struct kv_pool *p);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);
+/* The time (kv_mono_ms()) the seals and TTL checks that follow go by, until
+ * called again with 0 (read the clock each time): one reading for a batch
+ * (issue 38: clock_gettime per block was a twentieth of a Seal of 256). */
+void kv_pools_hold_clock(struct kv_pools *ps, uint64_t now_ms);
 /* Evicts b if it is CACHED and not being demoted (a prefix past its TTL).
  * Returns 1 if it did. */
 int kv_pools_drop_cached(struct kv_block *b);

@@ -33,6 +33,7 @@ struct kv_pools {
 	uint32_t nheap[KV_MAX_DEVICES];
 	uint32_t heap_epoch;       /* nst.prio_epoch the keys were taken at */
 	uint32_t *scratch;
+	uint64_t clock_ms;         /* kv_pools_hold_clock(); 0: read the clock */
 };
 
 /* The live pool of id i < npools, or NULL for a free id. */

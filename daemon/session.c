@@ -46,7 +46,7 @@ void kv_session_open(struct kv_daemon *d, struct kv_session *ss, const struct uc
 	ss->admin = admin;
 	ss->id = ++d->next_session;
 	ss->connected_ms = kv_now_ms();
-	kv_refmap_init(&ss->refs);
+	kv_sessrefs_init(&ss->refs, ss->id, d->pools);
 	kv_list_init(&ss->waiter.link);
 	ss->waiter.hold = session_hold;
 	kv_swap_owner_init(&ss->swaps);
@@ -87,15 +87,6 @@ fail:
 	free(g);
 }
 
-static void release_ref(void *key, uint32_t count, void *ctx)
-{
-	struct kv_block *b = key;
-
-	(void)ctx;
-	while (count--)
-		kv_block_unref(b);
-}
-
 /* n fds more (negative: fewer) out to ss: the daemon's count and its uid's. */
 static void fds_count(struct kv_session *ss, int64_t n)
 {
@@ -115,8 +106,8 @@ void kv_session_release(struct kv_session *ss)
 	if (!kv_list_linked(&ss->link))
 		return;
 	/* Nothing a worker held leaks; nothing it sealed is lost. */
-	kv_refmap_each(&ss->refs, release_ref, NULL);
-	kv_refmap_fini(&ss->refs);
+	kv_sessrefs_release(&ss->refs);
+	kv_sessrefs_fini(&ss->refs);
 	if (kv_list_linked(&ss->waiter.link))
 		kv_list_del(&ss->waiter.link);
 	kv_tiers_waiter_gone(d->tiers, &ss->waiter, ss->ns);

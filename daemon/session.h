@@ -25,6 +25,7 @@
 
 #include "daemon.h"
 #include "refmap.h"
+#include "sessrefs.h"
 
 struct kv_budget_uid;
 
@@ -77,7 +78,7 @@ struct kv_session {
 	 * the uid's sessions; NULL for a session without a connection. */
 	struct kv_budget_uid *bu;
 	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
-	struct kv_refmap refs;
+	struct kv_sessrefs refs;   /* the block references it holds */
 	uint64_t connected_ms, requests;
 };
 

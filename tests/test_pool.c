@@ -764,6 +764,47 @@ static void test_heap_keys(void)
 	env_free(&e);
 }
 
+/* kv_block_lookup_near() answers as kv_block_lookup() for every handle,
+ * good, stale or forged, whatever block it is given as near. */
+static void test_lookup_near(void)
+{
+	struct env e;
+	struct kv_pool *p, *q;
+	struct kv_block *b[12], *near[14];
+	uint64_t h[12 * 6];
+	char why[512];
+	int i, j, n = 0;
+
+	env_new(&e, 2, 8);
+	p = pool(&e, 1, "p", 16384);   /* 4 blocks a run */
+	q = pool(&e, 1, "q", 16384);
+	CHECK(kv_pool_alloc(p, 8, b, why, sizeof(why)) == 0);
+	CHECK(kv_pool_alloc(q, 4, b + 8, why, sizeof(why)) == 0);
+	for (i = 0; i < 12; i++) {
+		uint64_t x = kv_block_handle(b[i]);
+
+		h[n++] = x;
+		h[n++] = x ^ (1ull << 44);              /* another generation */
+		h[n++] = (x & ~0xfffull) | 0xfff;       /* slot past the run */
+		h[n++] = (x & ~0xfffull) | 3;           /* another slot, same run */
+		h[n++] = x ^ (1ull << 12);              /* another page */
+		h[n++] = x ^ (1ull << 32);              /* another pool id */
+	}
+	kv_block_unref(b[5]);                           /* FREE: its handle stale */
+	for (i = 0; i < 12; i++)
+		near[i] = b[i];
+	near[12] = NULL;
+	near[13] = b[0];
+	for (i = 0; i < n; i++)
+		for (j = 0; j < 14; j++)
+			CHECK(kv_block_lookup_near(e.ps, h[i], near[j]) == kv_block_lookup(e.ps, h[i]));
+	for (i = 0; i < 12; i++)
+		if (i != 5)
+			kv_block_unref(b[i]);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
 int main(void)
 {
 	test_layouts();
@@ -772,6 +813,7 @@ int main(void)
 	test_copy();
 	test_demote();
 	test_heap_keys();
+	test_lookup_near();
 	test_room_after_demotions();
 	test_dev_room();
 	test_ref_saturation();
