@@ -149,6 +149,13 @@ static inline uint64_t kv_backend_max_dev_bytes(const struct kv_backend *be)
 	return m;
 }
 
+/* Plugged (plug), the host backend hands its held batches to the copy
+ * thread once this many bytes are held (else at plug(be, 0)): big enough
+ * that a hand-off is paid per 16 blocks of 256 KiB, small enough that the
+ * loop indexes and wakes the lookups of one job (about a microsecond a
+ * block) while the thread copies the next. */
+#define KV_HOST_PLUG_BYTES (4u << 20)
+
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.
  * Returns 0 and *out, or -errno. */
 int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend **out);

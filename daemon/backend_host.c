@@ -33,7 +33,7 @@
  *
  * Plugged (plug(be, 1), issue 38), copy_async checks and accepts each batch
  * as always but holds it; the held batches go to the copy thread as one job
- * once HOST_PLUG_BYTES are held or at plug(be, 0), and finish together: one
+ * once KV_HOST_PLUG_BYTES are held or at plug(be, 0), and finish together: one
  * hand-off to the thread, one lock and one completion wakeup for all, in
  * place of one each. A lookup that promotes 1,024 blocks of 256 KiB from G2
  * made 1,024 jobs, each woke the loop (one_wake's write, an IPI to the
@@ -70,11 +70,6 @@ struct host_seg {
 
 #define POP_PAGE 4096u
 
-/* Plugged, the held batches go to the copy thread once this many bytes are
- * held: big enough that a hand-off is paid per 16 blocks of 256 KiB, small
- * enough that the loop indexes and wakes the lookups of one job (per block,
- * about a microsecond) while the thread copies the next. */
-#define HOST_PLUG_BYTES (4u << 20)
 
 struct host_backend {
 	struct kv_backend be;
@@ -438,7 +433,7 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		h->held_tail = &b->next_held;
 		for (uint32_t k = 0; k < b->n; k++)
 			h->held_bytes += b->m[k].len;
-		if (h->held_bytes >= HOST_PLUG_BYTES)
+		if (h->held_bytes >= KV_HOST_PLUG_BYTES)
 			host_unhold(h);
 	} else if (h->wk.started) {
 		kv_worker_submit(&h->wk, &b->job);
