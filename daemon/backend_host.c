@@ -36,10 +36,11 @@
  * once KV_HOST_PLUG_BYTES are held or at plug(be, 0), and finish together: one
  * hand-off to the thread, one lock and one completion wakeup for all, in
  * place of one each. A lookup that promotes 1,024 blocks of 256 KiB from G2
- * made 1,024 jobs, each woke the loop (one_wake's write, an IPI to the
- * other CPU, a reap and a rerun of the lookup that walks the rest of the
- * chain); plugged it makes 64 (docs/benchmarks.md, issue 38). Each batch
- * keeps its own result and tag: a fault stops that batch alone. */
+ * made 1,024 jobs, and the loop woke for their completions 270-340 times
+ * (one_wake's write, an IPI to the other CPU, a reap, and a rerun of the
+ * lookup that walks the rest of the chain); plugged it makes 64 jobs and
+ * about 60 wakeups (docs/benchmarks.md, issue 38). Each batch keeps its
+ * own result and tag: a fault stops that batch alone. */
 #include "backend.h"
 
 #include <errno.h>
@@ -69,7 +70,6 @@ struct host_seg {
 };
 
 #define POP_PAGE 4096u
-
 
 struct host_backend {
 	struct kv_backend be;
@@ -340,12 +340,10 @@ static void host_unhold(struct host_backend *h)
 	h->held = NULL;
 	h->held_tail = &h->held;
 	h->held_bytes = 0;
-	if (!first->next_held) {
-		kv_worker_submit(&h->wk, &first->job);
-		return;
+	if (first->next_held) {
+		first->job.run = hheld_run;
+		first->job.done = hheld_done;
 	}
-	first->job.run = hheld_run;
-	first->job.done = hheld_done;
 	kv_worker_submit(&h->wk, &first->job);
 }
 
