@@ -84,7 +84,7 @@ static void seal_range(kvc_conn *c, int pool, int i0, int i1, int must)
 	CHECK_EQ(kvc_release(c, b, (size_t)n), 0);
 }
 
-static int pipes[2][2];
+static int pipes[2][2];  /* [0]: parent -> racer (stop); [1]: racer -> parent (ready) */
 
 static uint64_t mono_ms(void)
 {
@@ -93,7 +93,6 @@ static uint64_t mono_ms(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
-  /* [0]: parent -> racer (stop); [1]: racer -> parent (ready) */
 
 /* The second process: connected, says so, then races the parent's Lookup
  * until the parent writes to the pipe (40 steps at most). */
