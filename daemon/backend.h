@@ -88,6 +88,15 @@ struct kv_backend_ops {
 	 * nothing was started (no completion follows). */
 	int (*copy_async)(struct kv_backend *be, uint32_t dev, enum kv_copy_dir dir,
 			  const struct kv_copy *c, uint32_t n, uint64_t tag);
+	/* Optional (NULL: nothing to do). Between plug(be, 1) and plug(be, 0)
+	 * (nested calls count), copy_async may hold the batches it is given and
+	 * hand them to its copy engine together, up to a size of its own, so
+	 * that a lookup's many one-block promotions cost one hand-off to the
+	 * copy thread and one completion wakeup instead of one each (issue 38).
+	 * copy_async still checks and accepts or refuses each batch at once,
+	 * and each still completes on its own with its own tag and result;
+	 * plug(be, 0) starts what is held. Never fails. */
+	void (*plug)(struct kv_backend *be, int on);
 	/* Collects up to max finished batches, in any order; returns how many
 	 * (0 when none) and clears completion_fd's readiness once all are taken. */
 	int (*reap)(struct kv_backend *be, struct kv_copy_done *done, int max);
@@ -139,6 +148,13 @@ static inline uint64_t kv_backend_max_dev_bytes(const struct kv_backend *be)
 			m = kv_backend_dev_bytes(be, i);
 	return m;
 }
+
+/* Plugged (plug), the host backend hands its held batches to the copy
+ * thread once this many bytes are held (else at plug(be, 0)): big enough
+ * that a hand-off is paid per 16 blocks of 256 KiB, small enough that the
+ * loop indexes and wakes the lookups of one job (about a microsecond a
+ * block) while the thread copies the next. */
+#define KV_HOST_PLUG_BYTES (4u << 20)
 
 /* Creates the host backend: one device of nseg memfd segments of seg_bytes.
  * Returns 0 and *out, or -errno. */

@@ -183,6 +183,8 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 
 			if (tiers && tiers[k] < tier)
 				tiers[k] = (uint8_t)tier;
+			if (!started)
+				kv_tiers_plug(d->tiers, 1);
 			started = 1;
 			r = kv_tiers_promote(d->tiers, e, parked ? NULL : &ss->waiter);
 
@@ -195,6 +197,10 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		}
 		blk[k] = kv_container_of(e, struct kv_block, ix);
 	}
+	/* The copies the promotions above started go to the copy engine
+	 * together (tier.h). */
+	if (started)
+		kv_tiers_plug(d->tiers, 0);
 	/* The rest of the chain may be in G4 (another node's work): ask, and
 	 * park until the answer is in G2 (the rerun promotes it). */
 	if (!parked && !expired && k < n) {

@@ -165,6 +165,12 @@ int kv_tiers_entry_tier(const struct kv_index_entry *e);
  *            cannot start at all). */
 int kv_tiers_promote(struct kv_tiers *t, struct kv_index_entry *e, struct kv_waiter *w);
 
+/* Around a run of kv_tiers_promote() calls (on, then off; nested calls
+ * count): the copies they start may be handed to the backend's copy engine
+ * together, one hand-off for the run instead of one per block (backend.h,
+ * plug). Each promotion still starts, fails and completes on its own. */
+void kv_tiers_plug(struct kv_tiers *t, int on);
+
 /* An allocation of namespace ns on device dev found no room. When a copy in
  * flight may make some, queues w, to be woken when a copy completes, and
  * returns 0 (the caller parks, then runs the allocation again): a demotion

@@ -6,7 +6,9 @@
  * recreated segment (new epoch, zeroed memory); bad offsets; quantized
  * copies (compress on demote: the host backend's C reference, the cuda
  * backend's device kernels; the same bytes either way), alone and mixed
- * with raw ones and other formats in one batch; the copy fault point. */
+ * with raw ones and other formats in one batch; the copy fault point; the
+ * host backend's plug (batches held until unplugged or 4 MiB held, each
+ * completing on its own). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -397,6 +399,58 @@ int main(void)
 	/* Segment 0 kept its bytes. */
 	one(KV_COPY_D2H, 2 * BLK, 0, arena, BLK, tag++);
 	CHECK(memcmp(arena, want + 2 * BLK, BLK) == 0);
+
+	/* Plugged (issue 38): batches are checked and accepted at once, held
+	 * (none completes, however long it waits) until the outer plug(0),
+	 * then each completes with its own tag and result; a fault fails the
+	 * batch it hits alone. With KV_HOST_PLUG_BYTES held they go without
+	 * waiting for plug(0). */
+	if (be->ops->plug) {
+		struct pollfd p = { .fd = be->completion_fd, .events = POLLIN };
+		int m = (int)(KV_HOST_PLUG_BYTES / BLK);
+
+		/* Segment 0 holds want again; the arena's second half zeroes. */
+		memcpy(arena, want, NB * BLK);
+		for (i = 0; i < NB; i++)
+			c[i] = (struct kv_copy){ .dev_off = i * BLK, .host = arena + i * BLK, .len = BLK };
+		CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_H2D, c, NB, tag), 0);
+		CHECK_EQ(wait_tags(tag, 1, &res), 0);
+		tag++;
+		memset(arena + NB * BLK, 0, NB * BLK);
+		CHECK_EQ(kv_fault_parse("copy=EIO:skip=5", err, sizeof(err)), 0);
+		be->ops->plug(be, 1);
+		be->ops->plug(be, 1);  /* nested */
+		for (i = 0; i < NB; i++) {
+			c[0] = (struct kv_copy){ .dev_off = i * BLK, .host = arena + NB * BLK + i * BLK,
+						 .len = BLK };
+			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, c, 1, tag + i), 0);
+		}
+		be->ops->plug(be, 0);
+		CHECK_EQ(poll(&p, 1, 200), 0);
+		for (i = 0; i < NB; i++)
+			CHECK(arena[NB * BLK + i * BLK] == 0 || want[i * BLK] == 0);
+		be->ops->plug(be, 0);
+		CHECK_EQ(wait_tags(tag, NB, &res), 1);
+		CHECK_EQ(res, -EIO);
+		for (i = 0; i < NB; i++)
+			if (i != 5)
+				CHECK(memcmp(arena + NB * BLK + i * BLK, want + i * BLK, BLK) == 0);
+		tag += NB;
+		CHECK_EQ(kv_fault_fired(KV_FAULT_COPY), 1);
+
+		/* m copies of BLK: KV_HOST_PLUG_BYTES, handed over while plugged. */
+		be->ops->plug(be, 1);
+		for (i = 0; i < (uint64_t)m; i++) {
+			c[0] = (struct kv_copy){ .dev_off = (i % NB) * BLK,
+						 .host = arena + NB * BLK + (i % NB) * BLK, .len = BLK };
+			CHECK_EQ(be->ops->copy_async(be, 0, KV_COPY_D2H, c, 1, tag + i), 0);
+		}
+		CHECK_EQ(wait_tags(tag, m, &res), 0);
+		be->ops->plug(be, 0);
+		tag += (uint64_t)m;
+		CHECK_EQ(poll(&p, 1, 0), 0);
+		CHECK(memcmp(arena + NB * BLK, want, NB * BLK) == 0);
+	}
 
 	/* The fault point fails the batch it hits. */
 	CHECK_EQ(kv_fault_parse("copy=EIO:skip=1", err, sizeof(err)), 0);

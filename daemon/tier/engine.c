@@ -39,6 +39,12 @@ int tier_copy_async(struct kv_tiers *t, uint32_t dev, enum kv_copy_dir dir,
 	return t->be->ops->copy_async(t->be, dev, dir, c, n, (uint64_t)(uintptr_t)op);
 }
 
+void kv_tiers_plug(struct kv_tiers *t, int on)
+{
+	if (t->be->ops->plug)
+		t->be->ops->plug(t->be, on);
+}
+
 void tier_offload(struct kv_tiers *t, struct kv_job *job, kv_job_fn run, kv_job_fn done)
 {
 	job->run = run;
