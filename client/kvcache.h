@@ -18,8 +18,9 @@
  * - The library never prints and never aborts.
  *
  * Threads: a kvc_conn may be shared by threads; calls on it are serialized by
- * an internal mutex (one request in flight per connection; use one connection
- * per thread for parallelism). kvc_block_ptr() takes no lock.
+ * an internal mutex (one call in flight per connection - one request, or
+ * kvc_lookup_many()'s pipelined batch; use one connection per thread for
+ * parallelism). kvc_block_ptr() takes no lock.
  * kvc_last_error() answers for the calling thread's own calls.
  *
  * Deadlines: every call that talks to the daemon has one, timeout_ms from

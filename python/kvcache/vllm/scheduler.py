@@ -59,6 +59,8 @@ def _unspecified():
 # never changed in place.
 _NONE: tuple = ()
 _UNSET = object()
+# ReqState.keys of a request whose block hashes are their own kvcached keys.
+_IDENT: list = []
 
 
 class ReqState:
@@ -91,6 +93,10 @@ class ReqState:
     def keys_of(self, a: int, b: int) -> List[bytes]:
         """kvcached keys of the request's blocks [a, b)."""
         k, kb = self.keys, self.keys_base
+        if k is _IDENT:
+            # The request's block hashes are their own keys (checked by the
+            # lookup: bytes of 32); the list only grows past its blocks.
+            return self.request.block_hashes[a:b]
         if k is None or a < kb or a - kb >= len(k):
             return kv_keys(self.request.block_hashes[a:b])
         have = k[a - kb:b - kb]
@@ -316,20 +322,36 @@ class KvcachedScheduler:
             st.tiers = st.tiers[:keep]
             self._queue_release(drop, st.held_epoch)
 
-    def _keys(self, hashes: list):
-        """The kvcached keys of hashes, and what the ops thread looks up:
-        one group, the keys concatenated (kv_keys_packed); several, the
-        keys."""
+    def _keys(self, req, a: int, b: int):
+        """The kvcached keys of req's blocks [a, b) (_IDENT: its block
+        hashes themselves), and what the ops thread looks up: one group,
+        the keys concatenated; several, the keys. vLLM's default hashes
+        (bytes of 32) are their own keys: the request's list joined once,
+        each hash touched once (a slice, then a join, then a pass over
+        their lengths was 11 us a 2k-token request). An engine hashes
+        every block with one function, so its hashes are all of one type
+        and one length: the first's and the joined length say they are
+        32 bytes each."""
+        bh = req.block_hashes
+        if not self.hybrid and bh and type(bh[0]) is bytes and len(bh[0]) == kvcache.HASH_BYTES:
+            try:
+                buf = b"".join(bh)
+            except TypeError:
+                buf = None
+            if buf is not None and len(buf) == kvcache.HASH_BYTES * len(bh):
+                if a or b != len(bh):
+                    buf = buf[a * kvcache.HASH_BYTES:b * kvcache.HASH_BYTES]
+                return _IDENT, buf
         if self.hybrid:
-            keys = kv_keys(hashes)
+            keys = kv_keys(bh[a:b])
             return keys, keys
-        return kv_keys_packed(hashes)
+        return kv_keys_packed(bh[a:b])
 
-    def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
-        """Looks st's chain up, with the chains (from block 0) of up to
-        lookup_batch - 1 other requests added and not asked about yet, in
-        one task on the ops thread."""
-        keys, chain = self._keys(hashes)
+    def _submit_lookups(self, st: ReqState, a: int, b: int, at: int) -> None:
+        """Looks st's blocks [a, b) up, with the chains (from block 0) of up
+        to lookup_batch - 1 other requests added and not asked about yet,
+        in one task on the ops thread."""
+        keys, chain = self._keys(st.request, a, b)
         items = [(st, keys, at)]
         chains = [chain]
         self._unasked.pop(st.request.request_id, None)
@@ -344,13 +366,13 @@ class KvcachedScheduler:
             nfull = min(len(req.block_hashes), (req.num_tokens - 1) // bs)
             if nfull <= 0:
                 continue
-            keys, chain = self._keys(req.block_hashes[:nfull])
+            keys, chain = self._keys(req, 0, nfull)
             items.append((o, keys, 0))
             chains.append(chain)
         fut = self._ops.submit(self._op_lookup_many, chains, [a // bs for _, _, a in items])
         now = time.monotonic()
         for i, (o, keys, a) in enumerate(items):
-            o.keys, o.keys_base = keys, a // bs
+            o.keys, o.keys_base = keys, (0 if keys is _IDENT else a // bs)
             o.lookup = _Part(fut, i)
             o.lookup_at = a
             o.asked_since = now
@@ -391,7 +413,7 @@ class KvcachedScheduler:
                 self._release_held(st)
                 self._drop_lookup(st)
         if st.lookup is None:
-            self._submit_lookups(st, request.block_hashes[start:nfull], num_computed_tokens)
+            self._submit_lookups(st, start, nfull, num_computed_tokens)
         try:
             r = st.lookup.result(timeout=self._lookup_timeout)
         except _fut.TimeoutError:
