@@ -9,6 +9,8 @@
 #include "kvc_internal.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +92,24 @@ static int check_pool(int pool)
 	return pool < 0 || (unsigned)pool >= KVC_MAX_POOLS ? KVC_ENOENT : 0;
 }
 
+/* Copies the blocks of resp (checked by check_blocks() against e) to out
+ * (may be NULL for none) and their tiers to e->tiers. Returns how many. */
+static size_t take_blocks(const Kvcached__Response *resp, const struct expect *e, kvc_block *out)
+{
+	size_t n = 0;
+
+	if (resp->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
+		n = resp->blocks->n_blocks;
+		if (n && out)
+			memcpy(out, resp->blocks->blocks, n * sizeof(*out));
+		/* A daemon from before BlockList.tiers sends none. */
+		for (size_t i = 0; e->tiers && i < n; i++)
+			e->tiers[i] = resp->blocks->n_tiers ? (uint8_t)resp->blocks->tiers[i]
+							    : KVC_TIER_UNKNOWN;
+	}
+	return n;
+}
+
 /* Sends req expecting blocks; copies them to out (may be NULL for none).
  * Returns the number of blocks or a negative error. */
 static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect *e,
@@ -102,15 +122,7 @@ static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect 
 	r = kvc_call_check(c, req, check_blocks, e, &resp);
 	if (r < 0)
 		return r;
-	if (resp->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
-		n = resp->blocks->n_blocks;
-		if (n && out)
-			memcpy(out, resp->blocks->blocks, n * sizeof(*out));
-		/* A daemon from before BlockList.tiers sends none. */
-		for (size_t i = 0; e->tiers && i < n; i++)
-			e->tiers[i] = resp->blocks->n_tiers ? (uint8_t)resp->blocks->tiers[i]
-							    : KVC_TIER_UNKNOWN;
-	}
+	n = take_blocks(resp, e, out);
 	kvcached__response__free_unpacked(resp, NULL);
 	return (int)n;
 }
@@ -346,6 +358,94 @@ KVC_PUBLIC int kvc_lookup_tiers(kvc_conn *c, int pool, const kvc_hash *chain, si
 	req.op_case = KVCACHED__REQUEST__OP_LOOKUP;
 	req.lookup = &l;
 	return call_blocks(c, &req, &e, out);
+}
+
+/* One Lookup of a kvc_lookup_many() batch. */
+struct many_item {
+	Kvcached__Request req;
+	Kvcached__Lookup l;
+	struct expect e;
+};
+
+/* Returns nchains or a negative error (see kvcache.h). */
+KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, const size_t *n,
+			       size_t nchains, kvc_block *out, uint8_t *tiers, int *found)
+{
+	struct many_item *it = NULL;
+	Kvcached__Request **reqs = NULL;
+	Kvcached__Response **resps = NULL;
+	const void **args = NULL;
+	size_t i, k = 0, off = 0, *at = NULL;
+	int r, *rc = NULL;
+
+	if (!c || (nchains && (!n || !found)) || nchains > INT_MAX)
+		return KVC_EINVAL;
+	if ((r = check_pool(pool)) < 0)
+		return r;
+	for (i = 0; i < nchains; i++) {
+		if (n[i] && (!chains || !out))
+			return KVC_EINVAL;
+		if ((r = check_batch(c, n[i])) < 0)
+			return r;
+		if (n[i] > SIZE_MAX - off)
+			return KVC_EINVAL;
+		off += n[i];
+		k += n[i] != 0;
+	}
+	if (k) {
+		it = calloc(k, sizeof(*it));
+		reqs = calloc(k, sizeof(*reqs));
+		resps = calloc(k, sizeof(*resps));
+		args = calloc(k, sizeof(*args));
+		at = calloc(k, sizeof(*at));
+		rc = calloc(k, sizeof(*rc));
+		if (!it || !reqs || !resps || !args || !at || !rc) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	/* Item j: the j-th chain that is not empty, at offset at[j]. */
+	for (i = 0, k = 0, off = 0; i < nchains; off += n[i], i++) {
+		struct many_item *m;
+
+		if (n[i] == 0)
+			continue;
+		m = &it[k];
+		m->req = (Kvcached__Request)KVCACHED__REQUEST__INIT;
+		m->l = (Kvcached__Lookup)KVCACHED__LOOKUP__INIT;
+		m->l.pool_id = (uint32_t)pool;
+		m->l.hashes.data = (uint8_t *)(chains + off);
+		m->l.hashes.len = n[i] * sizeof(*chains);
+		m->l.tiers = tiers != NULL;
+		m->req.op_case = KVCACHED__REQUEST__OP_LOOKUP;
+		m->req.lookup = &m->l;
+		m->e = (struct expect){ .kind = REPLY_UPTO, .n = n[i], .pool = &m->l.pool_id,
+					.lookup = true, .tiers = tiers ? tiers + off : NULL };
+		reqs[k] = &m->req;
+		args[k] = &m->e;
+		at[k++] = off;
+	}
+	r = kvc_call_many(c, reqs, k, check_blocks, args, resps, rc);
+	if (r < 0)
+		goto out;
+	for (i = 0, k = 0; i < nchains; i++) {
+		if (n[i] == 0) {
+			found[i] = 0;
+			continue;
+		}
+		found[i] = rc[k] < 0 ? rc[k] : (int)take_blocks(resps[k], &it[k].e, out + at[k]);
+		kvcached__response__free_unpacked(resps[k], NULL);
+		k++;
+	}
+	r = (int)nchains;
+out:
+	free(it);
+	free(reqs);
+	free(resps);
+	free(args);
+	free(at);
+	free(rc);
+	return r;
 }
 
 /* Returns 0 or a negative error. */

@@ -499,70 +499,91 @@ static int rbuf_reserve(kvc_conn *c, size_t need)
 	return 0;
 }
 
+/* Takes one complete response frame out of c->rbuf and decodes it: 1 and
+ * *out, or 0 when the frame is not all there yet (*need: the bytes it needs
+ * from rpos), or -EPROTO. Reads nothing. */
+static int rbuf_take(kvc_conn *c, Kvcached__Response **out, size_t *need)
+{
+	uint32_t len;
+	int r;
+
+	*need = KV_FRAME_HDR;
+	if (c->rlen < KV_FRAME_HDR)
+		return 0;
+	r = kv_frame_hdr_decode(c->rbuf + c->rpos, frame_max(c), &len);
+	if (r == -EMSGSIZE) {
+		set_err(c, "response frame exceeds max_frame %u", frame_max(c));
+		return -EPROTO;
+	}
+	if (r < 0) {
+		set_err(c, "bad frame header from the daemon");
+		return -EPROTO;
+	}
+	*need = KV_FRAME_HDR + (size_t)len;
+	if (c->rlen < *need)
+		return 0;
+	*out = kvcached__response__unpack(NULL, len, c->rbuf + c->rpos + KV_FRAME_HDR);
+	c->rpos += *need;
+	c->rlen -= *need;
+	if (c->rlen == 0)
+		c->rpos = 0;
+	if (!*out) {
+		set_err(c, "undecodable response from the daemon");
+		return -EPROTO;
+	}
+	return 1;
+}
+
+/* One recvmsg into c->rbuf, with room for need bytes from rpos made first
+ * (flags: MSG_DONTWAIT or 0). Returns the bytes read, -EAGAIN, -ECONNRESET
+ * (the daemon closed the connection), -EPROTO or -errno. */
+static int rbuf_fill(kvc_conn *c, size_t need, int flags)
+{
+	int fds[KV_FRAME_MAX_FDS], nfds = 0, trunc = 0;
+	ssize_t n;
+	int r = rbuf_reserve(c, need);
+
+	if (r < 0)
+		return r;
+	n = kv_recvmsg_fds(c->fd, c->rbuf + c->rpos + c->rlen, c->rcap - c->rpos - c->rlen, fds,
+			   &nfds, KV_FRAME_MAX_FDS, flags, &trunc);
+	r = fdq_push(c, fds, nfds);
+	if (n < 0)
+		return (int)n;
+	if (r < 0)
+		return r;
+	if (trunc) {
+		set_err(c, "file descriptors from the daemon were truncated");
+		return -EPROTO;
+	}
+	if (n == 0) {
+		set_err(c, "the daemon closed the connection");
+		return -ECONNRESET;
+	}
+	c->rlen += (size_t)n;
+	return n > INT_MAX ? INT_MAX : (int)n;
+}
+
 /* Reads one response frame and decodes it. Returns 0 or -EPROTO/-errno. */
 static int recv_response(kvc_conn *c, Kvcached__Response **out)
 {
+	bool bounded = c->deadline_ns != NO_DEADLINE;
+
 	for (;;) {
-		int fds[KV_FRAME_MAX_FDS], nfds = 0, trunc = 0;
-		size_t need = KV_FRAME_HDR;
-		ssize_t n;
-		int r;
+		size_t need;
+		int r = rbuf_take(c, out, &need);
 
-		if (c->rlen >= KV_FRAME_HDR) {
-			uint32_t len;
-
-			r = kv_frame_hdr_decode(c->rbuf + c->rpos, frame_max(c), &len);
-			if (r == -EMSGSIZE) {
-				set_err(c, "response frame exceeds max_frame %u", frame_max(c));
-				return -EPROTO;
-			}
-			if (r < 0) {
-				set_err(c, "bad frame header from the daemon");
-				return -EPROTO;
-			}
-			need = KV_FRAME_HDR + (size_t)len;
-			if (c->rlen >= need) {
-				Kvcached__Response *resp = kvcached__response__unpack(
-					NULL, len, c->rbuf + c->rpos + KV_FRAME_HDR);
-
-				c->rpos += need;
-				c->rlen -= need;
-				if (c->rlen == 0)
-					c->rpos = 0;
-				if (!resp) {
-					set_err(c, "undecodable response from the daemon");
-					return -EPROTO;
-				}
-				*out = resp;
-				return 0;
-			}
-		}
-		r = rbuf_reserve(c, need);
-		if (r < 0)
-			return r;
+		if (r != 0)
+			return r < 0 ? r : 0;
 		/* With a deadline: poll() first (the reply is seldom there
 		 * yet), then a recvmsg that does not block. */
-		if (c->deadline_ns != NO_DEADLINE && (r = wait_fd(c, POLLIN)) < 0)
+		if (bounded && (r = wait_fd(c, POLLIN)) < 0)
 			return r;
-		n = kv_recvmsg_fds(c->fd, c->rbuf + c->rpos + c->rlen,
-				   c->rcap - c->rpos - c->rlen, fds, &nfds, KV_FRAME_MAX_FDS,
-				   c->deadline_ns != NO_DEADLINE ? MSG_DONTWAIT : 0, &trunc);
-		r = fdq_push(c, fds, nfds);
-		if (n == -EAGAIN && c->deadline_ns != NO_DEADLINE)
+		r = rbuf_fill(c, need, bounded ? MSG_DONTWAIT : 0);
+		if (r == -EAGAIN && bounded)
 			continue;
-		if (n < 0)
-			return (int)n;
 		if (r < 0)
 			return r;
-		if (trunc) {
-			set_err(c, "file descriptors from the daemon were truncated");
-			return -EPROTO;
-		}
-		if (n == 0) {
-			set_err(c, "the daemon closed the connection");
-			return -ECONNRESET;
-		}
-		c->rlen += (size_t)n;
 	}
 }
 
@@ -608,6 +629,70 @@ static int take_segments(kvc_conn *c, const Kvcached__Response *resp)
 
 /* --- calls --------------------------------------------------------------- */
 
+/* What a call makes of resp, the response to request id on c: 0 when it is
+ * the answer and acceptable (check passed, its segments mapped), else the
+ * call's error, with *brk saying whether it breaks c (everything but a
+ * daemon's error other than KVC_EPROTO does). resp is the caller's to free. */
+static int resp_judge(kvc_conn *c, uint64_t id, const Kvcached__Response *resp,
+		      kvc_check_fn *check, const void *arg, bool *brk)
+{
+	const char *why;
+	int r;
+
+	*brk = true;
+	if (resp->id == 0 && resp->error && resp->error->code > 0 &&
+	    resp->error->code < KVC_ERR_BASE) {
+		/* About the connection, not the request (a connection over the
+		 * daemon's limits, a protocol error): the daemon closes it. */
+		set_err(c, "%s", resp->error->message ? resp->error->message : "");
+		return -(KVC_ERR_BASE + (int)resp->error->code);
+	}
+	if (resp->id != id) {
+		if (resp->error && resp->error->message && *resp->error->message)
+			set_err(c, "%s", resp->error->message);
+		else
+			set_err(c, "response id %llu to request %llu",
+				(unsigned long long)resp->id, (unsigned long long)id);
+		return -EPROTO;
+	}
+	r = take_segments(c, resp);
+	if (r < 0)
+		return r;
+	if (resp->error && resp->error->code != KVCACHED__ERROR_CODE__OK) {
+		int code = (int)resp->error->code;
+
+		set_err(c, "%s", resp->error->message ? resp->error->message : "");
+		if (code < 1 || code >= KVC_ERR_BASE)
+			return -EPROTO;
+		r = -(KVC_ERR_BASE + code);
+		*brk = r == KVC_EPROTO;
+		return r;
+	}
+	if (check && (why = check(resp, arg))) {
+		set_err(c, "%s", why);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+/* A call failed with r in a way that breaks c. */
+static void call_broke(kvc_conn *c, int r)
+{
+	/* The socket failed or the daemon hung up: it went away (it died, or
+	 * stops), which a reconnection may mend; anything else is a protocol
+	 * failure, which it would not. */
+	c->gone = r == -EPIPE || r == -ECONNRESET || r == -ETIMEDOUT;
+	if (r == -ETIMEDOUT)
+		/* The daemon is stopped or wedged: dropped like a daemon that
+		 * went away (it releases what c held when it sees the close),
+		 * since its late answer would be taken for the next request's. */
+		set_err(c, "no answer from the daemon within the call's deadline (%d ms); "
+			"the connection is dropped", c->call_ms);
+	else if (c->gone && !c->err[0])
+		set_err(c, "the connection to the daemon failed: %s", strerror(-r));
+	conn_break(c);
+}
+
 /* One request and its response on c, whose lock the caller holds and which
  * is not broken. Returns what kvc_call_check() returns. */
 static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
@@ -615,7 +700,6 @@ static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
 {
 	Kvcached__Response *resp = NULL;
 	bool brk = true;
-	const char *why;
 	int r;
 
 	req->id = ++c->next_id;
@@ -635,64 +719,149 @@ static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
 	} else if ((r = recv_response(c, &resp)) < 0) {
 		goto out;
 	}
-	if (resp->id == 0 && resp->error && resp->error->code > 0 &&
-	    resp->error->code < KVC_ERR_BASE) {
-		/* About the connection, not the request (a connection over the
-		 * daemon's limits, a protocol error): the daemon closes it. */
-		set_err(c, "%s", resp->error->message ? resp->error->message : "");
-		r = -(KVC_ERR_BASE + (int)resp->error->code);
-		goto out;
-	}
-	if (resp->id != req->id) {
-		if (resp->error && resp->error->message && *resp->error->message)
-			set_err(c, "%s", resp->error->message);
-		else
-			set_err(c, "response id %llu to request %llu",
-				(unsigned long long)resp->id, (unsigned long long)req->id);
-		r = -EPROTO;
-		goto out;
-	}
-	r = take_segments(c, resp);
+	r = resp_judge(c, req->id, resp, check, arg, &brk);
 	if (r < 0)
 		goto out;
-	if (resp->error && resp->error->code != KVCACHED__ERROR_CODE__OK) {
-		int code = (int)resp->error->code;
-
-		set_err(c, "%s", resp->error->message ? resp->error->message : "");
-		if (code < 1 || code >= KVC_ERR_BASE) {
-			r = -EPROTO;
-			goto out;
-		}
-		r = -(KVC_ERR_BASE + code);
-		brk = r == KVC_EPROTO;
-		goto out;
-	}
-	if (check && (why = check(resp, arg))) {
-		set_err(c, "%s", why);
-		r = -EPROTO;
-		goto out;
-	}
 	*out = resp;
 	resp = NULL;
-	r = 0;
 out:
-	if (r < 0 && brk) {
-		/* The socket failed or the daemon hung up: it went away (it
-		 * died, or stops), which a reconnection may mend; anything
-		 * else is a protocol failure, which it would not. */
-		c->gone = r == -EPIPE || r == -ECONNRESET || r == -ETIMEDOUT;
-		if (r == -ETIMEDOUT)
-			/* The daemon is stopped or wedged: dropped like a daemon
-			 * that went away (it releases what c held when it sees
-			 * the close), since its late answer would be taken for
-			 * the next request's. */
-			set_err(c, "no answer from the daemon within the call's deadline (%d ms); "
-				"the connection is dropped", c->call_ms);
-		else if (c->gone && !c->err[0])
-			set_err(c, "the connection to the daemon failed: %s", strerror(-r));
-		conn_break(c);
-	}
+	if (r < 0 && brk)
+		call_broke(c, r);
 	kvcached__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+/* Bytes of packed requests kvc_call_many() keeps ready to send. */
+#define SEND_WINDOW (64u * 1024)
+
+/* Packs reqs[i] behind the unsent bytes [*soff, *slen) of c->sbuf. */
+static int pack_behind(kvc_conn *c, const Kvcached__Request *req, size_t *soff, size_t *slen)
+{
+	size_t len = kvcached__request__get_packed_size(req);
+
+	if (*soff) {
+		memmove(c->sbuf, c->sbuf + *soff, *slen - *soff);
+		*slen -= *soff;
+		*soff = 0;
+	}
+	if (c->scap < *slen + KV_FRAME_HDR + len) {
+		uint8_t *p = realloc(c->sbuf, *slen + KV_FRAME_HDR + len);
+
+		if (!p)
+			return -ENOMEM;
+		c->sbuf = p;
+		c->scap = *slen + KV_FRAME_HDR + len;
+	}
+	kv_frame_hdr_encode(c->sbuf + *slen, (uint32_t)len, 0);
+	kvcached__request__pack(req, c->sbuf + *slen + KV_FRAME_HDR);
+	*slen += KV_FRAME_HDR + len;
+	return 0;
+}
+
+/* n requests and their responses on c, pipelined (see kvc_call_many()); the
+ * caller holds c's lock and c is not broken. */
+static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
+			    kvc_check_fn *check, const void *const *args,
+			    Kvcached__Response **resps, int *rc)
+{
+	size_t packed = 0, got = 0, soff = 0, slen = 0, need = KV_FRAME_HDR, i;
+	int r = 0, send_err = 0;
+	bool brk = true;
+
+	for (i = 0; i < n; i++) {
+		size_t len = kvcached__request__get_packed_size(reqs[i]);
+
+		resps[i] = NULL;
+		if (len > frame_max(c)) {
+			set_err(c, "request %zu of %zu bytes exceeds max_frame %u", i, len,
+				frame_max(c));
+			return KVC_E2BIG;
+		}
+	}
+	for (i = 0; i < n; i++)
+		reqs[i]->id = ++c->next_id;
+	while (got < n) {
+		bool progress = false;
+		short ev = POLLIN;
+
+		/* Send what the socket takes, never waiting for room: the
+		 * daemon stops reading while its answers are unread, so the
+		 * answers are read before anything waits. */
+		while (!send_err && packed < n && slen - soff < SEND_WINDOW) {
+			if ((r = pack_behind(c, reqs[packed], &soff, &slen)) < 0)
+				goto out;
+			packed++;
+		}
+		if (!send_err && soff < slen) {
+			struct iovec iov = { .iov_base = c->sbuf + soff, .iov_len = slen - soff };
+			ssize_t k = kv_sendmsg_fds(c->fd, &iov, 1, NULL, 0, MSG_DONTWAIT);
+
+			if (k > 0) {
+				soff += (size_t)k;
+				progress = true;
+				if (soff == slen)
+					soff = slen = 0;
+			} else if (k != -EAGAIN) {
+				/* The daemon may have said why before it closed:
+				 * its answers are read to the end. */
+				send_err = k == 0 ? -EPIPE : (int)k;
+				if (send_err != -EPIPE && send_err != -ECONNRESET) {
+					r = send_err;
+					goto out;
+				}
+			}
+		}
+		for (;;) {
+			Kvcached__Response *resp = NULL;
+			int e = rbuf_take(c, &resp, &need);
+
+			if (e < 0) {
+				r = e;
+				goto out;
+			}
+			if (e == 0)
+				break;
+			progress = true;
+			e = resp_judge(c, reqs[got]->id, resp, check, args ? args[got] : NULL, &brk);
+			if (e < 0) {
+				kvcached__response__free_unpacked(resp, NULL);
+				if (brk) {
+					r = e;
+					goto out;
+				}
+				brk = true;
+			} else {
+				resps[got] = resp;
+			}
+			rc[got++] = e;
+			if (got == n)
+				break;
+		}
+		if (got == n)
+			break;
+		r = rbuf_fill(c, need, MSG_DONTWAIT);
+		if (r > 0)
+			progress = true;
+		else if (r == -ECONNRESET && send_err)
+			r = send_err;
+		if (r < 0 && r != -EAGAIN)
+			goto out;
+		r = 0;
+		if (progress)
+			continue;
+		if (!send_err && (soff < slen || packed < n))
+			ev |= POLLOUT;
+		if ((r = wait_fd(c, ev)) < 0)
+			goto out;
+	}
+	return 0;
+out:
+	for (i = 0; i < got; i++) {
+		kvcached__response__free_unpacked(resps[i], NULL);
+		resps[i] = NULL;
+	}
+	if (r < 0)
+		call_broke(c, r);
 	return r;
 }
 
@@ -751,6 +920,49 @@ out:
 int kvc_call(kvc_conn *c, Kvcached__Request *req, Kvcached__Response **out)
 {
 	return kvc_call_check(c, req, NULL, NULL, out);
+}
+
+static void pools_to_daemon(kvc_conn *c, Kvcached__Request *const *reqs, const uint32_t *apps,
+			    size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		pool_to_daemon(c, req_pool(reqs[i]), apps[i]);
+}
+
+int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
+		  const void *const *args, Kvcached__Response **resps, int *rc)
+{
+	uint32_t *apps, *id;
+	size_t i;
+	int r;
+
+	if (!c || (n && (!reqs || !resps || !rc)))
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	if (n > MAX_BATCH || !(apps = malloc(n * sizeof(*apps))))
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		apps[i] = (id = req_pool(reqs[i])) ? *id : 0;
+	if ((r = call_begin(c)) < 0)
+		goto out_free;
+	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
+		goto out;
+	pools_to_daemon(c, reqs, apps, n);
+	r = call_many_locked(c, reqs, n, check, args, resps, rc);
+	if (r < 0 && r != -ETIMEDOUT && c->gone && c->reconnect && c->next_try_ms == 0) {
+		/* As kvc_call_check(): the whole batch once more on the next
+		 * daemon (what the first one answered went with it). */
+		if ((r = reconnect(c)) == 0) {
+			pools_to_daemon(c, reqs, apps, n);
+			r = call_many_locked(c, reqs, n, check, args, resps, rc);
+		}
+	}
+out:
+	err_unlock(c);
+out_free:
+	free(apps);
+	return r;
 }
 
 /* --- connecting ---------------------------------------------------------- */

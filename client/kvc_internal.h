@@ -82,6 +82,22 @@ typedef const char *kvc_check_fn(const Kvcached__Response *resp, const void *arg
 int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
 		   Kvcached__Response **resp);
 
+/* n requests on c, pipelined: written while their responses are read (never
+ * waiting for room to write while answers are unread, so that any number of
+ * them fits through the sockets' buffers), under one deadline for the whole
+ * (the connection's timeout from the start of the call). Ids and pool ids
+ * are filled as kvc_call_check() does. rc[i] is request i's outcome: 0 with
+ * resps[i] set (check(resp, args[i]) passed; args may be NULL), or the
+ * daemon's error for it (-(1000 + code), resps[i] NULL, c intact).
+ * Returns 0 (every rc[i] set; the caller frees every non-NULL resps[i]), or
+ * the failure of the whole, every resps[i] NULL: KVC_E2BIG (a request over
+ * max_frame; nothing sent), -ENOMEM, or what breaks c in kvc_call() (-EPIPE,
+ * -ETIMEDOUT, -EPROTO, a daemon error about the connection, -errno). A
+ * daemon that went away is reconnected once and the whole batch runs again,
+ * as in kvc_call_check(). */
+int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
+		  const void *const *args, Kvcached__Response **resps, int *rc);
+
 /* Registers pool d (checked by the caller) and remembers it: for
  * kvc_block_ptr() and kvc_pool_block_bytes(), and to register it again after
  * a reconnection. Returns the caller's id for it (the daemon's id, unless a

@@ -18,8 +18,9 @@
  * - The library never prints and never aborts.
  *
  * Threads: a kvc_conn may be shared by threads; calls on it are serialized by
- * an internal mutex (one request in flight per connection; use one connection
- * per thread for parallelism). kvc_block_ptr() takes no lock.
+ * an internal mutex (one call in flight per connection - one request, or
+ * kvc_lookup_many()'s pipelined batch; use one connection per thread for
+ * parallelism). kvc_block_ptr() takes no lock.
  * kvc_last_error() answers for the calling thread's own calls.
  *
  * Deadlines: every call that talks to the daemon has one, timeout_ms from
@@ -266,6 +267,25 @@ enum kvc_tier {
  * kvc_lookup(). */
 int kvc_lookup_tiers(kvc_conn *c, int pool, const kvc_hash *chain, size_t n, kvc_block *out,
 		     uint8_t *tiers);
+
+/* Several lookups in one call, pipelined: the requests are written while the
+ * replies are read, so a batch costs a few system calls instead of three a
+ * chain, and any number of chains fits through the sockets (the call never
+ * waits for room to write while replies are unread, so neither side blocks on
+ * a full socket). Chain i is the n[i] hashes (each at most the daemon's batch
+ * limit) that start at chains + n[0] + ... + n[i-1]; each is looked up as
+ * kvc_lookup_tiers() does, in order. found[i] is chain i's cached prefix
+ * length k_i, its blocks at out[o_i .. o_i + k_i) with o_i = n[0] + ... +
+ * n[i-1] (so out, like tiers, has room for the sum of n), each with a
+ * reference taken; or a negative error of its own (the daemon refused that
+ * lookup: nothing is taken for it, and the others stand). tiers NULL: none.
+ * One deadline covers the whole batch. Returns nchains, or an error of the
+ * whole call, with nothing taken and found untouched: KVC_EINVAL, KVC_ENOENT,
+ * KVC_E2BIG (a chain over the batch limit; nothing sent), or what any call
+ * returns when the daemon is gone or past the deadline (the connection is
+ * dropped, as for any call). */
+int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, const size_t *n,
+		    size_t nchains, kvc_block *out, uint8_t *tiers, int *found);
 
 /* Drops one reference on each block. Sealed blocks whose count reaches 0 stay
  * cached; unsealed ones are freed. List a chain head first: the daemon ages

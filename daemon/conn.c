@@ -645,6 +645,7 @@ static int in_reserve(struct kv_conn *c)
 
 static void conn_input(struct kv_conn *c)
 {
+again:
 	for (;;) {
 		int fds[8], nfds = 0, trunc = 0;
 		ssize_t n;
@@ -690,8 +691,18 @@ static void conn_input(struct kv_conn *c)
 		if (c->cs->d->cfg.frame_timeout_ms)
 			conns_arm(c->cs, c->partial_ms + c->cs->d->cfg.frame_timeout_ms);
 	}
-	if (conn_flush(c) < 0)
+	if (conn_flush(c) < 0) {
 		conn_close(c, "send failed");
+		return;
+	}
+	/* Paused, and the flush sent all that paused it at once: no POLLOUT
+	 * will come to lift the pause, and a pipelining peer would wait on it
+	 * for ever (its writes blocked on the unread input). */
+	if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
+		c->paused = 0;
+		if (!conn_held(c))
+			goto again;
+	}
 }
 
 static void on_readable(struct kv_loop_watch *w, int res, int more)

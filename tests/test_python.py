@@ -394,6 +394,48 @@ def test_lookup_tiers(daemon):
         c.release(blocks)
 
 
+def test_lookup_many(daemon):
+    """lookup_many(): several chains in one call answer what lookup() of
+    each does (blocks, tiers, a reference each); an empty chain, other
+    forms of hashes, and bad hashes refused with lookup()'s message before
+    anything is sent; a refused lookup (max_block_refs is not lowered here,
+    so a pool that does not exist) raises and holds nothing."""
+    chain = kvcache.hash_chain(list(range(900, 1028)), 16)     # 8 blocks
+    other = kvcache.hash_chain(list(range(2000, 2064)), 16)
+    with kvcache.connect(daemon.sock) as c:
+        pool = pool_of(c)
+        c.release(c.seal(pool, c.alloc(pool, 5), chain[:5]))
+        chains = [chain, [], chain[:2], other, chain[:5] + other, iter(chain[:1])]
+        got = c.lookup_many(pool, chains)
+        assert [len(x) for x in got] == [5, 0, 2, 0, 5, 1]
+        for blocks, ch in zip(got, chains[:5]):
+            assert blocks == c.lookup(pool, ch)[:len(blocks)]
+            c.release(blocks)
+            c.release(blocks)
+        c.release(got[5])
+        got = c.lookup_many(pool, [chain, [bytearray(h) for h in chain[:3]],
+                                   [list(h) for h in chain[:2]]], tiers=True)
+        assert [len(b) for b, _ in got] == [5, 3, 2]
+        assert all(t == [kvcache.TIER_G1] * len(b) for b, t in got)
+        for b, _ in got:
+            c.release(b)
+        assert c.lookup_many(pool, []) == []
+        # Chains as their hashes concatenated (what the vLLM connector passes).
+        got = c.lookup_many(pool, [b"".join(chain), b"", b"".join(chain[:3]), chain[:4]])
+        assert [len(x) for x in got] == [5, 0, 3, 4]
+        for b in got:
+            c.release(b)
+        with pytest.raises(ValueError, match="not a multiple of 32"):
+            c.lookup_many(pool, [b"".join(chain)[:-1]])
+        with pytest.raises(ValueError, match="hash 1: 31 bytes"):
+            c.lookup_many(pool, [chain[:2], [chain[0], chain[1][:31], chain[2] + b"x"]])
+        with pytest.raises(kvcache.KvError) as e:
+            c.lookup_many(4000, [chain, chain])
+        assert e.value.code == kvcache.ENOENT
+        assert c.lookup_many(pool, [chain[:1]]) == [c.lookup(pool, chain[:1])]
+    assert kvt.wait_for(lambda: _held(daemon) == 0, timeout=60)
+
+
 def test_hash_arguments_copied_whole(daemon):
     """A chain's hashes go to the library in one copy: every one is checked
     (a 31- and a 33-byte hash make 64 bytes, and are still refused, naming

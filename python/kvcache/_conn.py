@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import itertools as _itertools
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._args import Block, Hash, _blocks, _enc, _hashes, _tokens
+from ._args import HASH_BYTES, Block, Hash, _blocks, _enc, _hashes, _tokens
 from ._native import lib as _lib
 from .errors import ESTALE, KvError
 
@@ -357,6 +358,68 @@ class Connection:
         t = (ctypes.c_uint8 * n)()
         k = self._check(_lib.kvc_lookup_tiers(self._h(), int(pool), h, n, out, t), "lookup")
         return list(out[:k]), list(t[:k])
+
+    def lookup_many(self, pool: Union[Pool, int], chains: Sequence[Any],
+                    tiers: bool = False) -> list:
+        """lookup() of several chains in one call (``kvc_lookup_many()``: the
+        lookups pipelined, one deadline for them all): a list of what
+        lookup() answers for each chain, in order. A chain is what lookup()
+        takes, or ``bytes`` holding its hashes concatenated (a multiple of
+        32 bytes). Raises KvError when the call fails as a whole (nothing is
+        held then), or with the first error when the daemon refuses a
+        lookup (the blocks the others found are released first)."""
+        pieces, lens = [], []
+        for c in chains:
+            if type(c) is bytes:
+                if len(c) % HASH_BYTES:
+                    raise ValueError(f"a packed chain of {len(c)} bytes, not a multiple of "
+                                     f"{HASH_BYTES}")
+                pieces.append(c)
+                lens.append(len(c) // HASH_BYTES)
+                continue
+            c = c if type(c) is list else list(c)
+            buf = None
+            if set(map(len, c)) <= {HASH_BYTES}:
+                try:
+                    buf = b"".join(c)
+                except TypeError:
+                    pass
+            if buf is None or len(buf) != len(c) * HASH_BYTES:
+                # Not all bytes of 32 (a bad length, a list of ints): as
+                # lookup() takes it, with its message.
+                buf = bytes(_hashes(c)[0])[:len(c) * HASH_BYTES]
+            pieces.append(buf)
+            lens.append(len(c))
+        nc = len(lens)
+        if nc == 0:
+            return []
+        total = sum(lens)
+        buf = pieces[0] if nc == 1 else b"".join(pieces)
+        n = (ctypes.c_size_t * nc)(*lens)
+        out = (ctypes.c_uint64 * max(total, 1))()
+        t = (ctypes.c_uint8 * max(total, 1))() if tiers else None
+        found = (ctypes.c_int * nc)()
+        self._check(_lib.kvc_lookup_many(self._h(), int(pool), buf, n, nc, out, t, found),
+                    "lookup")
+        res, off, err = [], 0, 0
+        for i in range(nc):
+            k = found[i]
+            if k < 0:
+                err = err or k
+                k = 0
+            b = out[off:off + k] if k else []
+            res.append((b, t[off:off + k] if k else []) if tiers else b)
+            off += lens[i]
+        if err:
+            held = [x for r in res for x in (r[0] if tiers else r)]
+            if held:
+                try:
+                    self.release(held)
+                except KvError:
+                    pass
+            msg = _lib.kvc_last_error(self._c) if self._c else None
+            raise KvError(err, (msg or b"").decode("utf-8", "replace"), "lookup")
+        return res
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drops one reference on each block; list a chain head first (its

@@ -96,6 +96,8 @@ for name, res, args in [
     ("kvc_lookup", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p]),
     ("kvc_lookup_tiers", _c.c_int, [_conn, _c.c_int, _P(Hash), _c.c_size_t, _u64p,
                                     _P(_c.c_uint8)]),
+    ("kvc_lookup_many", _c.c_int, [_conn, _c.c_int, _c.c_char_p, _P(_c.c_size_t), _c.c_size_t,
+                                   _u64p, _P(_c.c_uint8), _P(_c.c_int)]),
     ("kvc_release", _c.c_int, [_conn, _u64p, _c.c_size_t]),
     ("kvc_fork", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),
     ("kvc_cow", _c.c_int, [_conn, _u64p, _c.c_size_t, _u64p]),

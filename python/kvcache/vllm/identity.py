@@ -29,11 +29,38 @@ def kv_keys(hs) -> list:
     """kv_key of each of a list of vLLM's block hashes (bytes of 32 taken
     as they are: vLLM's default)."""
     hs = hs if type(hs) is list else list(hs)
-    # vLLM's default (sha256, sha256_cbor): every hash bytes of 32, checked
-    # by two passes in C rather than one in Python per block.
-    if not hs or (set(map(type, hs)) == {bytes} and set(map(len, hs)) == {32}):
+    # vLLM's default (sha256, sha256_cbor): every hash bytes of 32. An
+    # engine hashes every block with one function, so its hashes are all
+    # of one type and one length: the first's, and the joined length (one
+    # pass in C), say so.
+    if not hs:
         return hs
+    if type(hs[0]) is bytes and len(hs[0]) == 32:
+        try:
+            if len(b"".join(hs)) == 32 * len(hs):
+                return hs
+        except TypeError:
+            pass
     return [h if type(h) is bytes and len(h) == 32 else kv_key(h) for h in hs]
+
+
+def kv_keys_packed(hs):
+    """(kv_keys(hs), the keys concatenated): what Connection.lookup_many
+    takes as a chain. vLLM's default hashes (bytes of 32) are their own
+    keys: one join, no other pass over them (7 -> 2.5 us for a 2k-token
+    prompt). An engine hashes every block with one function, so its hashes
+    are all of one type and one length: the first's, and the joined
+    length, say whether they are 32 bytes each."""
+    hs = hs if type(hs) is list else list(hs)
+    if hs and type(hs[0]) is bytes and len(hs[0]) == kvcache.HASH_BYTES:
+        try:
+            buf = b"".join(hs)
+        except TypeError:
+            buf = None
+        if buf is not None and len(buf) == kvcache.HASH_BYTES * len(hs):
+            return hs, buf
+    keys = kv_keys(hs)
+    return keys, b"".join(keys)
 
 
 def kv_key(h) -> bytes:

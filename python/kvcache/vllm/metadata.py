@@ -26,13 +26,58 @@ class Load:
     groups: Optional[List[Tuple[int, List[bytes], List[int]]]] = None
 
 
+def _tokens_of(src, a: int, b: int) -> list:
+    return src[a:b]
+
+
+class TokenSlice:
+    """Tokens [a, b) of a list that only ever grows at its end (a vLLM
+    request's prompt_token_ids), copied where they are used rather than on
+    the scheduler's thread: by the worker that seals them (in the
+    scheduler's process), or when vLLM pickles the step's metadata for
+    workers in other processes - the whole list when the slice is most of
+    it (one pass over the tokens instead of a slice and then its pickling;
+    pickle writes a list once however many slices name it), else the
+    slice. A sequence of ints; unpickled, a list."""
+
+    __slots__ = ("src", "a", "b")
+
+    def __init__(self, src: list, a: int, b: int):
+        self.src, self.a, self.b = src, a, b
+
+    def tolist(self) -> list:
+        return self.src[self.a:self.b]
+
+    def __len__(self) -> int:
+        return self.b - self.a
+
+    def __iter__(self):
+        return iter(self.src[self.a:self.b])
+
+    def __getitem__(self, i):
+        return self.src[self.a:self.b][i]
+
+    def __eq__(self, other):
+        if isinstance(other, TokenSlice):
+            other = other.tolist()
+        return self.tolist() == other if isinstance(other, list) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"TokenSlice({self.b - self.a} tokens)"
+
+    def __reduce__(self):
+        if 2 * (self.b - self.a) >= len(self.src):
+            return (_tokens_of, (self.src, self.a, self.b))
+        return (list, (self.src[self.a:self.b],))
+
+
 @dataclass
 class Save:
     req_id: str
     hashes: List[bytes]
     parent: Optional[bytes]    # kvcached hash before hashes[0]; None at the head
     block_ids: List[int]
-    token_ids: List[int]       # len(hashes) * block_size
+    token_ids: Any             # len(hashes) * block_size: a list, or a TokenSlice
     # For kvcached's KV events, what vLLM's own BlockStored says of these
     # blocks (_event_meta): the LoRA and each block's untagged extra keys.
     lora_name: Optional[str] = None

@@ -30,15 +30,14 @@ import concurrent.futures as _fut
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import kvcache
 
 from .client import Client
-from .identity import PoolSpec, event_meta, kv_keys
+from .identity import PoolSpec, event_meta, kv_keys, kv_keys_packed
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
-                       Load, Save)
+                       Load, Save, TokenSlice)
 
 log = logging.getLogger("kvcache.vllm")
 
@@ -56,29 +55,48 @@ def _unspecified():
     return _SOURCES[None] if _SOURCES is not None else "external_unspecified"
 
 
-@dataclass
+# An empty list of blocks or tiers, shared: ReqState's lists are replaced,
+# never changed in place.
+_NONE: tuple = ()
+_UNSET = object()
+# ReqState.keys of a request whose block hashes are their own kvcached keys.
+_IDENT: list = []
+
+
 class ReqState:
-    request: Any
-    held: List[int] = field(default_factory=list)   # scheduler refs (lookup)
-    tiers: List[int] = field(default_factory=list)  # kvcache.TIER_* of each held block
-    load_tiers: List[int] = field(default_factory=list)  # of the blocks the last load plan took
-    held_epoch: int = 0
-    lookup: Optional[_fut.Future] = None
-    lookup_at: int = -1          # num_computed_tokens the lookup was for
-    asked_since: float = 0.0
-    ext_blocks: int = 0          # blocks the last answer offered
-    start_block: int = 0         # first block of that answer
-    saved_upto: int = 0          # blocks [0, saved_upto) are in kvcached or being saved
-    loading: bool = False
-    async_load: bool = False     # the last answer was (n, True)
-    keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...), kept
-    keys_base: int = 0                   # from the lookup for the saves and loads
-    hit: int = 0                 # several groups: the blocks every group can supply
-    load_failed: bool = False    # a hybrid load failed: no more hits for it
+    """What the scheduler side keeps of one request (a class with slots: one
+    is made for every request vLLM schedules)."""
+
+    __slots__ = ("request", "held", "tiers", "load_tiers", "held_epoch", "lookup", "lookup_at",
+                 "asked_since", "ext_blocks", "start_block", "saved_upto", "loading",
+                 "async_load", "keys", "keys_base", "hit", "load_failed")
+
+    def __init__(self, request):
+        self.request = request
+        self.held = _NONE            # scheduler refs (lookup)
+        self.tiers = _NONE           # kvcache.TIER_* of each held block
+        self.load_tiers = _NONE      # of the blocks the last load plan took
+        self.held_epoch = 0
+        self.lookup: Optional[Any] = None
+        self.lookup_at = -1          # num_computed_tokens the lookup was for
+        self.asked_since = 0.0
+        self.ext_blocks = 0          # blocks the last answer offered
+        self.start_block = 0         # first block of that answer
+        self.saved_upto = 0          # blocks [0, saved_upto) are in kvcached or being saved
+        self.loading = False
+        self.async_load = False      # the last answer was (n, True)
+        self.keys: Optional[List[bytes]] = None   # kvcached keys of blocks [keys_base, ...),
+        self.keys_base = 0                        # kept from the lookup for saves and loads
+        self.hit = 0                 # several groups: the blocks every group can supply
+        self.load_failed = False     # a hybrid load failed: no more hits for it
 
     def keys_of(self, a: int, b: int) -> List[bytes]:
         """kvcached keys of the request's blocks [a, b)."""
         k, kb = self.keys, self.keys_base
+        if k is _IDENT:
+            # The request's block hashes are their own keys (checked by the
+            # lookup: bytes of 32); the list only grows past its blocks.
+            return self.request.block_hashes[a:b]
         if k is None or a < kb or a - kb >= len(k):
             return kv_keys(self.request.block_hashes[a:b])
         have = k[a - kb:b - kb]
@@ -95,8 +113,11 @@ class _Part:
     """One request's share of a batched lookup: the future's interface the
     scheduler side uses, answering element i of the batch's result."""
 
+    __slots__ = ("fut", "i", "_kv_taken")
+
     def __init__(self, fut: _fut.Future, i: int):
         self.fut, self.i = fut, i
+        self._kv_taken = False
 
     def done(self) -> bool:
         return self.fut.done()
@@ -151,9 +172,23 @@ class KvcachedScheduler:
         if self.loads_on:
             self._unasked[request.request_id] = request
 
-    def _op_lookup_many(self, chains: List[List[bytes]], starts: List[int]):
-        """On the ops thread: _op_lookup of each chain, in order."""
-        return [self._op_lookup(h, a) for h, a in zip(chains, starts)]
+    def _op_lookup_many(self, chains: list, starts: List[int]):
+        """On the ops thread: _op_lookup of each chain, in order. One group:
+        the chains (each its keys concatenated, kv_keys_packed) in one
+        pipelined call (Connection.lookup_many)."""
+        if self.hybrid:
+            return [self._op_lookup(h, a) for h, a in zip(chains, starts)]
+        c = self.client.get()
+        if c is None:
+            return [None] * len(chains)
+        try:
+            res = c.lookup_many(self.client.pool, chains, tiers=True)
+        except kvcache.KvError as e:
+            self.client.failed(e)
+            return [None] * len(chains)
+        self.client.ok()
+        epoch = c.restarts
+        return [(b, epoch, t) for b, t in res]
 
     def _op_lookup(self, hashes: List[bytes], start: int = 0):
         """On the ops thread: (blocks, epoch, tiers) or None (no daemon);
@@ -284,14 +319,41 @@ class KvcachedScheduler:
         if len(st.held) > keep:
             drop = st.held[keep:]
             st.held = st.held[:keep]
-            del st.tiers[keep:]
+            st.tiers = st.tiers[:keep]
             self._queue_release(drop, st.held_epoch)
 
-    def _submit_lookups(self, st: ReqState, hashes: List[bytes], at: int) -> None:
-        """Looks st's chain up, with the chains (from block 0) of up to
-        lookup_batch - 1 other requests added and not asked about yet, in
-        one task on the ops thread."""
-        items = [(st, hashes, at)]
+    def _keys(self, req, a: int, b: int):
+        """The kvcached keys of req's blocks [a, b) (_IDENT: its block
+        hashes themselves), and what the ops thread looks up: one group,
+        the keys concatenated; several, the keys. vLLM's default hashes
+        (bytes of 32) are their own keys: the request's list joined once,
+        each hash touched once (a slice, then a join, then a pass over
+        their lengths was 11 us a 2k-token request). An engine hashes
+        every block with one function, so its hashes are all of one type
+        and one length: the first's and the joined length say they are
+        32 bytes each."""
+        bh = req.block_hashes
+        if not self.hybrid and bh and type(bh[0]) is bytes and len(bh[0]) == kvcache.HASH_BYTES:
+            try:
+                buf = b"".join(bh)
+            except TypeError:
+                buf = None
+            if buf is not None and len(buf) == kvcache.HASH_BYTES * len(bh):
+                if a or b != len(bh):
+                    buf = buf[a * kvcache.HASH_BYTES:b * kvcache.HASH_BYTES]
+                return _IDENT, buf
+        if self.hybrid:
+            keys = kv_keys(bh[a:b])
+            return keys, keys
+        return kv_keys_packed(bh[a:b])
+
+    def _submit_lookups(self, st: ReqState, a: int, b: int, at: int) -> None:
+        """Looks st's blocks [a, b) up, with the chains (from block 0) of up
+        to lookup_batch - 1 other requests added and not asked about yet,
+        in one task on the ops thread."""
+        keys, chain = self._keys(st.request, a, b)
+        items = [(st, keys, at)]
+        chains = [chain]
         self._unasked.pop(st.request.request_id, None)
         bs = self.block_size
         while self._unasked and len(items) < self._batch:
@@ -304,13 +366,13 @@ class KvcachedScheduler:
             nfull = min(len(req.block_hashes), (req.num_tokens - 1) // bs)
             if nfull <= 0:
                 continue
-            items.append((o, kv_keys(req.block_hashes[:nfull]), 0))
-        fut = self._ops.submit(self._op_lookup_many, [h for _, h, _ in items],
-                               [a // self.block_size for _, _, a in items])
+            keys, chain = self._keys(req, 0, nfull)
+            items.append((o, keys, 0))
+            chains.append(chain)
+        fut = self._ops.submit(self._op_lookup_many, chains, [a // bs for _, _, a in items])
         now = time.monotonic()
-        bs = self.block_size
         for i, (o, keys, a) in enumerate(items):
-            o.keys, o.keys_base = keys, a // bs
+            o.keys, o.keys_base = keys, (0 if keys is _IDENT else a // bs)
             o.lookup = _Part(fut, i)
             o.lookup_at = a
             o.asked_since = now
@@ -351,10 +413,9 @@ class KvcachedScheduler:
                 self._release_held(st)
                 self._drop_lookup(st)
         if st.lookup is None:
-            self._submit_lookups(st, kv_keys(request.block_hashes[start:nfull]),
-                                 num_computed_tokens)
+            self._submit_lookups(st, start, nfull, num_computed_tokens)
         try:
-            st.lookup.result(timeout=self._lookup_timeout)
+            r = st.lookup.result(timeout=self._lookup_timeout)
         except _fut.TimeoutError:
             if time.monotonic() - st.asked_since < self._lookup_deadline:
                 self.stats.add("lookups_deferred", 1)
@@ -363,7 +424,7 @@ class KvcachedScheduler:
             self._drop_lookup(st)
             self.stats.add("lookup_failures", 1)
             return 0, False
-        self._take_lookup(st)
+        self._take_lookup(st, r)
         k = st.hit if self.hybrid else len(st.held)
         st.start_block = start
         st.ext_blocks = k
@@ -393,19 +454,24 @@ class KvcachedScheduler:
         st.lookup_at = at
         return True
 
-    def _take_lookup(self, st: ReqState) -> None:
-        """Moves a finished lookup's blocks into st.held (once)."""
+    def _take_lookup(self, st: ReqState, r: Any = _UNSET) -> None:
+        """Moves a finished lookup's blocks into st.held (once); r: its
+        result, when the caller has it already."""
         f = st.lookup
-        if f is None or not f.done() or getattr(f, "_kv_taken", False):
+        if f is None or getattr(f, "_kv_taken", False):
             return
+        if r is _UNSET:
+            if not f.done():
+                return
+            r = f.result()
         f._kv_taken = True
-        r = f.result()
         self._release_held(st)
         if r is None:
             self.stats.add("lookup_failures", 1)
-            st.held, st.held_epoch, st.tiers, st.hit = [], 0, [], 0
+            st.held, st.held_epoch, st.tiers, st.hit = _NONE, 0, _NONE, 0
         else:
-            st.held, st.held_epoch, st.tiers = list(r[0]), r[1], list(r[2])
+            # The lookup's own lists (made for this request alone).
+            st.held, st.held_epoch, st.tiers = r[0], r[1], r[2]
             st.hit = r[3] if len(r) > 3 else len(st.held)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
@@ -424,9 +490,10 @@ class KvcachedScheduler:
             self._release_held(st, keep=n)
         st.lookup = None
         st.lookup_at = -1
-        st.load_tiers = list(st.tiers[:n])
         if n == 0:
+            st.load_tiers = _NONE
             return
+        st.load_tiers = st.tiers[:n]
         if self.hybrid:
             self._plan_groups_load(st, request, blocks, n)
             return
@@ -543,9 +610,16 @@ class KvcachedScheduler:
                 continue
             hs = st.keys_of(a, b)
             parent = st.keys_of(a - 1, a)[0] if a > 0 else None
-            toks = req.all_token_ids[a * bs:b * bs]
-            if type(toks) is not list:
-                toks = list(toks)
+            pt = req.prompt_token_ids
+            if (type(pt) is list and b * bs <= len(pt)
+                    and getattr(req, "prompt_is_token_ids", None) is None):
+                # Prompt tokens (a list vLLM only ever appends to): copied
+                # by whoever uses them (a slice of 2k tokens was 12 us).
+                toks = TokenSlice(pt, a * bs, b * bs)
+            else:
+                toks = req.all_token_ids[a * bs:b * bs]
+                if type(toks) is not list:
+                    toks = list(toks)
             try:
                 ev = event_meta(req, a, b, bs)
             except Exception as e:   # vLLM's internals moved: events without them
@@ -582,8 +656,9 @@ class KvcachedScheduler:
             self._take_lookup(st)
             self._release_held(st)
             self._drop_lookup(st)
-        self._pending_loads = [x for x in self._pending_loads
-                               if x.req_id != request.request_id]
+        if self._pending_loads:
+            self._pending_loads = [x for x in self._pending_loads
+                                   if x.req_id != request.request_id]
         return False, None
 
     def get_external_cache_hit_sources(self, request, num_external_tokens: int):

@@ -41,7 +41,7 @@ from .client import Client
 from .datapath import BlockLayout, analyze_layer, make_copier
 from .identity import PoolSpec
 from .metadata import (KvcachedConnectorMetadata, KvcachedConnectorStats, KvcachedWorkerMetadata,
-                       Load, Save)
+                       Load, Save, TokenSlice)
 
 log = logging.getLogger("kvcache.vllm")
 
@@ -403,7 +403,8 @@ class KvcachedWorker:
         """Seals with what the events should say of the blocks; a daemon
         that refuses the LoRA or the extra keys (past its bounds: a long
         cache salt, many multimodal items) gets the seal without them."""
-        kw = dict(token_ids=s.token_ids, parent=s.parent)
+        toks = s.token_ids
+        kw = dict(token_ids=toks.tolist() if type(toks) is TokenSlice else toks, parent=s.parent)
         if s.lora_name is None and s.lora_id is None and s.extra_keys is None:
             return c.seal(pool, blocks, s.hashes, **kw)
         try:
