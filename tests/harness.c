@@ -273,6 +273,23 @@ void kvt_flush(kvc_conn *c)
 	kvt_tiers_settle();
 }
 
+void kvt_seal_chain(kvc_conn *c, int pool, uint32_t block_bytes, int n, uint64_t base)
+{
+	kvc_block *b = calloc((size_t)n, sizeof(*b));
+	kvc_hash *h = calloc((size_t)n, sizeof(*h));
+
+	CHECK(n > 0 && b && h);
+	CHECK_EQ(kvc_alloc(c, pool, (size_t)n, b), n);
+	for (int i = 0; i < n; i++) {
+		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), block_bytes, base + (uint64_t)i);
+		h[i] = kvt_hash(base + (uint64_t)i);
+	}
+	CHECK_EQ(kvc_seal(c, pool, b, h, (size_t)n, b), n);
+	CHECK_EQ(kvc_release(c, b, (size_t)n), 0);
+	free(b);
+	free(h);
+}
+
 int kvt_lookup_held(kvc_conn *c, int pool, uint32_t block_bytes, int n, uint64_t base,
 		    kvc_block *b)
 {

@@ -74,6 +74,11 @@ off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
  * return). */
 uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier);
 void kvt_flush(kvc_conn *c);
+/* Allocates n blocks in session c, pool, writes kvt_mem_fill's pattern of
+ * seed base + i into block i (block_bytes), seals them as one chain under
+ * kvt_hash(base + i) and releases them: the chain kvt_lookup_held() and
+ * kvt_lookup_chain() look for. Every step checked. */
+void kvt_seal_chain(kvc_conn *c, int pool, uint32_t block_bytes, int n, uint64_t base);
 /* A Lookup in session c, pool, of the chain of n blocks whose block i
  * holds kvt_mem_fill's pattern of seed base + i (block_bytes), under
  * kvt_hash(base + i): how many it found, every byte of each checked; they

@@ -36,20 +36,6 @@ static void start(struct kvt_daemon *d, int restart)
 			  "--writeback-high", "20", NULL);
 }
 
-static void put_chain(kvc_conn *c, int pool, uint64_t base)
-{
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
-	for (int i = 0; i < N; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
-	CHECK_EQ(kvc_release(c, b, N), 0);
-}
-
 static void send_all(int fd, const uint8_t *b, size_t n)
 {
 	while (n) {
@@ -192,7 +178,7 @@ int main(void)
 		int pool = kvt_pool(c, "p", BB), k, asks, clean;
 		uint64_t base = 1000 * (uint64_t)(r + 1), n;
 
-		put_chain(c, pool, base);
+		kvt_seal_chain(c, pool, BB, N, base);
 		n = evict_flush(&clean);
 		asks = clean ? 1 : 1 + flush_clean(a);
 		printf("round %d: evict g1 acted on %llu blocks; flush clean after %d asks\n", r,

@@ -174,26 +174,15 @@ static void write_blocks(const char *ns, const char *pname, uint32_t bb, int n, 
 {
 	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, pname, bb);
-	kvc_block *b = calloc((size_t)n, sizeof(*b));
-	kvc_hash *h = calloc((size_t)n, sizeof(*h));
 	Kvcached__Response *rs0 = kvt_g4_stats(ns);
 	uint64_t want = rs0->stats->remote->writes + (uint64_t)n;
 
-	CHECK(b && h);
 	kvcached__response__free_unpacked(rs0, NULL);
-	CHECK_EQ(kvc_alloc(c, pool, (size_t)n, b), n);
-	for (int i = 0; i < n; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), bb, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, (size_t)n, b), n);
-	CHECK_EQ(kvc_release(c, b, (size_t)n), 0);
+	kvt_seal_chain(c, pool, bb, n, base);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	CHECK_EQ(kvt_g4_settled(ns, want), want);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	kvc_close(c);
-	free(b);
-	free(h);
 }
 
 /* The chain the cases look up: N blocks of BB in pool p. */

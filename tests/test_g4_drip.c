@@ -421,18 +421,10 @@ static void seal_chain(const char *ns, uint64_t base)
 {
 	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, "p", BB);
-	kvc_block b[N];
-	kvc_hash h[N];
 	Kvcached__Response *rs;
 	uint64_t want;
 
-	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
-	for (int i = 0; i < N; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
-	CHECK_EQ(kvc_release(c, b, N), 0);
+	kvt_seal_chain(c, pool, BB, N, base);
 	rs = kvt_g4_stats(ns);
 	want = rs->stats->remote->writes + N;
 	kvcached__response__free_unpacked(rs, NULL);

@@ -92,18 +92,7 @@ static kvc_conn *seal_chain_of(const char *ns, const char *name, uint32_t bb, ui
 			       uint64_t base)
 {
 	kvc_conn *c = kvt_connect(ns);
-	int pool = kvt_pool(c, name, bb);
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	CHECK(n <= N);
-	CHECK_EQ(kvc_alloc(c, pool, n, b), (int)n);
-	for (uint32_t i = 0; i < n; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), bb, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, n, b), (int)n);
-	CHECK_EQ(kvc_release(c, b, n), 0);
+	kvt_seal_chain(c, kvt_pool(c, name, bb), bb, (int)n, base);
 	return c;
 }
 

@@ -92,22 +92,6 @@ static void evict_now(kvc_conn *c, Kvcached__Tier tier)
 	kvcached__response__free_unpacked(rs, NULL);
 }
 
-/* Seals ns's chain (seeds base + i) into G1 and releases it. */
-static void seal_chain(kvc_conn *c, uint64_t base)
-{
-	int pool = kvt_pool(c, "p", BB);
-	kvc_block b[N];
-	kvc_hash h[N];
-
-	CHECK_EQ(kvc_alloc(c, pool, N, b), N);
-	for (int i = 0; i < N; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, N, b), N);
-	CHECK_EQ(kvc_release(c, b, N), 0);
-}
-
 /* G4 writes once nothing is in flight (none may fail). */
 static uint64_t writes_settled(const char *ns)
 {
@@ -159,7 +143,7 @@ int main(void)
 	w0 = writes_settled("dm");
 	c = kvt_connect("dm");
 	for (int r = 0; r < ROUNDS; r++) {
-		seal_chain(c, 1000 * (uint64_t)(r + 1));
+		kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 1000 * (uint64_t)(r + 1));
 		evict_now(c, KVCACHED__TIER__TIER_G1);
 		evict_now(c, KVCACHED__TIER__TIER_G2);
 	}
@@ -184,7 +168,7 @@ int main(void)
 	/* reload */
 	setenv("KVCACHED_SOCKET", a.sock, 1);
 	c = kvt_connect("gone");
-	seal_chain(c, 50000);
+	kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 50000);
 	evict_now(c, KVCACHED__TIER__TIER_G1);
 	write_conf(0);
 	CHECK(kill(a.pid, SIGHUP) == 0);
@@ -193,7 +177,7 @@ int main(void)
 
 	/* stop */
 	c = kvt_connect("dm");
-	seal_chain(c, 60000);
+	kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 60000);
 	evict_now(c, KVCACHED__TIER__TIER_G1);
 	kvc_close(c);   /* else the drain waits drain_timeout for it */
 	CHECK(kill(a.pid, SIGTERM) == 0);

@@ -108,20 +108,6 @@ static long long tier_metric(const char *name, const char *tier)
 	return v;
 }
 
-static void put_chain(kvc_conn *c, int pool, uint64_t base)
-{
-	kvc_block b[CHAIN];
-	kvc_hash h[CHAIN];
-
-	CHECK_EQ(kvc_alloc(c, pool, CHAIN, b), CHAIN);
-	for (int i = 0; i < CHAIN; i++) {
-		kvt_mem_fill(c, kvc_block_ptr(c, b[i]), BB, base + (uint64_t)i);
-		h[i] = kvt_hash(base + (uint64_t)i);
-	}
-	CHECK_EQ(kvc_seal(c, pool, b, h, CHAIN, b), CHAIN);
-	CHECK_EQ(kvc_release(c, b, CHAIN), 0);
-}
-
 /* Admin Evict of G1, then a wait (one-minute guard) until its copies into
  * G2 have landed; not for the disk's I/O (kvt_evict() waits for that too,
  * which a daemon that retries failed writes for ever never ends). */
@@ -183,12 +169,12 @@ static void failing(const char *faults, const char *tier)
 	pool = kvt_pool(c, "p", BB);
 	t0 = now_s();
 	for (int i = 0; i < NCHAINS; i++)
-		put_chain(c, pool, 1000 * (uint64_t)i);
+		kvt_seal_chain(c, pool, BB, CHAIN, 1000 * (uint64_t)i);
 	/* Disk: G2 filled with dirty copies for certain (the watermarks alone
 	 * may drop G1's blocks first, depending on the copies' timing). */
 	if (!strcmp(tier, "G3"))
 		evict_g1(c);
-	put_chain(c, pool, 1000 * NCHAINS);
+	kvt_seal_chain(c, pool, BB, CHAIN, 1000 * NCHAINS);
 	/* The idle window. */
 	kvt_tier(1, &t2a);
 	c0 = cpu_s(d.pid);
@@ -238,7 +224,7 @@ static void recovers(const char *faults, const char *tier)
 	c = kvt_connect(NULL);
 	pool = kvt_pool(c, "p", BB);
 	for (int i = 0; i < NCHAINS; i++)
-		put_chain(c, pool, 1000 * (uint64_t)i);
+		kvt_seal_chain(c, pool, BB, CHAIN, 1000 * (uint64_t)i);
 	if (l == 2)
 		evict_g1(c);
 	/* The copies are asynchronous: their failures come when they end. */
