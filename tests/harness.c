@@ -240,7 +240,7 @@ static Kvcached__Response *call(Kvcached__Request *rq)
 	return rs;
 }
 
-uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier)
+uint64_t kvt_evict_nowait(kvc_conn *c, Kvcached__Tier tier)
 {
 	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
 	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
@@ -255,6 +255,13 @@ uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier)
 	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
 	n = rs->evict->blocks;
 	kvcached__response__free_unpacked(rs, NULL);
+	return n;
+}
+
+uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier)
+{
+	uint64_t n = kvt_evict_nowait(c, tier);
+
 	kvt_tiers_settle();
 	return n;
 }

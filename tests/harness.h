@@ -73,6 +73,8 @@ off_t kvt_find_slot(const char *disk, const kvc_hash *h, uint32_t *flags);
  * checked; then each waits for the tiers to settle (they start copies and
  * return). */
 uint64_t kvt_evict(kvc_conn *c, Kvcached__Tier tier);
+/* kvt_evict() without the wait: returns with the reply, copies under way. */
+uint64_t kvt_evict_nowait(kvc_conn *c, Kvcached__Tier tier);
 void kvt_flush(kvc_conn *c);
 /* Allocates n blocks in session c, pool, writes kvt_mem_fill's pattern of
  * seed base + i into block i (block_bytes), seals them as one chain under

@@ -76,22 +76,6 @@ static void node_start(struct kvt_daemon *d)
 	setenv("KVCACHED_SOCKET", d->sock, 1);
 }
 
-/* Evict without waiting for the tiers to settle (kvt_evict() waits). */
-static void evict_now(kvc_conn *c, Kvcached__Tier tier)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Response *rs = NULL;
-
-	ev.tier = tier;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
-	kvcached__response__free_unpacked(rs, NULL);
-}
-
 /* G4 writes once nothing is in flight (none may fail). */
 static uint64_t writes_settled(const char *ns)
 {
@@ -144,8 +128,8 @@ int main(void)
 	c = kvt_connect("dm");
 	for (int r = 0; r < ROUNDS; r++) {
 		kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 1000 * (uint64_t)(r + 1));
-		evict_now(c, KVCACHED__TIER__TIER_G1);
-		evict_now(c, KVCACHED__TIER__TIER_G2);
+		kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);
+		kvt_evict_nowait(c, KVCACHED__TIER__TIER_G2);
 	}
 	kvc_close(c);
 	w = writes_settled("dm");
@@ -169,7 +153,7 @@ int main(void)
 	setenv("KVCACHED_SOCKET", a.sock, 1);
 	c = kvt_connect("gone");
 	kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 50000);
-	evict_now(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);
 	write_conf(0);
 	CHECK(kill(a.pid, SIGHUP) == 0);
 	kvc_close(c);
@@ -178,7 +162,7 @@ int main(void)
 	/* stop */
 	c = kvt_connect("dm");
 	kvt_seal_chain(c, kvt_pool(c, "p", BB), BB, N, 60000);
-	evict_now(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);
 	kvc_close(c);   /* else the drain waits drain_timeout for it */
 	CHECK(kill(a.pid, SIGTERM) == 0);
 	st = kvt_wait(a.pid);

@@ -20,23 +20,6 @@
 #define A_BYTES 4096
 #define B_BYTES 8192
 
-/* kvctl evict --tier g1 --all: every cached G1 block to G2. */
-static void evict_g1(kvc_conn *c)
-{
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Response *rs = NULL;
-
-	ev.tier = KVCACHED__TIER__TIER_G1;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
-	kvcached__response__free_unpacked(rs, NULL);
-	kvt_tiers_settle();
-}
-
 int main(void)
 {
 	struct kvt_daemon d;
@@ -66,7 +49,7 @@ int main(void)
 	kvt_mem_fill(c, kvc_block_ptr(c, b[0]), A_BYTES, 100);
 	CHECK_EQ(kvc_seal(c, pa, b, &h, 1, b), 1);
 	CHECK_EQ(kvc_release(c, b, 1), 0);
-	evict_g1(c);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_tier(1, &t2);
 	fprintf(stderr, "G2: %llu blocks (7 swapped, 1 cached), %llu of %llu bytes used\n",
 		(unsigned long long)t2.blocks, (unsigned long long)t2.used,

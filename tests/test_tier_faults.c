@@ -113,19 +113,10 @@ static long long tier_metric(const char *name, const char *tier)
  * which a daemon that retries failed writes for ever never ends). */
 static void evict_g1(kvc_conn *c)
 {
-	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
-	Kvcached__Evict ev = KVCACHED__EVICT__INIT;
-	Kvcached__Response *rs = NULL;
 	struct kvt_tier t2;
 	double t0 = now_s();
 
-	ev.tier = KVCACHED__TIER__TIER_G1;
-	ev.all_pools = 1;
-	rq.op_case = KVCACHED__REQUEST__OP_EVICT;
-	rq.evict = &ev;
-	CHECK_EQ(kvc_call(c, &rq, &rs), 0);
-	CHECK(!rs->error && rs->result_case == KVCACHED__RESPONSE__RESULT_EVICT);
-	kvcached__response__free_unpacked(rs, NULL);
+	kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);
 	for (;;) {
 		kvt_tier(1, &t2);
 		if (!t2.inflight)
