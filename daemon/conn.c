@@ -183,6 +183,16 @@ static size_t out_queued(const struct kv_conn *c)
 	return c->out_len - c->out_off;
 }
 
+/* Lifts a pause whose output has drained under max_output_bytes: 1 if it
+ * did (the caller reads the input again, or has it read). */
+static int conn_unpause(struct kv_conn *c)
+{
+	if (!c->paused || out_queued(c) >= c->cs->d->cfg.max_output_bytes)
+		return 0;
+	c->paused = 0;
+	return 1;
+}
+
 /* When c next needs the sweep (0: never); closes it if its partial frame
  * has waited frame_timeout; marks it to resume (c->resume) once what held
  * its input is gone. Runs no request: that could close other connections. */
@@ -204,10 +214,8 @@ static uint64_t conn_sweep(struct kv_conn *c, uint64_t now)
 			conn_close(c, c->linger_why[0] ? c->linger_why : NULL);
 			return 0;
 		}
-		if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
-			c->paused = 0;
+		if (conn_unpause(c))
 			c->resume = !conn_held(c);
-		}
 	}
 	if (c->lingering) {
 		if (!timeout)
@@ -441,10 +449,8 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 		} else if (c->lingering) {
 			if (!out_queued(c))
 				conn_close(c, c->linger_why[0] ? c->linger_why : NULL);
-		} else if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
-			c->paused = 0;
-			if (!c->parked)
-				conn_input(c);
+		} else if (conn_unpause(c) && !c->parked) {
+			conn_input(c);
 		}
 	}
 	conn_free_if_done(c);
@@ -698,11 +704,8 @@ again:
 	/* Paused, and the flush sent all that paused it at once: no POLLOUT
 	 * will come to lift the pause, and a pipelining peer would wait on it
 	 * for ever (its writes blocked on the unread input). */
-	if (c->paused && out_queued(c) < c->cs->d->cfg.max_output_bytes) {
-		c->paused = 0;
-		if (!conn_held(c))
-			goto again;
-	}
+	if (conn_unpause(c) && !conn_held(c))
+		goto again;
 }
 
 static void on_readable(struct kv_loop_watch *w, int res, int more)
