@@ -151,9 +151,10 @@ static void jrun(struct kv_job *job)
 
 	switch (c->kind) {
 	case JB_APPEND:
-		if (write_all(j->fd, b->r, b->n * sizeof(b->r[0])) < 0)
+		if (write_all(j->fd, b->r, b->n * sizeof(b->r[0])) < 0) {
 			j->errors++;
-		else
+			j->lost += b->n;
+		} else
 			j->records += b->n;
 		j->unwritten -= b->n;
 		/* During a compaction the new file gets them too. */
@@ -184,6 +185,7 @@ static void jrun(struct kv_job *job)
 			close(j->fd);
 			j->fd = j->newfd;
 			j->records = j->new_records;
+			j->covered = j->lost_begin;
 		} else {
 			j->errors++;
 			if (j->newfd >= 0)
@@ -216,6 +218,7 @@ static int batch_add(struct kv_journal *j, struct jbatch **bp, int kind, const s
 
 		if (!nb) {
 			j->errors++;
+			j->lost++;
 			return -ENOMEM;
 		}
 		if (!b) {
@@ -279,16 +282,23 @@ int kv_journal_append(struct kv_journal *j, struct kv_jrec *r)
 	r->crc = rec_crc(r);
 	if (e < 0) {
 		j->errors++;
+		j->lost++;
 		return e;
 	}
 	if (j->w)
 		return batch_add(j, &j->stage, JB_APPEND, r);
 	if ((e = write_all(j->fd, r, sizeof(*r))) < 0) {
 		j->errors++;
+		j->lost++;
 		return e;
 	}
 	j->records++;
 	return 0;
+}
+
+int kv_journal_behind(const struct kv_journal *j)
+{
+	return atomic_load(&j->lost) != atomic_load(&j->covered);
 }
 
 int kv_journal_compacting(struct kv_journal *j)
@@ -306,6 +316,7 @@ int kv_journal_compact_begin(struct kv_journal *j)
 		return -EBUSY;
 	kv_journal_flush(j);
 	atomic_store(&j->committed, 0);
+	j->lost_begin = atomic_load(&j->lost);   /* the worker reads it at the end */
 	j->compacting = 1;
 	kv_worker_submit(j->w, &j->begin.job);
 	return 0;
@@ -337,7 +348,7 @@ int kv_journal_rewrite(struct kv_journal *j, int (*next)(void *ctx, struct kv_jr
 	char tmp[sizeof(j->path) + 8];
 	struct kv_jrec buf[256];
 	struct jhdr h;
-	uint64_t n = 0;
+	uint64_t n = 0, lost = atomic_load(&j->lost);
 	int fd, r = 0, k = 0;
 
 	tmp_path(j, tmp, sizeof(tmp));
@@ -369,6 +380,7 @@ int kv_journal_rewrite(struct kv_journal *j, int (*next)(void *ctx, struct kv_jr
 	close(j->fd);
 	j->fd = fd;
 	j->records = n;
+	j->covered = lost;
 	if (lseek(fd, 0, SEEK_END) < 0)
 		return -errno;
 	return 0;

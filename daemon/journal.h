@@ -71,6 +71,13 @@ struct kv_journal {
 	uint64_t page_bytes, disk_bytes;
 	_Atomic uint64_t records;   /* in the file now */
 	_Atomic uint64_t errors;
+	/* Records lost (an append that failed or could not be staged, a
+	 * compaction chunk's record that could not be), and how many had been
+	 * lost when the last rewrite or compaction that committed began: the
+	 * file holds every live record only while they are equal. */
+	_Atomic uint64_t lost;
+	_Atomic uint64_t covered;
+	uint64_t lost_begin;        /* lost when the compaction under way began */
 	/* Asynchronous mode: the loop's side. */
 	struct kv_worker *w;        /* NULL: synchronous */
 	struct jbatch *stage;       /* appends not handed to the worker yet */
@@ -109,6 +116,11 @@ void kv_journal_flush(struct kv_journal *j);
 /* Appends not in the file yet (staged, or handed over and not written): in
  * asynchronous mode what a kill -9 now would lose. 0 in synchronous mode. */
 uint64_t kv_journal_pending(const struct kv_journal *j);
+
+/* Whether a record was lost since the last rewrite or compaction that
+ * committed began: a kill -9 now would lose blocks from the warm restart
+ * until the next one commits. */
+int kv_journal_behind(const struct kv_journal *j);
 
 /* A compaction while the loop runs: begin, then add every live record over
  * any number of turns (kv_journal_compact_push() hands each chunk over, after

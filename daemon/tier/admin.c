@@ -133,7 +133,9 @@ int kv_tiers_durable(const struct kv_tiers *t)
 	for (d = 0; d < t->be->devices; d++)
 		if (t->down_bytes[d])
 			return 0;   /* demotions land in G2 dirty */
-	return !kv_journal_pending(&t->jr);
+	/* Every record written, and none lost since the last compaction that
+	 * committed began (a lost one: tier_journal_step() compacts again). */
+	return !kv_journal_pending(&t->jr) && !kv_journal_behind(&t->jr);
 }
 
 int kv_tiers_disk_busy(const struct kv_tiers *t)

@@ -126,7 +126,13 @@ void tier_journal_step(struct kv_tiers *t)
 	if (!t->jr.w)
 		return;
 	if (!t->jactive) {
-		if (t->jr.records <= 2 * t->jlive + 16384 || kv_journal_compact_begin(&t->jr) < 0)
+		/* When the file has grown to twice what it holds, or a Flush waits
+		 * on a journal that lost a record (kv_tiers_durable()). */
+		int repair = t->flushing && kv_journal_behind(&t->jr) &&
+			     !kv_journal_compacting(&t->jr) && !tier_io_held(t, BO_DISK);
+
+		if ((!repair && t->jr.records <= 2 * t->jlive + 16384) ||
+		    kv_journal_compact_begin(&t->jr) < 0)
 			return;
 		t->jactive = 1;
 		t->jpage = 0;
