@@ -629,7 +629,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	p->n.free++;
 	kv_ns_charge(&p->pools->nst, p->ns, 0, -(int64_t)p->block_bytes);
 	block_assert_state(b);
-	if (--run->nused == 0) {
+	if (--run->nused == 0 && keep_spare != POOL_KEEP_RUN) {
 		if (keep_spare && !p->spare)
 			p->spare = run;
 		else
@@ -660,11 +660,12 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 		if (!may_evict)
 			break;
 		/* Before the first eviction: would evicting all it may be
-		 * enough? Then evict one at a time, the rules' order. */
+		 * enough? Then evict in the rules' order (a batch of the
+		 * pool's own oldest at a time when they are what goes). */
 		if (!checked && !pool_can_get(p, n - got, 0))
 			break;
 		checked = 1;
-		if (!pool_make_room(p))
+		if (!pool_make_room(p, n - got))
 			break;
 	}
 	if (got == n) {

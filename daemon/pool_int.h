@@ -68,15 +68,22 @@ void pool_heap_remove(struct kv_pool *p);
 /* ---- pool.c ---- */
 /* Gives an empty run's pages back to the device. */
 void pool_run_release(struct kv_run *run);
-/* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
- * emptied run may stay as the pool's spare; otherwise it is released. */
+/* Makes b (ref 0, not on a list, out of the index) FREE, at the front of
+ * its pool's free list. keep_spare: an emptied run may stay as the pool's
+ * spare; otherwise it is released. POOL_KEEP_RUN: an emptied run stays
+ * whatever the spare, because the caller takes every block it frees this way
+ * back off the free list before it returns (an allocation's batch of
+ * evictions: evict.c), so no empty run outlives the call. */
+#define POOL_KEEP_RUN 2
 void pool_make_free(struct kv_block *b, int keep_spare);
 
 /* ---- evict.c (the rules are at its top) ---- */
-/* Frees room for one more block of p: evicts the block the rules pick, or
- * gives back another pool's spare run. Returns 1 if it freed anything, 0 when
- * nothing p may take would help. */
-int pool_make_room(struct kv_pool *p);
+/* Frees room for more blocks of p, up to want (>= 1): evicts the block the
+ * rules pick, or gives back another pool's spare run; when the rules pick
+ * p's own oldest block, up to want of its oldest in one go (the same blocks
+ * want calls would evict). Returns how many blocks it evicted (1 for a
+ * spare run given back), 0 when nothing p may take would help. */
+uint32_t pool_make_room(struct kv_pool *p, uint32_t want);
 /* Whether p could get n more blocks by evicting what it may (an optimistic
  * count: whole runs per segment, contiguity aside); with later, counting the
  * blocks being demoted as evictable (they are freed when their copy ends). */
