@@ -429,6 +429,25 @@ static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
 	q->ss->lk_tier_sum = XXH3_64bits(m->hashes.data, m->hashes.len);
 }
 
+/* Blocks whose references a batch takes or drops at once: a stretch still
+ * in cache when the session's counts follow. */
+#define REF_STRETCH 64
+
+/* Takes one reference on each of q->blk[0..n) for q's session, whose room
+ * (max_block_refs, kv_sessrefs_reserve()) the caller checked: the blocks'
+ * a stretch at a time (kv_blocks_ref(): the counters once), then the
+ * session's counts on them. */
+static void take_refs(struct req *q, size_t n)
+{
+	for (size_t i = 0; i < n; i += REF_STRETCH) {
+		size_t m = n - i < REF_STRETCH ? n - i : REF_STRETCH;
+
+		kv_blocks_ref(q->blk + i, m);
+		for (size_t j = i; j < i + m; j++)
+			kv_sessrefs_add(&q->ss->refs, q->blk[j]);
+	}
+}
+
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -495,10 +514,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	}
 	if (tiers && k && !(tv = q_alloc(q, k * sizeof(*tv))))
 		return;
-	for (size_t i = 0; i < k; i++) {
-		kv_block_ref(q->blk[i]);
-		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
-	}
+	take_refs(q, k);
 	kv_cache_lookup_done(q->ss, old_pins);
 	kv_cache_count_lookup(q->d, p, n, k);
 	kv_op_reply_blocks(q, k);
@@ -517,10 +533,16 @@ void kv_op_release(struct req *q, const Kvcached__Release *m)
 	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
 		return;
 	/* Tail first: a chain listed head first leaves its tail the oldest in
-	 * the LRU, so eviction takes it before the head. */
-	for (i = m->n_blocks; i-- > 0;) {
-		kv_sessrefs_sub(&q->ss->refs, q->blk[i]);
-		kv_block_unref(q->blk[i]);
+	 * the LRU, so eviction takes it before the head. A stretch at a time
+	 * (still in cache): the session's counts (which go first: an unref
+	 * may free the block), then the blocks' references. */
+	for (i = m->n_blocks; i > 0;) {
+		size_t from = i > REF_STRETCH ? i - REF_STRETCH : 0;
+
+		for (size_t j = from; j < i; j++)
+			kv_sessrefs_sub(&q->ss->refs, q->blk[j]);
+		kv_blocks_unref_back(q->blk + from, i - from);
+		i = from;
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
 }
@@ -540,10 +562,7 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 		return;
 	}
 	/* The blocks are held: their segments are the session's already. */
-	for (i = 0; i < m->n_blocks; i++) {
-		kv_block_ref(q->blk[i]);
-		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
-	}
+	take_refs(q, m->n_blocks);
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 

@@ -730,13 +730,14 @@ int kv_block_ref_room(const struct kv_block *b, uint32_t n)
 	return b->ref <= KV_BLOCK_REF_MAX && n <= KV_BLOCK_REF_MAX - b->ref;
 }
 
-int kv_block_ref(struct kv_block *b)
+/* A reference on b (of p, not FREE, with room for it): a CACHED block leaves
+ * its LRU (or its demotion) and becomes SEALED. Returns 1 when it did, for
+ * the caller to count (p->n.sealed++, pool_cached_add(p, -1)): a batch
+ * counts once (kv_blocks_ref()). */
+static inline __attribute__((always_inline)) int block_ref(struct kv_pool *p, struct kv_block *b)
 {
-	struct kv_pool *p = b->run->pool;
+	int moved = 0;
 
-	kv_assert(b->state != KV_BLOCK_FREE);
-	if (!kv_block_ref_room(b, 1))
-		return -EOVERFLOW;
 	if (b->state == KV_BLOCK_CACHED) {
 		if (b->demoting) {
 			/* Cancels the demotion: the copy's completion sees it. */
@@ -756,22 +757,66 @@ int kv_block_ref(struct kv_block *b)
 				pool_lru_changed(p);
 		}
 		b->state = KV_BLOCK_SEALED;
-		pool_cached_add(p, -1);
-		p->n.sealed++;
+		moved = 1;
 	}
 	b->ref++;
 	block_assert_state(b);
-	return 0;
+	return moved;
 }
 
-void kv_block_unref(struct kv_block *b)
+/* n blocks of p went from CACHED to SEALED. */
+static inline void pool_count_ref(struct kv_pool *p, uint64_t n)
+{
+	p->n.sealed += n;
+	p->n.cached -= n;
+	p->pools->nst.ns[p->ns - 1].cached -= n * p->block_bytes;
+}
+
+int kv_block_ref(struct kv_block *b)
 {
 	struct kv_pool *p = b->run->pool;
 
+	kv_assert(b->state != KV_BLOCK_FREE);
+	if (!kv_block_ref_room(b, 1))
+		return -EOVERFLOW;
+	if (block_ref(p, b))
+		pool_count_ref(p, 1);
+	return 0;
+}
+
+void kv_blocks_ref(struct kv_block *const *blk, size_t n)
+{
+	struct kv_pool *p = NULL;
+	uint64_t moved = 0;   /* of p, not counted yet */
+
+	/* The counters are read by nothing in the loop (the LRU's heap key is
+	 * the tick of its back): they are added once per pool met. */
+	for (size_t i = 0; i < n; i++) {
+		struct kv_block *b = blk[i];
+
+		if (b->run->pool != p) {
+			if (moved)
+				pool_count_ref(p, moved);
+			p = b->run->pool;
+			moved = 0;
+		}
+		kv_assert(b->state != KV_BLOCK_FREE && kv_block_ref_room(b, 1));
+		moved += (uint64_t)block_ref(p, b);
+	}
+	if (moved)
+		pool_count_ref(p, moved);
+}
+
+/* Drops a reference from b (of p, WRITABLE or SEALED, holding one). At 0 a
+ * SEALED block becomes CACHED, the newest on the LRU, and 1 is returned for
+ * the caller to count (p->n.sealed--, pool_cached_add(p, 1)); a WRITABLE
+ * one becomes FREE. */
+static inline __attribute__((always_inline)) int block_unref(struct kv_pool *p, struct kv_block *b)
+{
 	kv_assert(b->state == KV_BLOCK_WRITABLE || b->state == KV_BLOCK_SEALED);
 	kv_assert(b->ref > 0);
 	if (--b->ref > 0)
-		return;
+		return 0;
 	if (b->state == KV_BLOCK_SEALED) {
 		/* At the front: the back, the heap's key, moves only when the
 		 * LRU was empty. */
@@ -783,13 +828,51 @@ void kv_block_unref(struct kv_block *b)
 		if (was_empty)
 			pool_lru_changed(p);
 		b->run->nlru++;
-		p->n.sealed--;
-		pool_cached_add(p, 1);
 		block_assert_state(b);
-	} else {
-		p->n.writable--;
-		pool_make_free(b, 1);
+		return 1;
 	}
+	p->n.writable--;
+	pool_make_free(b, 1);
+	return 0;
+}
+
+/* n blocks of p went from SEALED to CACHED. */
+static inline void pool_count_unref(struct kv_pool *p, uint64_t n)
+{
+	p->n.sealed -= n;
+	p->n.cached += n;
+	p->pools->nst.ns[p->ns - 1].cached += n * p->block_bytes;
+}
+
+void kv_block_unref(struct kv_block *b)
+{
+	struct kv_pool *p = b->run->pool;
+
+	if (block_unref(p, b))
+		pool_count_unref(p, 1);
+}
+
+void kv_blocks_unref_back(struct kv_block *const *blk, size_t n)
+{
+	struct kv_pool *p = NULL;
+	uint64_t moved = 0;
+
+	/* As kv_blocks_ref(): a block freed on the way (WRITABLE, pool
+	 * idle checks) reads the sum sealed + cached, which the moves not
+	 * counted yet leave as it is. */
+	for (size_t i = n; i-- > 0;) {
+		struct kv_block *b = blk[i];
+
+		if (b->run->pool != p) {
+			if (moved)
+				pool_count_unref(p, moved);
+			p = b->run->pool;
+			moved = 0;
+		}
+		moved += (uint64_t)block_unref(p, b);
+	}
+	if (moved)
+		pool_count_unref(p, moved);
 }
 
 struct kv_block *kv_pool_seal(struct kv_pool *p, struct kv_block *b, const uint8_t *hash)

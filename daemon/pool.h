@@ -343,6 +343,16 @@ uint64_t kv_block_offset(const struct kv_block *b);
  * Returns 0, or -EOVERFLOW when b holds KV_BLOCK_REF_MAX references already;
  * then nothing changed. */
 int kv_block_ref(struct kv_block *b);
+/* kv_block_ref() of blk[0], blk[1], ... blk[n-1] in that order, the same
+ * transitions and LRU moves, with the pool and namespace counters added once
+ * per pool met instead of once per block (issue 38: a lookup of 1,000). The
+ * caller has checked the room (kv_block_ref_room() of each block's count in
+ * the batch): none may be at KV_BLOCK_REF_MAX (an assertion). */
+void kv_blocks_ref(struct kv_block *const *blk, size_t n);
+/* kv_block_unref() of blk[n-1], blk[n-2], ... blk[0] (the tail of a chain
+ * first), the same transitions and LRU order, the counters added once per
+ * pool met. Each must hold a reference for each listing. */
+void kv_blocks_unref_back(struct kv_block *const *blk, size_t n);
 /* 1 if n more references fit on b (n calls of kv_block_ref() would all
  * succeed), else 0: validates a batch before anything changes. A block
  * listed k times in a batch needs kv_block_ref_room(b, k). */
