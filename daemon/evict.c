@@ -79,16 +79,19 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 #define EVICT_BATCH 64
 #define EVICT_AHEAD 6
 
-/* Evicts up to max of p's oldest blocks (its LRU's back), oldest first:
- * what max calls of pool_make_room() would evict one at a time once
- * victim() has picked p's own back, since evicting p's blocks changes
- * nothing in another pool's candidacy (issue 38: an allocation of 256 on a
- * full pool evicted each with its own search and its index neighbours'
- * misses one after another; here the victims are gathered first and their
- * neighbours' lines asked for a few victims ahead). Returns how many. */
-static uint32_t evict_own(struct kv_pool *p, uint32_t max)
+/* Recycles up to max of p's oldest blocks (its LRU's back), oldest first,
+ * into out[] for an allocation of p: the blocks max calls of
+ * pool_make_room() would evict one at a time once victim() has picked p's
+ * own back, since evicting p's blocks changes nothing in another pool's
+ * candidacy (issue 38: an allocation of 256 on a full pool evicted each
+ * with its own search, its index neighbours' misses one after another,
+ * and a stop on the free list). The victims are gathered first, their
+ * neighbours' lines asked for a few victims ahead, and each goes from CACHED
+ * to WRITABLE in one step (pool_recycle()); the counters once. Returns how
+ * many. */
+static uint32_t evict_own(struct kv_pool *p, uint32_t max, struct kv_block **out)
 {
-	struct kv_block *v[EVICT_BATCH];
+	struct kv_block **v = out;
 	struct kv_list *n = kv_list_back(&p->lru);
 	uint32_t k = 0, i;
 
@@ -107,12 +110,11 @@ static uint32_t evict_own(struct kv_pool *p, uint32_t max)
 			if (e->next)
 				__builtin_prefetch(&e->next->pprev, 1);
 		}
-		/* The allocation takes each block freed here back before it
-		 * returns (free list front first): a run emptied on the way
-		 * is refilled, never released or made the spare, as one
-		 * eviction and one take at a time would leave it. */
-		pool_evict_one(v[i], POOL_KEEP_RUN);
+		pool_recycle(v[i]);
 	}
+	pool_cached_add(p, -(int)k);
+	p->n.writable += k;
+	p->n.evictions += k;
 	pool_lru_changed(p);
 	return k;
 }
@@ -241,19 +243,21 @@ static struct kv_block *victim(struct kv_pool *p, int *spare, int *own_back)
 	return best;
 }
 
-uint32_t pool_make_room(struct kv_pool *p, uint32_t want)
+uint32_t pool_make_room(struct kv_pool *p, uint32_t want, struct kv_block **out,
+			uint32_t *taken)
 {
 	int spare, own = 0;
 	struct kv_block *b = victim(p, &spare, &own);
 
+	*taken = 0;
 	if (spare)
 		return 1;
 	if (!b)
 		return 0;
 	/* p's own oldest: the next victims are its next oldest, as long as
 	 * it has some (evict_own()). */
-	if (own && want > 1)
-		return evict_own(p, want);
+	if (own && out)
+		return *taken = evict_own(p, want, out);
 	/* A run of p's that this empties may stay as p's spare: p refills it
 	 * next; another pool's is released: the pages are what p needs. */
 	pool_evict(b, b->run->pool == p);

@@ -629,7 +629,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	p->n.free++;
 	kv_ns_charge(&p->pools->nst, p->ns, 0, -(int64_t)p->block_bytes);
 	block_assert_state(b);
-	if (--run->nused == 0 && keep_spare != POOL_KEEP_RUN) {
+	if (--run->nused == 0) {
 		if (keep_spare && !p->spare)
 			p->spare = run;
 		else
@@ -638,10 +638,27 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 	pool_check_idle(p);
 }
 
+void pool_recycle(struct kv_block *b)
+{
+	struct kv_pool *p = b->run->pool;
+
+	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting && b->ref == 0);
+	kv_list_del(&b->node);
+	b->run->nlru--;
+	kv_index_remove(&p->pools->index, &b->ix);
+	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
+	/* As pool_make_free() and take_free() would leave it. */
+	b->state = KV_BLOCK_WRITABLE;
+	b->ref = 1;
+	b->owner = 0;
+	b->gen++;
+	block_assert_state(b);
+}
+
 static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char *why,
 		      size_t whylen, int may_evict)
 {
-	uint32_t got = 0;
+	uint32_t got = 0, taken;
 	int checked = 0, r;
 
 	/* Limits first: nothing is evicted or taken for an allocation they
@@ -665,8 +682,9 @@ static int pool_alloc(struct kv_pool *p, uint32_t n, struct kv_block **out, char
 		if (!checked && !pool_can_get(p, n - got, 0))
 			break;
 		checked = 1;
-		if (!pool_make_room(p, n - got))
+		if (!pool_make_room(p, n - got, out + got, &taken))
 			break;
+		got += taken;
 	}
 	if (got == n) {
 		p->n.allocs += n;

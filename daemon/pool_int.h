@@ -68,22 +68,28 @@ void pool_heap_remove(struct kv_pool *p);
 /* ---- pool.c ---- */
 /* Gives an empty run's pages back to the device. */
 void pool_run_release(struct kv_run *run);
-/* Makes b (ref 0, not on a list, out of the index) FREE, at the front of
- * its pool's free list. keep_spare: an emptied run may stay as the pool's
- * spare; otherwise it is released. POOL_KEEP_RUN: an emptied run stays
- * whatever the spare, because the caller takes every block it frees this way
- * back off the free list before it returns (an allocation's batch of
- * evictions: evict.c), so no empty run outlives the call. */
-#define POOL_KEEP_RUN 2
+/* Makes b (ref 0, not on a list, out of the index) FREE. keep_spare: an
+ * emptied run may stay as the pool's spare; otherwise it is released. */
 void pool_make_free(struct kv_block *b, int keep_spare);
 
 /* ---- evict.c (the rules are at its top) ---- */
 /* Frees room for more blocks of p, up to want (>= 1): evicts the block the
- * rules pick, or gives back another pool's spare run; when the rules pick
- * p's own oldest block, up to want of its oldest in one go (the same blocks
- * want calls would evict). Returns how many blocks it evicted (1 for a
- * spare run given back), 0 when nothing p may take would help. */
-uint32_t pool_make_room(struct kv_pool *p, uint32_t want);
+ * rules pick, or gives back another pool's spare run. When the rules pick
+ * p's own oldest block and out is not NULL, up to want of its oldest (the
+ * blocks want calls would evict, in the same order) go straight into
+ * out[0..*taken) as WRITABLE blocks of the allocation (pool_recycle()).
+ * Returns how many blocks it evicted (1 for a spare run given back), 0 when
+ * nothing p may take would help; *taken: how many of them are in out. */
+uint32_t pool_make_room(struct kv_pool *p, uint32_t want, struct kv_block **out,
+			uint32_t *taken);
+/* b (CACHED, on p's LRU, not demoting) is evicted for an allocation of its
+ * own pool and becomes WRITABLE (ref 1) in one step: what pool_evict() and
+ * take_free() would leave (out of the LRU and the index, the removal told to
+ * the events, a new generation, no owner), without the stop on the free
+ * list, so its run stays in use and its namespace's G1 bytes as they were.
+ * The counters are the caller's: p->n.cached and the namespace's cached
+ * bytes down, p->n.writable and p->n.evictions up. */
+void pool_recycle(struct kv_block *b);
 /* Whether p could get n more blocks by evicting what it may (an optimistic
  * count: whole runs per segment, contiguity aside); with later, counting the
  * blocks being demoted as evictable (they are freed when their copy ends). */
