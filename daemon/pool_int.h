@@ -34,6 +34,12 @@ struct kv_pools {
 	uint32_t heap_epoch;       /* nst.prio_epoch the keys were taken at */
 	uint32_t *scratch;
 	uint64_t clock_ms;         /* kv_pools_hold_clock(); 0: read the clock */
+	/* Per device, where its runs' structs live (pool.c run_mem_get()):
+	 * one mapping in transparent huge pages, a slot of runmem_stride bytes
+	 * per page, a run's struct at its first page's slot; NULL: each run
+	 * from aligned_alloc(). */
+	uint8_t *runmem[KV_MAX_DEVICES];
+	size_t runmem_bytes[KV_MAX_DEVICES], runmem_stride[KV_MAX_DEVICES];
 };
 
 /* The live pool of id i < npools, or NULL for a free id. */
