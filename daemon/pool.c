@@ -36,7 +36,7 @@ _Static_assert(sizeof(struct kv_index_entry) <= 64 && sizeof(struct kv_block) ==
 _Static_assert(KV_BLOCK_REF_MAX <= KV_REFMAP_COUNT_MAX,
 	       "a block's references must fit a session's refmap count");
 
-#define GEN_MASK 0xfffffu
+#define GEN_MASK KV_HANDLE_GEN_MASK
 
 struct kv_index *kv_pools_index(struct kv_pools *ps)
 {
