@@ -168,7 +168,12 @@ void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t
 	size_t k;
 
 	kv_assert(!e->pprev);  /* not linked already */
-	if (ix->count >= ix->nbuckets)
+	/* At most one entry per two buckets: a probe for a hash not there (a
+	 * Seal's, mostly) walks the whole chain, one cache miss an entry,
+	 * and at one entry a bucket a quarter of the chains had a second
+	 * (issue 38: the probes of a Seal of 256 fresh hashes waited on
+	 * them). */
+	if (ix->count >= ix->nbuckets / 2)
 		ix_grow(ix);
 	k = key & (ix->nbuckets - 1);
 	e->next = ix->buckets[k];
