@@ -831,6 +831,11 @@ int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e)
 	return ttl && pool_now_ms(p->pools) - e->born_ms >= ttl;
 }
 
+int kv_pool_has_ttl(const struct kv_pool *p)
+{
+	return p->pools->nst.ns[p->ns - 1].lim.ttl_ms != 0;
+}
+
 struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 {
 	struct kv_index_entry *e = kv_index_find(&p->pools->index, p->id, hash);

@@ -317,6 +317,9 @@ struct kv_block *kv_pool_oldest_cached(struct kv_pool *p);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);
+/* Whether p's namespace has a TTL at all: when not, nothing of p expires
+ * (a loop over a chain asks once). */
+int kv_pool_has_ttl(const struct kv_pool *p);
 /* The time (kv_mono_ms()) the seals and TTL checks that follow go by, until
  * called again with 0 (read the clock each time): one reading for a batch
  * (issue 38: clock_gettime per block was a twentieth of a Seal of 256). */
