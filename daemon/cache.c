@@ -71,7 +71,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	uint32_t c = resume_point(ss, p, hashes, n), old = ss->npins, done = c;
 	uint32_t oldest = c ? ss->lk_oldest : 0;
 	uint64_t born = c ? ss->pins[oldest]->ix.born_ms : 0;
-	int parked = 0, expired = 0, gap = 0, run = 1, started = 0;
+	int parked = 0, expired = 0, gap = 0, run = 1, started = 0, ttl = kv_pool_has_ttl(p);
 	size_t k, g, walked;
 
 	ss->lk_done = 0;
@@ -101,7 +101,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		for (j = 0; j < m; j++, g++) {
 			struct kv_index_entry *e = ie[j];
 
-			if (!e || e->kind != KV_ENTRY_BLOCK || kv_pool_expired(p, e))
+			if (!e || e->kind != KV_ENTRY_BLOCK || (ttl && kv_pool_expired(p, e)))
 				break;
 			blk[g] = kv_container_of(e, struct kv_block, ix);
 		}

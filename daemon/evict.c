@@ -37,17 +37,32 @@ static struct kv_ns *pool_ns(const struct kv_pool *p)
 }
 
 /* Evicts CACHED b (on its pool's LRU, so not demoting): out of the LRU and
- * the index, then FREE. keep_spare as pool_make_free(). */
+ * the index, then FREE; the pool's heap key is the caller's (pool_lru_changed()
+ * once the LRU's back has settled). keep_spare as pool_make_free(). */
+static void pool_evict_one(struct kv_block *b, int keep_spare)
+{
+	struct kv_pool *p = b->run->pool;
+
+	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
+	kv_list_del(&b->node);
+	b->run->nlru--;
+	kv_index_remove(&p->pools->index, &b->ix);
+	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
+	pool_cached_add(p, -1);
+	p->n.evictions++;
+	pool_make_free(b, keep_spare);
+}
+
+/* pool_evict_one() and the heap key after it. */
 static void pool_evict(struct kv_block *b, int keep_spare)
 {
 	struct kv_pool *p = b->run->pool;
 	struct kv_list *next = b->node.prev;
 
-	kv_assert(b->state == KV_BLOCK_CACHED && !b->demoting);
-	/* An allocation evicts its pool's oldest blocks one after another,
-	 * each a cache miss on its block and on its index neighbours: ask for
-	 * the next victim's neighbours now, and for the block after it, whose
-	 * own line is then there when its turn comes (issue 38). Hints only. */
+	/* Evictions come one after another, each a cache miss on its block
+	 * and on its index neighbours: ask for the next victim's neighbours
+	 * now, and for the block after it, whose own line is then there when
+	 * its turn comes (issue 38). Hints only. */
 	if (next != &p->lru) {
 		const struct kv_block *v = kv_container_of(next, struct kv_block, node);
 
@@ -55,14 +70,53 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 		__builtin_prefetch(v->ix.next);
 		__builtin_prefetch(v->ix.pprev);
 	}
-	kv_list_del(&b->node);
+	pool_evict_one(b, keep_spare);
 	pool_lru_changed(p);
-	b->run->nlru--;
-	kv_index_remove(&p->pools->index, &b->ix);
-	kv_events_removed(p->pools->ev, p->id, b->ix.hash, KV_MEDIUM_G1);
-	pool_cached_add(p, -1);
-	p->n.evictions++;
-	pool_make_free(b, keep_spare);
+}
+
+/* Victims of one batch (evict_own()) and how far ahead of the one evicted
+ * the index neighbours of a later one are asked for. */
+#define EVICT_BATCH 64
+#define EVICT_AHEAD 6
+
+/* Recycles up to max of p's oldest blocks (its LRU's back), oldest first,
+ * into out[] for an allocation of p: the blocks max calls of
+ * pool_make_room() would evict one at a time once victim() has picked p's
+ * own back, since evicting p's blocks changes nothing in another pool's
+ * candidacy (issue 38: an allocation of 256 on a full pool evicted each
+ * with its own search, its index neighbours' misses one after another,
+ * and a stop on the free list). The victims are gathered first, their
+ * neighbours' lines asked for a few victims ahead, and each goes from CACHED
+ * to WRITABLE in one step (pool_recycle()); the counters once. Returns how
+ * many. */
+static uint32_t evict_own(struct kv_pool *p, uint32_t max, struct kv_block **out)
+{
+	struct kv_block **v = out;
+	struct kv_list *n = kv_list_back(&p->lru);
+	uint32_t k = 0, i;
+
+	if (max > EVICT_BATCH)
+		max = EVICT_BATCH;
+	for (; n != &p->lru && k < max; n = n->prev) {
+		v[k] = kv_container_of(n, struct kv_block, node);
+		__builtin_prefetch(&v[k]->ix);
+		k++;
+	}
+	for (i = 0; i < k; i++) {
+		if (i + EVICT_AHEAD < k) {
+			const struct kv_index_entry *e = &v[i + EVICT_AHEAD]->ix;
+
+			__builtin_prefetch(e->pprev, 1);
+			if (e->next)
+				__builtin_prefetch(&e->next->pprev, 1);
+		}
+		pool_recycle(v[i]);
+	}
+	pool_cached_add(p, -(int)k);
+	p->n.writable += k;
+	p->n.evictions += k;
+	pool_lru_changed(p);
+	return k;
 }
 
 /* Whether an allocation of namespace ns may evict q's cached blocks: its own
@@ -144,7 +198,7 @@ static struct kv_block *pool_helpful_block(struct kv_pool *q, const struct kv_po
 }
 
 /* The block to evict for p next, or NULL: see the rules at the top. */
-static struct kv_block *victim(struct kv_pool *p, int *spare)
+static struct kv_block *victim(struct kv_pool *p, int *spare, int *own_back)
 {
 	struct kv_pools *ps = p->pools;
 	struct kv_list *n = kv_list_back(&p->lru);
@@ -185,18 +239,25 @@ static struct kv_block *victim(struct kv_pool *p, int *spare)
 			}
 		}
 	}
+	*own_back = own;
 	return best;
 }
 
-int pool_make_room(struct kv_pool *p)
+uint32_t pool_make_room(struct kv_pool *p, uint32_t want, struct kv_block **out,
+			uint32_t *taken)
 {
-	int spare;
-	struct kv_block *b = victim(p, &spare);
+	int spare, own = 0;
+	struct kv_block *b = victim(p, &spare, &own);
 
+	*taken = 0;
 	if (spare)
 		return 1;
 	if (!b)
 		return 0;
+	/* p's own oldest: the next victims are its next oldest, as long as
+	 * it has some (evict_own()). */
+	if (own && out)
+		return *taken = evict_own(p, want, out);
 	/* A run of p's that this empties may stay as p's spare: p refills it
 	 * next; another pool's is released: the pages are what p needs. */
 	pool_evict(b, b->run->pool == p);

@@ -1,8 +1,10 @@
 #include "index.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 /* XXH3 inlined: a key is 36 bytes, hashed once per block of every Seal
  * and Lookup, where the library call's dispatch was a tenth of a long
  * lookup's time (issue 38's profile). The same function, the same keys. */
@@ -21,6 +23,43 @@ uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *h
 				    ix->seed ^ ((uint64_t)pool + 1) * 0x9e3779b97f4a7c15ull);
 }
 
+/* From this size on, the bucket array is a mapping of its own, in
+ * transparent huge pages where the kernel gives them (issue 38: a Seal of
+ * fresh hashes reads a random bucket a block, and with 4 KiB pages each was
+ * a TLB miss as well as a cache miss; in a VM a costly one). Below it,
+ * calloc(). A power of two of buckets: the mapping is whole huge pages. */
+#define IX_HUGE ((size_t)2 << 20)
+
+static struct kv_index_entry **buckets_alloc(size_t n)
+{
+	size_t bytes = n * sizeof(struct kv_index_entry *);
+	uint8_t *m, *a;
+
+	if (bytes < IX_HUGE)
+		return calloc(n, sizeof(struct kv_index_entry *));
+	m = mmap(NULL, bytes + IX_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	/* Aligned to a huge page: what is before and after goes back. */
+	a = (uint8_t *)(((uintptr_t)m + IX_HUGE - 1) & ~(uintptr_t)(IX_HUGE - 1));
+	if (a > m)
+		munmap(m, (size_t)(a - m));
+	if (m + IX_HUGE > a)
+		munmap(a + bytes, (size_t)(m + IX_HUGE - a));
+	(void)madvise(a, bytes, MADV_HUGEPAGE);  /* a hint: 4 KiB pages do too */
+	return (struct kv_index_entry **)(void *)a;
+}
+
+static void buckets_free(struct kv_index_entry **b, size_t n)
+{
+	size_t bytes = n * sizeof(struct kv_index_entry *);
+
+	if (bytes < IX_HUGE)
+		free(b);
+	else if (b)
+		munmap(b, bytes);
+}
+
 static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
 {
 	return (size_t)kv_index_key(ix, pool, hash) & (nbuckets - 1);
@@ -31,13 +70,13 @@ int kv_index_init(struct kv_index *ix, uint64_t seed)
 	memset(ix, 0, sizeof(*ix));
 	ix->nbuckets = 1024;
 	ix->seed = seed;
-	ix->buckets = calloc(ix->nbuckets, sizeof(*ix->buckets));
+	ix->buckets = buckets_alloc(ix->nbuckets);
 	return ix->buckets ? 0 : -ENOMEM;
 }
 
 void kv_index_fini(struct kv_index *ix)
 {
-	free(ix->buckets);
+	buckets_free(ix->buckets, ix->nbuckets);
 	ix->buckets = NULL;
 	ix->count = 0;
 }
@@ -61,7 +100,7 @@ struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key
 /* How many hashes ahead of the one compared kv_index_find_many() has its
  * chain's head loaded: enough misses in flight to cover a memory latency,
  * few enough that the lines are still cached when compared. */
-#define IX_AHEAD 8
+#define IX_AHEAD 16
 
 void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t *hashes, size_t n,
 			uint64_t *key, struct kv_index_entry **out)
@@ -96,7 +135,7 @@ void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t 
 static void ix_grow(struct kv_index *ix)
 {
 	size_t n = ix->nbuckets * 2, i;
-	struct kv_index_entry **b = calloc(n, sizeof(*b));
+	struct kv_index_entry **b = buckets_alloc(n);
 
 	if (!b)
 		return;
@@ -114,7 +153,7 @@ static void ix_grow(struct kv_index *ix)
 			b[k] = e;
 		}
 	}
-	free(ix->buckets);
+	buckets_free(ix->buckets, ix->nbuckets);
 	ix->buckets = b;
 	ix->nbuckets = n;
 }
@@ -129,7 +168,12 @@ void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t
 	size_t k;
 
 	kv_assert(!e->pprev);  /* not linked already */
-	if (ix->count >= ix->nbuckets)
+	/* At most one entry per two buckets: a probe for a hash not there (a
+	 * Seal's, mostly) walks the whole chain, one cache miss an entry,
+	 * and at one entry a bucket a quarter of the chains had a second
+	 * (issue 38: the probes of a Seal of 256 fresh hashes waited on
+	 * them). */
+	if (ix->count >= ix->nbuckets / 2)
 		ix_grow(ix);
 	k = key & (ix->nbuckets - 1);
 	e->next = ix->buckets[k];

@@ -56,8 +56,9 @@ struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key
 					 const uint8_t *hash);
 
 /* Links e (its pool and hash set), which must not be linked: pprev NULL, as
- * in a zeroed entry or after kv_index_remove(). Grows the table when it is
- * full; a failed grow is harmless (chains get longer). */
+ * in a zeroed entry or after kv_index_remove(). Grows the table (doubles it)
+ * when it holds an entry per two buckets; a failed grow is harmless (chains
+ * get longer). */
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e);
 void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t key);
 

@@ -429,6 +429,53 @@ static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
 	q->ss->lk_tier_sum = XXH3_64bits(m->hashes.data, m->hashes.len);
 }
 
+/* Blocks whose references a batch takes or drops at once: a stretch still
+ * in cache when the session's counts follow. */
+#define REF_STRETCH 64
+
+/* Takes one reference on each of q->blk[0..n) for q's session, whose room
+ * (max_block_refs, kv_sessrefs_reserve()) the caller checked: the blocks'
+ * a stretch at a time (kv_blocks_ref(): the counters once), then the
+ * session's counts on them. */
+static void take_refs(struct req *q, size_t n)
+{
+	for (size_t i = 0; i < n; i += REF_STRETCH) {
+		size_t m = n - i < REF_STRETCH ? n - i : REF_STRETCH;
+
+		kv_blocks_ref(q->blk + i, m);
+		for (size_t j = i; j < i + m; j++)
+			kv_sessrefs_add(&q->ss->refs, q->blk[j]);
+	}
+}
+
+/* The common case of Lookup's max_block_refs check in one pass instead of
+ * two (issue 38): no block listed twice and each with room for one more
+ * reference (ref - mine[i] < max_block_refs, ref < KV_BLOCK_REF_MAX). A
+ * repeat is told by a stamp of this pass in b->check (every other use of
+ * check sets it before reading it). 1: all have room; 0: the exact check
+ * decides (a repeat, a block without room, or a stamp left over from an
+ * earlier pass of the same value: only slower, never wrong). */
+static int lookup_room_fast(struct req *q, size_t k, const uint32_t *mine)
+{
+	static uint32_t stamp;   /* the event loop's alone */
+	uint32_t max = q->d->cfg.max_block_refs;
+
+	if (max > KV_BLOCK_REF_MAX)
+		max = KV_BLOCK_REF_MAX;
+	/* An odd step visits every value before one comes back, and small
+	 * values (the counts the other uses leave) seldom. */
+	stamp += 0x9e3779b9u;
+	for (size_t i = 0; i < k; i++) {
+		struct kv_block *b = q->blk[i];
+
+		if (b->check == stamp || b->ref - (mine ? mine[i] : 0) >= max ||
+		    b->ref >= KV_BLOCK_REF_MAX)
+			return 0;
+		b->check = stamp;
+	}
+	return 1;
+}
+
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
@@ -473,14 +520,16 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		}
 		kv_cache_lookup_held(q->ss, q->blk, k, old_pins, mine);
 	}
-	for (size_t i = 0; i < k; i++)
-		q->blk[i]->check = 0;
-	for (size_t i = 0; i < k; i++)
-		if (kv_op_ref_room_less(q, q->blk[i], i, ++q->blk[i]->check,
-					mine ? mine[i] : 0) < 0) {
-			kv_cache_lookup_done(q->ss, old_pins);
-			return;
-		}
+	if (!lookup_room_fast(q, k, mine)) {
+		for (size_t i = 0; i < k; i++)
+			q->blk[i]->check = 0;
+		for (size_t i = 0; i < k; i++)
+			if (kv_op_ref_room_less(q, q->blk[i], i, ++q->blk[i]->check,
+						mine ? mine[i] : 0) < 0) {
+				kv_cache_lookup_done(q->ss, old_pins);
+				return;
+			}
+	}
 	if (kv_op_want_segments(q, q->blk, k) < 0) {
 		/* A held lookup keeps its pins for when it runs again. */
 		if (q->out != KV_OP_HOLD)
@@ -495,10 +544,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	}
 	if (tiers && k && !(tv = q_alloc(q, k * sizeof(*tv))))
 		return;
-	for (size_t i = 0; i < k; i++) {
-		kv_block_ref(q->blk[i]);
-		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
-	}
+	take_refs(q, k);
 	kv_cache_lookup_done(q->ss, old_pins);
 	kv_cache_count_lookup(q->d, p, n, k);
 	kv_op_reply_blocks(q, k);
@@ -517,10 +563,16 @@ void kv_op_release(struct req *q, const Kvcached__Release *m)
 	if (kv_op_resolve(q, NULL, m->blocks, m->n_blocks, 0) < 0)
 		return;
 	/* Tail first: a chain listed head first leaves its tail the oldest in
-	 * the LRU, so eviction takes it before the head. */
-	for (i = m->n_blocks; i-- > 0;) {
-		kv_sessrefs_sub(&q->ss->refs, q->blk[i]);
-		kv_block_unref(q->blk[i]);
+	 * the LRU, so eviction takes it before the head. A stretch at a time
+	 * (still in cache): the session's counts (which go first: an unref
+	 * may free the block), then the blocks' references. */
+	for (i = m->n_blocks; i > 0;) {
+		size_t from = i > REF_STRETCH ? i - REF_STRETCH : 0;
+
+		for (size_t j = from; j < i; j++)
+			kv_sessrefs_sub(&q->ss->refs, q->blk[j]);
+		kv_blocks_unref_back(q->blk + from, i - from);
+		i = from;
 	}
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT__NOT_SET;
 }
@@ -540,10 +592,7 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 		return;
 	}
 	/* The blocks are held: their segments are the session's already. */
-	for (i = 0; i < m->n_blocks; i++) {
-		kv_block_ref(q->blk[i]);
-		kv_sessrefs_add(&q->ss->refs, q->blk[i]);
-	}
+	take_refs(q, m->n_blocks);
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 

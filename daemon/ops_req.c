@@ -207,6 +207,7 @@ void kv_op_reply_blocks(struct req *q, size_t n)
 	Kvcached__BlockList *bl = q_alloc(q, sizeof(*bl));
 	uint64_t *h = q_alloc(q, (n ? n : 1) * sizeof(uint64_t));
 	Kvcached__Segment **segs = NULL;
+	uint64_t base = 0;
 	size_t i;
 
 	if (!bl || !h)
@@ -215,13 +216,15 @@ void kv_op_reply_blocks(struct req *q, size_t n)
 		return;
 	kvcached__block_list__init(bl);
 	for (i = 0; i < n; i++) {
+		const struct kv_block *b = q->blk[i];
 		uint32_t dev, seg;
 
-		if (!i || q->blk[i]->run != q->blk[i - 1]->run) {
-			kv_block_where(q->blk[i], &dev, &seg);
+		if (!i || b->run != q->blk[i - 1]->run) {
+			kv_block_where(b, &dev, &seg);
 			kv_assert(kv_session_has_segment(q->ss, dev, seg));
+			base = kv_run_handle_base(b->run);
 		}
-		h[i] = kv_block_handle(q->blk[i]);
+		h[i] = kv_block_handle_in(b, base);
 	}
 	for (i = 0; i < q->nsegs; i++) {
 		if (!(segs[i] = q_alloc(q, sizeof(**segs))))

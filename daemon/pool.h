@@ -85,6 +85,7 @@
 
 #include "backend.h"
 #include "index.h"
+#include "kvassert.h"
 #include "kvclock.h"
 #include "list.h"
 #include "ns.h"
@@ -316,6 +317,9 @@ struct kv_block *kv_pool_oldest_cached(struct kv_pool *p);
 /* Whether the prefix of index entry e (of pool p) is past its namespace's
  * TTL: lookups miss it and a seal of the same hash replaces it. */
 int kv_pool_expired(const struct kv_pool *p, const struct kv_index_entry *e);
+/* Whether p's namespace has a TTL at all: when not, nothing of p expires
+ * (a loop over a chain asks once). */
+int kv_pool_has_ttl(const struct kv_pool *p);
 /* The time (kv_mono_ms()) the seals and TTL checks that follow go by, until
  * called again with 0 (read the clock each time): one reading for a batch
  * (issue 38: clock_gettime per block was a twentieth of a Seal of 256). */
@@ -343,6 +347,16 @@ uint64_t kv_block_offset(const struct kv_block *b);
  * Returns 0, or -EOVERFLOW when b holds KV_BLOCK_REF_MAX references already;
  * then nothing changed. */
 int kv_block_ref(struct kv_block *b);
+/* kv_block_ref() of blk[0], blk[1], ... blk[n-1] in that order, the same
+ * transitions and LRU moves, with the pool and namespace counters added once
+ * per pool met instead of once per block (issue 38: a lookup of 1,000). The
+ * caller has checked the room (kv_block_ref_room() of each block's count in
+ * the batch): none may be at KV_BLOCK_REF_MAX (an assertion). */
+void kv_blocks_ref(struct kv_block *const *blk, size_t n);
+/* kv_block_unref() of blk[n-1], blk[n-2], ... blk[0] (the tail of a chain
+ * first), the same transitions and LRU order, the counters added once per
+ * pool met. Each must hold a reference for each listing. */
+void kv_blocks_unref_back(struct kv_block *const *blk, size_t n);
 /* 1 if n more references fit on b (n calls of kv_block_ref() would all
  * succeed), else 0: validates a batch before anything changes. A block
  * listed k times in a batch needs kv_block_ref_room(b, k). */
@@ -394,6 +408,21 @@ struct kv_run {
 static inline struct kv_pool *kv_block_pool(const struct kv_block *b)
 {
 	return b->run->pool;
+}
+
+/* kv_block_handle() a run at a time (issue 38: a reply of 1,000 handles):
+ * the part the blocks of run r share, then each block's with it. */
+#define KV_HANDLE_GEN_MASK 0xfffffu
+static inline uint64_t kv_run_handle_base(const struct kv_run *r)
+{
+	kv_assert(r->pool->id < KV_MAX_POOLS && r->first_page <= 0xfffff);
+	return (uint64_t)r->pool->id << 32 | (uint64_t)r->first_page << 12;
+}
+
+static inline uint64_t kv_block_handle_in(const struct kv_block *b, uint64_t base)
+{
+	kv_assert(b->slot < KV_MAX_RUN_BLOCKS);
+	return (uint64_t)(b->gen & KV_HANDLE_GEN_MASK) << 44 | base | b->slot;
 }
 
 #endif

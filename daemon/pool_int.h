@@ -34,6 +34,12 @@ struct kv_pools {
 	uint32_t heap_epoch;       /* nst.prio_epoch the keys were taken at */
 	uint32_t *scratch;
 	uint64_t clock_ms;         /* kv_pools_hold_clock(); 0: read the clock */
+	/* Per device, where its runs' structs live (pool.c run_mem_get()):
+	 * one mapping in transparent huge pages, a slot of runmem_stride bytes
+	 * per page, a run's struct at its first page's slot; NULL: each run
+	 * from aligned_alloc(). */
+	uint8_t *runmem[KV_MAX_DEVICES];
+	size_t runmem_bytes[KV_MAX_DEVICES], runmem_stride[KV_MAX_DEVICES];
 };
 
 /* The live pool of id i < npools, or NULL for a free id. */
@@ -73,10 +79,23 @@ void pool_run_release(struct kv_run *run);
 void pool_make_free(struct kv_block *b, int keep_spare);
 
 /* ---- evict.c (the rules are at its top) ---- */
-/* Frees room for one more block of p: evicts the block the rules pick, or
- * gives back another pool's spare run. Returns 1 if it freed anything, 0 when
- * nothing p may take would help. */
-int pool_make_room(struct kv_pool *p);
+/* Frees room for more blocks of p, up to want (>= 1): evicts the block the
+ * rules pick, or gives back another pool's spare run. When the rules pick
+ * p's own oldest block and out is not NULL, up to want of its oldest (the
+ * blocks want calls would evict, in the same order) go straight into
+ * out[0..*taken) as WRITABLE blocks of the allocation (pool_recycle()).
+ * Returns how many blocks it evicted (1 for a spare run given back), 0 when
+ * nothing p may take would help; *taken: how many of them are in out. */
+uint32_t pool_make_room(struct kv_pool *p, uint32_t want, struct kv_block **out,
+			uint32_t *taken);
+/* b (CACHED, on p's LRU, not demoting) is evicted for an allocation of its
+ * own pool and becomes WRITABLE (ref 1) in one step: what pool_evict() and
+ * take_free() would leave (out of the LRU and the index, the removal told to
+ * the events, a new generation, no owner), without the stop on the free
+ * list, so its run stays in use and its namespace's G1 bytes as they were.
+ * The counters are the caller's: p->n.cached and the namespace's cached
+ * bytes down, p->n.writable and p->n.evictions up. */
+void pool_recycle(struct kv_block *b);
 /* Whether p could get n more blocks by evicting what it may (an optimistic
  * count: whole runs per segment, contiguity aside); with later, counting the
  * blocks being demoted as evictable (they are freed when their copy ends). */

@@ -1,5 +1,6 @@
 /* The prefix index: insert, find, remove across table growth. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -45,6 +46,33 @@ static void key(struct kv_index_entry *x, uint32_t i)
 	x->pool = i % 3;
 }
 
+/* Past 2 MiB of buckets (262,144 of them) the table is a mapping of its own
+ * in huge pages (index.c): growth into it and across it, finds and removals
+ * there, and the fini that unmaps it. */
+static void test_big(void)
+{
+	enum { BIG = 600000 };
+	struct kv_index_entry *x = calloc(BIG, sizeof(*x));
+	struct kv_index ix;
+	uint32_t i;
+
+	CHECK(x != NULL);
+	CHECK(kv_index_init(&ix, 7) == 0);
+	for (i = 0; i < BIG; i++) {
+		key(&x[i], i + N);
+		kv_index_insert(&ix, &x[i]);
+	}
+	CHECK(ix.nbuckets >= 1u << 20 && ix.count == BIG);
+	for (i = 0; i < BIG; i++)
+		CHECK(kv_index_find(&ix, x[i].pool, x[i].hash) == &x[i]);
+	for (i = 0; i < BIG; i += 3)
+		kv_index_remove(&ix, &x[i]);
+	for (i = 0; i < BIG; i++)
+		CHECK((kv_index_find(&ix, x[i].pool, x[i].hash) == &x[i]) == (i % 3 != 0));
+	kv_index_fini(&ix);
+	free(x);
+}
+
 int main(void)
 {
 	struct kv_index ix;
@@ -73,5 +101,6 @@ int main(void)
 		CHECK((kv_index_find(&ix, e[i].pool, e[i].hash) == &e[i]) == (i % 2 == 1));
 	check_many(&ix, 2);
 	kv_index_fini(&ix);
+	test_big();
 	return 0;
 }

@@ -805,6 +805,97 @@ static void test_lookup_near(void)
 	env_free(&e);
 }
 
+/* An allocation on a full pool evicts its pool's oldest blocks a batch at a
+ * time (evict.c evict_own(), recycled straight into the allocation): the
+ * same blocks, oldest release first, as one eviction at a time; a block
+ * with a reference is never taken; each victim's old handle goes stale; an
+ * allocation that cannot succeed evicts nothing. Batches of more than one
+ * evict_own() round (64) and a remainder. */
+static void test_evict_batch(void)
+{
+	enum { N = 128, HELD = 3 };
+	static const int held[HELD] = { 7, 64, 100 };
+	struct env e;
+	struct kv_pool *p;
+	struct kv_block *b[N], *out[N];
+	uint64_t handle[N];
+	uint8_t h[KV_HASH_BYTES];
+	int age[N], i, j, k;
+	char why[512];
+
+	env_new(&e, 1, 32);  /* 2 MiB: 128 blocks of 16 KiB */
+	p = pool(&e, 1, "evb", 16384);
+	CHECK(kv_pool_alloc(p, N, b, why, sizeof(why)) == 0);
+	for (i = 0; i < N; i++) {
+		hash_of(h, i);
+		CHECK(kv_pool_seal(p, b[i], h) == b[i]);
+		handle[i] = kv_block_handle(b[i]);
+	}
+	/* Released in a scrambled order (37 is prime to 128): age[i] is
+	 * block i's place in the LRU, 0 the oldest. The held ones keep their
+	 * reference. */
+	for (i = 0, k = 0; i < N; i++) {
+		j = (i * 37 + 11) % N;
+		for (int x = 0; x < HELD; x++)
+			if (held[x] == j)
+				goto keep;
+		age[j] = k++;
+		kv_block_unref(b[j]);
+		continue;
+keep:
+		age[j] = -1;
+	}
+	CHECK_EQ(p->n.cached, N - HELD);
+	must_be_consistent(e.ps);
+
+	/* More than the cached blocks: ENOSPC, and nothing evicted. */
+	CHECK(kv_pool_alloc(p, N - HELD + 1, out, why, sizeof(why)) == -ENOSPC);
+	CHECK_EQ(p->n.evictions, 0);
+	CHECK_EQ(p->n.cached, N - HELD);
+	must_be_consistent(e.ps);
+
+	/* 100: the 100 oldest go, in two rounds (64 + 36). */
+	CHECK(kv_pool_alloc(p, 100, out, why, sizeof(why)) == 0);
+	CHECK_EQ(p->n.evictions, 100);
+	CHECK_EQ(p->n.cached, N - HELD - 100);
+	CHECK_EQ(p->n.writable, 100);
+	for (i = 0; i < N; i++) {
+		hash_of(h, i);
+		if (age[i] < 0) {
+			CHECK(b[i]->state == KV_BLOCK_SEALED && b[i]->ref == 1);
+			CHECK(kv_pool_find(p, h) == b[i]);
+			CHECK(kv_block_lookup(e.ps, handle[i]) == b[i]);
+		} else if (age[i] < 100) {
+			CHECK(kv_pool_find(p, h) == NULL);
+			CHECK(kv_block_lookup(e.ps, handle[i]) == NULL);
+		} else {
+			CHECK(kv_pool_find(p, h) == b[i] && b[i]->state == KV_BLOCK_CACHED);
+			CHECK(kv_block_lookup(e.ps, handle[i]) == b[i]);
+		}
+	}
+	for (i = 0; i < 100; i++) {
+		CHECK(out[i]->state == KV_BLOCK_WRITABLE && out[i]->ref == 1 && !out[i]->owner);
+		for (j = 0; j < i; j++)
+			CHECK(out[j] != out[i]);
+	}
+	must_be_consistent(e.ps);
+	/* The rest, then nothing more: the held blocks stay. */
+	CHECK(kv_pool_alloc(p, N - HELD - 100, out + 100, why, sizeof(why)) == 0);
+	CHECK_EQ(p->n.cached, 0);
+	CHECK(kv_pool_alloc(p, 1, out + N - HELD, why, sizeof(why)) == -ENOSPC);
+	for (i = 0; i < HELD; i++) {
+		hash_of(h, held[i]);
+		CHECK(kv_pool_find(p, h) == b[held[i]] && b[held[i]]->ref == 1);
+	}
+	must_be_consistent(e.ps);
+	for (i = 0; i < N - HELD; i++)
+		kv_block_unref(out[i]);
+	for (i = 0; i < HELD; i++)
+		kv_block_unref(b[held[i]]);
+	must_be_consistent(e.ps);
+	env_free(&e);
+}
+
 int main(void)
 {
 	test_layouts();
@@ -814,6 +905,7 @@ int main(void)
 	test_demote();
 	test_heap_keys();
 	test_lookup_near();
+	test_evict_batch();
 	test_room_after_demotions();
 	test_dev_room();
 	test_ref_saturation();
