@@ -1,10 +1,10 @@
 #include "index.h"
 
 #include <errno.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+
+#include "hugemem.h"
 /* XXH3 inlined: a key is 36 bytes, hashed once per block of every Seal
  * and Lookup, where the library call's dispatch was a tenth of a long
  * lookup's time (issue 38's profile). The same function, the same keys. */
@@ -23,41 +23,26 @@ uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *h
 				    ix->seed ^ ((uint64_t)pool + 1) * 0x9e3779b97f4a7c15ull);
 }
 
-/* From this size on, the bucket array is a mapping of its own, in
- * transparent huge pages where the kernel gives them (issue 38: a Seal of
- * fresh hashes reads a random bucket a block, and with 4 KiB pages each was
- * a TLB miss as well as a cache miss; in a VM a costly one). Below it,
- * calloc(). A power of two of buckets: the mapping is whole huge pages. */
-#define IX_HUGE ((size_t)2 << 20)
-
+/* From a huge page on, the bucket array is a mapping of its own in huge
+ * pages (hugemem.h: a Seal of fresh hashes reads a random bucket a block);
+ * below it, calloc(). A power of two of buckets: whole huge pages. */
 static struct kv_index_entry **buckets_alloc(size_t n)
 {
 	size_t bytes = n * sizeof(struct kv_index_entry *);
-	uint8_t *m, *a;
 
-	if (bytes < IX_HUGE)
+	if (bytes < KV_HUGE_BYTES)
 		return calloc(n, sizeof(struct kv_index_entry *));
-	m = mmap(NULL, bytes + IX_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
-		return NULL;
-	/* Aligned to a huge page: what is before and after goes back. */
-	a = (uint8_t *)(((uintptr_t)m + IX_HUGE - 1) & ~(uintptr_t)(IX_HUGE - 1));
-	if (a > m)
-		munmap(m, (size_t)(a - m));
-	if (m + IX_HUGE > a)
-		munmap(a + bytes, (size_t)(m + IX_HUGE - a));
-	(void)madvise(a, bytes, MADV_HUGEPAGE);  /* a hint: 4 KiB pages do too */
-	return (struct kv_index_entry **)(void *)a;
+	return kv_huge_map(bytes, 0);
 }
 
 static void buckets_free(struct kv_index_entry **b, size_t n)
 {
 	size_t bytes = n * sizeof(struct kv_index_entry *);
 
-	if (bytes < IX_HUGE)
+	if (bytes < KV_HUGE_BYTES)
 		free(b);
-	else if (b)
-		munmap(b, bytes);
+	else
+		kv_huge_unmap(b, bytes);
 }
 
 static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)

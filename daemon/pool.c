@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "events.h"
+#include "hugemem.h"
 #include "kvassert.h"
 #include "kvtext.h"
 #include "refmap.h"
@@ -92,8 +92,6 @@ static uint64_t index_seed(void)
  * device's bytes, what a pool of the smallest blocks over all of it uses. If
  * the mapping cannot be made, runs come from aligned_alloc() as before. */
 
-#define RUNMEM_HUGE ((size_t)2 << 20)
-
 static size_t runmem_stride(uint64_t page_bytes)
 {
 	uint64_t blocks = page_bytes / KV_MIN_BLOCK_BYTES;
@@ -108,20 +106,11 @@ static size_t runmem_stride(uint64_t page_bytes)
 static void runmem_init(struct kv_pools *ps, uint32_t d)
 {
 	size_t stride = runmem_stride(ps->dev[d].page_bytes);
-	size_t bytes = (stride * ps->dev[d].npages + RUNMEM_HUGE - 1) & ~(RUNMEM_HUGE - 1);
-	uint8_t *m, *a;
+	size_t bytes = kv_huge_round(stride * ps->dev[d].npages);
+	uint8_t *a;
 
-	if (!bytes)
+	if (!bytes || !(a = kv_huge_map(bytes, 1)))
 		return;
-	m = mmap(NULL, bytes + RUNMEM_HUGE, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (m == MAP_FAILED)
-		return;
-	a = (uint8_t *)(((uintptr_t)m + RUNMEM_HUGE - 1) & ~(uintptr_t)(RUNMEM_HUGE - 1));
-	if (a > m)
-		munmap(m, (size_t)(a - m));
-	munmap(a + bytes, (size_t)(m + RUNMEM_HUGE - a));
-	(void)madvise(a, bytes, MADV_HUGEPAGE);  /* a hint: 4 KiB pages do too */
 	RUNMEM_POISON(a, bytes);
 	ps->runmem[d] = a;
 	ps->runmem_bytes[d] = bytes;
@@ -230,8 +219,7 @@ void kv_pools_destroy(struct kv_pools *ps)
 	for (i = 0; i < ps->ndev; i++) {
 		kv_pages_fini(&ps->dev[i]);
 		free(ps->heap[i]);
-		if (ps->runmem[i])
-			munmap(ps->runmem[i], ps->runmem_bytes[i]);
+		kv_huge_unmap(ps->runmem[i], ps->runmem_bytes[i]);
 	}
 	free(ps->scratch);
 	kv_index_fini(&ps->index);
