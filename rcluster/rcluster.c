@@ -83,6 +83,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -113,6 +114,7 @@
 #define RC_READER_KEEP (4u << 20)
 #define RC_EXT_MIN 4096u             /* SET values this long are sent from where they are */
 #define RC_EXT_MAX 64                /* ... at most this many in a node's output at once */
+#define RC_SHARED_MAX 4096u          /* nodes a shared backoff table holds at most */
 
 /* What precedes every string this module hands out; the bytes follow it. */
 union rc_vhdr {
@@ -165,6 +167,27 @@ static const char *rc_type_name(int type)
 
 struct rc_node;
 
+/* Backoffs shared by clients (kv_rc_share_backoff()): one entry per node
+ * (host, port) any of them knows, its backoff as the last of them to fail
+ * it or to succeed with it left it. Entries stay until the table goes with
+ * its last client (at most RC_SHARED_MAX: a node past it is not shared);
+ * every field but next, port and host under mu. */
+struct rc_shnode {
+	struct rc_shnode *next;
+	int port;
+	uint64_t retry_at;         /* ns */
+	unsigned backoff_ms;
+	char why[160];
+	char host[];
+};
+
+struct rc_shared {
+	pthread_mutex_t mu;
+	atomic_uint refs;
+	unsigned n;
+	struct rc_shnode *head;
+};
+
 struct rc_op {
 	struct rc_op *next;        /* in its node's queue */
 	struct rc_node *node;      /* where it goes next; NULL: by the slot map */
@@ -189,6 +212,7 @@ struct rc_node {
 	unsigned backoff_ms;
 	char why[160];             /* why it last failed */
 	struct kv_rc *rc;
+	struct rc_shnode *sh;      /* its shared backoff (kv_rc_share_backoff()); NULL: none */
 
 	/* During an exchange. */
 	struct rc_op *head, *tail, *send, *recv;
@@ -238,6 +262,7 @@ struct kv_rc {
 	int cfd;                   /* eventfd: readable once kv_rc_cancel() was called */
 	atomic_int cancelled;
 	uint64_t call_deadline;    /* ns; UINT64_MAX: none */
+	struct rc_shared *shared;  /* backoffs shared with other clients; NULL: none */
 	/* A slot-map fetch under way (rc_refresh()): its ops, and whether one
 	 * answer was loaded already. */
 	struct rc_op *map_ops;
@@ -658,6 +683,46 @@ static void rc_node_free(struct rc_node *node)
 	free(node);
 }
 
+/* Links node to its entry in rc's shared backoff table, made if new (no
+ * table, a full one or no memory: it stays unshared). */
+static void rc_sh_attach(struct kv_rc *rc, struct rc_node *node)
+{
+	struct rc_shared *t = rc->shared;
+	struct rc_shnode *e;
+	size_t len;
+
+	if (!t || node->sh)
+		return;
+	len = strlen(node->host);
+	pthread_mutex_lock(&t->mu);
+	for (e = t->head; e; e = e->next)
+		if (e->port == node->port && !strcmp(e->host, node->host))
+			break;
+	if (!e && t->n < RC_SHARED_MAX && (e = calloc(1, sizeof(*e) + len + 1))) {
+		e->port = node->port;
+		memcpy(e->host, node->host, len + 1);
+		e->next = t->head;
+		t->head = e;
+		t->n++;
+	}
+	pthread_mutex_unlock(&t->mu);
+	node->sh = e;
+}
+
+static void rc_shared_put(struct rc_shared *t)
+{
+	if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
+		return;
+	while (t->head) {
+		struct rc_shnode *e = t->head;
+
+		t->head = e->next;
+		free(e);
+	}
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}
+
 /* The node host:port (host len bytes, not NUL-terminated), added if new.
  * NULL when the table is full or memory is short. */
 static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t len, int port)
@@ -701,6 +766,7 @@ static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t le
 	}
 	node->port = port;
 	node->rc = rc;
+	rc_sh_attach(rc, node);
 	rc->nodes[rc->nnodes++] = node;
 	return node;
 }
@@ -776,14 +842,78 @@ static int rc_check(const struct kv_rc *rc)
 
 /* ---- one exchange with many nodes ---- */
 
+/* Starts or lengthens the node's backoff (node->why says why), in the
+ * shared table too: a node another client sharing it has just backed off
+ * takes that backoff as it is (one failure seen twice is not two). */
 static void rc_backoff(struct kv_rc *rc, struct rc_node *node)
 {
+	struct rc_shnode *e = node->sh;
+	uint64_t now = now_ns();
 	unsigned b = node->backoff_ms;
 
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->retry_at > now) {
+			node->backoff_ms = e->backoff_ms;
+			node->retry_at = e->retry_at;
+			pthread_mutex_unlock(&rc->shared->mu);
+			return;
+		}
+		if (e->backoff_ms > b)
+			b = e->backoff_ms;
+	}
 	b = b ? (b >= rc->lim.backoff_max_ms / 2 ? rc->lim.backoff_max_ms : b * 2)
 	      : rc->lim.backoff_min_ms;
 	node->backoff_ms = b;
-	node->retry_at = now_ns() + ms_ns(b);
+	node->retry_at = now + ms_ns(b);
+	if (e) {
+		e->backoff_ms = b;
+		e->retry_at = node->retry_at;
+		memcpy(e->why, node->why, sizeof(e->why));
+		pthread_mutex_unlock(&rc->shared->mu);
+	}
+}
+
+/* Whether the node is in backoff at now: its own, or one another client
+ * sharing its table started since (issue 36's fix, per node: a node one
+ * reader found slow costs the others nothing while it lasts). A node taken
+ * over so is closed (no backoff of its own counted: it failed nothing
+ * here). Only between exchanges, or before the node joins one. */
+static int rc_in_backoff(struct kv_rc *rc, struct rc_node *node, uint64_t now)
+{
+	struct rc_shnode *e = node->sh;
+	int adopt = 0;
+
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->retry_at > now && e->retry_at > node->retry_at) {
+			node->backoff_ms = e->backoff_ms;
+			node->retry_at = e->retry_at;
+			memcpy(node->why, e->why, sizeof(node->why));
+			adopt = 1;
+		}
+		pthread_mutex_unlock(&rc->shared->mu);
+		if (adopt && node->state != RC_DOWN)
+			rc_node_close(node);
+	}
+	return node->state == RC_DOWN && node->backoff_ms && now < node->retry_at;
+}
+
+/* A round with the node succeeded: its backoff is over, and the shared one
+ * unless another client started it after this round began. */
+static void rc_backoff_reset(struct kv_rc *rc, struct rc_node *node)
+{
+	struct rc_shnode *e = node->sh;
+
+	node->backoff_ms = 0;
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->backoff_ms && e->retry_at <= node->round_start + ms_ns(e->backoff_ms)) {
+			e->backoff_ms = 0;
+			e->retry_at = 0;
+		}
+		pthread_mutex_unlock(&rc->shared->mu);
+	}
 }
 
 static void rc_op_fail(struct rc_op *op)
@@ -1492,19 +1622,19 @@ static void rc_exchange(struct kv_rc *rc)
 		}
 		if (node->state == RC_UP && !rc_idle_ok(node))
 			rc_node_close(node);  /* closed or out of step: a new one, no backoff */
+		if (rc_in_backoff(rc, node, now)) {
+			rc_error(rc, "%s:%d: down, next try in %llu ms (%s)", node->host,
+				 node->port,
+				 (unsigned long long)((node->retry_at - now) / 1000000u),
+				 node->why);
+			for (struct rc_op *op = node->head; op; op = op->next)
+				rc_op_fail(op);
+			node->send = node->recv = NULL;
+			rc->refresh_due = 1;
+			continue;
+		}
 		node->reused = node->state == RC_UP;
 		if (node->state == RC_DOWN) {
-			if (node->backoff_ms && now < node->retry_at) {
-				rc_error(rc, "%s:%d: down, next try in %llu ms (%s)", node->host,
-					 node->port,
-					 (unsigned long long)((node->retry_at - now) / 1000000u),
-					 node->why);
-				for (struct rc_op *op = node->head; op; op = op->next)
-					rc_op_fail(op);
-				node->send = node->recv = NULL;
-				rc->refresh_due = 1;
-				continue;
-			}
 			rc_connect(rc, node);
 			if (node->state == RC_DOWN)
 				continue;
@@ -1632,7 +1762,7 @@ static void rc_exchange(struct kv_rc *rc)
 			struct rc_node *node = rc->active[j];
 
 			if (node->state == RC_UP && !node->recv && !node->auth_pending) {
-				node->backoff_ms = 0;
+				rc_backoff_reset(rc, node);
 				if (rc_leftover(node->c))
 					rc_node_close(node);  /* more than was asked for */
 				continue;
@@ -1819,7 +1949,7 @@ static void rc_refresh(struct kv_rc *rc)
 
 			if ((pass == 0) != (node->state == RC_UP) || node->head)
 				continue;
-			if (node->state == RC_DOWN && node->backoff_ms && now < node->retry_at)
+			if (rc_in_backoff(rc, node, now))
 				continue;
 			ops[n].idx = n;
 			ops[n].node = node;
@@ -2182,6 +2312,7 @@ void kv_rc_free(struct kv_rc *rc)
 	free(rc->pfd);
 	for (i = 0; i < RC_POOL_CLASSES; i++)
 		rc_pool_drop(rc, &rc->pool.c[i]);
+	rc_shared_put(rc->shared);
 	free(rc->user);
 	close(rc->cfd);
 	if (rc->password) {
@@ -2189,6 +2320,31 @@ void kv_rc_free(struct kv_rc *rc)
 		free(rc->password);
 	}
 	free(rc);
+}
+
+int kv_rc_share_backoff(struct kv_rc *rc, struct kv_rc *with)
+{
+	struct rc_shared *t;
+
+	if (!rc || !with || rc == with || rc->shared)
+		return -EINVAL;
+	if (!(t = with->shared)) {
+		if (!(t = calloc(1, sizeof(*t))))
+			return -ENOMEM;
+		if (pthread_mutex_init(&t->mu, NULL)) {
+			free(t);
+			return -ENOMEM;
+		}
+		atomic_init(&t->refs, 1);
+		with->shared = t;
+		for (unsigned i = 0; i < with->nnodes; i++)
+			rc_sh_attach(with, with->nodes[i]);
+	}
+	atomic_fetch_add(&t->refs, 1);
+	rc->shared = t;
+	for (unsigned i = 0; i < rc->nnodes; i++)
+		rc_sh_attach(rc, rc->nodes[i]);
+	return 0;
 }
 
 void kv_rc_cancel(struct kv_rc *rc)

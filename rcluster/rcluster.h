@@ -221,6 +221,17 @@ void kv_rc_val_free(struct kv_rc_val *v);
 /* The same for n values. */
 void kv_rc_vals_free(size_t n, struct kv_rc_val *v);
 
+/* Makes rc share its nodes' backoffs with `with` (and with every client
+ * already sharing with it): a node that one of them gives up (refused,
+ * timed out, too slow, the call's deadline) is in backoff for all of them
+ * until it passes, each failing that node's keys at once instead of
+ * finding it slow again, and a round that succeeds with it after that
+ * ends the backoff for all (the tier's readers, issue 36). Each client is
+ * still used by one thread at a time; the table has a lock of its own and
+ * goes with the last client freed. Call before rc is used. Returns 0,
+ * -EINVAL (rc already shares, or rc == with) or -ENOMEM. */
+int kv_rc_share_backoff(struct kv_rc *rc, struct kv_rc *with);
+
 /* Makes the call under way on rc's thread (if any) and every later call
  * return at once, with every key unanswered KV_RC_ERROR and nothing more
  * sent: for a daemon that stops (whatever the cluster does, its threads
