@@ -246,6 +246,7 @@ struct rc_call {
 	int kind;
 	const struct kv_rc_key *keys;
 	const struct kv_rc_val *vals;
+	const struct kv_rc_dst *parts; /* RC_SET: kv_rc_set_parts()'s values (vals NULL) */
 	const struct kv_rc_dst *dst;   /* RC_GET: kv_rc_get_into()'s; NULL: none */
 	kv_rc_value_fn *on_value;      /* ... and its callback (NULL: none) */
 	void *arg;
@@ -1039,22 +1040,40 @@ static size_t rc_out_left(const struct rc_node *node)
 /* Appends a command to the node's output buffer, formatted in place: one
  * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
  * formats into a malloc'd command, then copies that into the buffer).
- * Argument ext (-1: none), when RC_EXT_MIN bytes or more, is not copied at
- * all: rc_write() sends it from where it is, which the caller keeps until
- * the call returns (kv_rc_set()'s values). */
+ * Argument ext (-1: none) is in parts (vp; NULL: argv[ext] is its one
+ * part), and each part of RC_EXT_MIN bytes or more, while the node has room
+ * for one, is not copied at all: rc_write() sends it from where it is,
+ * which the caller keeps until the call returns (kv_rc_set()'s values,
+ * kv_rc_set_parts()'s parts: the tier's G2 slots). */
 static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens,
-			  int ext)
+			  int ext, const struct kv_rc_dst *vp)
 {
+	struct kv_rc_dst one = { .nparts = 1 };
 	char hdr[32];
 	size_t total = 0;
 	sds o;
 	int i, n;
 
-	if (ext >= 0 && (lens[ext] < RC_EXT_MIN || node->next >= RC_EXT_MAX))
-		ext = -1;
+	if (ext >= 0 && !vp) {
+		one.part[0].p = (void *)argv[ext];
+		one.part[0].len = lens[ext];
+		vp = &one;
+	}
 	for (i = 0; i < argc; i++) {
 		size_t l = i == ext ? 0 : lens[i];
 
+		if (i == ext) {
+			/* Only the parts that will be copied (as below). */
+			for (unsigned k = 0, free_ext = RC_EXT_MAX - node->next; k < vp->nparts; k++) {
+				if (vp->part[k].len >= RC_EXT_MIN && free_ext) {
+					free_ext--;
+					continue;
+				}
+				if (vp->part[k].len > SIZE_MAX / 2 - l)
+					return -ENOMEM;
+				l += vp->part[k].len;
+			}
+		}
 		if (l > SIZE_MAX / 2 - total)
 			return -ENOMEM;
 		total += l + 32;
@@ -1067,18 +1086,37 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 	for (i = 0; i < argc; i++) {
 		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
 		o = sdscatlen(o, hdr, (size_t)n);
-		if (i == ext) {
-			node->ext[node->next].at = sdslen(o);
-			node->ext[node->next].p = argv[i];
-			node->ext[node->next++].len = lens[i];
-			node->ext_left += lens[i];
-		} else {
+		if (i != ext) {
 			o = sdscatlen(o, argv[i], lens[i]);
+		} else {
+			for (unsigned k = 0; k < vp->nparts; k++) {
+				const char *p = vp->part[k].p;
+				size_t l = vp->part[k].len;
+
+				if (l < RC_EXT_MIN || node->next >= RC_EXT_MAX) {
+					o = sdscatlen(o, p, l);
+					continue;
+				}
+				node->ext[node->next].at = sdslen(o);
+				node->ext[node->next].p = p;
+				node->ext[node->next++].len = l;
+				node->ext_left += l;
+			}
 		}
 		o = sdscatlen(o, "\r\n", 2);
 	}
 	kv_assert(o == node->c->obuf);   /* the room was made above */
 	return 0;
+}
+
+/* The bytes of a value in parts. */
+static size_t rc_parts_len(const struct kv_rc_dst *d)
+{
+	size_t len = 0;
+
+	for (unsigned k = 0; k < d->nparts; k++)
+		len += d->part[k].len;
+	return len;
 }
 
 /* Appends op's command(s) to the node's output buffer. */
@@ -1112,8 +1150,13 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 	case RC_SET:
 		argv[0] = "SET";
 		lens[0] = 3;
-		argv[2] = call->vals[op->idx].data ? call->vals[op->idx].data : "";
-		lens[2] = call->vals[op->idx].len;
+		if (call->parts) {
+			argv[2] = "";
+			lens[2] = rc_parts_len(&call->parts[op->idx]);
+		} else {
+			argv[2] = call->vals[op->idx].data ? call->vals[op->idx].data : "";
+			lens[2] = call->vals[op->idx].len;
+		}
 		argc = 3;
 		if (call->ttl[0]) {
 			argv[3] = "EX";
@@ -1134,7 +1177,8 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
 		lens[1] = call->keys[op->idx].len;
 	}
-	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1);
+	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1,
+			      call->kind == RC_SET && call->parts ? &call->parts[op->idx] : NULL);
 }
 
 /* Appends commands while the output buffer has room, and room for one
@@ -2012,8 +2056,11 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 		ops[i].slot = (uint16_t)kv_rc_keyslot(call->keys[i].data, call->keys[i].len);
 		ops[i].again = 1;
 		ops[i].status = KV_RC_ERROR;
-		if (call->kind == RC_SET && call->vals[i].len > rc->lim.max_value) {
-			rc_error(rc, "a value of %zu bytes: more than max_value", call->vals[i].len);
+		size_t vlen = call->kind != RC_SET ? 0
+			      : call->parts ? rc_parts_len(&call->parts[i]) : call->vals[i].len;
+
+		if (call->kind == RC_SET && vlen > rc->lim.max_value) {
+			rc_error(rc, "a value of %zu bytes: more than max_value", vlen);
 			ops[i].again = 0;
 		}
 	}
@@ -2103,22 +2150,16 @@ int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct k
 	return kv_rc_get_into(rc, n, keys, NULL, NULL, NULL, out);
 }
 
-int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
-	      const struct kv_rc_val *vals, unsigned ttl_s, int *status)
+static int rc_set(struct kv_rc *rc, struct rc_call *call, size_t n, unsigned ttl_s,
+		  int *status)
 {
-	struct rc_call call = { .kind = RC_SET, .keys = keys, .vals = vals };
 	struct rc_op *ops;
 	int stored = 0, rv;
 	size_t i;
 
-	if (!rc || (n && (!vals || !status)))
-		return -EINVAL;
-	for (i = 0; i < n; i++)
-		if (!vals[i].data && vals[i].len)
-			return -EINVAL;
 	if (ttl_s)
-		snprintf(call.ttl, sizeof(call.ttl), "%u", ttl_s);
-	rv = rc_run(rc, &call, n, &ops);
+		snprintf(call->ttl, sizeof(call->ttl), "%u", ttl_s);
+	rv = rc_run(rc, call, n, &ops);
 	if (rv)
 		return rv;
 	rc->st.keys_set += n;
@@ -2131,6 +2172,41 @@ int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
 	}
 	free(ops);
 	return stored;
+}
+
+int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+	      const struct kv_rc_val *vals, unsigned ttl_s, int *status)
+{
+	struct rc_call call = { .kind = RC_SET, .keys = keys, .vals = vals };
+
+	if (!rc || (n && (!vals || !status)))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!vals[i].data && vals[i].len)
+			return -EINVAL;
+	return rc_set(rc, &call, n, ttl_s, status);
+}
+
+int kv_rc_set_parts(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		    const struct kv_rc_dst *vals, unsigned ttl_s, int *status)
+{
+	struct rc_call call = { .kind = RC_SET, .keys = keys, .parts = vals };
+
+	if (!rc || (n && (!vals || !status)))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = 0;
+
+		if (vals[i].nparts > KV_RC_DST_PARTS)
+			return -EINVAL;
+		for (unsigned k = 0; k < vals[i].nparts; k++) {
+			if ((!vals[i].part[k].p && vals[i].part[k].len) ||
+			    vals[i].part[k].len > SIZE_MAX / 8 - len)
+				return -EINVAL;
+			len += vals[i].part[k].len;
+		}
+	}
+	return rc_set(rc, &call, n, ttl_s, status);
 }
 
 int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status)

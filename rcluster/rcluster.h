@@ -206,6 +206,14 @@ int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
  * (nothing sent, status untouched). */
 int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
 	      const struct kv_rc_val *vals, unsigned ttl_s, int *status);
+/* kv_rc_set() of values in parts: vals[i]'s value is its parts' bytes in
+ * order (the tier's: a header, a G2 slot's payload, a tag), each part of
+ * 4 KiB or more sent from where it lies, never copied (up to 64 of them
+ * per node's output at once; past that, copied): the caller keeps them
+ * unchanged until the call returns. Returns as kv_rc_set(); -EINVAL also
+ * for more than KV_RC_DST_PARTS parts or a NULL part with a length. */
+int kv_rc_set_parts(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		    const struct kv_rc_dst *vals, unsigned ttl_s, int *status);
 /* DEL keys[i]; status[i] gets KV_RC_OK (deleted), KV_RC_MISS (absent) or
  * KV_RC_ERROR. Returns the number deleted, or -EINVAL/-ENOMEM. */
 int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status);

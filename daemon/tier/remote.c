@@ -235,8 +235,7 @@ void tier_remote_close(struct kv_tiers *t)
 			struct g4_write *w = cl->pending;
 
 			cl->pending = w->next;
-			free(w->buf);
-			free(w);
+			tier_g4_write_free(t, w);   /* its held G2 slot, if any, released */
 		}
 		for (uint32_t k = 0; k < g->nreaders; k++)
 			kv_rc_free(cl->rd[k]);
