@@ -1093,6 +1093,8 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 				const char *p = vp->part[k].p;
 				size_t l = vp->part[k].len;
 
+				if (!l)
+					continue;
 				if (l < RC_EXT_MIN || node->next >= RC_EXT_MAX) {
 					o = sdscatlen(o, p, l);
 					continue;
