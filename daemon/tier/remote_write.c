@@ -343,9 +343,6 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	write_flush(t, w->cl);
 }
 
-/* Bytes of a payload copied, then summed while they are in cache. */
-#define SEAL_CHUNK (16u << 10)
-
 /* A write made from a G2 slot (remote_write = demote, a block G2 drops
  * without G3, a flush without G3): its checksums and tag are the tier's
  * worker's (w->job). At demotion the value is not copied at all (issue 38:
