@@ -10,7 +10,9 @@
  * pending writes, which go out as one batch per write job (pipelined to
  * every master at once), one job at a time per client, in the client's own
  * job (fixed arrays: nothing allocated per batch). A write made from a G2
- * slot (remote_put()) is copied on the loop and sealed on the worker.
+ * slot (remote_put()) is sealed on the worker: at demotion sent from the
+ * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
+ * of the pool; issue 38), otherwise copied into a buffer on the loop.
  *
  * Write buffers (issue 28): a value's buffer goes back to the write pool
  * when its SET is answered (or the write is dropped), and the next write
