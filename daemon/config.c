@@ -186,6 +186,12 @@ const struct kv_cfg_key kv_cfg_keys[] = {
 	  "G4: required (a namespace with remote = yes needs remote_key_file: values without a "
 	  "valid HMAC tag are never served) or off (header and CRC32C only; warned at start); a "
 	  "namespace may say otherwise", "required|off" },
+	/* A write batch's whole-call deadline: a node that answers just above
+	 * remote_min_rate for ever does not hold the write thread. */
+	{ "remote_write_timeout", 0, KV_CFG_DURATION, KV_CFG_FIELD(tiers.remote_write_timeout_ms), 0,
+	  1, 600000, "10s", "G4: a batch of writes (up to 256 blocks, and the slot map) ends "
+	  "within this whatever the cluster does; what is not answered then is a write error, "
+	  "the block stays where it was", NULL },
 	/* Prometheus over HTTP (http.h, docs/operations.md "Scraping metrics
 	 * over HTTP"). */
 	{ "metrics_listen", 0, KV_CFG_STRING, KV_CFG_FIELD(metrics_listen), 0, 0, 0, "",

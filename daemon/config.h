@@ -49,6 +49,7 @@ struct kv_tiers_config {
 	uint64_t remote_min_rate;      /* bytes/s a node moves at least (rcluster.h min_rate) */
 	uint64_t remote_fetch_timeout_ms;  /* a read call's deadline (rcluster.h call_ms) */
 	unsigned remote_readers;       /* read threads */
+	uint64_t remote_write_timeout_ms;  /* a write batch's deadline (rcluster.h call_ms) */
 	char remote_auth[16];          /* "required" or "off": the namespaces' default */
 	/* The namespaces with remote = yes that read unauthenticated values
 	 * (remote_auth = off, no remote_key_file), comma-separated: warned

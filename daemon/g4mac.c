@@ -111,6 +111,28 @@ int kv_g4mac_check2(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *a, size_t
 	return ok;
 }
 
+int kv_g4mac_tag2(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *a, size_t alen,
+		  const void *b, size_t blen, uint8_t tag[KV_G4MAC_TAG_BYTES])
+{
+	char digest[] = "SHA256";
+	OSSL_PARAM params[] = {
+		OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+		OSSL_PARAM_construct_end(),
+	};
+	size_t out = 0;
+	EVP_MAC_CTX *ctx;
+	int ok;
+
+	pthread_once(&hmac_once, hmac_fetch);
+	if (!hmac || !(ctx = EVP_MAC_CTX_new(hmac)))
+		return -EIO;
+	ok = EVP_MAC_init(ctx, key, KV_G4MAC_KEY_BYTES, params) && EVP_MAC_update(ctx, a, alen) &&
+	     EVP_MAC_update(ctx, b, blen) && EVP_MAC_final(ctx, tag, &out, KV_G4MAC_TAG_BYTES) &&
+	     out == KV_G4MAC_TAG_BYTES;
+	EVP_MAC_CTX_free(ctx);
+	return ok ? 0 : -EIO;
+}
+
 int kv_g4mac_check(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t len,
 		   const uint8_t tag[KV_G4MAC_TAG_BYTES])
 {

@@ -29,6 +29,12 @@ int kv_g4mac_load(const char *path, uint8_t key[KV_G4MAC_KEY_BYTES], char *err, 
 int kv_g4mac_tag(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t len,
 		 uint8_t tag[KV_G4MAC_TAG_BYTES]);
 
+/* The tag of the data in two pieces (a's alen bytes, then b's blen): a
+ * value sent from a G2 slot, its header made apart. Returns 0 or -EIO.
+ * Thread-safe. */
+int kv_g4mac_tag2(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *a, size_t alen,
+		  const void *b, size_t blen, uint8_t tag[KV_G4MAC_TAG_BYTES]);
+
 /* Whether tag is data's under key (constant time in the tag). */
 int kv_g4mac_check(const uint8_t key[KV_G4MAC_KEY_BYTES], const void *data, size_t len,
 		   const uint8_t tag[KV_G4MAC_TAG_BYTES]);

@@ -83,6 +83,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -113,6 +114,7 @@
 #define RC_READER_KEEP (4u << 20)
 #define RC_EXT_MIN 4096u             /* SET values this long are sent from where they are */
 #define RC_EXT_MAX 64                /* ... at most this many in a node's output at once */
+#define RC_SHARED_MAX 4096u          /* nodes a shared backoff table holds at most */
 
 /* What precedes every string this module hands out; the bytes follow it. */
 union rc_vhdr {
@@ -165,6 +167,27 @@ static const char *rc_type_name(int type)
 
 struct rc_node;
 
+/* Backoffs shared by clients (kv_rc_share_backoff()): one entry per node
+ * (host, port) any of them knows, its backoff as the last of them to fail
+ * it or to succeed with it left it. Entries stay until the table goes with
+ * its last client (at most RC_SHARED_MAX: a node past it is not shared);
+ * every field but next, port and host under mu. */
+struct rc_shnode {
+	struct rc_shnode *next;
+	int port;
+	uint64_t retry_at;         /* ns */
+	unsigned backoff_ms;
+	char why[160];
+	char host[];
+};
+
+struct rc_shared {
+	pthread_mutex_t mu;
+	atomic_uint refs;
+	unsigned n;
+	struct rc_shnode *head;
+};
+
 struct rc_op {
 	struct rc_op *next;        /* in its node's queue */
 	struct rc_node *node;      /* where it goes next; NULL: by the slot map */
@@ -189,6 +212,7 @@ struct rc_node {
 	unsigned backoff_ms;
 	char why[160];             /* why it last failed */
 	struct kv_rc *rc;
+	struct rc_shnode *sh;      /* its shared backoff (kv_rc_share_backoff()); NULL: none */
 
 	/* During an exchange. */
 	struct rc_op *head, *tail, *send, *recv;
@@ -222,6 +246,7 @@ struct rc_call {
 	int kind;
 	const struct kv_rc_key *keys;
 	const struct kv_rc_val *vals;
+	const struct kv_rc_dst *parts; /* RC_SET: kv_rc_set_parts()'s values (vals NULL) */
 	const struct kv_rc_dst *dst;   /* RC_GET: kv_rc_get_into()'s; NULL: none */
 	kv_rc_value_fn *on_value;      /* ... and its callback (NULL: none) */
 	void *arg;
@@ -238,6 +263,7 @@ struct kv_rc {
 	int cfd;                   /* eventfd: readable once kv_rc_cancel() was called */
 	atomic_int cancelled;
 	uint64_t call_deadline;    /* ns; UINT64_MAX: none */
+	struct rc_shared *shared;  /* backoffs shared with other clients; NULL: none */
 	/* A slot-map fetch under way (rc_refresh()): its ops, and whether one
 	 * answer was loaded already. */
 	struct rc_op *map_ops;
@@ -658,6 +684,46 @@ static void rc_node_free(struct rc_node *node)
 	free(node);
 }
 
+/* Links node to its entry in rc's shared backoff table, made if new (no
+ * table, a full one or no memory: it stays unshared). */
+static void rc_sh_attach(struct kv_rc *rc, struct rc_node *node)
+{
+	struct rc_shared *t = rc->shared;
+	struct rc_shnode *e;
+	size_t len;
+
+	if (!t || node->sh)
+		return;
+	len = strlen(node->host);
+	pthread_mutex_lock(&t->mu);
+	for (e = t->head; e; e = e->next)
+		if (e->port == node->port && !strcmp(e->host, node->host))
+			break;
+	if (!e && t->n < RC_SHARED_MAX && (e = calloc(1, sizeof(*e) + len + 1))) {
+		e->port = node->port;
+		memcpy(e->host, node->host, len + 1);
+		e->next = t->head;
+		t->head = e;
+		t->n++;
+	}
+	pthread_mutex_unlock(&t->mu);
+	node->sh = e;
+}
+
+static void rc_shared_put(struct rc_shared *t)
+{
+	if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
+		return;
+	while (t->head) {
+		struct rc_shnode *e = t->head;
+
+		t->head = e->next;
+		free(e);
+	}
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}
+
 /* The node host:port (host len bytes, not NUL-terminated), added if new.
  * NULL when the table is full or memory is short. */
 static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t len, int port)
@@ -701,6 +767,7 @@ static struct rc_node *rc_node_get(struct kv_rc *rc, const char *host, size_t le
 	}
 	node->port = port;
 	node->rc = rc;
+	rc_sh_attach(rc, node);
 	rc->nodes[rc->nnodes++] = node;
 	return node;
 }
@@ -776,14 +843,78 @@ static int rc_check(const struct kv_rc *rc)
 
 /* ---- one exchange with many nodes ---- */
 
+/* Starts or lengthens the node's backoff (node->why says why), in the
+ * shared table too: a node another client sharing it has just backed off
+ * takes that backoff as it is (one failure seen twice is not two). */
 static void rc_backoff(struct kv_rc *rc, struct rc_node *node)
 {
+	struct rc_shnode *e = node->sh;
+	uint64_t now = now_ns();
 	unsigned b = node->backoff_ms;
 
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->retry_at > now) {
+			node->backoff_ms = e->backoff_ms;
+			node->retry_at = e->retry_at;
+			pthread_mutex_unlock(&rc->shared->mu);
+			return;
+		}
+		if (e->backoff_ms > b)
+			b = e->backoff_ms;
+	}
 	b = b ? (b >= rc->lim.backoff_max_ms / 2 ? rc->lim.backoff_max_ms : b * 2)
 	      : rc->lim.backoff_min_ms;
 	node->backoff_ms = b;
-	node->retry_at = now_ns() + ms_ns(b);
+	node->retry_at = now + ms_ns(b);
+	if (e) {
+		e->backoff_ms = b;
+		e->retry_at = node->retry_at;
+		memcpy(e->why, node->why, sizeof(e->why));
+		pthread_mutex_unlock(&rc->shared->mu);
+	}
+}
+
+/* Whether the node is in backoff at now: its own, or one another client
+ * sharing its table started since (issue 36's fix, per node: a node one
+ * reader found slow costs the others nothing while it lasts). A node taken
+ * over so is closed (no backoff of its own counted: it failed nothing
+ * here). Only between exchanges, or before the node joins one. */
+static int rc_in_backoff(struct kv_rc *rc, struct rc_node *node, uint64_t now)
+{
+	struct rc_shnode *e = node->sh;
+	int adopt = 0;
+
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->retry_at > now && e->retry_at > node->retry_at) {
+			node->backoff_ms = e->backoff_ms;
+			node->retry_at = e->retry_at;
+			memcpy(node->why, e->why, sizeof(node->why));
+			adopt = 1;
+		}
+		pthread_mutex_unlock(&rc->shared->mu);
+		if (adopt && node->state != RC_DOWN)
+			rc_node_close(node);
+	}
+	return node->state == RC_DOWN && node->backoff_ms && now < node->retry_at;
+}
+
+/* A round with the node succeeded: its backoff is over, and the shared one
+ * unless another client started it after this round began. */
+static void rc_backoff_reset(struct kv_rc *rc, struct rc_node *node)
+{
+	struct rc_shnode *e = node->sh;
+
+	node->backoff_ms = 0;
+	if (e) {
+		pthread_mutex_lock(&rc->shared->mu);
+		if (e->backoff_ms && e->retry_at <= node->round_start + ms_ns(e->backoff_ms)) {
+			e->backoff_ms = 0;
+			e->retry_at = 0;
+		}
+		pthread_mutex_unlock(&rc->shared->mu);
+	}
 }
 
 static void rc_op_fail(struct rc_op *op)
@@ -909,22 +1040,40 @@ static size_t rc_out_left(const struct rc_node *node)
 /* Appends a command to the node's output buffer, formatted in place: one
  * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
  * formats into a malloc'd command, then copies that into the buffer).
- * Argument ext (-1: none), when RC_EXT_MIN bytes or more, is not copied at
- * all: rc_write() sends it from where it is, which the caller keeps until
- * the call returns (kv_rc_set()'s values). */
+ * Argument ext (-1: none) is in parts (vp; NULL: argv[ext] is its one
+ * part), and each part of RC_EXT_MIN bytes or more, while the node has room
+ * for one, is not copied at all: rc_write() sends it from where it is,
+ * which the caller keeps until the call returns (kv_rc_set()'s values,
+ * kv_rc_set_parts()'s parts: the tier's G2 slots). */
 static int rc_append_argv(struct rc_node *node, int argc, const char **argv, const size_t *lens,
-			  int ext)
+			  int ext, const struct kv_rc_dst *vp)
 {
+	struct kv_rc_dst one = { .nparts = 1 };
 	char hdr[32];
 	size_t total = 0;
 	sds o;
 	int i, n;
 
-	if (ext >= 0 && (lens[ext] < RC_EXT_MIN || node->next >= RC_EXT_MAX))
-		ext = -1;
+	if (ext >= 0 && !vp) {
+		one.part[0].p = (void *)argv[ext];
+		one.part[0].len = lens[ext];
+		vp = &one;
+	}
 	for (i = 0; i < argc; i++) {
 		size_t l = i == ext ? 0 : lens[i];
 
+		if (i == ext) {
+			/* Only the parts that will be copied (as below). */
+			for (unsigned k = 0, free_ext = RC_EXT_MAX - node->next; k < vp->nparts; k++) {
+				if (vp->part[k].len >= RC_EXT_MIN && free_ext) {
+					free_ext--;
+					continue;
+				}
+				if (vp->part[k].len > SIZE_MAX / 2 - l)
+					return -ENOMEM;
+				l += vp->part[k].len;
+			}
+		}
 		if (l > SIZE_MAX / 2 - total)
 			return -ENOMEM;
 		total += l + 32;
@@ -937,18 +1086,39 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 	for (i = 0; i < argc; i++) {
 		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
 		o = sdscatlen(o, hdr, (size_t)n);
-		if (i == ext) {
-			node->ext[node->next].at = sdslen(o);
-			node->ext[node->next].p = argv[i];
-			node->ext[node->next++].len = lens[i];
-			node->ext_left += lens[i];
-		} else {
+		if (i != ext) {
 			o = sdscatlen(o, argv[i], lens[i]);
+		} else {
+			for (unsigned k = 0; k < vp->nparts; k++) {
+				const char *p = vp->part[k].p;
+				size_t l = vp->part[k].len;
+
+				if (!l)
+					continue;
+				if (l < RC_EXT_MIN || node->next >= RC_EXT_MAX) {
+					o = sdscatlen(o, p, l);
+					continue;
+				}
+				node->ext[node->next].at = sdslen(o);
+				node->ext[node->next].p = p;
+				node->ext[node->next++].len = l;
+				node->ext_left += l;
+			}
 		}
 		o = sdscatlen(o, "\r\n", 2);
 	}
 	kv_assert(o == node->c->obuf);   /* the room was made above */
 	return 0;
+}
+
+/* The bytes of a value in parts. */
+static size_t rc_parts_len(const struct kv_rc_dst *d)
+{
+	size_t len = 0;
+
+	for (unsigned k = 0; k < d->nparts; k++)
+		len += d->part[k].len;
+	return len;
 }
 
 /* Appends op's command(s) to the node's output buffer. */
@@ -982,8 +1152,13 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 	case RC_SET:
 		argv[0] = "SET";
 		lens[0] = 3;
-		argv[2] = call->vals[op->idx].data ? call->vals[op->idx].data : "";
-		lens[2] = call->vals[op->idx].len;
+		if (call->parts) {
+			argv[2] = "";
+			lens[2] = rc_parts_len(&call->parts[op->idx]);
+		} else {
+			argv[2] = call->vals[op->idx].data ? call->vals[op->idx].data : "";
+			lens[2] = call->vals[op->idx].len;
+		}
 		argc = 3;
 		if (call->ttl[0]) {
 			argv[3] = "EX";
@@ -1004,7 +1179,8 @@ static int rc_append(struct kv_rc *rc, struct rc_node *node, struct rc_op *op)
 		argv[1] = call->keys[op->idx].data ? call->keys[op->idx].data : "";
 		lens[1] = call->keys[op->idx].len;
 	}
-	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1);
+	return rc_append_argv(node, argc, argv, lens, call->kind == RC_SET ? 2 : -1,
+			      call->kind == RC_SET && call->parts ? &call->parts[op->idx] : NULL);
 }
 
 /* Appends commands while the output buffer has room, and room for one
@@ -1492,19 +1668,19 @@ static void rc_exchange(struct kv_rc *rc)
 		}
 		if (node->state == RC_UP && !rc_idle_ok(node))
 			rc_node_close(node);  /* closed or out of step: a new one, no backoff */
+		if (rc_in_backoff(rc, node, now)) {
+			rc_error(rc, "%s:%d: down, next try in %llu ms (%s)", node->host,
+				 node->port,
+				 (unsigned long long)((node->retry_at - now) / 1000000u),
+				 node->why);
+			for (struct rc_op *op = node->head; op; op = op->next)
+				rc_op_fail(op);
+			node->send = node->recv = NULL;
+			rc->refresh_due = 1;
+			continue;
+		}
 		node->reused = node->state == RC_UP;
 		if (node->state == RC_DOWN) {
-			if (node->backoff_ms && now < node->retry_at) {
-				rc_error(rc, "%s:%d: down, next try in %llu ms (%s)", node->host,
-					 node->port,
-					 (unsigned long long)((node->retry_at - now) / 1000000u),
-					 node->why);
-				for (struct rc_op *op = node->head; op; op = op->next)
-					rc_op_fail(op);
-				node->send = node->recv = NULL;
-				rc->refresh_due = 1;
-				continue;
-			}
 			rc_connect(rc, node);
 			if (node->state == RC_DOWN)
 				continue;
@@ -1632,7 +1808,7 @@ static void rc_exchange(struct kv_rc *rc)
 			struct rc_node *node = rc->active[j];
 
 			if (node->state == RC_UP && !node->recv && !node->auth_pending) {
-				node->backoff_ms = 0;
+				rc_backoff_reset(rc, node);
 				if (rc_leftover(node->c))
 					rc_node_close(node);  /* more than was asked for */
 				continue;
@@ -1819,7 +1995,7 @@ static void rc_refresh(struct kv_rc *rc)
 
 			if ((pass == 0) != (node->state == RC_UP) || node->head)
 				continue;
-			if (node->state == RC_DOWN && node->backoff_ms && now < node->retry_at)
+			if (rc_in_backoff(rc, node, now))
 				continue;
 			ops[n].idx = n;
 			ops[n].node = node;
@@ -1882,8 +2058,11 @@ static int rc_run(struct kv_rc *rc, struct rc_call *call, size_t n, struct rc_op
 		ops[i].slot = (uint16_t)kv_rc_keyslot(call->keys[i].data, call->keys[i].len);
 		ops[i].again = 1;
 		ops[i].status = KV_RC_ERROR;
-		if (call->kind == RC_SET && call->vals[i].len > rc->lim.max_value) {
-			rc_error(rc, "a value of %zu bytes: more than max_value", call->vals[i].len);
+		size_t vlen = call->kind != RC_SET ? 0
+			      : call->parts ? rc_parts_len(&call->parts[i]) : call->vals[i].len;
+
+		if (call->kind == RC_SET && vlen > rc->lim.max_value) {
+			rc_error(rc, "a value of %zu bytes: more than max_value", vlen);
 			ops[i].again = 0;
 		}
 	}
@@ -1973,22 +2152,16 @@ int kv_rc_get(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, struct k
 	return kv_rc_get_into(rc, n, keys, NULL, NULL, NULL, out);
 }
 
-int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
-	      const struct kv_rc_val *vals, unsigned ttl_s, int *status)
+static int rc_set(struct kv_rc *rc, struct rc_call *call, size_t n, unsigned ttl_s,
+		  int *status)
 {
-	struct rc_call call = { .kind = RC_SET, .keys = keys, .vals = vals };
 	struct rc_op *ops;
 	int stored = 0, rv;
 	size_t i;
 
-	if (!rc || (n && (!vals || !status)))
-		return -EINVAL;
-	for (i = 0; i < n; i++)
-		if (!vals[i].data && vals[i].len)
-			return -EINVAL;
 	if (ttl_s)
-		snprintf(call.ttl, sizeof(call.ttl), "%u", ttl_s);
-	rv = rc_run(rc, &call, n, &ops);
+		snprintf(call->ttl, sizeof(call->ttl), "%u", ttl_s);
+	rv = rc_run(rc, call, n, &ops);
 	if (rv)
 		return rv;
 	rc->st.keys_set += n;
@@ -2001,6 +2174,41 @@ int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
 	}
 	free(ops);
 	return stored;
+}
+
+int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+	      const struct kv_rc_val *vals, unsigned ttl_s, int *status)
+{
+	struct rc_call call = { .kind = RC_SET, .keys = keys, .vals = vals };
+
+	if (!rc || (n && (!vals || !status)))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!vals[i].data && vals[i].len)
+			return -EINVAL;
+	return rc_set(rc, &call, n, ttl_s, status);
+}
+
+int kv_rc_set_parts(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		    const struct kv_rc_dst *vals, unsigned ttl_s, int *status)
+{
+	struct rc_call call = { .kind = RC_SET, .keys = keys, .parts = vals };
+
+	if (!rc || (n && (!vals || !status)))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = 0;
+
+		if (vals[i].nparts > KV_RC_DST_PARTS)
+			return -EINVAL;
+		for (unsigned k = 0; k < vals[i].nparts; k++) {
+			if ((!vals[i].part[k].p && vals[i].part[k].len) ||
+			    vals[i].part[k].len > SIZE_MAX / 8 - len)
+				return -EINVAL;
+			len += vals[i].part[k].len;
+		}
+	}
+	return rc_set(rc, &call, n, ttl_s, status);
 }
 
 int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status)
@@ -2182,6 +2390,7 @@ void kv_rc_free(struct kv_rc *rc)
 	free(rc->pfd);
 	for (i = 0; i < RC_POOL_CLASSES; i++)
 		rc_pool_drop(rc, &rc->pool.c[i]);
+	rc_shared_put(rc->shared);
 	free(rc->user);
 	close(rc->cfd);
 	if (rc->password) {
@@ -2189,6 +2398,31 @@ void kv_rc_free(struct kv_rc *rc)
 		free(rc->password);
 	}
 	free(rc);
+}
+
+int kv_rc_share_backoff(struct kv_rc *rc, struct kv_rc *with)
+{
+	struct rc_shared *t;
+
+	if (!rc || !with || rc == with || rc->shared)
+		return -EINVAL;
+	if (!(t = with->shared)) {
+		if (!(t = calloc(1, sizeof(*t))))
+			return -ENOMEM;
+		if (pthread_mutex_init(&t->mu, NULL)) {
+			free(t);
+			return -ENOMEM;
+		}
+		atomic_init(&t->refs, 1);
+		with->shared = t;
+		for (unsigned i = 0; i < with->nnodes; i++)
+			rc_sh_attach(with, with->nodes[i]);
+	}
+	atomic_fetch_add(&t->refs, 1);
+	rc->shared = t;
+	for (unsigned i = 0; i < rc->nnodes; i++)
+		rc_sh_attach(rc, rc->nodes[i]);
+	return 0;
 }
 
 void kv_rc_cancel(struct kv_rc *rc)

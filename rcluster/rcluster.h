@@ -206,6 +206,14 @@ int kv_rc_get_into(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
  * (nothing sent, status untouched). */
 int kv_rc_set(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
 	      const struct kv_rc_val *vals, unsigned ttl_s, int *status);
+/* kv_rc_set() of values in parts: vals[i]'s value is its parts' bytes in
+ * order (the tier's: a header, a G2 slot's payload, a tag), each part of
+ * 4 KiB or more sent from where it lies, never copied (up to 64 of them
+ * per node's output at once; past that, copied): the caller keeps them
+ * unchanged until the call returns. Returns as kv_rc_set(); -EINVAL also
+ * for more than KV_RC_DST_PARTS parts or a NULL part with a length. */
+int kv_rc_set_parts(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys,
+		    const struct kv_rc_dst *vals, unsigned ttl_s, int *status);
 /* DEL keys[i]; status[i] gets KV_RC_OK (deleted), KV_RC_MISS (absent) or
  * KV_RC_ERROR. Returns the number deleted, or -EINVAL/-ENOMEM. */
 int kv_rc_del(struct kv_rc *rc, size_t n, const struct kv_rc_key *keys, int *status);
@@ -220,6 +228,17 @@ void kv_rc_vals_release(struct kv_rc *rc, size_t n, struct kv_rc_val *v);
 void kv_rc_val_free(struct kv_rc_val *v);
 /* The same for n values. */
 void kv_rc_vals_free(size_t n, struct kv_rc_val *v);
+
+/* Makes rc share its nodes' backoffs with `with` (and with every client
+ * already sharing with it): a node that one of them gives up (refused,
+ * timed out, too slow, the call's deadline) is in backoff for all of them
+ * until it passes, each failing that node's keys at once instead of
+ * finding it slow again, and a round that succeeds with it after that
+ * ends the backoff for all (the tier's readers, issue 36). Each client is
+ * still used by one thread at a time; the table has a lock of its own and
+ * goes with the last client freed. Call before rc is used. Returns 0,
+ * -EINVAL (rc already shares, or rc == with) or -ENOMEM. */
+int kv_rc_share_backoff(struct kv_rc *rc, struct kv_rc *with);
 
 /* Makes the call under way on rc's thread (if any) and every later call
  * return at once, with every key unanswered KV_RC_ERROR and nothing more

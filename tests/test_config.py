@@ -101,6 +101,7 @@ ALL = {
     "remote_fetch_timeout": "5s",
     "remote_readers": "4",
     "remote_auth": "off",
+    "remote_write_timeout": "7s",
     "metrics_listen": "127.0.0.1:0",
     "metrics_min_interval": "2s",
     "metrics_header_timeout": "3s",

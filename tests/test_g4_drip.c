@@ -61,6 +61,7 @@ int main(void)
 #define FETCH_MS 3000
 #define BOUND_MS 10000
 #define SLACK_MS 4000
+#define WRITE_MS 2000
 
 /* ---- the scripted cluster ---- */
 
@@ -81,7 +82,7 @@ static int port[2];
  * machine: "held more than 10000 ms", the child stuck in ASan's
  * SizeClassAllocator64 in its first malloc(), as gdb showed). */
 struct shared {
-	atomic_int stop, drip_values, drip_map_node, dripping;
+	atomic_int stop, drip_values, drip_map_node, dripping, drip_sets;
 	atomic_llong drips_started;
 };
 static struct shared *sh;
@@ -132,6 +133,28 @@ static int drip(int fd, const char *p, size_t n)
 	}
 	sh->dripping--;
 	return r;
+}
+
+/* A SET's reply that never ends, sent just above the rate floor of the
+ * write phase (remote_min_rate 1 KiB/s): a status line of 'O's, 40 bytes
+ * every DRIP_MS (2 KB/s), until the peer goes, the test stops or the phase
+ * ends. Returns -1 (the connection is done for). */
+static int drip_status(int fd)
+{
+	struct timespec ts = { 0, DRIP_MS * 1000000L };
+	char b[40];
+
+	memset(b, 'O', sizeof(b));
+	b[0] = '+';
+	sh->dripping++;
+	sh->drips_started++;
+	for (size_t i = 0; !sh->stop && sh->drip_sets; i++) {
+		if (put(fd, i ? b + 1 : b, i ? sizeof(b) - 1 : sizeof(b)) < 0)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	sh->dripping--;
+	return -1;
 }
 
 /* The map: node 0 serves slots 0-8191, node 1 the rest. Each entry names
@@ -218,6 +241,8 @@ static int answer(struct client *c, int argc, const char **argv, const size_t *l
 
 		return sh->drip_map_node == c->node ? drip(c->fd, map, n) : put(c->fd, map, n);
 	}
+	if (ARG_IS(0, "SET") && argc >= 3 && sh->drip_sets && memmem(argv[1], lens[1], ":drip:", 6))
+		return drip_status(c->fd);   /* not stored: a write that never finishes */
 	if (ARG_IS(0, "SET") && argc >= 3) {
 		struct entry *e;
 
@@ -502,6 +527,86 @@ static void timed_other(uint64_t base)
 	CHECK_EQ(k, N);
 }
 
+static int lookup_drip_chain(void *arg)
+{
+	return kvt_lookup_chain("drip", "p", BB, N, (uint64_t)(uintptr_t)arg);
+}
+
+/* A lookup of the drip tenant's chain (base), in a child: within BOUND_MS,
+ * whole, every byte checked. */
+static void timed_drip_chain(uint64_t base, const char *what)
+{
+	pid_t pid = kvt_spawn(lookup_drip_chain, (void *)(uintptr_t)base);
+	int k = -1;
+	long ms = wait_for(pid, BOUND_MS, &k);
+
+	if (ms < 0) {
+		held(what, BOUND_MS);
+		return;
+	}
+	fprintf(stderr, "  %s: %d of %d blocks in %ld ms\n", what, k, N, ms);
+	CHECK_EQ(k, N);
+}
+
+/* Issue 36's write half: a node that answers a SET just above
+ * remote_min_rate for ever (a status line 2 KB/s, against a floor of 1 KiB/s
+ * and 256 KiB of values sent: the floor alone would hold the batch for
+ * minutes) held the write thread, and the writes queued behind it, for as
+ * long as it liked. Now the batch ends at remote_write_timeout: every write
+ * an error, nothing in flight, the blocks served from G2 all along (byte
+ * for byte), the daemon answering meanwhile. */
+static void phase_write(void)
+{
+	struct kvt_daemon w;
+	kvc_conn *c;
+	int pool;
+	long long since;
+	uint64_t t0, ms = 0;
+	Kvcached__Response *rs;
+
+	node_start(&w, "wdrip.conf");
+	sh->drip_sets = 1;
+	since = sh->drips_started;
+	c = kvt_connect("drip");
+	pool = kvt_pool(c, "p", BB);
+	kvt_seal_chain(c, pool, BB, N, 7000);
+	kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);   /* into G2: written at demotion */
+	wait_drip(since);
+	t0 = mono_ms();
+	fprintf(stderr, "write: the nodes answer the drip tenant's SETs at 2 KB/s for ever "
+		"(remote_min_rate 1 KiB/s, remote_write_timeout %u ms)\n", WRITE_MS);
+	timed_drip_chain(7000, "the chain, from G2, while its writes are held");
+	kvt_evict_nowait(c, KVCACHED__TIER__TIER_G1);
+	for (;;) {
+		struct timespec ts = { 0, 5000000L };
+		uint64_t err, in;
+
+		rs = kvt_g4_stats("drip");
+		err = rs->stats->remote->write_errors;
+		in = rs->stats->remote->inflight_bytes;
+		kvcached__response__free_unpacked(rs, NULL);
+		ms = mono_ms() - t0;
+		if (err >= N && !in)
+			break;
+		if (ms > BOUND_MS) {
+			fprintf(stderr, "  %llu of %d writes failed, %llu bytes in flight\n",
+				(unsigned long long)err, N, (unsigned long long)in);
+			held("the dripped writes", BOUND_MS);
+			break;
+		}
+		nanosleep(&ts, NULL);
+	}
+	fprintf(stderr, "  the writes ended (errors) %llu ms after the drip began\n",
+		(unsigned long long)ms);
+	rs = kvt_g4_stats("drip");
+	CHECK_EQ(rs->stats->remote->writes, 0);
+	kvcached__response__free_unpacked(rs, NULL);
+	timed_drip_chain(7000, "the chain, from G2, after");
+	kvc_close(c);
+	sh->drip_sets = 0;
+	node_stop(&w);
+}
+
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
 	(void)st;
@@ -546,6 +651,9 @@ int main(void)
 	/* The chains are written with the defaults: the small deadlines are
 	 * for the reads under test. */
 	write_conf("fill.conf", "");
+	snprintf(extra, sizeof(extra), "remote_timeout = 500ms\nremote_min_rate = 1KiB\n"
+		 "remote_write = demote\nremote_write_timeout = %ums\n", WRITE_MS);
+	write_conf("wdrip.conf", extra);
 	write_conf("slow.conf", "remote_timeout = 20s\nremote_min_rate = 1KiB\n"
 		   "remote_fetch_timeout = 60s\ndrain_timeout = 1s\n");
 
@@ -596,6 +704,12 @@ int main(void)
 	}
 	kvt_wait(child);   /* its daemon went under it: any answer */
 	sh->drip_values = 0;
+
+	/* write: the nodes answer the drip tenant's SETs just above the rate
+	 * floor, for ever; the writes end at remote_write_timeout (WRITE_MS),
+	 * the chain is served from G2 meanwhile and after. */
+	if (!before)
+		phase_write();
 
 	/* map: node 0 drips its slot map; a fresh node's first lookup. */
 	sh->drip_map_node = 0;

@@ -18,14 +18,16 @@
  *              writes values of half the bytes; B reads them back as the
  *              quantizer's round trip leaves the blocks;
  *   no buffer: node D cannot have 3 of its G4 value buffers (fault point
- *              g4_buf): those writes at demotion are dropped and counted,
- *              the others go out; G2 dropping the chain writes the 3; a
- *              second chain goes out whole in buffers of the write pool;
- *              then values of two more lengths (cz's, and 128 KiB blocks)
- *              on D's remote_max_inflight of 1 MiB: the third length finds
- *              the idle buffers of the others past the bound, and the ones
- *              used longest ago go (the daemon asserts the bound each time
- *              a buffer comes back); B reads every chain. */
+ *              g4_buf): writes at demotion take none (issue 38: sent from
+ *              their G2 slots), so dm's chain goes out whole; wb's, written
+ *              as G2 drops it, has those 3 dropped and counted, the others
+ *              go out; a second chain goes out whole in buffers of the
+ *              write pool; then values of two more lengths (wz's, cz's
+ *              twin written back, and 128 KiB blocks) on D's
+ *              remote_max_inflight of 1 MiB: the third length finds the
+ *              idle buffers of the others past the bound, and the ones used
+ *              longest ago go (the daemon asserts the bound each time a
+ *              buffer comes back); B reads every chain written whole. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,9 +105,9 @@ static kvc_conn *seal_chain(const char *ns, uint64_t base)
 
 /* Namespace cz's chain base as node B finds it: every block as the FP8
  * round trip of its FP16 values leaves it. Returns how many hit. */
-static int lookup_compressed(uint64_t base)
+static int lookup_compressed_in(const char *ns, uint64_t base)
 {
-	kvc_conn *c = kvt_connect("cz");
+	kvc_conn *c = kvt_connect(ns);
 	int pool = kvt_pool(c, "p", BB), k;
 	size_t qn = kv_quant_bytes(BB / 2, KV_QUANT_GROUP);
 	uint8_t *v = malloc(BB), *q = malloc(qn), *want = malloc(BB), *got = malloc(BB);
@@ -136,6 +138,11 @@ static int lookup_compressed(uint64_t base)
 	return k;
 }
 
+static int lookup_compressed(uint64_t base)
+{
+	return lookup_compressed_in("cz", base);
+}
+
 static void write_conf(void)
 {
 	char path[160];
@@ -150,7 +157,8 @@ static void write_conf(void)
 	fprintf(f, "[namespace dm]\nusers = %u\nremote = yes\nremote_write = demote\n\n", uid);
 	fprintf(f, "[namespace ro]\nusers = %u\nremote = yes\nremote_write = off\n\n", uid);
 	fprintf(f, "[namespace cz]\nusers = %u\nremote = yes\nremote_write = demote\n"
-		"compress = fp8_e4m3\n", uid);
+		"compress = fp8_e4m3\n\n", uid);
+	fprintf(f, "[namespace wz]\nusers = %u\nremote = yes\ncompress = fp8_e4m3\n", uid);
 	fclose(f);
 	snprintf(conf_arg, sizeof(conf_arg), "--config=%s", path);
 }
@@ -285,44 +293,50 @@ int main(void)
 	counts_settled("dm", &w1, &dr);
 	fprintf(stderr, "no buffer: %llu written at demotion, %llu dropped\n",
 		(unsigned long long)w1, (unsigned long long)dr);
-	CHECK_EQ(w1, N - 3);
-	CHECK_EQ(dr, 3);
+	CHECK_EQ(w1, N);
+	CHECK_EQ(dr, 0);
+	kvc_close(c);
+	c = seal_chain("wb", 7100);
+	kvt_evict(c, KVCACHED__TIER__TIER_G1);
 	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	counts_settled("dm", &w1, &dr);
-	fprintf(stderr, "no buffer: %llu written after G2 dropped the chain\n",
-		(unsigned long long)w1);
-	CHECK_EQ(w1, N);
+	fprintf(stderr, "no buffer: %llu written after G2 dropped wb's chain, %llu dropped\n",
+		(unsigned long long)(w1 - N), (unsigned long long)dr);
+	CHECK_EQ(w1, 2 * N - 3);
 	CHECK_EQ(dr, 3);
 	kvc_close(c);
-	c = seal_chain("dm", 8000);
+	c = seal_chain("wb", 8000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	counts_settled("dm", &w1, &dr);
-	CHECK_EQ(w1, 2 * N);
+	CHECK_EQ(w1, 3 * N - 3);
 	CHECK_EQ(dr, 3);
 	kvc_close(c);
-	/* Idle now: 8 values of 64 KiB blocks (0.5 MiB); then 8 of cz's
+	/* Idle now: 8 values of 64 KiB blocks (0.5 MiB); then 8 of wz's
 	 * (about 0.26 MiB), kept too; then 4 of 128 KiB blocks (0.5 MiB):
 	 * past 1 MiB with the idle ones, which go, the 64 KiB ones first. */
-	c = seal_chain("cz", 6100);
+	c = seal_chain("wz", 6100);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
-	counts_settled("cz", &w1, &dr);
-	CHECK_EQ(w1, 3 * N);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
+	counts_settled("wz", &w1, &dr);
+	CHECK_EQ(w1, 4 * N - 3);
 	kvc_close(c);
-	c = seal_chain_of("dm", "q", 2 * BB, 4, 9000);
+	c = seal_chain_of("wb", "q", 2 * BB, 4, 9000);
 	kvt_evict(c, KVCACHED__TIER__TIER_G1);
+	kvt_evict(c, KVCACHED__TIER__TIER_G2);
 	counts_settled("dm", &w1, &dr);
 	fprintf(stderr, "no buffer: %llu written in all, %llu dropped\n", (unsigned long long)w1,
 		(unsigned long long)dr);
-	CHECK_EQ(w1, 3 * N + 4);
+	CHECK_EQ(w1, 4 * N - 3 + 4);
 	CHECK_EQ(dr, 3);
 	kvc_close(c);
 	CHECK_EQ(kvt_check(), 0);
 	kvt_stop(&d);
 	node_start(&b, 0);
 	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 7000), N);
-	CHECK_EQ(kvt_lookup_chain("dm", "p", BB, N, 8000), N);
-	CHECK_EQ(lookup_compressed(6100), N);
-	CHECK_EQ(kvt_lookup_chain("dm", "q", 2 * BB, 4, 9000), 4);
+	CHECK_EQ(kvt_lookup_chain("wb", "p", BB, N, 8000), N);
+	CHECK_EQ(lookup_compressed_in("wz", 6100), N);
+	CHECK_EQ(kvt_lookup_chain("wb", "q", 2 * BB, 4, 9000), 4);
 	kvt_stop(&b);
 	kvt_rc_stop(&rc);
 	fprintf(stderr, "ok\n");

@@ -404,6 +404,43 @@ static void test_data(struct kvt_rc *c, struct kv_rc *rc)
 	CHECK(st.refreshes >= 1);
 }
 
+/* kv_rc_set_parts() (issue 38: the tier sends a value from its G2 slot,
+ * header and tag apart): every value sent again in up to 4 parts (a small
+ * head, the middle, which from 4 KiB on goes from where it lies, a small
+ * tail, an empty part), read back whole and right; 5 parts or a NULL part
+ * with a length are refused before anything is sent. */
+static void test_parts(struct kv_rc *rc)
+{
+	static struct kv_rc_dst d[NKEYS];
+	unsigned i;
+
+	CHECK_EQ(kv_rc_del(rc, NKEYS, keys, status), NKEYS);
+	for (i = 0; i < NKEYS; i++) {
+		char *p = vals[i].data;
+		size_t len = vals[i].len, a = len < 112 ? len / 2 : 80, b = len < 112 ? 0 : 32;
+
+		d[i] = (struct kv_rc_dst){ .part = { { p, a }, { p + a, len - a - b },
+						     { NULL, 0 }, { p + len - b, b } },
+					   .nparts = i % 2 ? 4 : 2 };
+		if (d[i].nparts == 2)
+			d[i].part[1].len = len - a;
+	}
+	CHECK_EQ(kv_rc_set_parts(rc, NKEYS, keys, d, 0, status), NKEYS);
+	{
+		struct tally t = get_check(rc, NKEYS);
+
+		printf("set in parts: %u hits, %u wrong\n", t.hits, t.wrong);
+		CHECK_EQ(t.hits, NKEYS);
+		CHECK_EQ(t.wrong, 0);
+	}
+	d[0].nparts = KV_RC_DST_PARTS + 1;
+	CHECK_EQ(kv_rc_set_parts(rc, 1, keys, d, 0, status), -EINVAL);
+	d[0].nparts = 2;
+	d[0].part[1].p = NULL;
+	CHECK_EQ(kv_rc_set_parts(rc, 1, keys, d, 0, status), -EINVAL);
+	CHECK_EQ(kv_rc_set(rc, 1, keys, vals, 0, status), 1);
+}
+
 /* The value pool: buffers given back are read into again, the bytes come
  * back right (NUL after them included) whatever buffer they land in, a pool
  * of many sizes (more than its 8 classes) and a small pool_max stay right,
@@ -794,6 +831,7 @@ int main(void)
 	test_slots_server(&c);
 	CHECK_EQ(kv_rc_new(kvt_rc_seeds(&c), NULL, NULL, SLOW_OK_MS, &rc, err, sizeof(err)), 0);
 	test_data(&c, rc);
+	test_parts(rc);
 	test_pool(&c);
 	test_moved(&c, rc);
 	test_ask(&c, rc);

@@ -932,6 +932,115 @@ static void test_deadlines(void)
 	kv_rc_free(rc);
 }
 
+/* Issue 36's backoff per node, shared by clients (the tier's readers):
+ * once client A has found the dripping node slow, client B, on another
+ * thread, with a connection of its own to it already up, fails its keys
+ * at once, sending nothing, instead of waiting out the grace (1 s) again;
+ * after the backoff both are served again. */
+struct shared_get {
+	struct kv_rc *rc;
+	const char *key;
+	struct kv_rc_val v;
+	struct kv_rc_stats before, after;
+	uint64_t ms;
+};
+
+static void *shared_get(void *arg)
+{
+	struct shared_get *g = arg;
+	uint64_t t0 = mono_ms();
+
+	kv_rc_stats(g->rc, &g->before);
+	get1(g->rc, g->key, &g->v);
+	kv_rc_stats(g->rc, &g->after);
+	g->ms = mono_ms() - t0;
+	return NULL;
+}
+
+/* B's GETs of "hit" while A is held by the drip: both touch the shared
+ * table at once (TSan's build sees the two threads). */
+static atomic_int a_done;
+
+static void *hits_meanwhile(void *arg)
+{
+	struct kv_rc *b = arg;
+	long n = 0;
+
+	while (!a_done) {
+		struct kv_rc_val v;
+
+		if (get1(b, "hit", &v) == KV_RC_HIT) {
+			kv_rc_val_free(&v);
+			n++;
+		}
+	}
+	return (void *)n;
+}
+
+static void test_shared_backoff(void)
+{
+	struct kv_rc *a = client(NULL, DRIP_SILENCE_MS, 0), *b = client(NULL, DRIP_SILENCE_MS, 0);
+	struct shared_get g = { .rc = b, .key = "drip" };
+	struct kv_rc_limits l;
+	pthread_t t;
+	uint64_t t0, ms, end;
+
+	for (int i = 0; i < 2; i++) {
+		struct kv_rc *rc = i ? b : a;
+
+		kv_rc_get_limits(rc, &l);
+		l.backoff_min_ms = 1500;
+		l.backoff_max_ms = 3000;
+		CHECK_EQ(kv_rc_set_limits(rc, &l), 0);
+	}
+	CHECK_EQ(kv_rc_share_backoff(b, a), 0);
+	CHECK_EQ(kv_rc_share_backoff(b, a), -EINVAL);   /* once */
+	expect_hit(a, "hit", "abc", 3);
+	expect_hit(b, "hit", "abc", 3);   /* B's connection is up */
+	CHECK(pthread_create(&t, NULL, hits_meanwhile, b) == 0);
+	t0 = mono_ms();
+	CHECK_EQ(get1(a, "drip", &g.v), KV_RC_ERROR);
+	ms = mono_ms() - t0;
+	a_done = 1;
+	{
+		void *n;
+
+		pthread_join(t, &n);
+		printf("shared backoff: client B served %ld GETs meanwhile\n", (long)n);
+		CHECK((long)n > 0);
+	}
+	CHECK(strstr(kv_rc_last_error(a), "too slow"));
+	printf("shared backoff: client A gave the dripping node up after %llu ms\n",
+	       (unsigned long long)ms);
+	CHECK(pthread_create(&t, NULL, shared_get, &g) == 0);
+	pthread_join(t, NULL);
+	printf("shared backoff: client B's GET on another thread ended in %llu ms: %s\n",
+	       (unsigned long long)g.ms, kv_rc_last_error(b));
+	if (g.v.status != KV_RC_ERROR || !strstr(kv_rc_last_error(b), "next try in") ||
+	    g.after.bytes_out != g.before.bytes_out || g.after.rounds != g.before.rounds) {
+		fprintf(stderr, "client B: status %d, error \"%s\", %llu bytes sent: it waited on "
+			"the node client A found slow\n", g.v.status, kv_rc_last_error(b),
+			(unsigned long long)(g.after.bytes_out - g.before.bytes_out));
+		exit(1);
+	}
+	/* The backoff passes (1.5 s): both are served again, B first. */
+	end = mono_ms() + 20000;
+	for (;;) {
+		struct timespec ts = { 0, 20000000L };
+		struct kv_rc_val v;
+
+		if (get1(b, "hit", &v) == KV_RC_HIT) {
+			kv_rc_val_free(&v);
+			break;
+		}
+		CHECK(mono_ms() < end);
+		nanosleep(&ts, NULL);
+	}
+	expect_hit(a, "hit", "abc", 3);
+	kv_rc_free(a);
+	kv_rc_free(b);
+}
+
 static void test_auth(void)
 {
 	struct kv_rc *rc = client("right", SLOW_OK_MS, 0);
@@ -985,6 +1094,7 @@ int main(void)
 	test_into();
 	test_nodes_cap();
 	test_deadlines();
+	test_shared_backoff();
 	test_auth();
 	test_faults();
 

@@ -86,16 +86,27 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 	}
 	/* Issue 36: every node moves remote_min_rate bytes a second or is
 	 * given up (and backed off); a read (slot map included) ends within
-	 * remote_fetch_timeout, whatever the cluster sends. */
+	 * remote_fetch_timeout, and a batch of writes within
+	 * remote_write_timeout, whatever the cluster sends (a node that
+	 * answered just above the rate floor held the write thread, and the
+	 * writes queued behind it, for as long as it liked). The readers share
+	 * their nodes' backoffs: a node one of them found slow or down costs
+	 * the others nothing while its backoff lasts. */
 	for (uint32_t k = 0; k <= t->g4->nreaders; k++) {
 		struct kv_rc *rc = k < t->g4->nreaders ? cl->rd[k] : cl->wr;
 		struct kv_rc_limits l;
 
 		kv_rc_get_limits(rc, &l);
 		l.min_rate = (size_t)c->remote_min_rate;
-		l.call_ms = rc == cl->wr ? 0 : (unsigned)c->remote_fetch_timeout_ms;
+		l.call_ms = (unsigned)(rc == cl->wr ? c->remote_write_timeout_ms
+						   : c->remote_fetch_timeout_ms);
 		if ((r = kv_rc_set_limits(rc, &l)) < 0) {
-			snprintf(err, errlen, "remote_min_rate, remote_fetch_timeout: out of range");
+			snprintf(err, errlen, "remote_min_rate, remote_fetch_timeout, "
+				 "remote_write_timeout: out of range");
+			return r;
+		}
+		if (k && k < t->g4->nreaders && (r = kv_rc_share_backoff(rc, cl->rd[0])) < 0) {
+			snprintf(err, errlen, "G4: out of memory");
 			return r;
 		}
 	}
@@ -169,10 +180,11 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		return r;
 	}
 	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us, %u namespace%s with a user of its "
-		"own, %u with authenticated values, %u readers, reads within %llu ms, nodes at "
-		"%llu bytes/s at least", c->remote_seeds, c->remote_prefix, g->ttl_s, g->ncl - 1,
-		g->ncl == 2 ? "" : "s", g->nkeys, g->nreaders,
+		"own, %u with authenticated values, %u readers, reads within %llu ms, writes within "
+		"%llu ms, nodes at %llu bytes/s at least", c->remote_seeds, c->remote_prefix,
+		g->ttl_s, g->ncl - 1, g->ncl == 2 ? "" : "s", g->nkeys, g->nreaders,
 		(unsigned long long)c->remote_fetch_timeout_ms,
+		(unsigned long long)c->remote_write_timeout_ms,
 		(unsigned long long)c->remote_min_rate);
 	/* remote_auth = off (issue 36): said loudly, once, naming each. */
 	if (c->remote_unauth[0])
@@ -223,8 +235,7 @@ void tier_remote_close(struct kv_tiers *t)
 			struct g4_write *w = cl->pending;
 
 			cl->pending = w->next;
-			free(w->buf);
-			free(w);
+			tier_g4_write_free(t, w);   /* its held G2 slot, if any, released */
 		}
 		for (uint32_t k = 0; k < g->nreaders; k++)
 			kv_rc_free(cl->rd[k]);

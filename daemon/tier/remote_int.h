@@ -42,13 +42,19 @@ struct g4_write {
 	uint32_t cl;              /* the client (user) it goes out with */
 	char key[KEY_MAX];
 	size_t keylen;
-	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool */
+	uint8_t *buf;             /* header + payload [+ tag]: len bytes, from the write pool;
+	                           * NULL for a write sent from its G2 slot (tb) */
 	size_t len;
-	/* A write made at demotion: the block, held BUSY_G4 until the seal
-	 * job is done, and its payload in its G2 slot, which the worker
-	 * copies into buf; NULL when the loop copied it. */
+	/* A write made at demotion: the block, held BUSY_G4 until its SET is
+	 * answered (write_done()), its payload in its G2 slot, which the
+	 * write thread sends from where it lies (issue 38: no copy), and the
+	 * header and tag the worker made for it; tb NULL when the loop copied
+	 * the block into buf. */
 	struct tblock *tb;
 	const uint8_t *slot;
+	uint8_t head[sizeof(struct slot_hdr)];
+	uint8_t tag[KV_G4MAC_TAG_BYTES];
+	uint8_t sealed;           /* the worker made head (and tag): it may go out */
 };
 
 struct g4_fetch {
@@ -98,7 +104,7 @@ struct g4_wjob {
 	uint32_t n, ok;
 	struct kv_rc_stats rc;
 	struct kv_rc_key keys[WRITE_BATCH];
-	struct kv_rc_val vals[WRITE_BATCH];
+	struct kv_rc_dst vals[WRITE_BATCH];   /* a buffer, or header, G2 slot, tag */
 	int status[WRITE_BATCH];
 	char why[160];            /* the client's first error when a write failed */
 };
@@ -154,7 +160,7 @@ struct kv_g4 {
 	int mode;                  /* remote_write: KV_G4W_* (ns.h), the daemon's */
 	struct g4_wclass wpool[WPOOL_CLASSES];
 	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
-	uint64_t held;             /* G2 copies held BUSY_G4 (tier_remote_put()) */
+	uint64_t held;             /* G2 copies held BUSY_G4 (tier_remote_put() to write_done()) */
 	struct kv_g4_stats st;
 };
 
@@ -213,5 +219,7 @@ static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
 /* remote_write.c */
 /* Loop: frees the write pool's idle buffers of class c and leaves it unused. */
 void tier_g4_wclass_drop(struct kv_g4 *g, struct g4_wclass *c);
+/* Loop, at the stop: frees a write never sent, its G2 slot released. */
+void tier_g4_write_free(struct kv_tiers *t, struct g4_write *x);
 
 #endif

@@ -10,7 +10,9 @@
  * pending writes, which go out as one batch per write job (pipelined to
  * every master at once), one job at a time per client, in the client's own
  * job (fixed arrays: nothing allocated per batch). A write made from a G2
- * slot (remote_put()) is copied on the loop and sealed on the worker.
+ * slot (remote_put()) is sealed on the worker: at demotion sent from the
+ * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
+ * of the pool; issue 38), otherwise copied into a buffer on the loop.
  *
  * Write buffers (issue 28): a value's buffer goes back to the write pool
  * when its SET is answered (or the write is dropped), and the next write
@@ -157,7 +159,10 @@ static int write_allowed(struct kv_tiers *t, struct kv_ns *m, uint64_t len)
 	return 1;
 }
 
-int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
+/* tier_remote_want(), and a buffer from the write pool in tb->g4_buf when
+ * buf (a write sent from its G2 slot needs none: the room it reserves is
+ * the slot's, held until the reply). */
+static int remote_want(struct kv_tiers *t, struct tblock *tb, int when, int buf)
 {
 	struct kv_g4 *g = t->g4;
 	struct kv_ns *m = kv_ns_get(kv_pools_nstab(t->ps), tb->pool->ns);
@@ -173,7 +178,8 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 		return 0;
 	tb->g4_key = tier_g4_mac_key_of(t, tb->pool->ns);
 	len = tier_g4_value_len(tb->pool, tb->g4_key);
-	if (g->inflight + len > g->max_inflight || !(tb->g4_buf = wbuf_get(g, len))) {
+	tb->g4_buf = NULL;
+	if (g->inflight + len > g->max_inflight || (buf && !(tb->g4_buf = wbuf_get(g, len)))) {
 		g->st.dropped++;
 		return 0;
 	}
@@ -185,6 +191,11 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
 	}
 	g->inflight += len;
 	return 1;
+}
+
+int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	return remote_want(t, tb, when, 1);
 }
 
 /* Worker thread: fills the buffer remote_want() took on the loop; a
@@ -213,10 +224,22 @@ static void write_run(struct kv_job *j)
 	uint32_t i = 0;
 
 	for (x = w->list; x; x = x->next, i++) {
+		struct kv_rc_dst *d = &w->vals[i];
+
 		w->keys[i] = (struct kv_rc_key){ .data = x->key, .len = x->keylen };
-		w->vals[i] = (struct kv_rc_val){ .data = x->buf, .len = x->len };
+		if (x->buf) {
+			*d = (struct kv_rc_dst){ .part = { { x->buf, x->len } }, .nparts = 1 };
+		} else {
+			/* Sent from its G2 slot, held until this call returns. */
+			size_t pl = x->len - sizeof(x->head) - (x->mac_key ? sizeof(x->tag) : 0);
+
+			*d = (struct kv_rc_dst){ .part = { { x->head, sizeof(x->head) },
+							   { (void *)x->slot, pl },
+							   { x->tag, sizeof(x->tag) } },
+						 .nparts = x->mac_key ? 3 : 2 };
+		}
 	}
-	if (kv_rc_set(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
+	if (kv_rc_set_parts(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
 		for (i = 0; i < w->n; i++)
 			w->ok += w->status[i] == KV_RC_OK;
 	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
@@ -225,6 +248,26 @@ static void write_run(struct kv_job *j)
 }
 
 static void write_flush(struct kv_tiers *t, uint32_t cl);
+
+/* Loop: a write sent from its G2 slot is over (answered, failed, dropped,
+ * or the stop): the slot is released, back on its LRU, or freed if a seal,
+ * a promotion or a reload killed the block meanwhile. */
+static void write_release(struct kv_tiers *t, struct g4_write *x)
+{
+	if (!x->tb)
+		return;
+	tb_busy_clear(t, x->tb, BUSY_G4);
+	t->g4->held--;
+	x->tb = NULL;
+	x->slot = NULL;
+}
+
+void tier_g4_write_free(struct kv_tiers *t, struct g4_write *x)
+{
+	write_release(t, x);
+	free(x->buf);
+	free(x);
+}
 
 static void write_done(struct kv_job *j)
 {
@@ -243,6 +286,7 @@ static void write_done(struct kv_job *j)
 		w->list = x->next;
 		g->st.bytes_out += x->len;
 		g->inflight -= x->len;
+		write_release(w->t, x);
 		wbuf_put(g, x->buf, x->len);
 		free(x);
 	}
@@ -301,42 +345,39 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	write_flush(t, w->cl);
 }
 
-/* Bytes of a payload copied, then summed while they are in cache. */
-#define SEAL_CHUNK (16u << 10)
-
 /* A write made from a G2 slot (remote_write = demote, a block G2 drops
  * without G3, a flush without G3): its checksums and tag are the tier's
- * worker's (w->job). At demotion the worker also copies the payload from
- * the slot, which BUSY_G4 holds until seal_done() (issue 38: that copy was
- * the loop's, 45% of its time in the profile of kvg4rate's writes, and the
- * CRC32C a second pass over the copy); otherwise the loop copied it, and
- * the tblock may be gone by then. A buffer whose tag fails is freed on the
- * worker (see tier_remote_copy()). */
+ * worker's (w->job). At demotion the value is not copied at all (issue 38:
+ * the copy was the loop's, 45% of its time in the profile of kvg4rate's
+ * writes, then the worker's): the worker sums the payload where it lies in
+ * the slot, which BUSY_G4 holds until the SET is answered (write_done()),
+ * and makes the header and tag the write thread sends around it; otherwise
+ * the loop copied it into w->buf, and the tblock may be gone by then. A
+ * buffer whose tag fails is freed on the worker (see tier_remote_copy()). */
 static void seal_run(struct kv_job *j)
 {
 	struct g4_write *w = kv_container_of(j, struct g4_write, job);
-	uint8_t *pl = w->buf + sizeof(struct slot_hdr);
 	struct slot_hdr h;
-	uint32_t crc = 0;
 	size_t body;
 
+	if (!w->buf) {
+		memcpy(&h, w->head, sizeof(h));
+		slot_hdr_seal(&h, kv_crc32c(0, w->slot, h.payload_len));
+		memcpy(w->head, &h, sizeof(h));
+		w->sealed = !w->mac_key || kv_g4mac_tag2(w->mac_key, w->head, sizeof(h), w->slot,
+							  h.payload_len, w->tag) == 0;
+		return;
+	}
 	memcpy(&h, w->buf, sizeof(h));
 	body = sizeof(h) + h.payload_len;
-	if (w->slot) {
-		for (size_t off = 0, n; off < h.payload_len; off += n) {
-			n = h.payload_len - off < SEAL_CHUNK ? h.payload_len - off : SEAL_CHUNK;
-			memcpy(pl + off, w->slot + off, n);
-			crc = kv_crc32c(crc, pl + off, n);
-		}
-	} else {
-		crc = kv_crc32c(0, pl, h.payload_len);
-	}
-	slot_hdr_seal(&h, crc);
+	slot_hdr_seal(&h, kv_crc32c(0, w->buf + sizeof(h), h.payload_len));
 	memcpy(w->buf, &h, sizeof(h));
 	if (w->mac_key && kv_g4mac_tag(w->mac_key, w->buf, body, w->buf + body) < 0) {
 		free(w->buf);   /* not written: counted as dropped */
 		w->buf = NULL;
+		return;
 	}
+	w->sealed = 1;
 }
 
 static void seal_done(struct kv_job *j)
@@ -345,15 +386,9 @@ static void seal_done(struct kv_job *j)
 	struct kv_tiers *t = w->t;
 	struct kv_g4 *g = t->g4;
 
-	if (w->tb) {
-		/* Its slot is read: back on its LRU, or freed if killed meanwhile. */
-		tb_busy_clear(t, w->tb, BUSY_G4);
-		g->held--;
-		w->tb = NULL;
-		w->slot = NULL;
-	}
-	if (!w->buf || t->stopping) {
+	if (!w->sealed || t->stopping) {
 		g->inflight -= w->len;
+		write_release(t, w);
 		wbuf_put(g, w->buf, w->len);
 		g->st.dropped++;
 		free(w);
@@ -376,8 +411,10 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	struct slot_hdr h;
 	const uint8_t *slot;
 	uint64_t len;
+	/* At demotion it stays in G2: sent from its slot, held. */
+	int held = when == KV_G4W_DEMOTE && !tb->busy;
 
-	if (!tb->run[L2] || !tier_remote_want(t, tb, when))
+	if (!tb->run[L2] || !remote_want(t, tb, when, !held))
 		return 0;
 	len = tier_g4_value_len(tb->pool, tb->g4_key);
 	if (!(w = calloc(1, sizeof(*w)))) {
@@ -390,15 +427,15 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->buf = tb->g4_buf;
 	tb->g4_buf = NULL;
 	slot_hdr_fill(t, tb, &h, 0);
-	memcpy(w->buf, &h, sizeof(h));
 	slot = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES;
-	if (when == KV_G4W_DEMOTE && !tb->busy) {
-		/* It stays in G2: the worker copies it from its slot, held. */
+	if (held) {
 		tb_busy_set(tb, BUSY_G4);
 		g->held++;
 		w->tb = tb;
 		w->slot = slot;
+		memcpy(w->head, &h, sizeof(h));
 	} else {
+		memcpy(w->buf, &h, sizeof(h));
 		memcpy(w->buf + sizeof(h), slot, h.payload_len);
 	}
 	w->keylen = tier_g4_key_of(t, tb->pool, tb->ix.hash, w->key);

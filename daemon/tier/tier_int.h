@@ -83,10 +83,13 @@ struct level {
  * BUSY_FETCH: a G2 slot reserved for a G4 fetch (remote_read.c), which the read
  * thread writes the value into; not in the index until the fetch is done on
  * the loop and the value checked out.
- * BUSY_G4: a G2 copy that the tier's worker copies into a G4 value and sums
- * (tier_remote_put() at demotion, remote_write.c): off the LRUs, so nothing
- * drops it or hands its slot to another block until seal_done() clears it;
- * a block killed meanwhile (a seal, a promotion, a reload) is freed then. */
+ * BUSY_G4: a G2 copy written to G4 straight from its slot (tier_remote_put()
+ * at demotion, remote_write.c: the worker sums it, the write thread sends
+ * it): off the LRUs, so nothing drops it or hands its slot to another block
+ * until its SET is answered (or fails, or the write is dropped) and
+ * write_release() clears it; a block killed meanwhile (a seal, a promotion,
+ * a reload) is freed then. At most remote_max_inflight bytes of them, each
+ * for remote_write_timeout at most. */
 enum { BUSY_DOWN = 1, BUSY_WB = 2, BUSY_READ = 4, BUSY_UP = 8, BUSY_WAKE = 16, BUSY_PIN = 32,
        BUSY_FETCH = 64, BUSY_G4 = 128 };
 
@@ -488,8 +491,9 @@ void tier_remote_reap(struct kv_tiers *t);
 int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when);
 /* Loop, tb's G2 slot holding its payload: when tier_remote_want() says so,
  * a G4 value of it is made and written: at demotion (KV_G4W_DEMOTE; tb idle,
- * and it stays) the slot is held BUSY_G4 while the worker copies and sums
- * it; otherwise (G2 is about to drop it, or a flush walks the LRU) the loop
+ * and it stays) the slot is held BUSY_G4 while the worker sums it and the
+ * write thread sends it from where it lies, until the SET's reply;
+ * otherwise (G2 is about to drop it, or a flush walks the LRU) the loop
  * copies it and the worker sums the copy. Returns 1 when a write is under
  * way. */
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when);
@@ -503,8 +507,8 @@ int tier_remote_check(const struct slot_hdr *want, const uint8_t *mac_key, const
 		      size_t len);
 /* Worker thread, slot busy: header and payload into tb->g4_buf. */
 void tier_remote_copy(struct tblock *tb, const uint8_t *slot);
-/* G2 copies held BUSY_G4 now (their values being copied out on the
- * worker): counted in G2's inflight in Stats, so that what waits for the
+/* G2 copies held BUSY_G4 now (their values being summed or sent from
+ * their slots): counted in G2's inflight in Stats, so that what waits for the
  * tiers to settle waits for them too (an Evict of G2 does not drop them). */
 uint64_t tier_remote_held(const struct kv_tiers *t);
 /* Loop: tb->g4_buf (or its absence: the room goes back) joins the writes. */
