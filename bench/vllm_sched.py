@@ -33,7 +33,9 @@ requests are made, as vLLM's engine collects and freezes its heap once it
 is built): a full collection of what earlier runs left behind would
 otherwise land in one timed run or another (300 ms each here). The
 collections the timed part itself causes - its allocations, the
-connector's included - stay in the figures, and are printed (--gc).
+connector's included - stay in the figures, and are printed (--gc). The
+connector's connection to kvcached is made before the timed part, as at an
+engine's start (the scheduler side connects on its thread when it is made).
 """
 import argparse
 import gc
@@ -86,6 +88,10 @@ def null_connector_class():
     return _NullConnector
 
 
+# kv_connector_extra_config beyond the socket (--lookup-batch).
+EXTRA: dict = {}
+
+
 def make_sched(sock, connector, nblocks, nreq, ntok):
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
@@ -111,7 +117,8 @@ def make_sched(sock, connector, nblocks, nreq, ntok):
         kt = KVTransferConfig(kv_connector="KvcachedConnector",
                               kv_connector_module_path="kvcache.vllm", kv_role="kv_both",
                               kv_connector_extra_config={"socket": sock, "model": "bench",
-                                                         "lookup_timeout_ms": 10000},
+                                                         "lookup_timeout_ms": 10000,
+                                                         **EXTRA},
                               kv_load_failure_policy="recompute")
     cfg = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
                      kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
@@ -206,6 +213,10 @@ def one_run(sock, connector, nreq, ntok, seed, phases=None):
         reqs.append(Request(request_id=f"r{seed}-{i}", prompt_token_ids=toks,
                             sampling_params=sp, pooling_params=None, mm_features=None,
                             block_hasher=hasher))
+    if connector is True:
+        # Started: the scheduler side connects to kvcached on its thread when
+        # it is made (an engine's start), not in the timed part.
+        s.connector.drain()
     # The same heap for every kind at the start: what earlier runs left is
     # collected here, not in the timed part (vLLM's engine collects and
     # freezes its startup heap too: utils/gc_utils.py freeze_gc_heap).
@@ -251,12 +262,16 @@ def main():
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=9,
                     help="repetitions, each timing the three kinds in a rotating order")
+    ap.add_argument("--lookup-batch", type=int, default=None,
+                    help="the connector's lookup_batch (default: the connector's own)")
     ap.add_argument("--gc", action="store_true",
                     help="also the cyclic GC's collections in the timed part, per kind")
     ap.add_argument("--phases", action="store_true",
                     help="also the CPU time of each of the connector's calls, in runs of "
                     "their own (the timing costs CPU too)")
     a = ap.parse_args()
+    if a.lookup_batch is not None:
+        EXTRA["lookup_batch"] = a.lookup_batch
     import kvt
     kvt.need_bins()
     d = kvt.tmpdir()
