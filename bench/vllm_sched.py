@@ -21,10 +21,27 @@ plans nothing): what vLLM's scheduler itself does for any KV connector
 "kvcached over a null connector" is the connector's own work. The daemon's
 CPU (it answers the lookups) is not in these figures: it is another
 process.
+
+How it measures (a run's figures moved by 0.03-0.07 ms a request for the
+same code when each kind was timed once a repetition and the best of each
+taken): every repetition times the three kinds one after the other, in an
+order that rotates from one repetition to the next; the figure is the
+median, over the repetitions, of each one's difference (kvcached less the
+floor of the same repetition), printed with its spread. Each timed run
+starts from a collected heap (gc.collect() after the scheduler and the
+requests are made, as vLLM's engine collects and freezes its heap once it
+is built): a full collection of what earlier runs left behind would
+otherwise land in one timed run or another (300 ms each here). The
+collections the timed part itself causes - its allocations, the
+connector's included - stay in the figures, and are printed (--gc). The
+connector's connection to kvcached is made before the timed part, as at an
+engine's start (the scheduler side connects on its thread when it is made).
 """
 import argparse
+import gc
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -71,6 +88,10 @@ def null_connector_class():
     return _NullConnector
 
 
+# kv_connector_extra_config beyond the socket (--lookup-batch).
+EXTRA: dict = {}
+
+
 def make_sched(sock, connector, nblocks, nreq, ntok):
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
@@ -96,7 +117,8 @@ def make_sched(sock, connector, nblocks, nreq, ntok):
         kt = KVTransferConfig(kv_connector="KvcachedConnector",
                               kv_connector_module_path="kvcache.vllm", kv_role="kv_both",
                               kv_connector_extra_config={"socket": sock, "model": "bench",
-                                                         "lookup_timeout_ms": 10000},
+                                                         "lookup_timeout_ms": 10000,
+                                                         **EXTRA},
                               kv_load_failure_policy="recompute")
     cfg = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
                      kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
@@ -149,6 +171,26 @@ def time_phases(side, acc):
         setattr(side, name, w)
 
 
+# The cyclic GC's collections in the timed part: generation -> [count,
+# thread CPU seconds], while _GC_ON.
+_GC_ON = [False]
+_GC_ACC: dict = {}
+_GC_T0: dict = {}
+
+
+def _gc_cb(phase, info):
+    if not _GC_ON[0]:
+        return
+    if phase == "start":
+        _GC_T0["t"] = time.thread_time()
+        return
+    t0 = _GC_T0.pop("t", None)
+    if t0 is not None:
+        x = _GC_ACC.setdefault(info["generation"], [0, 0.0])
+        x[0] += 1
+        x[1] += time.thread_time() - t0
+
+
 def one_run(sock, connector, nreq, ntok, seed, phases=None):
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
@@ -167,10 +209,20 @@ def one_run(sock, connector, nreq, ntok, seed, phases=None):
     for i in range(nreq):
         sp = SamplingParams(max_tokens=1, ignore_eos=True)
         sp.update_from_generation_config({}, 2)
-        toks = [rng.randrange(100, 900) for _ in range(ntok)]
+        toks = [100 + t for t in rng.randbytes(ntok)]     # distinct blocks, made fast
         reqs.append(Request(request_id=f"r{seed}-{i}", prompt_token_ids=toks,
                             sampling_params=sp, pooling_params=None, mm_features=None,
                             block_hasher=hasher))
+    if connector is True:
+        # Started: the scheduler side connects to kvcached on its thread when
+        # it is made (an engine's start), not in the timed part.
+        s.connector.drain()
+    # The same heap for every kind at the start: what earlier runs left is
+    # collected here, not in the timed part (vLLM's engine collects and
+    # freezes its startup heap too: utils/gc_utils.py freeze_gc_heap).
+    gc.collect()
+    _GC_ACC.clear()
+    _GC_ON[0] = True
     c0 = time.process_time()
     t0 = time.perf_counter()
     for r in reqs:
@@ -191,25 +243,41 @@ def one_run(sock, connector, nreq, ntok, seed, phases=None):
         if steps > 10000:
             raise SystemExit("did not finish")
     cpu = time.process_time() - c0      # this process's threads: the ops thread's too
+    _GC_ON[0] = False
+    gcs = {g: tuple(v) for g, v in _GC_ACC.items()}
     if connector is True:
         s.connector.shutdown()
-    return t_add, t_sched, steps, cpu
+    return t_add, t_sched, steps, cpu, gcs
+
+
+def _spread(xs):
+    """median [min, max] of a list of ms-a-request figures."""
+    return (f"{statistics.median(xs):.4f} ms a request "
+            f"[{min(xs):.4f}, {max(xs):.4f}]")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=9,
+                    help="repetitions, each timing the three kinds in a rotating order")
+    ap.add_argument("--lookup-batch", type=int, default=None,
+                    help="the connector's lookup_batch (default: the connector's own)")
+    ap.add_argument("--gc", action="store_true",
+                    help="also the cyclic GC's collections in the timed part, per kind")
     ap.add_argument("--phases", action="store_true",
                     help="also the CPU time of each of the connector's calls, in runs of "
                     "their own (the timing costs CPU too)")
     a = ap.parse_args()
+    if a.lookup_batch is not None:
+        EXTRA["lookup_batch"] = a.lookup_batch
     import kvt
     kvt.need_bins()
     d = kvt.tmpdir()
     daemon = kvt.Daemon(d, "--pool-size", "64MiB", "--segment-size", "16MiB",
                         "--page-size", "64KiB")
+    gc.callbacks.append(_gc_cb)
     kinds = (False, "null", True)
     names = {False: "no connector", "null": "null conn.", True: "kvcached"}
     res = {c: [] for c in kinds}
@@ -217,28 +285,50 @@ def main():
     one_run(daemon.sock, "null", 8, a.tokens, 997)
     one_run(daemon.sock, False, 8, a.tokens, 998)
     for rep in range(a.reps):
-        for k, conn in enumerate(kinds):
-            res[conn].append(one_run(daemon.sock, conn, a.requests, a.tokens, rep * 3 + k))
-    best = {c: min(v, key=lambda x: x[0] + x[1]) for c, v in res.items()}
+        # The order rotates: no kind always runs first (or after another).
+        for k in range(len(kinds)):
+            conn = kinds[(rep + k) % len(kinds)]
+            res[conn].append(one_run(daemon.sock, conn, a.requests, a.tokens,
+                                     rep * 3 + kinds.index(conn)))
     n = a.requests
+    ms = 1e3 / n        # seconds of a run -> ms a request
+    print(f"{n} requests of {a.tokens} tokens, one schedule() step; {a.reps} repetitions, "
+          f"each kind once a repetition in a rotating order; medians [min, max]:")
     for c in kinds:
-        t_add, t_s, steps, _ = best[c]
-        print(f"{names[c]:>13}: add_request {t_add * 1e3:8.2f} ms, "
-              f"schedule+update {t_s * 1e3:8.2f} ms ({steps} steps), "
-              f"total {(t_add + t_s) * 1e3:8.2f} ms, {(t_add + t_s) / n * 1e3:.4f} ms a request")
-    base = sum(best[False][:2])
-    withc = sum(best[True][:2])
-    print(f"connector's scheduler work: {(withc - base) / n * 1e3:.4f} ms a request "
-          f"({n} requests of {a.tokens} tokens, best of {a.reps}); ratio {withc / base:.2f}x")
-    # CPU time (both threads) moves less than wall time on a loaded machine.
-    cb = min(x[3] for x in res[False])
-    cn = min(x[3] for x in res["null"])
-    cc = min(x[3] for x in res[True])
-    print(f"CPU time: {cb * 1e3:.2f} ms without, {cc * 1e3:.2f} ms with the connector: "
-          f"{(cc - cb) / n * 1e3:.4f} ms a request; ratio {cc / cb:.2f}x")
-    print(f"CPU time of a null connector: {cn * 1e3:.2f} ms ({(cn - cb) / n * 1e3:.4f} ms a "
-          f"request, vLLM's own work for any connector); kvcached over it: "
-          f"{(cc - cn) / n * 1e3:.4f} ms a request")
+        v = res[c]
+        print(f"{names[c]:>13}: CPU {statistics.median(x[3] for x in v) * 1e3:7.2f} ms "
+              f"[{min(x[3] for x in v) * 1e3:.2f}, {max(x[3] for x in v) * 1e3:.2f}], "
+              f"wall (add_request + schedule + update) "
+              f"{statistics.median(x[0] + x[1] for x in v) * 1e3:7.2f} ms, "
+              f"{v[0][2]} step(s)")
+    # Differences within one repetition (the same moment of the machine),
+    # then their median: a kind that met a busier moment moves one pair.
+    cpu = {c: [x[3] for x in res[c]] for c in kinds}
+    wall = {c: [x[0] + x[1] for x in res[c]] for c in kinds}
+    d_kv = [(k - b) * ms for k, b in zip(cpu[True], cpu[False])]
+    d_null = [(k - b) * ms for k, b in zip(cpu[True], cpu["null"])]
+    d_nf = [(k - b) * ms for k, b in zip(cpu["null"], cpu[False])]
+    w_kv = [(k - b) * ms for k, b in zip(wall[True], wall[False])]
+    ratio = statistics.median(k / b for k, b in zip(cpu[True], cpu[False]))
+    print(f"connector's scheduler work (CPU over the floor, this process's threads, the "
+          f"connector's lookup thread included): {_spread(d_kv)}; ratio {ratio:.2f}x")
+    print(f"  kvcached over the null connector: {_spread(d_null)}")
+    print(f"  null connector over the floor (vLLM's own work for any connector): "
+          f"{_spread(d_nf)}")
+    print(f"  wall time over the floor: {_spread(w_kv)}")
+    cb, cc = min(cpu[False]), min(cpu[True])
+    print(f"  best of each kind (the earlier figure): {cb * 1e3:.2f} ms without, "
+          f"{cc * 1e3:.2f} ms with: {(cc - cb) * ms:.4f} ms a request")
+    if a.gc:
+        print("cyclic GC in the timed part (collections, thread CPU ms; median over the "
+              "repetitions):")
+        for c in kinds:
+            parts = []
+            for g in (0, 1, 2):
+                cnt = statistics.median(x[4].get(g, (0, 0.0))[0] for x in res[c])
+                t = statistics.median(x[4].get(g, (0, 0.0))[1] for x in res[c])
+                parts.append(f"gen{g} {cnt:g} x, {t * 1e3:.2f} ms")
+            print(f"  {names[c]:>13}: " + "; ".join(parts))
     if a.phases:
         cost = _timing_cost()
         best: dict = {}
@@ -247,15 +337,17 @@ def main():
             one_run(daemon.sock, True, a.requests, a.tokens, 1000 + rep, phases=acc)
             for k, (sec, calls) in acc.items():
                 v = max(0.0, sec - cost * calls)
-                if k not in best or v < best[k][0]:
-                    best[k] = (v, calls)
-        print(f"the connector's calls, thread CPU time a request (best of {a.reps}; "
+                best.setdefault(k, []).append((v, calls))
+        print(f"the connector's calls, thread CPU time a request (median [min] of {a.reps}; "
               f"timing's own {cost * 1e6:.2f} us a call taken off):")
         for k in PHASES:
             if k in best:
-                v, calls = best[k]
-                print(f"  {k:28s} {v / n * 1e6:7.2f} us  ({calls} calls)")
-        print(f"  {'sum':28s} {sum(v for v, _ in best.values()) / n * 1e6:7.2f} us")
+                v = [x[0] for x in best[k]]
+                print(f"  {k:28s} {statistics.median(v) / n * 1e6:7.2f} us "
+                      f"[{min(v) / n * 1e6:.2f}]  ({best[k][0][1]} calls)")
+        tot = [sum(best[k][i][0] for k in best) for i in range(a.reps)]
+        print(f"  {'sum':28s} {statistics.median(tot) / n * 1e6:7.2f} us "
+              f"[{min(tot) / n * 1e6:.2f}]")
     kvt.cleanup()
 
 

@@ -1,5 +1,6 @@
-"""The connector's connection to kvcached, made lazily and again after a
-failure: a daemon that is down at start is picked up when it comes."""
+"""The connector's connection to kvcached, made on first use (the scheduler
+side asks for it at start, on its thread) and again after a failure: a
+daemon that is down at start is picked up when it comes."""
 from __future__ import annotations
 
 import errno

@@ -60,7 +60,7 @@ class KvcachedConnector(KVConnectorBase_V1, SupportsHMA):
     - ``timeout_ms`` (default 5000): the deadline of every call to the
       daemon (0: the client library's default, 60 s); a load past it is a
       load error, a save past it is skipped;
-    - ``lookup_batch`` (default 64): how many new requests' chains one
+    - ``lookup_batch`` (default 256): how many new requests' chains one
       scheduler-side lookup asks for;
     - ``async_loads`` ("tiers", the default; "never"): hits not in
       kvcached's device pool load asynchronously (``(n, True)``, finished

@@ -67,9 +67,9 @@ class ReqState:
     """What the scheduler side keeps of one request (a class with slots: one
     is made for every request vLLM schedules)."""
 
-    __slots__ = ("request", "held", "tiers", "load_tiers", "held_epoch", "lookup", "lookup_at",
-                 "asked_since", "ext_blocks", "start_block", "saved_upto", "loading",
-                 "async_load", "keys", "keys_base", "hit", "load_failed")
+    __slots__ = ("request", "held", "tiers", "load_tiers", "held_epoch", "lookup", "lookup_i",
+                 "taken", "lookup_at", "asked_since", "ext_blocks", "start_block", "saved_upto",
+                 "loading", "async_load", "keys", "keys_base", "hit", "load_failed")
 
     def __init__(self, request):
         self.request = request
@@ -77,7 +77,9 @@ class ReqState:
         self.tiers = _NONE           # kvcache.TIER_* of each held block
         self.load_tiers = _NONE      # of the blocks the last load plan took
         self.held_epoch = 0
-        self.lookup: Optional[Any] = None
+        self.lookup: Optional[_Batch] = None   # the lookup's batch; its answer is
+        self.lookup_i = 0                       # element lookup_i of the batch's
+        self.taken = False           # the answer was moved into held (or given up)
         self.lookup_at = -1          # num_computed_tokens the lookup was for
         self.asked_since = 0.0
         self.ext_blocks = 0          # blocks the last answer offered
@@ -107,29 +109,22 @@ class ReqState:
         return have + kv_keys(self.request.block_hashes[a + len(have):b])
 
 
+class _Batch:
+    """One hand-off to the ops thread: the lookups of up to lookup_batch
+    requests. ``res`` is None until the ops thread stores the answers (one
+    a request, in order; then ``done`` is set): the scheduler thread reads
+    it without a lock, and waits only while it is None. ``orphans``: the
+    requests that gave their lookup up before the answer came (the ops
+    thread releases what it found for them); under ``lock``, which only
+    that hand-over takes."""
 
+    __slots__ = ("res", "done", "lock", "orphans")
 
-class _Part:
-    """One request's share of a batched lookup: the future's interface the
-    scheduler side uses, answering element i of the batch's result."""
-
-    __slots__ = ("fut", "i", "_kv_taken")
-
-    def __init__(self, fut: _fut.Future, i: int):
-        self.fut, self.i = fut, i
-        self._kv_taken = False
-
-    def done(self) -> bool:
-        return self.fut.done()
-
-    def cancelled(self) -> bool:
-        return self.fut.cancelled()
-
-    def result(self, timeout=None):
-        return self.fut.result(timeout)[self.i]
-
-    def add_done_callback(self, fn) -> None:
-        self.fut.add_done_callback(lambda _f: fn(self))
+    def __init__(self):
+        self.res: Optional[list] = None
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.orphans: Optional[List[int]] = None
 
 
 class KvcachedScheduler:
@@ -156,7 +151,7 @@ class KvcachedScheduler:
         # together with the first one asked: one hand-off to the ops thread
         # for up to lookup_batch requests rather than one each.
         self._unasked: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
-        self._batch = max(1, int(extra.get("lookup_batch", 64)))
+        self._batch = max(1, int(extra.get("lookup_batch", 256)))
         # Hits not in kvcached's device pool (promoted from the host or disk
         # tier, fetched from another node) load asynchronously.
         self.async_loads = str(extra.get("async_loads", "tiers"))
@@ -167,10 +162,30 @@ class KvcachedScheduler:
         self._rel_lock = threading.Lock()
         self._rel: List[Tuple[List[int], int]] = []
         self._rel_queued = False
+        # Connected on the ops thread while vLLM starts, not by the first
+        # request's lookup (a daemon that is down is tried again then).
+        self._ops.submit(self.client.get)
 
     def on_new_request(self, request) -> None:
         if self.loads_on:
             self._unasked[request.request_id] = request
+
+    def _op_batch(self, batch: _Batch, chains: list, starts: List[int]) -> None:
+        """On the ops thread: a batch's lookups; the answers go into the
+        batch, and what the orphans' lookups found is released."""
+        try:
+            res = self._op_lookup_many(chains, starts)
+        except Exception as e:      # never a request's failure: a miss
+            log.warning("kvcached: a batch of %d lookups failed: %s", len(chains), e)
+            res = [None] * len(chains)
+        with batch.lock:
+            batch.res = res
+            orphans, batch.orphans = batch.orphans, None
+        batch.done.set()
+        for i in orphans or ():
+            r = res[i]
+            if r:
+                self._queue_release(r[0], r[1])
 
     def _op_lookup_many(self, chains: list, starts: List[int]):
         """On the ops thread: _op_lookup of each chain, in order. One group:
@@ -188,7 +203,10 @@ class KvcachedScheduler:
             return [None] * len(chains)
         self.client.ok()
         epoch = c.restarts
-        return [(b, epoch, t) for b, t in res]
+        # Misses (most lookups of new prompts) share one answer: fewer
+        # objects for the cyclic GC to walk.
+        miss = (_NONE, epoch, _NONE)
+        return [(b, epoch, t) if b else miss for b, t in res]
 
     def _op_lookup(self, hashes: List[bytes], start: int = 0):
         """On the ops thread: (blocks, epoch, tiers) or None (no daemon);
@@ -351,47 +369,53 @@ class KvcachedScheduler:
         """Looks st's blocks [a, b) up, with the chains (from block 0) of up
         to lookup_batch - 1 other requests added and not asked about yet,
         in one task on the ops thread."""
+        batch = _Batch()
+        now = time.monotonic()
         keys, chain = self._keys(st.request, a, b)
-        items = [(st, keys, at)]
+        st.keys, st.keys_base = keys, (0 if keys is _IDENT else a)
+        st.lookup, st.lookup_i, st.taken = batch, 0, False
+        st.lookup_at, st.asked_since = at, now
         chains = [chain]
-        self._unasked.pop(st.request.request_id, None)
-        bs = self.block_size
-        while self._unasked and len(items) < self._batch:
-            rid, req = self._unasked.popitem(last=False)
-            o = self._reqs.get(rid)
+        starts = [a]
+        unasked, reqs, bs = self._unasked, self._reqs, self.block_size
+        unasked.pop(st.request.request_id, None)
+        while unasked and len(chains) < self._batch:
+            rid, req = unasked.popitem(last=False)
+            o = reqs.get(rid)
             if o is None:
-                o = self._reqs[rid] = ReqState(req)
+                o = reqs[rid] = ReqState(req)
             if o.lookup is not None:
                 continue
             nfull = min(len(req.block_hashes), (req.num_tokens - 1) // bs)
             if nfull <= 0:
                 continue
-            keys, chain = self._keys(req, 0, nfull)
-            items.append((o, keys, 0))
+            o.keys, chain = self._keys(req, 0, nfull)
+            o.keys_base = 0
+            o.lookup, o.lookup_i, o.taken = batch, len(chains), False
+            o.lookup_at, o.asked_since = 0, now
             chains.append(chain)
-        fut = self._ops.submit(self._op_lookup_many, chains, [a // bs for _, _, a in items])
-        now = time.monotonic()
-        for i, (o, keys, a) in enumerate(items):
-            o.keys, o.keys_base = keys, (0 if keys is _IDENT else a // bs)
-            o.lookup = _Part(fut, i)
-            o.lookup_at = a
-            o.asked_since = now
-        self.stats.add("lookups", len(items))
+            starts.append(0)
+        self._ops.submit(self._op_batch, batch, chains, starts)
+        self.stats.add("lookups", len(chains))
 
     def _drop_lookup(self, st: ReqState) -> None:
         """Forgets a lookup; one still running releases what it finds."""
-        f = st.lookup
+        b = st.lookup
         st.lookup = None
         st.lookup_at = -1
-        if f is None or getattr(f, "_kv_taken", False):
+        if b is None or st.taken:
             return
-        f._kv_taken = True
-
-        def _late(fut):
-            r = None if fut.cancelled() else fut.result()
-            if r:
-                self._queue_release(r[0], r[1])
-        f.add_done_callback(_late)
+        st.taken = True
+        with b.lock:
+            if b.res is None:
+                # Still running: the ops thread releases it with the answers.
+                if b.orphans is None:
+                    b.orphans = []
+                b.orphans.append(st.lookup_i)
+                return
+        r = b.res[st.lookup_i]
+        if r:
+            self._queue_release(r[0], r[1])
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         rid = request.request_id
@@ -414,17 +438,20 @@ class KvcachedScheduler:
                 self._drop_lookup(st)
         if st.lookup is None:
             self._submit_lookups(st, start, nfull, num_computed_tokens)
-        try:
-            r = st.lookup.result(timeout=self._lookup_timeout)
-        except _fut.TimeoutError:
-            if time.monotonic() - st.asked_since < self._lookup_deadline:
-                self.stats.add("lookups_deferred", 1)
-                self.deferred += 1
-                return None, False      # a promotion is under way: ask again later
-            self._drop_lookup(st)
-            self.stats.add("lookup_failures", 1)
-            return 0, False
-        self._take_lookup(st, r)
+        b = st.lookup
+        res = b.res                     # no lock: set once, by the ops thread
+        if res is None:
+            if not b.done.wait(self._lookup_timeout):
+                if time.monotonic() - st.asked_since < self._lookup_deadline:
+                    self.stats.add("lookups_deferred", 1)
+                    self.deferred += 1
+                    return None, False  # a promotion is under way: ask again later
+                self._drop_lookup(st)
+                self.stats.add("lookup_failures", 1)
+                return 0, False
+            res = b.res
+        if not st.taken:
+            self._take_lookup(st, res[st.lookup_i])
         k = st.hit if self.hybrid else len(st.held)
         st.start_block = start
         st.ext_blocks = k
@@ -440,9 +467,8 @@ class KvcachedScheduler:
         vLLM has the first start blocks of: the blocks beyond them are the
         answer (a chain from block 0 that reaches past start finds what one
         from start would). False when it cannot serve."""
-        f = st.lookup
-        if (self.hybrid or st.lookup_at != 0 or not f.done()
-                or getattr(f, "_kv_taken", False)):
+        b = st.lookup
+        if self.hybrid or st.lookup_at != 0 or b.res is None or st.taken:
             return False     # several groups: the window's blocks depend on start
         self._take_lookup(st)
         if len(st.held) <= start:
@@ -457,14 +483,15 @@ class KvcachedScheduler:
     def _take_lookup(self, st: ReqState, r: Any = _UNSET) -> None:
         """Moves a finished lookup's blocks into st.held (once); r: its
         result, when the caller has it already."""
-        f = st.lookup
-        if f is None or getattr(f, "_kv_taken", False):
+        b = st.lookup
+        if b is None or st.taken:
             return
         if r is _UNSET:
-            if not f.done():
+            res = b.res
+            if res is None:
                 return
-            r = f.result()
-        f._kv_taken = True
+            r = res[st.lookup_i]
+        st.taken = True
         self._release_held(st)
         if r is None:
             self.stats.add("lookup_failures", 1)
@@ -479,6 +506,10 @@ class KvcachedScheduler:
         if st is None:
             return
         self._take_lookup(st)
+        if st.lookup is not None and not st.taken:
+            # Not answered yet (vLLM's local cache had every block, so the
+            # answer was never asked for): what it finds is released.
+            self._drop_lookup(st)
         n = num_external_tokens // self.block_size if num_external_tokens > 0 else 0
         if self.hybrid:
             n = min(n, st.hit)
@@ -627,7 +658,10 @@ class KvcachedScheduler:
                     log.warning("kvcached: no LoRA/extra keys for KV events (%s)", e)
                     self._meta_warned = True
                 ev = (None, None, None)
-            meta.saves.append(Save(rid, hs, parent, list(ids[a:b]), toks, *ev))
+            # vLLM's list (the worker extends it in later steps): a copy.
+            meta.saves.append(Save(rid, hs, parent,
+                                   ids[a:b] if type(ids) is list else list(ids[a:b]), toks,
+                                   *ev))
             st.saved_upto = b
         return meta
 
