@@ -660,12 +660,6 @@ again:
 			return;
 		if (conn_held(c))
 			break;
-		/* The replies go before the next read: a peer waiting for one
-		 * does not wait for that read as well (an EAGAIN, most times). */
-		if (out_queued(c) && conn_flush(c) < 0) {
-			conn_close(c, "send failed");
-			return;
-		}
 		if (in_reserve(c) < 0) {
 			conn_close(c, c->budget_why[0] ? c->budget_why : "out of memory");
 			return;
