@@ -104,14 +104,16 @@ class Server:
 
     kvcached: the daemon's worker socket, or None for vLLM without a
     connector. policy: kv_load_failure_policy (None: vLLM's default).
-    prefix_caching: vLLM's own in-process prefix cache."""
+    prefix_caching: vLLM's own in-process prefix cache. flags: more of
+    vLLM's command-line flags."""
 
     def __init__(self, name, logdir, py, model, kvcached=None, namespace=None,
-                 policy="recompute", prefix_caching=True, port=None, extra=None, env=None):
+                 policy="recompute", prefix_caching=True, port=None, extra=None, env=None,
+                 flags=()):
         self.name = name
         self.port = port or free_port()
         self.log = os.path.join(logdir, "vllm-%s.log" % name)
-        args = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        args = [py, "-m", "vllm.entrypoints.openai.api_server", *flags, "--model", model,
                 "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
                 "--enforce-eager", "--max-model-len", "4096", "--seed", "0",
                 "--enable-prompt-tokens-details", "--max-num-seqs", "16"]
