@@ -38,13 +38,18 @@ static inline uint64_t slot_make(const struct kv_index_entry *e, uint64_t key, s
 	return (uint64_t)(uintptr_t)e | d << DIST_SHIFT | (key >> TAG_SHIFT) << TAG_SHIFT;
 }
 
-/* Slot i's distance from its entry's home: in the slot, or past the
- * saturation from the entry's key. */
-static inline size_t slot_far(const struct kv_index *ix, uint64_t s, size_t i)
+/* Slot i's distance from its entry's home in a table of mask + 1 slots: in
+ * the slot, or past the saturation from the entry's key. */
+static inline size_t slot_far_in(uint64_t s, size_t i, size_t mask)
 {
 	unsigned d = slot_dist(s);
 
-	return d < DIST_MAX ? d : (i - (slot_entry(s)->key & (ix->nslots - 1))) & (ix->nslots - 1);
+	return d < DIST_MAX ? d : (i - (slot_entry(s)->key & mask)) & mask;
+}
+
+static inline size_t slot_far(const struct kv_index *ix, uint64_t s, size_t i)
+{
+	return slot_far_in(s, i, ix->nslots - 1);
 }
 
 uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
@@ -103,13 +108,17 @@ struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, c
 struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key, uint32_t pool,
 					 const uint8_t *hash)
 {
-	size_t mask = ix->nslots - 1, i = key & mask;
+	size_t mask = ix->nslots - 1, i = key & mask, d = 0;
 	uint64_t tag = key >> TAG_SHIFT, s;
 
-	/* Ends at an empty slot: the table always keeps one. */
-	for (; (s = ix->slots[i]); i = (i + 1) & mask) {
+	/* Ends at an empty slot (the table always keeps one) or at an entry
+	 * nearer its home than key would be here: Robin Hood order says key
+	 * would have taken that slot. */
+	for (; (s = ix->slots[i]); i = (i + 1) & mask, d++) {
 		const struct kv_index_entry *e = slot_entry(s);
 
+		if (slot_far(ix, s, i) < d)
+			break;
 		if (s >> TAG_SHIFT == tag && e->key == key && e->pool == pool &&
 		    !memcmp(e->hash, hash, KV_HASH_BYTES))
 			return slot_entry(s);
@@ -141,8 +150,15 @@ void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t 
 	 * known; then each home slot's entry a few hashes ahead of its
 	 * compare. */
 	for (i = 0; i < n; i++) {
+		size_t h;
+
 		key[i] = kv_index_key(ix, pool, hashes + i * KV_HASH_BYTES);
-		__builtin_prefetch(&ix->slots[key[i] & mask]);
+		h = key[i] & mask;
+		__builtin_prefetch(&ix->slots[h]);
+		/* A probe reads about two slots: from the last two of a line
+		 * on, the next line too. */
+		if ((h & 7) >= 6)
+			__builtin_prefetch(&ix->slots[(h + 2) & mask]);
 	}
 	for (i = 0; i < n && i < IX_AHEAD; i++)
 		ix_prefetch_entry(ix, key[i], mask);
@@ -153,14 +169,28 @@ void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t 
 	}
 }
 
-/* Places e under key in slots (mask + 1 of them, an empty one among them). */
+/* Places e under key in slots (mask + 1 of them, an empty one among them),
+ * in Robin Hood order: an entry further from its home than the one met
+ * takes its slot, and the one met moves on (Celis, 1986). So along a
+ * cluster the distances grow at most one a slot, a probe for a key that is
+ * not there stops at the first entry nearer its home than the key would be,
+ * and a removal's shift stops at the first entry at its home. */
 static void slots_put(uint64_t *slots, size_t mask, struct kv_index_entry *e, uint64_t key)
 {
 	size_t i = key & mask, d = 0;
+	uint64_t tag = (key >> TAG_SHIFT) << TAG_SHIFT, s;
 
-	for (; slots[i]; i = (i + 1) & mask)
-		d++;
-	slots[i] = slot_make(e, key, d);
+	for (; (s = slots[i]); i = (i + 1) & mask, d++) {
+		size_t sd = slot_far_in(s, i, mask);
+
+		if (sd < d) {
+			slots[i] = slot_make(e, tag, d);
+			e = slot_entry(s);
+			tag = (s >> TAG_SHIFT) << TAG_SHIFT;
+			d = sd;
+		}
+	}
+	slots[i] = slot_make(e, tag, d);
 }
 
 /* Rehashes into twice the slots. O(count), at most log2(blocks) times in a
@@ -214,22 +244,18 @@ void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e)
 		kv_assert(ix->slots[i]);  /* e is where its key leads */
 		i = (i + 1) & mask;
 	}
-	/* Backward shift (Knuth's algorithm R): each later entry of the
-	 * cluster whose home is not between the hole and it moves into the
-	 * hole, which then is where it was; up to an empty slot. Every probe
-	 * that passed the hole still finds what it sought. */
-	for (j = i;;) {
-		size_t d, gap;
+	/* Backward shift: each later entry of the cluster moves back a slot,
+	 * into the hole, up to an empty slot or an entry at its home (Robin
+	 * Hood order: nothing after it belongs before it). Every probe that
+	 * passed the hole still finds what it sought. */
+	for (;; i = j) {
+		size_t d;
 
-		j = (j + 1) & mask;
-		if (!(s = ix->slots[j]))
+		j = (i + 1) & mask;
+		s = ix->slots[j];
+		if (!s || !(d = slot_far(ix, s, j)))
 			break;
-		d = slot_far(ix, s, j);
-		gap = (j - i) & mask;
-		if (gap <= d) {
-			ix->slots[i] = slot_make(slot_entry(s), (s >> TAG_SHIFT) << TAG_SHIFT, d - gap);
-			i = j;
-		}
+		ix->slots[i] = slot_make(slot_entry(s), (s >> TAG_SHIFT) << TAG_SHIFT, d - 1);
 	}
 	ix->slots[i] = 0;
 	e->linked = 0;
@@ -264,6 +290,8 @@ size_t kv_index_check(const struct kv_index *ix, char *what, size_t len)
 		for (k = 1; !why && k <= far; k++)
 			if (!ix->slots[(i - k) & mask])
 				why = "an empty slot lies between its home and it";
+		if (!why && far && slot_far(ix, ix->slots[(i - 1) & mask], (i - 1) & mask) + 1 < far)
+			why = "it is further from its home than the slot before allows (Robin Hood order)";
 		if (why && !bad++ && len)
 			snprintf(what, len, "index slot %zu of %zu: %s", i, ix->nslots, why);
 	}
