@@ -351,22 +351,22 @@ uint64_t kv_cache_walk(struct kv_daemon *d, uint64_t first, size_t max,
 	uint64_t b = first;
 	size_t n = 0;
 
-	for (; b < ix->nslots && n < max; b++) {
-		const struct kv_index_entry *e = kv_index_at(ix, b);
-		unsigned media, t;
+	for (; b < ix->nbuckets && n < max; b++) {
+		const struct kv_index_entry *e;
 
-		if (!e)
-			continue;
-		media = kv_tiers_entry_media(e);
-		for (t = 0; t < KV_MEDIUMS; t++) {
-			if (!(media & (1u << t)))
-				continue;
-			if (fn(arg, e->pool, e->hash, t))
-				return KV_CACHE_WALK_DONE;
-			n++;
+		for (e = ix->buckets[b]; e; e = e->next) {
+			unsigned media = kv_tiers_entry_media(e), t;
+
+			for (t = 0; t < KV_MEDIUMS; t++) {
+				if (!(media & (1u << t)))
+					continue;
+				if (fn(arg, e->pool, e->hash, t))
+					return KV_CACHE_WALK_DONE;
+				n++;
+			}
 		}
 	}
-	return b < ix->nslots ? b : KV_CACHE_WALK_DONE;
+	return b < ix->nbuckets ? b : KV_CACHE_WALK_DONE;
 }
 
 void kv_cache_batch_done(struct kv_daemon *d)

@@ -117,12 +117,11 @@ void kv_cache_alloc_undo(struct kv_pool *p, struct kv_block **blk, uint32_t n);
  * ns (the metrics' kvcached_enospc_total). */
 void kv_cache_count_enospc(struct kv_daemon *d, uint32_t ns);
 
-/* Calls fn for every (pool, hash, tier) the cache holds, from index slot
- * first on, slot by slot, until at least max have been passed (the entry
- * that passes max is finished: its tiers) or fn returns nonzero. Returns
- * the next slot to start from, or KV_CACHE_WALK_DONE when every slot was
- * walked or fn stopped it. Entries move between slots as others leave the
- * index (index.h): one may be passed twice or not at all. */
+/* Calls fn for every (pool, hash, tier) the cache holds, from index bucket
+ * first on, bucket by bucket (a bucket's chain is never split), until at
+ * least max have been passed (the bucket that passes max is finished) or fn
+ * returns nonzero. Returns the next bucket to start from, or
+ * KV_CACHE_WALK_DONE when every bucket was walked or fn stopped it. */
 #define KV_CACHE_WALK_DONE UINT64_MAX
 uint64_t kv_cache_walk(struct kv_daemon *d, uint64_t first, size_t max,
 		       int (*fn)(void *arg, uint32_t pool, const uint8_t *hash, unsigned tier),

@@ -272,12 +272,6 @@ int kv_pools_check(struct kv_pools *ps, int refs, void (*report)(void *ctx, cons
 		if (p == &ps->hole || p->id >= ps->npools || ps->pool[p->id] != p)
 			bad(&c, "the idle list holds a pool that is not live");
 	}
-	{
-		char what[160];
-
-		if (kv_index_check(&ps->index, what, sizeof(what)))
-			bad(&c, "%s", what);
-	}
 	if (indexed + tier_entries != ps->index.count)
 		bad(&c, "index holds %zu entries, %llu blocks are sealed or cached, %llu in lower tiers",
 		    ps->index.count, (unsigned long long)indexed, (unsigned long long)tier_entries);

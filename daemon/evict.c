@@ -60,14 +60,15 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 	struct kv_list *next = b->node.prev;
 
 	/* Evictions come one after another, each a cache miss on its block
-	 * and on its index slot: ask for the next victim's slot now, and for
-	 * the block after it, whose own line is then there when its turn
-	 * comes (issue 38). Hints only. */
+	 * and on its index neighbours: ask for the next victim's neighbours
+	 * now, and for the block after it, whose own line is then there when
+	 * its turn comes (issue 38). Hints only. */
 	if (next != &p->lru) {
 		const struct kv_block *v = kv_container_of(next, struct kv_block, node);
 
 		__builtin_prefetch(next->prev);
-		kv_index_prefetch_remove(&p->pools->index, &v->ix);
+		__builtin_prefetch(v->ix.next);
+		__builtin_prefetch(v->ix.pprev);
 	}
 	pool_evict_one(b, keep_spare);
 	pool_lru_changed(p);
@@ -102,8 +103,13 @@ static uint32_t evict_own(struct kv_pool *p, uint32_t max, struct kv_block **out
 		k++;
 	}
 	for (i = 0; i < k; i++) {
-		if (i + EVICT_AHEAD < k)
-			kv_index_prefetch_remove(&p->pools->index, &v[i + EVICT_AHEAD]->ix);
+		if (i + EVICT_AHEAD < k) {
+			const struct kv_index_entry *e = &v[i + EVICT_AHEAD]->ix;
+
+			__builtin_prefetch(e->pprev, 1);
+			if (e->next)
+				__builtin_prefetch(&e->next->pprev, 1);
+		}
 		pool_recycle(v[i]);
 	}
 	pool_cached_add(p, -(int)k);

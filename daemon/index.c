@@ -1,7 +1,6 @@
 #include "index.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,44 +13,6 @@
 
 #include "kvassert.h"
 
-/* A slot: the entry's address in the low 48 bits, its distance from its
- * home slot (saturated) in the next 8, the key's top byte in the top 8. */
-#define SLOT_PTR ((1ull << 48) - 1)
-#define DIST_SHIFT 48
-#define DIST_MAX 255u
-#define TAG_SHIFT 56
-
-static inline struct kv_index_entry *slot_entry(uint64_t s)
-{
-	return (struct kv_index_entry *)(uintptr_t)(s & SLOT_PTR);
-}
-
-static inline unsigned slot_dist(uint64_t s)
-{
-	return (unsigned)(s >> DIST_SHIFT) & DIST_MAX;
-}
-
-static inline uint64_t slot_make(const struct kv_index_entry *e, uint64_t key, size_t dist)
-{
-	uint64_t d = dist < DIST_MAX ? dist : DIST_MAX;
-
-	return (uint64_t)(uintptr_t)e | d << DIST_SHIFT | (key >> TAG_SHIFT) << TAG_SHIFT;
-}
-
-/* Slot i's distance from its entry's home in a table of mask + 1 slots: in
- * the slot, or past the saturation from the entry's key. */
-static inline size_t slot_far_in(uint64_t s, size_t i, size_t mask)
-{
-	unsigned d = slot_dist(s);
-
-	return d < DIST_MAX ? d : (i - (slot_entry(s)->key & mask)) & mask;
-}
-
-static inline size_t slot_far(const struct kv_index *ix, uint64_t s, size_t i)
-{
-	return slot_far_in(s, i, ix->nslots - 1);
-}
-
 uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
 {
 	/* The pool goes into the seed rather than the input: XXH3 of 32
@@ -62,41 +23,46 @@ uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *h
 				    ix->seed ^ ((uint64_t)pool + 1) * 0x9e3779b97f4a7c15ull);
 }
 
-/* From a huge page on, the table is a mapping of its own in huge pages
- * (hugemem.h: a Seal of fresh hashes reads a random slot a block); below it,
- * calloc(). A power of two of slots: whole huge pages. */
-static uint64_t *slots_alloc(size_t n)
+/* From a huge page on, the bucket array is a mapping of its own in huge
+ * pages (hugemem.h: a Seal of fresh hashes reads a random bucket a block);
+ * below it, calloc(). A power of two of buckets: whole huge pages. */
+static struct kv_index_entry **buckets_alloc(size_t n)
 {
-	size_t bytes = n * sizeof(uint64_t);
+	size_t bytes = n * sizeof(struct kv_index_entry *);
 
 	if (bytes < KV_HUGE_BYTES)
-		return calloc(n, sizeof(uint64_t));
+		return calloc(n, sizeof(struct kv_index_entry *));
 	return kv_huge_map(bytes, 0);
 }
 
-static void slots_free(uint64_t *s, size_t n)
+static void buckets_free(struct kv_index_entry **b, size_t n)
 {
-	size_t bytes = n * sizeof(uint64_t);
+	size_t bytes = n * sizeof(struct kv_index_entry *);
 
 	if (bytes < KV_HUGE_BYTES)
-		free(s);
+		free(b);
 	else
-		kv_huge_unmap(s, bytes);
+		kv_huge_unmap(b, bytes);
+}
+
+static size_t ix_bucket(const struct kv_index *ix, size_t nbuckets, uint32_t pool, const uint8_t *hash)
+{
+	return (size_t)kv_index_key(ix, pool, hash) & (nbuckets - 1);
 }
 
 int kv_index_init(struct kv_index *ix, uint64_t seed)
 {
 	memset(ix, 0, sizeof(*ix));
-	ix->nslots = 1024;
+	ix->nbuckets = 1024;
 	ix->seed = seed;
-	ix->slots = slots_alloc(ix->nslots);
-	return ix->slots ? 0 : -ENOMEM;
+	ix->buckets = buckets_alloc(ix->nbuckets);
+	return ix->buckets ? 0 : -ENOMEM;
 }
 
 void kv_index_fini(struct kv_index *ix)
 {
-	slots_free(ix->slots, ix->nslots);
-	ix->slots = NULL;
+	buckets_free(ix->buckets, ix->nbuckets);
+	ix->buckets = NULL;
 	ix->count = 0;
 }
 
@@ -108,109 +74,73 @@ struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, c
 struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key, uint32_t pool,
 					 const uint8_t *hash)
 {
-	size_t mask = ix->nslots - 1, i = key & mask, d = 0;
-	uint64_t tag = key >> TAG_SHIFT, s;
+	struct kv_index_entry *e = ix->buckets[key & (ix->nbuckets - 1)];
 
-	/* Ends at an empty slot (the table always keeps one) or at an entry
-	 * nearer its home than key would be here: Robin Hood order says key
-	 * would have taken that slot. */
-	for (; (s = ix->slots[i]); i = (i + 1) & mask, d++) {
-		const struct kv_index_entry *e = slot_entry(s);
-
-		if (slot_far(ix, s, i) < d)
-			break;
-		if (s >> TAG_SHIFT == tag && e->key == key && e->pool == pool &&
-		    !memcmp(e->hash, hash, KV_HASH_BYTES))
-			return slot_entry(s);
-	}
+	for (; e; e = e->next)
+		if (e->pool == pool && !memcmp(e->hash, hash, KV_HASH_BYTES))
+			return e;
 	return NULL;
 }
 
-/* How many hashes ahead of the one compared kv_index_find_many() has the
- * entry of its home slot loaded: enough misses in flight to cover a memory
- * latency, few enough that the lines are still cached when compared. */
+/* How many hashes ahead of the one compared kv_index_find_many() has its
+ * chain's head loaded: enough misses in flight to cover a memory latency,
+ * few enough that the lines are still cached when compared. */
 #define IX_AHEAD 16
-
-/* Asks for the entry in key's home slot when its tag matches (a hit's line;
- * a miss's home slot mostly holds another key, whose entry is not read). */
-static inline void ix_prefetch_entry(const struct kv_index *ix, uint64_t key, size_t mask)
-{
-	uint64_t s = ix->slots[key & mask];
-
-	if (s && s >> TAG_SHIFT == key >> TAG_SHIFT)
-		__builtin_prefetch(slot_entry(s));
-}
 
 void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t *hashes, size_t n,
 			uint64_t *key, struct kv_index_entry **out)
 {
-	size_t mask = ix->nslots - 1, i;
+	size_t mask = ix->nbuckets - 1, i;
 
-	/* Keys first, each home slot's line asked for as soon as its key is
-	 * known; then each home slot's entry a few hashes ahead of its
-	 * compare. */
+	/* Keys first, each bucket's line asked for as soon as its key is
+	 * known; then each chain's head a few hashes ahead of its compare. */
 	for (i = 0; i < n; i++) {
-		size_t h;
-
 		key[i] = kv_index_key(ix, pool, hashes + i * KV_HASH_BYTES);
-		h = key[i] & mask;
-		__builtin_prefetch(&ix->slots[h]);
-		/* A probe reads about two slots: from the last two of a line
-		 * on, the next line too. */
-		if ((h & 7) >= 6)
-			__builtin_prefetch(&ix->slots[(h + 2) & mask]);
+		__builtin_prefetch(&ix->buckets[key[i] & mask]);
 	}
-	for (i = 0; i < n && i < IX_AHEAD; i++)
-		ix_prefetch_entry(ix, key[i], mask);
+	for (i = 0; i < n && i < IX_AHEAD; i++) {
+		const struct kv_index_entry *h = ix->buckets[key[i] & mask];
+
+		if (h)
+			__builtin_prefetch(h->hash);
+	}
 	for (i = 0; i < n; i++) {
-		if (i + IX_AHEAD < n)
-			ix_prefetch_entry(ix, key[i + IX_AHEAD], mask);
+		if (i + IX_AHEAD < n) {
+			const struct kv_index_entry *h = ix->buckets[key[i + IX_AHEAD] & mask];
+
+			if (h)
+				__builtin_prefetch(h->hash);
+		}
 		out[i] = kv_index_find_key(ix, key[i], pool, hashes + i * KV_HASH_BYTES);
 	}
 }
 
-/* Places e under key in slots (mask + 1 of them, an empty one among them),
- * in Robin Hood order: an entry further from its home than the one met
- * takes its slot, and the one met moves on (Celis, 1986). So along a
- * cluster the distances grow at most one a slot, a probe for a key that is
- * not there stops at the first entry nearer its home than the key would be,
- * and a removal's shift stops at the first entry at its home. */
-static void slots_put(uint64_t *slots, size_t mask, struct kv_index_entry *e, uint64_t key)
-{
-	size_t i = key & mask, d = 0;
-	uint64_t tag = (key >> TAG_SHIFT) << TAG_SHIFT, s;
-
-	for (; (s = slots[i]); i = (i + 1) & mask, d++) {
-		size_t sd = slot_far_in(s, i, mask);
-
-		if (sd < d) {
-			slots[i] = slot_make(e, tag, d);
-			e = slot_entry(s);
-			tag = (s >> TAG_SHIFT) << TAG_SHIFT;
-			d = sd;
-		}
-	}
-	slots[i] = slot_make(e, tag, d);
-}
-
-/* Rehashes into twice the slots. O(count), at most log2(blocks) times in a
+/* Rehashes into twice the buckets. O(count), at most log2(blocks) times in a
  * daemon's life, since the index never shrinks. */
 static void ix_grow(struct kv_index *ix)
 {
-	size_t n = ix->nslots * 2, i;
-	uint64_t *t = slots_alloc(n);
+	size_t n = ix->nbuckets * 2, i;
+	struct kv_index_entry **b = buckets_alloc(n);
 
-	if (!t)
+	if (!b)
 		return;
-	for (i = 0; i < ix->nslots; i++) {
-		uint64_t s = ix->slots[i];
+	for (i = 0; i < ix->nbuckets; i++) {
+		struct kv_index_entry *e = ix->buckets[i], *next;
 
-		if (s)
-			slots_put(t, n - 1, slot_entry(s), slot_entry(s)->key);
+		for (; e; e = next) {
+			size_t k = ix_bucket(ix, n, e->pool, e->hash);
+
+			next = e->next;
+			e->next = b[k];
+			if (e->next)
+				e->next->pprev = &e->next;
+			e->pprev = &b[k];
+			b[k] = e;
+		}
 	}
-	slots_free(ix->slots, ix->nslots);
-	ix->slots = t;
-	ix->nslots = n;
+	buckets_free(ix->buckets, ix->nbuckets);
+	ix->buckets = b;
+	ix->nbuckets = n;
 }
 
 void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
@@ -220,85 +150,32 @@ void kv_index_insert(struct kv_index *ix, struct kv_index_entry *e)
 
 void kv_index_insert_key(struct kv_index *ix, struct kv_index_entry *e, uint64_t key)
 {
-	kv_assert(!e->linked);  /* not linked already */
-	kv_assert(((uintptr_t)e & ~(uintptr_t)SLOT_PTR) == 0 && e);
-	/* At most one entry per two slots: a probe for a hash not there (a
-	 * Seal's, mostly) reads slots up to an empty one, and linear probing's
-	 * clusters grow fast past half full. */
-	if (ix->count >= ix->nslots / 2)
+	size_t k;
+
+	kv_assert(!e->pprev);  /* not linked already */
+	/* At most one entry per two buckets: a probe for a hash not there (a
+	 * Seal's, mostly) walks the whole chain, one cache miss an entry,
+	 * and at one entry a bucket a quarter of the chains had a second
+	 * (issue 38: the probes of a Seal of 256 fresh hashes waited on
+	 * them). */
+	if (ix->count >= ix->nbuckets / 2)
 		ix_grow(ix);
-	kv_assert(ix->count + 1 < ix->nslots);  /* an empty slot stays */
-	e->key = key;
-	e->linked = 1;
-	slots_put(ix->slots, ix->nslots - 1, e, key);
+	k = key & (ix->nbuckets - 1);
+	e->next = ix->buckets[k];
+	if (e->next)
+		e->next->pprev = &e->next;
+	e->pprev = &ix->buckets[k];
+	ix->buckets[k] = e;
 	ix->count++;
 }
 
 void kv_index_remove(struct kv_index *ix, struct kv_index_entry *e)
 {
-	size_t mask = ix->nslots - 1, i = e->key & mask, j;
-	uint64_t s;
-
-	kv_assert(e->linked && ix->count > 0);  /* e is in the index */
-	while (slot_entry(ix->slots[i]) != e) {
-		kv_assert(ix->slots[i]);  /* e is where its key leads */
-		i = (i + 1) & mask;
-	}
-	/* Backward shift: each later entry of the cluster moves back a slot,
-	 * into the hole, up to an empty slot or an entry at its home (Robin
-	 * Hood order: nothing after it belongs before it). Every probe that
-	 * passed the hole still finds what it sought. */
-	for (;; i = j) {
-		size_t d;
-
-		j = (i + 1) & mask;
-		s = ix->slots[j];
-		if (!s || !(d = slot_far(ix, s, j)))
-			break;
-		ix->slots[i] = slot_make(slot_entry(s), (s >> TAG_SHIFT) << TAG_SHIFT, d - 1);
-	}
-	ix->slots[i] = 0;
-	e->linked = 0;
+	kv_assert(e->pprev && *e->pprev == e && ix->count > 0);  /* e is in the index */
+	*e->pprev = e->next;
+	if (e->next)
+		e->next->pprev = e->pprev;
+	e->next = NULL;
+	e->pprev = NULL;
 	ix->count--;
-}
-
-/* The table's invariants, for the checker and the tests: every slot's
- * entry linked, under its key's tag, with the distance from its home that
- * the slot says (or more, saturated), no empty slot between its home and it
- * (a probe reaches it), and count entries in all. Returns the number of
- * problems; the first is described in what (at most len bytes). */
-size_t kv_index_check(const struct kv_index *ix, char *what, size_t len)
-{
-	size_t mask = ix->nslots - 1, n = 0, bad = 0, i, k;
-
-	for (i = 0; i < ix->nslots; i++) {
-		uint64_t s = ix->slots[i];
-		const struct kv_index_entry *e = slot_entry(s);
-		size_t far;
-		const char *why = NULL;
-
-		if (!s)
-			continue;
-		n++;
-		far = (i - (e->key & mask)) & mask;
-		if (!e->linked)
-			why = "its entry is not linked";
-		else if (s >> TAG_SHIFT != e->key >> TAG_SHIFT)
-			why = "its tag is not its key's";
-		else if (slot_dist(s) != (far < DIST_MAX ? far : DIST_MAX))
-			why = "its distance from home is wrong";
-		for (k = 1; !why && k <= far; k++)
-			if (!ix->slots[(i - k) & mask])
-				why = "an empty slot lies between its home and it";
-		if (!why && far && slot_far(ix, ix->slots[(i - 1) & mask], (i - 1) & mask) + 1 < far)
-			why = "it is further from its home than the slot before allows (Robin Hood order)";
-		if (why && !bad++ && len)
-			snprintf(what, len, "index slot %zu of %zu: %s", i, ix->nslots, why);
-	}
-	if (n != ix->count || n + 1 > ix->nslots) {
-		if (!bad++ && len)
-			snprintf(what, len, "index: %zu entries in its slots, %zu counted, %zu slots",
-				 n, ix->count, ix->nslots);
-	}
-	return bad;
 }

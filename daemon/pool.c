@@ -657,7 +657,8 @@ static inline __attribute__((always_inline)) void block_assert_state(const struc
 	kv_assert(b->state <= KV_BLOCK_CACHED);
 	kv_assert((b->ref == 0) == state_holds[b->state].no_ref);
 	kv_assert(kv_list_linked(&b->node) == state_holds[b->state].listed);
-	kv_assert(b->ix.linked == state_holds[b->state].indexed);
+	/* kv_index_remove() clears pprev: an entry is linked iff it is set. */
+	kv_assert((b->ix.pprev != NULL) == state_holds[b->state].indexed);
 	kv_assert(!b->demoting || b->state == KV_BLOCK_CACHED);
 	kv_assert(b->ref <= KV_BLOCK_REF_MAX);
 	kv_assert(b->slot < b->run->pool->blocks_per_run);
@@ -701,7 +702,7 @@ void pool_make_free(struct kv_block *b, int keep_spare)
 
 	kv_assert(b->state != KV_BLOCK_FREE);
 	kv_assert(b->ref == 0 && !b->demoting);
-	kv_assert(!kv_list_linked(&b->node) && !b->ix.linked);
+	kv_assert(!kv_list_linked(&b->node) && !b->ix.pprev);
 	kv_assert(b->own == 0);
 	kv_assert(run->nused > 0);
 	b->state = KV_BLOCK_FREE;
