@@ -74,10 +74,12 @@ static void pool_evict(struct kv_block *b, int keep_spare)
 	pool_lru_changed(p);
 }
 
-/* Victims of one batch (evict_own()) and how far ahead of the one evicted
- * the index neighbours of a later one are asked for. */
+/* Victims of one batch (evict_own()), how far ahead of the one evicted
+ * the index neighbours of a later one are asked for, and how far ahead of
+ * that the walk of the LRU runs. */
 #define EVICT_BATCH 64
 #define EVICT_AHEAD 6
+#define EVICT_WALK (2 * EVICT_AHEAD)
 
 /* Recycles up to max of p's oldest blocks (its LRU's back), oldest first,
  * into out[] for an allocation of p: the blocks max calls of
@@ -85,10 +87,16 @@ static void pool_evict(struct kv_block *b, int keep_spare)
  * own back, since evicting p's blocks changes nothing in another pool's
  * candidacy (issue 38: an allocation of 256 on a full pool evicted each
  * with its own search, its index neighbours' misses one after another,
- * and a stop on the free list). The victims are gathered first, their
- * neighbours' lines asked for a few victims ahead, and each goes from CACHED
- * to WRITABLE in one step (pool_recycle()); the counters once. Returns how
- * many. */
+ * and a stop on the free list). Each goes from CACHED to WRITABLE in one
+ * step (pool_recycle()); the counters once. The walk of the LRU toward its
+ * front is a chain of dependent misses (each victim's node.prev, cold after
+ * a thousand requests): it runs EVICT_WALK victims ahead of the recycling,
+ * one step a victim, so that its misses overlap the recycling's work
+ * instead of coming all before it (issue 38, fifth pass); the victims'
+ * index neighbours are asked for EVICT_AHEAD victims ahead, their entries'
+ * lines having been asked for when the walk met them. Recycling a victim
+ * unlinks it behind the walk: the links ahead are as they were. Returns
+ * how many. */
 static uint32_t evict_own(struct kv_pool *p, uint32_t max, struct kv_block **out)
 {
 	struct kv_block **v = out;
@@ -97,12 +105,15 @@ static uint32_t evict_own(struct kv_pool *p, uint32_t max, struct kv_block **out
 
 	if (max > EVICT_BATCH)
 		max = EVICT_BATCH;
-	for (; n != &p->lru && k < max; n = n->prev) {
-		v[k] = kv_container_of(n, struct kv_block, node);
-		__builtin_prefetch(&v[k]->ix);
-		k++;
-	}
-	for (i = 0; i < k; i++) {
+	for (i = 0; i < max; i++) {
+		/* The walk: up to EVICT_WALK victims ahead of i. */
+		for (; n != &p->lru && k < max && k <= i + EVICT_WALK; n = n->prev) {
+			v[k] = kv_container_of(n, struct kv_block, node);
+			__builtin_prefetch(&v[k]->ix);
+			k++;
+		}
+		if (i >= k)
+			break;
 		if (i + EVICT_AHEAD < k) {
 			const struct kv_index_entry *e = &v[i + EVICT_AHEAD]->ix;
 
