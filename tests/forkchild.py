@@ -50,7 +50,8 @@ def threads():
 
 def run_role(argv, roles=None):
     """Runs roles[ROLE](ARGS...) for argv = [ROLE, ARGS...]; returns the
-    exit status: 0, or 1 after a failed assertion (a FAIL line)."""
+    exit status: 0, or 1 after a failed assertion (its traceback and a FAIL
+    line)."""
     roles = roles if roles is not None else _roles
     try:
         if callable(roles):
@@ -58,6 +59,8 @@ def run_role(argv, roles=None):
         else:
             roles[argv[0]](*argv[1:])
     except AssertionError as e:
+        import traceback
+        traceback.print_exc()
         print("FAIL:", e, file=sys.stderr, flush=True)
         return 1
     return 0
