@@ -8,10 +8,11 @@ import peer_env  # tests/peer_env.py (the test's folder is first on sys.path)
 
 
 def reexec():
-    # SGLang imports without a GPU; keep it on the CPU, its threads few and
-    # its JIT-built helpers in a cache of their own.
+    # SGLang imports without a GPU; keep it on the CPU, its threads few (none
+    # started at import: the tests fork their instances) and its JIT-built
+    # helpers in a cache of their own.
     peer_env.reexec("sglang-env", "KVT_IN_SGLANG_ENV",
                     "no SGLang environment (run scripts/sglang-env to make it: "
                     "sglang==0.5.23 from PyPI, about 11 GiB)",
                     {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
-                     "SGLANG_LOGGING_LEVEL": "WARNING"})
+                     "OPENBLAS_NUM_THREADS": "1", "SGLANG_LOGGING_LEVEL": "WARNING"})

@@ -6,7 +6,9 @@ configuration, and page bytes that depend only on a seed, so a page loaded
 from kvcached is checked byte for byte against what its writer held.
 
 Runs under the SGLang virtual environment (scripts/sglang-env, see
-tests/sglang_env.py)."""
+tests/sglang_env.py). A test's instances run in processes of their own,
+forked from the test's process with SGLang already imported
+(tests/forkchild.py)."""
 import hashlib
 import json
 import os
@@ -145,36 +147,71 @@ def result(obj):
     print("RESULT " + json.dumps(obj), flush=True)
 
 
+# What a child imports, imported once by the process the children are forked
+# from (tests/forkchild.py): about 11 s of CPU a python on the CI machine.
+PRELOAD = ["torch", "torch.distributed", "sglang.srt.mem_cache.memory_pool",
+           "sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mla",
+           "sglang.srt.mem_cache.pool_host.group",
+           "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler",
+           "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
+           "sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.hicache_storage",
+           "sglang.srt.mem_cache.storage", "sglang.srt.mem_cache.utils",
+           "sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.runtime_context",
+           "kvcache.sglang"]
+
+
+def preload():
+    """Imports in this process what the children would each import (no
+    thread started, no torch op run: they are forked from it)."""
+    import importlib
+    for m in PRELOAD:
+        importlib.import_module(m)
+
+
+def run_child(script, args, env, log, roles=None, timeout=600):
+    """`script --child ARGS...` in a process of its own (forkchild: forked
+    from this one, running roles[ARGS[0]], when it can); its "ok:" lines
+    printed; fails the test with its output and the daemon's log (log) when
+    it exits non-zero, prints no RESULT line or runs past timeout seconds.
+    Returns its last RESULT line decoded."""
+    import sys
+
+    import forkchild
+    import kvt
+    c = forkchild.start_child(script, args, env=env, roles=roles)
+    rc, o, e = c.finish(timeout)
+    sys.stdout.write("".join(ln + "\n" for ln in o.splitlines() if ln.startswith("ok:")))
+    res = [ln[7:] for ln in o.splitlines() if ln.startswith("RESULT ")]
+    if rc != 0 or not res:
+        sys.stderr.write(o[-3000:] + e[-8000:])
+        kvt.fail(f"{args[0]} (pid {c.pid}{'' if c.forked else ', exec'}) failed (exit {rc}"
+                 f"{', killed after %d s' % timeout if rc is None else ''})", log)
+    return json.loads(res[-1])
+
+
 def write_then_read(script, roles):
     """A test script's entry. As `--child ROLE ARGS...`: runs roles[ROLE].
     Otherwise: one daemon, `script --child write` in one process and then
     `--child read WANT` in another (WANT: what the writer returned), each
-    one's "ok:" lines printed; the test fails when either fails or the
+    forked from this one with SGLang imported (preload, tests/forkchild.py),
+    each one's "ok:" lines printed; the test fails when either fails or the
     reader's result is not "ok"."""
     import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import forkchild
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        roles[sys.argv[2]](*sys.argv[3:])
-        return
+        sys.exit(forkchild.run_role(sys.argv[2:], roles))
     import kvt
     try:
         kvt.need_bins()
+        preload()
+        forkchild.set_roles(roles)
         d = kvt.tmpdir()
         daemon = kvt.Daemon(d, "--pool-size", "16MiB", "--segment-size", "4MiB",
                             "--page-size", "64KiB")
         env = dict(os.environ, KVT_ADMIN=daemon.admin, KVT_SOCK=daemon.sock)
-
-        def run(*args):
-            r = subprocess.run([sys.executable, script, "--child", *args], capture_output=True,
-                               text=True, timeout=600, env=env)
-            sys.stdout.write("".join(ln + "\n" for ln in r.stdout.splitlines()
-                                     if ln.startswith("ok:")))
-            res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-            if r.returncode != 0 or not res:
-                sys.stderr.write(r.stdout[-3000:] + r.stderr[-8000:])
-                kvt.fail(f"{args[0]} failed (exit {r.returncode})", daemon.log)
-            return json.loads(res[-1])
-
-        want = run("write")
-        kvt.check(run("read", json.dumps(want)) == "ok", "read", daemon.log)
+        want = run_child(script, ["write"], env, daemon.log)
+        kvt.check(run_child(script, ["read", json.dumps(want)], env, daemon.log) == "ok",
+                  "read", daemon.log)
     finally:
         kvt.cleanup()   # the daemons it started

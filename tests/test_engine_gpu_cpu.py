@@ -19,7 +19,9 @@
         verdict, the float32 and bfloat16 attention after a prefix, the
         cached path under other kernels' rounding, as on a GPU) pass, and
         fail with each deliberately wrong prefix (--fault shift, mask,
-        blocks); the same torch; skips (77) without.
+        blocks); the same torch (this part re-run under its python, which
+        imports torch and check_torch.py once and forks each run, see
+        tests/forkchild.py); skips (77) without.
 
 Exits 0, 1, or 77 (no numpy; for torch: no torch). Needs KVCACHED_BIN,
 KVCTL_BIN and build/python on PYTHONPATH (meson sets them)."""
@@ -30,6 +32,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 sys.path.insert(0, EXAMPLES)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -126,7 +129,10 @@ def torch_python():
     py = r.stdout.strip()
     if r.returncode or not py:
         return None
-    ok = subprocess.run([py, "-c", "import torch, numpy"], capture_output=True, timeout=300)
+    # Installed (not imported: that is 2.5 s of CPU, paid again by the check).
+    ok = subprocess.run([py, "-c", "import importlib.util as u, sys; sys.exit(not all("
+                         "u.find_spec(m) for m in ('torch', 'numpy')))"],
+                        capture_output=True, timeout=60)
     return py if ok.returncode == 0 else None
 
 
@@ -148,35 +154,68 @@ def test_torch():
     check(r.returncode == 0, "check_torch.py --device cpu exits 0 (%d)" % r.returncode)
 
 
+def check_torch_module():
+    """examples/engine/check_torch.py, imported (once)."""
+    import importlib.util
+    m = sys.modules.get("check_torch")
+    if m is None:
+        spec = importlib.util.spec_from_file_location(
+            "check_torch", os.path.join(EXAMPLES, "engine", "check_torch.py"))
+        m = importlib.util.module_from_spec(spec)
+        sys.modules["check_torch"] = m
+        spec.loader.exec_module(m)
+    return m
+
+
+def check_torch(*argv):
+    """A `check` child: check_torch.py's main(ARGV) (imported by the process
+    it is forked from, tests/forkchild.py), its status the exit."""
+    sys.exit(check_torch_module().main(list(argv)))
+
+
+ROLES = {"check": check_torch}
+
+
 def test_prefix():
     py = torch_python()
     if py is None:
         print("SKIP: no python with torch here, nor a complete scripts/vllm-env")
         sys.exit(77)
+    if py != sys.executable:
+        # This part under the python with torch, which imports torch and
+        # check_torch.py once; each run below is a process of its own,
+        # forked from it.
+        sys.stdout.flush()
+        os.execv(py, [py, os.path.abspath(__file__), "prefix"])
     print("torch from", py)
-    base = [py, os.path.join(EXAMPLES, "engine", "check_torch.py"), "--device", "cpu",
-            "--kvcached", os.environ["KVCACHED_BIN"], "--kvctl", os.environ["KVCTL_BIN"],
-            "--shape", "llama-3.2-3b", "--only", "prefix"]
+    import forkchild
+    check_torch_module()
+    forkchild.set_roles(ROLES)
+    base = ["--device", "cpu", "--kvcached", os.environ["KVCACHED_BIN"],
+            "--kvctl", os.environ["KVCTL_BIN"], "--shape", "llama-3.2-3b", "--only", "prefix"]
     # what each wrong prefix must fail: the float64 comparison of the model,
     # and for the mask also the attention alone (float32 and bfloat16)
     for fault, fails_expected in ((None, 0), ("shift", 1), ("blocks", 1), ("mask", 3)):
-        cmd = base + (["--fault", fault] if fault else [])
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        out = r.stdout
-        print(out[-3000:], r.stderr[-2000:] if r.returncode not in (0, 1) else "")
+        c = forkchild.start_child(__file__, ["check"] + base + (["--fault", fault] if fault
+                                                                 else []))
+        rc, out, err = c.finish(600)
+        print(out[-3000:], err[-2000:] if rc not in (0, 1) else "")
         failed = [ln for ln in out.splitlines() if ln.startswith("FAIL 3 ")]
         passed = [ln for ln in out.splitlines() if ln.startswith("PASS 3 ")]
         if fault is None:
-            check(r.returncode == 0 and len(passed) == 3 and not failed,
-                  "the right prefix: 3 checks pass, exit 0 (%d)" % r.returncode)
+            check(rc == 0 and len(passed) == 3 and not failed,
+                  "the right prefix: 3 checks pass, exit 0 (%s)" % rc)
             continue
         model = [ln for ln in failed if "cached prefix vs computing it" in ln]
-        check(r.returncode == 1 and len(failed) == fails_expected and len(model) == 1,
-              "--fault %s: exit 1 (%d), %d failed check(s) of 3 (%d), the float64 comparison "
-              "among them" % (fault, r.returncode, fails_expected, len(failed)))
+        check(rc == 1 and len(failed) == fails_expected and len(model) == 1,
+              "--fault %s: exit 1 (%s), %d failed check(s) of 3 (%d), the float64 comparison "
+              "among them" % (fault, rc, fails_expected, len(failed)))
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        import forkchild
+        return forkchild.run_role(sys.argv[2:], ROLES)
     what = sys.argv[1] if len(sys.argv) > 1 else "random"
     {"random": test_random, "bench": test_bench, "torch": test_torch,
      "prefix": test_prefix}[what]()

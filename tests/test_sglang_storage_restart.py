@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,14 +90,15 @@ def main():
               "the backend did not store once the daemon was up", daemon.log)
     kvt.check(any("kvcached is back" in ln for ln in logs.lines), "no 'back' log line")
 
+    storage = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "test_sglang_storage.py")
+    import test_sglang_storage as ts
+
     def other(tag, want_json):
-        r = subprocess.run([sys.executable, os.path.join(os.path.dirname(
-            os.path.abspath(__file__)), "test_sglang_storage.py"), "--child", "get", KIND,
-            LAYOUT, tag, want_json, "{}"], capture_output=True, text=True, timeout=300,
-            env=env)
-        if r.returncode != 0 or "RESULT" not in r.stdout:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
-            kvt.fail(f"the other instance failed on {tag}", daemon.log)
+        """test_sglang_storage's reader in a process of its own (forked from
+        this one when it has no thread, tests/forkchild.py)."""
+        sc.run_child(storage, ["get", KIND, LAYOUT, tag, want_json, "{}"], env, daemon.log,
+                     roles={"get": ts.role_get}, timeout=300)
 
     # test_sglang_storage's reader wants keys(tag, 6) with the writer's
     # digests; this backend wrote them from seed("restart").

@@ -13,7 +13,6 @@ recomputing.
 Runs under the vLLM virtual environment (scripts/vllm-env); exits 77
 without it. Exit 0 pass, 1 fail, 77 skip."""
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -286,23 +285,21 @@ def main():
     cur[0] = daemon
 
     # The daemon killed while two instances run.
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", "kill", daemon.sock,
-                               daemon.admin, t], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for t in ("x", "y")]
+    procs = [vc.start_child(__file__, ["kill", daemon.sock, daemon.admin, t])
+             for t in ("x", "y")]
     for p in procs:
         line = ""
         while line.strip() != "HALF":
-            line = p.stdout.readline()
+            line = p.readline()
             if not line:
-                sys.stderr.write(p.stderr.read()[-8000:])
+                sys.stderr.write(p.finish(60)[2][-8000:])
                 kvt.fail("an instance died before the daemon was killed", daemon.log)
     daemon.kill()
     for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
+        p.send("go\n")
     for p in procs:
-        o, e = p.communicate(timeout=600)
-        if p.returncode != 0:
+        rc, o, e = p.finish(600)
+        if rc != 0:
             sys.stderr.write(o[-4000:] + e[-8000:])
             kvt.fail("an instance failed after the daemon died")
         res = [ln for ln in o.splitlines() if ln.startswith("RESULT ")]

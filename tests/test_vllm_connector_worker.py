@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -385,29 +384,25 @@ def main():
     print(f"full ({len(held)} blocks of 64 KiB held elsewhere): saves skipped")
     hog.close()
     # The daemon lost and back under a running worker: one line each.
-    p = subprocess.Popen([sys.executable, __file__, "--child", "lostback", daemon.sock],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
+    p = vc.start_child(__file__, ["lostback", daemon.sock], env=env)
 
     def until(word):
         while True:
-            ln = p.stdout.readline()
+            ln = p.readline()
             if not ln:
-                sys.stderr.write(p.stderr.read()[-6000:])
+                sys.stderr.write(p.finish(60)[2][-6000:])
                 kvt.fail(f"lostback died before {word}", daemon.log)
             if ln.strip() == word:
                 return
     until("UP")
     daemon.kill()
-    p.stdin.write("go\n")
-    p.stdin.flush()
+    p.send("go\n")
     until("LOST")
     daemon = kvt.Daemon(d, "--pool-size", "8MiB", "--segment-size", "4MiB", "--page-size",
                         "64KiB", log="log2")
-    p.stdin.write("go\n")
-    p.stdin.flush()
-    o, e = p.communicate(timeout=300)
-    if p.returncode != 0 or 'RESULT {"ok": true}' not in o:
+    p.send("go\n")
+    rc, o, e = p.finish(300)
+    if rc != 0 or 'RESULT {"ok": true}' not in o:
         sys.stderr.write(o[-3000:] + e[-6000:])
         kvt.fail("lostback failed", daemon.log)
     print("daemon lost and back: one WARNING, one INFO")

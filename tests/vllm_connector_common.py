@@ -8,7 +8,9 @@ process would have computed; every step checks every token the scheduled
 requests have computed so far (local prefix-cache hits and loads alike).
 
 Runs under the vLLM virtual environment (scripts/vllm-env): ``need_vllm()``
-re-executes the calling script with its python, or exits 77.
+re-executes the calling script with its python, or exits 77. A test's
+instances run in processes of their own (run_child, start_child), forked
+from the test's process with vLLM already imported (tests/forkchild.py).
 """
 import hashlib
 import json
@@ -16,6 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import forkchild  # noqa: E402  (tests/forkchild.py)
 
 SRC = os.environ.get("MESON_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,16 +30,15 @@ HEADS, HEAD = 2, 16
 
 
 def need_vllm():
-    """Re-executes the caller under the vLLM venv's python unless vllm
-    imports here; exits 77 when there is none."""
-    try:
-        import vllm  # noqa: F401
-        import torch  # noqa: F401
+    """Re-executes the caller under the vLLM venv's python unless vllm and
+    torch are installed here (found, not imported: importing them is 7.5 s
+    of CPU, wasted where the caller only runs other processes); exits 77
+    when there is none."""
+    import importlib.util
+    if importlib.util.find_spec("vllm") and importlib.util.find_spec("torch"):
         return
-    except ImportError:
-        pass
     if os.environ.get("KVT_VLLM_REEXEC"):
-        print("SKIP: vllm does not import in", sys.executable)
+        print("SKIP: vllm or torch is not installed in", sys.executable)
         sys.exit(77)
     r = subprocess.run([os.path.join(SRC, "scripts", "vllm-env"), "--path"],
                        capture_output=True, text=True)
@@ -43,6 +47,14 @@ def need_vllm():
         sys.exit(77)
     py = r.stdout.strip()
     os.environ["KVT_VLLM_REEXEC"] = "1"
+    # No OpenBLAS thread pool (numpy's, OpenCV's: one thread each here): the
+    # children are forked from this process (tests/forkchild.py).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # Nor the two background pythons that importing `humming` (vLLM's
+    # quantization kernels; a KV dtype's config imports it) starts to build
+    # its CUDA launchers: about 9 s of CPU, for nothing on a CPU, and a
+    # thread in this process that waits for them.
+    os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
     os.execv(py, [py] + sys.argv)
 
 
@@ -190,7 +202,9 @@ class Instance:
         from vllm.v1.request import Request
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         sp.update_from_generation_config({}, 2)
-        lr = LoRARequest(lora, hash(lora) % 1000 + 1, "/nonexistent/" + lora) if lora else None
+        # Its id differs from process to process, the name does not.
+        lr = LoRARequest(lora, hash((lora, os.getpid())) % 1000 + 1,
+                         "/nonexistent/" + lora) if lora else None
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp,
                     pooling_params=None, mm_features=None, block_hasher=self.hasher,
                     cache_salt=salt, lora_request=lr)
@@ -324,26 +338,57 @@ def user(seed, n=40):
 
 
 # --- the tests' processes: a script's main() starts children of itself -----
+#
+# Forked (tests/forkchild.py): this process imports torch, vLLM and
+# kvcache.vllm once (preload(), about 8 s of CPU on the CI machine) and each
+# child is os.fork()ed from it rather than a new python importing them again.
+# Each child is still its own process, with its own pid, uid when asked, and
+# its own connections to the daemon, made after the fork.
+
+PRELOAD = ["torch", "vllm", "vllm.config", "vllm.lora.request", "vllm.utils.hashing",
+           "vllm.distributed.kv_transfer.kv_connector.v1.base",
+           "vllm.distributed.kv_transfer.kv_connector.factory",
+           "vllm.v1.core.kv_cache_utils", "vllm.v1.core.sched.scheduler",
+           "vllm.v1.core.sched.output", "vllm.v1.kv_cache_interface",
+           "vllm.v1.kv_cache_layout", "vllm.v1.outputs", "vllm.v1.request",
+           "vllm.v1.structured_output", "vllm.v1.executor", "vllm.tracing",
+           "vllm.model_executor.model_loader",
+           "transformers.models.llama.configuration_llama", "kvcache.vllm.connector"]
+
+
+def preload():
+    """Imports in this process what the children would each import (no
+    thread started, no torch op run: they are forked from it)."""
+    import importlib
+    for m in PRELOAD:
+        importlib.import_module(m)
+
 
 def out(**kw):
     """A child's result: one line of JSON, the one run_child returns."""
     print("RESULT " + json.dumps(kw), flush=True)
 
 
+def start_child(script, args, env=None, user=None):
+    """forkchild.start_child: `script --child ARGS...` as a Child."""
+    return forkchild.start_child(script, args, env=env, user=user)
+
+
 def run_child(script, args, log, timeout=600, env=None, what=None, user=None):
-    """Runs `script --child ARGS...` (the vLLM environment's python; as uid
+    """Runs `script --child ARGS...` (start_child: its own process, as uid
     and gid user when given) and returns its last RESULT line decoded; fails
     the test with the child's output and the daemon's log (log) when it
-    exits non-zero or prints none."""
+    exits non-zero, prints none or runs past timeout seconds."""
     import kvt
-    ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
-    r = subprocess.run([sys.executable, script, "--child", *args], capture_output=True,
-                       text=True, timeout=timeout, env=env, **ids)
-    res = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    c = forkchild.start_child(script, args, env=env, user=user)
+    rc, o, e = c.finish(timeout)
+    res = [ln[7:] for ln in o.splitlines() if ln.startswith("RESULT ")]
     what = what or " ".join(args[:1])[:200]
-    if r.returncode != 0 or not res:
-        sys.stderr.write(r.stdout[-4000:] + r.stderr[-8000:])
-        kvt.fail(f"instance {what} failed (exit {r.returncode})", log)
+    what += " (pid %d%s)" % (c.pid, "" if c.forked else ", exec")
+    if rc != 0 or not res:
+        sys.stderr.write(o[-4000:] + e[-8000:])
+        kvt.fail(f"instance {what} failed (exit {rc}%s)" %
+                 (", killed after %d s" % timeout if rc is None else ""), log)
     print(f"instance {what}: {res[-1][:300]}")
     return json.loads(res[-1])
 
@@ -352,16 +397,12 @@ def main_or_child(main, roles):
     """A test script's entry: re-executed under the vLLM environment
     (need_vllm), it runs roles[ROLE](ARGS...) when called as
     `--child ROLE ARGS...` (a failed assertion is a FAIL line and exit 1),
-    main() otherwise. roles may be one function, which takes ROLE too."""
+    main() otherwise, with vLLM preloaded for the children start_child
+    forks. roles may be one function, which takes ROLE too."""
     need_vllm()
+    forkchild.set_roles(roles)
     if len(sys.argv) < 2 or sys.argv[1] != "--child":
+        preload()
         main()
         return
-    try:
-        if callable(roles):
-            roles(*sys.argv[2:])
-        else:
-            roles[sys.argv[2]](*sys.argv[3:])
-    except AssertionError as e:
-        print("FAIL:", e, file=sys.stderr, flush=True)
-        sys.exit(1)
+    sys.exit(forkchild.run_role(sys.argv[2:]))
