@@ -65,12 +65,14 @@
  * (docs/benchmarks.md has the command).
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "fp8.h"
@@ -92,6 +94,23 @@ static const char *const fmt_ns[NFMT] = { "raw", "e4m3", "e5m2" };
 static const char *const fmt_conf[NFMT] = { "off", "fp8_e4m3", "fp8_e5m2" };
 static const enum kv_qfmt fmt_q[NFMT] = { KV_QFMT_RAW, KV_QFMT_E4M3, KV_QFMT_E5M2 };
 
+/* CPU time (ns) of each process of a path, from each thread's schedstat
+ * (the scheduler's run time, exact) and, for redis-benchmark, the waited
+ * children's rusage: where the CPU goes per GB moved, on a machine with
+ * two CPUs the floor that bounds both paths (docs/benchmarks.md, "G4 small
+ * values, fifth pass"). The daemon's G4 threads are named (tier/remote.c);
+ * the loop is its first thread; the rest (the host backend's copy thread,
+ * the HTTP thread) is "copy". */
+enum { CPU_LOOP, CPU_READ, CPU_WRITE, CPU_SUM, CPU_COPY, CPU_REDIS, CPU_SELF, CPU_RB, CPU_N };
+static const char *const cpu_name[CPU_N] = {
+	"loop", "g4read", "g4write", "g4sum", "copy", "redis-servers", "kvg4rate", "redis-benchmark"
+};
+
+struct cpu {
+	uint64_t ns[CPU_N];
+	uint64_t wall_ns, bytes;   /* accumulated: the timed parts, G4 value bytes moved */
+};
+
 struct fmt_row {
 	size_t value_bytes;         /* one G4 value, as the tier read it */
 	double gbs[64];             /* per pass: uncompressed bytes / lookup time */
@@ -104,6 +123,7 @@ struct fmt_row {
 	double wgbs[64];            /* uncompressed bytes / (Evict G1 -> all written) */
 	double wstored_gbs[64];     /* bytes stored / the same time */
 	double wms[64], evict_ms[64], demoted_ms[64];
+	struct cpu rcpu, wcpu;      /* the timed lookups; the timed writes but the first */
 };
 
 struct size_row {
@@ -178,6 +198,100 @@ static void write_conf(char *arg, size_t len, size_t max_inflight)
 			"compress = %s\n\n", fmt_ns[i], uid, fmt_conf[i]);
 	fclose(f);
 	snprintf(arg, len, "--config=%s", path);
+}
+
+/* Adds the run time (ns) of every thread of pid to c, by class. */
+static void cpu_add_pid(struct cpu *c, pid_t pid, int daemon)
+{
+	char path[320], comm[32], line[128];
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(path)))
+		return;
+	while ((e = readdir(d))) {
+		unsigned long long run = 0;
+		int cls = CPU_REDIS;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+		if (!(f = fopen(path, "re")))
+			continue;
+		if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &run) != 1)
+			run = 0;
+		fclose(f);
+		if (daemon) {
+			comm[0] = 0;
+			snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+			if ((f = fopen(path, "re"))) {
+				if (!fgets(comm, sizeof(comm), f))
+					comm[0] = 0;
+				fclose(f);
+			}
+			cls = atoi(e->d_name) == (int)pid            ? CPU_LOOP
+			      : !strncmp(comm, "kvd-g4read", 10)   ? CPU_READ
+			      : !strncmp(comm, "kvd-g4write", 11)  ? CPU_WRITE
+			      : !strncmp(comm, "kvd-g4sum", 9)     ? CPU_SUM
+								   : CPU_COPY;
+		} else if (pid == getpid()) {
+			cls = CPU_SELF;
+		}
+		c->ns[cls] += run;
+	}
+	closedir(d);
+}
+
+/* The CPU time so far of the daemon's threads, the cluster's servers,
+ * kvg4rate and its waited children (redis-benchmark). */
+static void cpu_snap(struct cpu *c, const struct kvt_daemon *dm, const struct kvt_rc *rc)
+{
+	struct rusage ru;
+
+	memset(c, 0, sizeof(*c));
+	if (dm && dm->pid > 0)
+		cpu_add_pid(c, dm->pid, 1);
+	for (int i = 0; i < rc->n; i++)
+		if (rc->node[i].pid > 0)
+			cpu_add_pid(c, rc->node[i].pid, 0);
+	cpu_add_pid(c, getpid(), 0);
+	if (!getrusage(RUSAGE_CHILDREN, &ru))
+		c->ns[CPU_RB] = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+					1000000000ull +
+				((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
+}
+
+/* acc += b - a, with the wall time and bytes of that part. */
+static void cpu_acc(struct cpu *acc, const struct cpu *a, const struct cpu *b, uint64_t wall_ns,
+		    uint64_t bytes)
+{
+	for (int i = 0; i < CPU_N; i++)
+		acc->ns[i] += b->ns[i] - a->ns[i];
+	acc->wall_ns += wall_ns;
+	acc->bytes += bytes;
+}
+
+/* One row of the CPU table: ms of CPU per GB moved, per process class,
+ * all together, how many CPUs were busy on average, and the rate two
+ * CPUs would allow at that cost. */
+static void cpu_row(const char *what, size_t value_bytes, const struct cpu *c)
+{
+	double gb = (double)c->bytes / GB, all = 0;
+
+	if (!c->bytes || !c->wall_ns)
+		return;
+	printf("| %s | %zu |", what, value_bytes);
+	for (int i = 0; i < CPU_N; i++) {
+		all += (double)c->ns[i] / 1e6;
+		if (c->ns[i])
+			printf(" %.0f |", (double)c->ns[i] / 1e6 / gb);
+		else
+			printf(" - |");
+	}
+	printf(" %.0f | %.2f | %.2f | %.2f |\n", all / gb, all / ((double)c->wall_ns / 1e6),
+	       gb / ((double)c->wall_ns / 1e9), 2.0 * gb / (all / 1e3));
 }
 
 struct g4c {
@@ -316,6 +430,20 @@ static void perf_ctl(int fi, int write, const char *cmd)
 	fclose(f);
 }
 
+/* The same for redis-benchmark's runs: $KVG4_PERF_PHASE rb-get or rb-set
+ * brackets its GETs or SETs (every value size). */
+static void rb_perf_ctl(const char *test, const char *cmd)
+{
+	const char *path = getenv("KVG4_PERF_FIFO"), *phase = getenv("KVG4_PERF_PHASE");
+	FILE *f;
+
+	if (!path || !phase || strncmp(phase, "rb-", 3) || strcmp(phase + 3, test) ||
+	    !(f = fopen(path, "we")))
+		return;
+	fprintf(f, "%s\n", cmd);
+	fclose(f);
+}
+
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
 		    uint8_t *got, uint64_t base, unsigned passes)
 {
@@ -339,6 +467,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	 * G2; --passes times, the same hashes. */
 	for (unsigned p = 0; p < passes; p++) {
 		uint64_t t0, t_ev, t_dm = 0, t1;
+		struct cpu ca, cb;
 
 		if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
 			die("alloc of %zu blocks: %s", n, kvc_last_error(c));
@@ -351,6 +480,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			die("release: %s", kvc_last_error(c));
 		g4_settled(fmt_ns[fi], &g0);
 		perf_ctl(fi, p ? 1 : -1, "enable");
+		cpu_snap(&ca, &daemon_, &cluster);
 		t0 = rb_now_ns();
 		evict_g1(c);
 		t_ev = rb_now_ns();
@@ -368,7 +498,10 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			usleep(500);
 		}
 		t1 = rb_now_ns();
+		cpu_snap(&cb, &daemon_, &cluster);
 		perf_ctl(fi, p ? 1 : -1, "disable");
+		if (p || passes == 1)
+			cpu_acc(&fr->wcpu, &ca, &cb, t1 - t0, g1.bytes_out - g0.bytes_out);
 		if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
 		    g1.write_errors != g0.write_errors)
 			die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed",
@@ -423,16 +556,20 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	fr->passes = passes;
 	for (unsigned p = 0; p < passes; p++) {
 		uint64_t t0, t1;
+		struct cpu ca, cb;
 		int k;
 
 		check_g4_only(pool);
 		g4_settled(fmt_ns[fi], &g0);
 		perf_ctl(fi, 0, "enable");
+		cpu_snap(&ca, &daemon_, &cluster);
 		t0 = rb_now_ns();
 		k = kvc_lookup(c, pool, h, n, b);
 		t1 = rb_now_ns();
+		cpu_snap(&cb, &daemon_, &cluster);
 		perf_ctl(fi, 0, "disable");
 		g4_settled(fmt_ns[fi], &g1);
+		cpu_acc(&fr->rcpu, &ca, &cb, t1 - t0, g1.bytes_in - g0.bytes_in);
 		if (k != (int)n)
 			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],
 			    bb, k, n, k < 0 ? kvc_last_error(c) : "G4 misses");
@@ -511,6 +648,7 @@ int main(int argc, char **argv)
 	struct {
 		size_t size;
 		struct rb_result r, set;
+		struct cpu rcpu, wcpu;
 	} rbv[MAX_SIZES * NFMT];
 	size_t nrbv = 0;
 	uint16_t *values;
@@ -647,7 +785,8 @@ int main(int argc, char **argv)
 		rb_label(&rbc, label, sizeof(label));
 		for (size_t s = 0; s < nsizes; s++) {
 			for (int fi = 0; fi < NFMT; fi++) {
-				size_t vs = row[s].f[fi].value_bytes, per_tag, reqs;
+				size_t vs = row[s].f[fi].value_bytes, per_tag, reqs, reqs_sent;
+				struct cpu ca, cb;
 				int seen = 0;
 
 				for (size_t k = 0; k < nrbv; k++)
@@ -663,7 +802,17 @@ int main(int argc, char **argv)
 				rb_flush_all(&cluster);
 				rb_fill(rc, tags, per_tag, vs);
 				rbv[nrbv].size = vs;
+				memset(&rbv[nrbv].rcpu, 0, sizeof(rbv[nrbv].rcpu));
+				memset(&rbv[nrbv].wcpu, 0, sizeof(rbv[nrbv].wcpu));
+				rb_perf_ctl("get", "enable");
+				cpu_snap(&ca, NULL, &cluster);
 				rb_run(&cluster, port, &rbc, "get", vs, reqs, per_tag, &rbv[nrbv].r);
+				cpu_snap(&cb, NULL, &cluster);
+				rb_perf_ctl("get", "disable");
+				reqs_sent = (reqs + (size_t)rbc.pipeline - 1) / (size_t)rbc.pipeline *
+					    (size_t)rbc.pipeline;
+				cpu_acc(&rbv[nrbv].rcpu, &ca, &cb,
+					(uint64_t)(rbv[nrbv].r.wall_s * 1e9), reqs_sent * vs);
 				printf("redis-benchmark %s -d %zu: %.0f GET/s, %.2f GB/s, p50 %.3f ms; "
 				       "keyspace hits %llu, misses %llu\n", label, vs, rbv[nrbv].r.rps,
 				       rbv[nrbv].r.gbs, rbv[nrbv].r.p50_ms, rbv[nrbv].r.hits,
@@ -673,8 +822,14 @@ int main(int argc, char **argv)
 				 * passes made (the first pass creates the keys, as the
 				 * tier's first pass did), at least 512 MiB. */
 				rb_flush_all(&cluster);
+				rb_perf_ctl("set", "enable");
+				cpu_snap(&ca, NULL, &cluster);
 				rb_run(&cluster, port, &rbc, "set", vs, reqs, per_tag,
 				       &rbv[nrbv].set);
+				cpu_snap(&cb, NULL, &cluster);
+				rb_perf_ctl("set", "disable");
+				cpu_acc(&rbv[nrbv].wcpu, &ca, &cb,
+					(uint64_t)(rbv[nrbv].set.wall_s * 1e9), reqs_sent * vs);
 				printf("redis-benchmark %s -t set -d %zu: %.0f SET/s, %.2f GB/s, "
 				       "p50 %.3f ms\n", label, vs, rbv[nrbv].set.rps, rbv[nrbv].set.gbs,
 				       rbv[nrbv].set.p50_ms);
@@ -756,6 +911,26 @@ int main(int argc, char **argv)
 			}
 			printf("\n");
 		}
+	}
+	/* Where the CPU went, per GB of G4 values moved: raw pool only. */
+	printf("\n| path | value bytes |");
+	for (int i = 0; i < CPU_N; i++)
+		printf(" %s ms/GB |", cpu_name[i]);
+	printf(" all ms/GB | CPUs busy | GB/s | 2 CPUs / cost, GB/s |\n|---|---|");
+	for (int i = 0; i < CPU_N + 4; i++)
+		printf("---|");
+	printf("\n");
+	for (size_t s = 0; s < nsizes; s++) {
+		const struct fmt_row *fr = &row[s].f[0];
+
+		cpu_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->value_bytes)
+				cpu_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
+		cpu_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->wvalue_bytes)
+				cpu_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
 	}
 	{
 		FILE *f = fopen("/proc/loadavg", "r");
