@@ -423,7 +423,7 @@ static void perf_ctl(int fi, int write, const char *cmd)
 	const char *phase = getenv("KVG4_PERF_PHASE"), *ns = getenv("KVG4_PERF_NS");
 	FILE *f;
 
-	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) ||
+	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) || (phase && !strncmp(phase, "rb-", 3)) ||
 	    write != (phase && !strcmp(phase, "write")) || !(f = fopen(path, "we")))
 		return;
 	fprintf(f, "%s\n", cmd);
