@@ -108,6 +108,8 @@ static const char *const cpu_name[CPU_N] = {
 
 struct cpu {
 	uint64_t ns[CPU_N];
+	uint64_t sw[CPU_N];        /* voluntary context switches: sleeps, so wakeups */
+	uint64_t sc[CPU_N];        /* read and write system calls (/proc's io: syscr + syscw) */
 	uint64_t wall_ns, bytes;   /* accumulated: the timed parts, G4 value bytes moved */
 };
 
@@ -211,7 +213,7 @@ static void cpu_add_pid(struct cpu *c, pid_t pid, int daemon)
 	if (!(d = opendir(path)))
 		return;
 	while ((e = readdir(d))) {
-		unsigned long long run = 0;
+		unsigned long long run = 0, vsw = 0;
 		int cls = CPU_REDIS;
 		FILE *f;
 
@@ -223,6 +225,13 @@ static void cpu_add_pid(struct cpu *c, pid_t pid, int daemon)
 		if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &run) != 1)
 			run = 0;
 		fclose(f);
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)pid, e->d_name);
+		if ((f = fopen(path, "re"))) {
+			while (fgets(line, sizeof(line), f))
+				if (sscanf(line, "voluntary_ctxt_switches: %llu", &vsw) == 1)
+					break;
+			fclose(f);
+		}
 		if (daemon) {
 			comm[0] = 0;
 			snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
@@ -240,6 +249,16 @@ static void cpu_add_pid(struct cpu *c, pid_t pid, int daemon)
 			cls = CPU_SELF;
 		}
 		c->ns[cls] += run;
+		c->sw[cls] += vsw;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/io", (int)pid, e->d_name);
+		if ((f = fopen(path, "re"))) {
+			unsigned long long v;
+
+			while (fgets(line, sizeof(line), f))
+				if (sscanf(line, "syscr: %llu", &v) == 1 || sscanf(line, "syscw: %llu", &v) == 1)
+					c->sc[cls] += v;
+			fclose(f);
+		}
 	}
 	closedir(d);
 }
@@ -267,8 +286,11 @@ static void cpu_snap(struct cpu *c, const struct kvt_daemon *dm, const struct kv
 static void cpu_acc(struct cpu *acc, const struct cpu *a, const struct cpu *b, uint64_t wall_ns,
 		    uint64_t bytes)
 {
-	for (int i = 0; i < CPU_N; i++)
+	for (int i = 0; i < CPU_N; i++) {
 		acc->ns[i] += b->ns[i] - a->ns[i];
+		acc->sw[i] += b->sw[i] - a->sw[i];
+		acc->sc[i] += b->sc[i] - a->sc[i];
+	}
 	acc->wall_ns += wall_ns;
 	acc->bytes += bytes;
 }
@@ -292,6 +314,24 @@ static void cpu_row(const char *what, size_t value_bytes, const struct cpu *c)
 	}
 	printf(" %.0f | %.2f | %.2f | %.2f |\n", all / gb, all / ((double)c->wall_ns / 1e6),
 	       gb / ((double)c->wall_ns / 1e9), 2.0 * gb / (all / 1e3));
+}
+
+/* The same path's sleeps (voluntary context switches, each one wakeup)
+ * per 1,000 values moved, per process class. */
+static void cpu_sw_row(const char *what, size_t value_bytes, const struct cpu *c)
+{
+	double vals = (double)c->bytes / (double)value_bytes;
+
+	if (!c->bytes || !value_bytes)
+		return;
+	printf("| %s | %zu |", what, value_bytes);
+	for (int i = 0; i < CPU_N; i++)
+		if (i != CPU_RB && (c->sw[i] || c->sc[i]))
+			printf(" %.0f / %.0f |", (double)c->sw[i] * 1000 / vals,
+			       (double)c->sc[i] * 1000 / vals);
+		else
+			printf(" - |");
+	printf("\n");
 }
 
 struct g4c {
@@ -931,6 +971,25 @@ int main(int argc, char **argv)
 		for (size_t k = 0; k < nrbv; k++)
 			if (rbv[k].size == fr->wvalue_bytes)
 				cpu_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
+	}
+	printf("\n| path | value bytes |");
+	for (int i = 0; i < CPU_N; i++)
+		printf(" %s sleeps / read+write calls, per 1000 values |", cpu_name[i]);
+	printf("\n|---|---|");
+	for (int i = 0; i < CPU_N; i++)
+		printf("---|");
+	printf("\n");
+	for (size_t s = 0; s < nsizes; s++) {
+		const struct fmt_row *fr = &row[s].f[0];
+
+		cpu_sw_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->value_bytes)
+				cpu_sw_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
+		cpu_sw_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->wvalue_bytes)
+				cpu_sw_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
 	}
 	{
 		FILE *f = fopen("/proc/loadavg", "r");

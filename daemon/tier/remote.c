@@ -142,6 +142,7 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 	g->max_inflight = c->remote_max_inflight;
 	g->tokens = c->remote_write_rate;
 	g->tokens_ms = kv_mono_ms();
+	g->seal_tail = &g->seal_q;
 	g->nreaders = c->remote_readers ? c->remote_readers : 2;
 	if (g->nreaders > G4_READERS_MAX)
 		g->nreaders = G4_READERS_MAX;
@@ -244,6 +245,7 @@ void tier_remote_close(struct kv_tiers *t)
 			free(f);
 		}
 	explicit_bzero(g->keys, sizeof(g->keys));
+	tier_g4_seal_drop(t);
 	for (uint32_t i = 0; i < g->ncl; i++) {
 		struct g4_client *cl = &g->cl[i];
 
