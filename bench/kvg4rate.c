@@ -63,6 +63,13 @@
  * lookups with perf's enable and disable, or its timed writes with
  * $KVG4_PERF_PHASE=write, or another namespace's with $KVG4_PERF_NS
  * (docs/benchmarks.md has the command).
+ * $KVG4_PERF_PHASE=rb-get or rb-set brackets redis-benchmark's GETs or SETs
+ * instead. Last, for the raw pool and redis-benchmark at each value size:
+ * the CPU time of each process (the daemon per thread: loop, G4 readers,
+ * writer, the tier's worker, the rest; the cluster's servers; kvg4rate;
+ * redis-benchmark) per GB of values over the timed parts, how many CPUs
+ * that kept busy, and each process's sleeps and read/write system calls per
+ * 1,000 values (docs/benchmarks.md, "G4 small values, fifth pass").
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
 #include <dirent.h>
