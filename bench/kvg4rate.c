@@ -126,6 +126,7 @@ struct fmt_row {
 	double lookup_ms[64];
 	unsigned passes;
 	uint64_t fetches;           /* G4 fetches of the timed lookups */
+	uint64_t direct, hits;      /* ... their values read straight into G2 slots, of hits */
 	double dequant_gbs;         /* kv_qfmt_dequant alone, GB/s of FP16 out */
 	/* The writes at demotion, per pass: */
 	size_t wvalue_bytes;        /* one G4 value, as the tier wrote it */
@@ -343,7 +344,7 @@ static void cpu_sw_row(const char *what, size_t value_bytes, const struct cpu *c
 
 struct g4c {
 	uint64_t hits, fetches, bytes_in, bytes_out, writes, write_errors, dropped, inflight,
-		sum_fail, g2_demotions;
+		sum_fail, g2_demotions, direct;
 };
 
 /* G2's demotions (blocks come down from G1) in a Stats reply. */
@@ -369,6 +370,7 @@ static void g4_from(Kvcached__Response *r, struct g4c *g)
 	g->dropped = ri->dropped;
 	g->inflight = ri->inflight_bytes;
 	g->sum_fail = ri->checksum_failures;
+	g->direct = ri->direct;
 	g->g2_demotions = g2_demotions(r);
 	kvcached__response__free_unpacked(r, NULL);
 }
@@ -464,17 +466,37 @@ static double median(const double *v, unsigned n, double *lo, double *hi)
  * "write") of the raw pool (or the namespace $KVG4_PERF_NS names: raw,
  * e4m3, e5m2), so that a profile holds those only. write: 0 for a lookup,
  * 1 for a write, -1 for the first write (never bracketed). */
+/* Writes cmd to perf's control fifo, then waits for perf's "ack" on
+ * $KVG4_PERF_ACK when set (perf record --control=fifo:CTL,ACK): without
+ * it, perf enables and disables when it gets round to it, and a profile
+ * holds some of what comes after the timed part (the Evicts, the Stats
+ * polls). */
+static void perf_send(const char *path, const char *cmd)
+{
+	const char *ack = getenv("KVG4_PERF_ACK");
+	char buf[16];
+	FILE *f;
+
+	if (!(f = fopen(path, "we")))
+		return;
+	fprintf(f, "%s\n", cmd);
+	fclose(f);
+	if (ack && (f = fopen(ack, "re"))) {
+		while (fgets(buf, sizeof(buf), f) && strncmp(buf, "ack", 3))
+			;
+		fclose(f);
+	}
+}
+
 static void perf_ctl(int fi, int write, const char *cmd)
 {
 	const char *path = getenv("KVG4_PERF_FIFO");
 	const char *phase = getenv("KVG4_PERF_PHASE"), *ns = getenv("KVG4_PERF_NS");
-	FILE *f;
 
 	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) || (phase && !strncmp(phase, "rb-", 3)) ||
-	    write != (phase && !strcmp(phase, "write")) || !(f = fopen(path, "we")))
+	    write != (phase && !strcmp(phase, "write")))
 		return;
-	fprintf(f, "%s\n", cmd);
-	fclose(f);
+	perf_send(path, cmd);
 }
 
 /* The same for redis-benchmark's runs: $KVG4_PERF_PHASE rb-get or rb-set
@@ -482,13 +504,10 @@ static void perf_ctl(int fi, int write, const char *cmd)
 static void rb_perf_ctl(const char *test, const char *cmd)
 {
 	const char *path = getenv("KVG4_PERF_FIFO"), *phase = getenv("KVG4_PERF_PHASE");
-	FILE *f;
 
-	if (!path || !phase || strncmp(phase, "rb-", 3) || strcmp(phase + 3, test) ||
-	    !(f = fopen(path, "we")))
+	if (!path || !phase || strncmp(phase, "rb-", 3) || strcmp(phase + 3, test))
 		return;
-	fprintf(f, "%s\n", cmd);
-	fclose(f);
+	perf_send(path, cmd);
 }
 
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
@@ -626,6 +645,8 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			    (unsigned long long)(g1.sum_fail - g0.sum_fail));
 		fr->value_bytes = (size_t)((g1.bytes_in - g0.bytes_in) / n);
 		fr->fetches += g1.fetches - g0.fetches;
+		fr->direct += g1.direct - g0.direct;
+		fr->hits += g1.hits - g0.hits;
 		fr->lookup_ms[p] = (double)(t1 - t0) / 1e6;
 		fr->gbs[p] = (double)(n * bb) / ((double)(t1 - t0) / 1e9) / GB;
 		for (size_t i = 0; i < n; i++) {
@@ -800,7 +821,8 @@ int main(int argc, char **argv)
 			       fr->lookup_ms[0], (double)fr->fetches / passes);
 			if (fr->dequant_gbs > 0)
 				printf("; the dequantizer alone %.2f GB/s", fr->dequant_gbs);
-			printf("\n");
+			printf("; %llu of %llu values read straight into G2 slots\n",
+			       (unsigned long long)fr->direct, (unsigned long long)fr->hits);
 			{
 				double lo, hi, med = median(fr->wstored_gbs, passes, &lo, &hi);
 
