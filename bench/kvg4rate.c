@@ -63,14 +63,23 @@
  * lookups with perf's enable and disable, or its timed writes with
  * $KVG4_PERF_PHASE=write, or another namespace's with $KVG4_PERF_NS
  * (docs/benchmarks.md has the command).
+ * $KVG4_PERF_PHASE=rb-get or rb-set brackets redis-benchmark's GETs or SETs
+ * instead. Last, for the raw pool and redis-benchmark at each value size:
+ * the CPU time of each process (the daemon per thread: loop, G4 readers,
+ * writer, the tier's worker, the rest; the cluster's servers; kvg4rate;
+ * redis-benchmark) per GB of values over the timed parts, how many CPUs
+ * that kept busy, and each process's sleeps and read/write system calls per
+ * 1,000 values (docs/benchmarks.md, "G4 small values, fifth pass").
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "fp8.h"
@@ -92,18 +101,39 @@ static const char *const fmt_ns[NFMT] = { "raw", "e4m3", "e5m2" };
 static const char *const fmt_conf[NFMT] = { "off", "fp8_e4m3", "fp8_e5m2" };
 static const enum kv_qfmt fmt_q[NFMT] = { KV_QFMT_RAW, KV_QFMT_E4M3, KV_QFMT_E5M2 };
 
+/* CPU time (ns) of each process of a path, from each thread's schedstat
+ * (the scheduler's run time, exact) and, for redis-benchmark, the waited
+ * children's rusage: where the CPU goes per GB moved, on a machine with
+ * two CPUs the floor that bounds both paths (docs/benchmarks.md, "G4 small
+ * values, fifth pass"). The daemon's G4 threads are named (tier/remote.c);
+ * the loop is its first thread; the rest (the host backend's copy thread,
+ * the HTTP thread) is "copy". */
+enum { CPU_LOOP, CPU_READ, CPU_WRITE, CPU_SUM, CPU_COPY, CPU_REDIS, CPU_SELF, CPU_RB, CPU_N };
+static const char *const cpu_name[CPU_N] = {
+	"loop", "g4read", "g4write", "g4sum", "copy", "redis-servers", "kvg4rate", "redis-benchmark"
+};
+
+struct cpu {
+	uint64_t ns[CPU_N];
+	uint64_t sw[CPU_N];        /* voluntary context switches: sleeps, so wakeups */
+	uint64_t sc[CPU_N];        /* read and write system calls (/proc's io: syscr + syscw) */
+	uint64_t wall_ns, bytes;   /* accumulated: the timed parts, G4 value bytes moved */
+};
+
 struct fmt_row {
 	size_t value_bytes;         /* one G4 value, as the tier read it */
 	double gbs[64];             /* per pass: uncompressed bytes / lookup time */
 	double lookup_ms[64];
 	unsigned passes;
 	uint64_t fetches;           /* G4 fetches of the timed lookups */
+	uint64_t direct, hits;      /* ... their values read straight into G2 slots, of hits */
 	double dequant_gbs;         /* kv_qfmt_dequant alone, GB/s of FP16 out */
 	/* The writes at demotion, per pass: */
 	size_t wvalue_bytes;        /* one G4 value, as the tier wrote it */
 	double wgbs[64];            /* uncompressed bytes / (Evict G1 -> all written) */
 	double wstored_gbs[64];     /* bytes stored / the same time */
 	double wms[64], evict_ms[64], demoted_ms[64];
+	struct cpu rcpu, wcpu;      /* the timed lookups; the timed writes but the first */
 };
 
 struct size_row {
@@ -180,9 +210,141 @@ static void write_conf(char *arg, size_t len, size_t max_inflight)
 	snprintf(arg, len, "--config=%s", path);
 }
 
+/* Adds the run time (ns) of every thread of pid to c, by class. */
+static void cpu_add_pid(struct cpu *c, pid_t pid, int daemon)
+{
+	char path[320], comm[32], line[128];
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(path)))
+		return;
+	while ((e = readdir(d))) {
+		unsigned long long run = 0, vsw = 0;
+		int cls = CPU_REDIS;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+		if (!(f = fopen(path, "re")))
+			continue;
+		if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &run) != 1)
+			run = 0;
+		fclose(f);
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)pid, e->d_name);
+		if ((f = fopen(path, "re"))) {
+			while (fgets(line, sizeof(line), f))
+				if (sscanf(line, "voluntary_ctxt_switches: %llu", &vsw) == 1)
+					break;
+			fclose(f);
+		}
+		if (daemon) {
+			comm[0] = 0;
+			snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+			if ((f = fopen(path, "re"))) {
+				if (!fgets(comm, sizeof(comm), f))
+					comm[0] = 0;
+				fclose(f);
+			}
+			cls = atoi(e->d_name) == (int)pid            ? CPU_LOOP
+			      : !strncmp(comm, "kvd-g4read", 10)   ? CPU_READ
+			      : !strncmp(comm, "kvd-g4write", 11)  ? CPU_WRITE
+			      : !strncmp(comm, "kvd-g4sum", 9)     ? CPU_SUM
+								   : CPU_COPY;
+		} else if (pid == getpid()) {
+			cls = CPU_SELF;
+		}
+		c->ns[cls] += run;
+		c->sw[cls] += vsw;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/io", (int)pid, e->d_name);
+		if ((f = fopen(path, "re"))) {
+			unsigned long long v;
+
+			while (fgets(line, sizeof(line), f))
+				if (sscanf(line, "syscr: %llu", &v) == 1 || sscanf(line, "syscw: %llu", &v) == 1)
+					c->sc[cls] += v;
+			fclose(f);
+		}
+	}
+	closedir(d);
+}
+
+/* The CPU time so far of the daemon's threads, the cluster's servers,
+ * kvg4rate and its waited children (redis-benchmark). */
+static void cpu_snap(struct cpu *c, const struct kvt_daemon *dm, const struct kvt_rc *rc)
+{
+	struct rusage ru;
+
+	memset(c, 0, sizeof(*c));
+	if (dm && dm->pid > 0)
+		cpu_add_pid(c, dm->pid, 1);
+	for (int i = 0; i < rc->n; i++)
+		if (rc->node[i].pid > 0)
+			cpu_add_pid(c, rc->node[i].pid, 0);
+	cpu_add_pid(c, getpid(), 0);
+	if (!getrusage(RUSAGE_CHILDREN, &ru))
+		c->ns[CPU_RB] = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+					1000000000ull +
+				((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
+}
+
+/* acc += b - a, with the wall time and bytes of that part. */
+static void cpu_acc(struct cpu *acc, const struct cpu *a, const struct cpu *b, uint64_t wall_ns,
+		    uint64_t bytes)
+{
+	for (int i = 0; i < CPU_N; i++) {
+		acc->ns[i] += b->ns[i] - a->ns[i];
+		acc->sw[i] += b->sw[i] - a->sw[i];
+		acc->sc[i] += b->sc[i] - a->sc[i];
+	}
+	acc->wall_ns += wall_ns;
+	acc->bytes += bytes;
+}
+
+/* One row of the CPU table: ms of CPU per GB moved, per process class,
+ * all together, how many CPUs were busy on average, and the rate two
+ * CPUs would allow at that cost. */
+static void cpu_row(const char *what, size_t value_bytes, const struct cpu *c)
+{
+	double gb = (double)c->bytes / GB, all = 0;
+
+	if (!c->bytes || !c->wall_ns)
+		return;
+	printf("| %s | %zu |", what, value_bytes);
+	for (int i = 0; i < CPU_N; i++) {
+		all += (double)c->ns[i] / 1e6;
+		if (c->ns[i])
+			printf(" %.0f |", (double)c->ns[i] / 1e6 / gb);
+		else
+			printf(" - |");
+	}
+	printf(" %.0f | %.2f | %.2f | %.2f |\n", all / gb, all / ((double)c->wall_ns / 1e6),
+	       gb / ((double)c->wall_ns / 1e9), 2.0 * gb / (all / 1e3));
+}
+
+/* The same path's sleeps (voluntary context switches, each one wakeup)
+ * per 1,000 values moved, per process class. */
+static void cpu_sw_row(const char *what, size_t value_bytes, const struct cpu *c)
+{
+	double vals = (double)c->bytes / (double)value_bytes;
+
+	if (!c->bytes || !value_bytes)
+		return;
+	printf("| %s | %zu |", what, value_bytes);
+	for (int i = 0; i < CPU_N; i++)
+		if (i != CPU_RB && (c->sw[i] || c->sc[i]))
+			printf(" %.0f / %.0f |", (double)c->sw[i] * 1000 / vals,
+			       (double)c->sc[i] * 1000 / vals);
+		else
+			printf(" - |");
+	printf("\n");
+}
+
 struct g4c {
 	uint64_t hits, fetches, bytes_in, bytes_out, writes, write_errors, dropped, inflight,
-		sum_fail, g2_demotions;
+		sum_fail, g2_demotions, direct;
 };
 
 /* G2's demotions (blocks come down from G1) in a Stats reply. */
@@ -208,6 +370,7 @@ static void g4_from(Kvcached__Response *r, struct g4c *g)
 	g->dropped = ri->dropped;
 	g->inflight = ri->inflight_bytes;
 	g->sum_fail = ri->checksum_failures;
+	g->direct = ri->direct;
 	g->g2_demotions = g2_demotions(r);
 	kvcached__response__free_unpacked(r, NULL);
 }
@@ -303,17 +466,48 @@ static double median(const double *v, unsigned n, double *lo, double *hi)
  * "write") of the raw pool (or the namespace $KVG4_PERF_NS names: raw,
  * e4m3, e5m2), so that a profile holds those only. write: 0 for a lookup,
  * 1 for a write, -1 for the first write (never bracketed). */
+/* Writes cmd to perf's control fifo, then waits for perf's "ack" on
+ * $KVG4_PERF_ACK when set (perf record --control=fifo:CTL,ACK): without
+ * it, perf enables and disables when it gets round to it, and a profile
+ * holds some of what comes after the timed part (the Evicts, the Stats
+ * polls). */
+static void perf_send(const char *path, const char *cmd)
+{
+	const char *ack = getenv("KVG4_PERF_ACK");
+	char buf[16];
+	FILE *f;
+
+	if (!(f = fopen(path, "we")))
+		return;
+	fprintf(f, "%s\n", cmd);
+	fclose(f);
+	if (ack && (f = fopen(ack, "re"))) {
+		while (fgets(buf, sizeof(buf), f) && strncmp(buf, "ack", 3))
+			;
+		fclose(f);
+	}
+}
+
 static void perf_ctl(int fi, int write, const char *cmd)
 {
 	const char *path = getenv("KVG4_PERF_FIFO");
 	const char *phase = getenv("KVG4_PERF_PHASE"), *ns = getenv("KVG4_PERF_NS");
-	FILE *f;
 
-	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) ||
-	    write != (phase && !strcmp(phase, "write")) || !(f = fopen(path, "we")))
+	if (!path || strcmp(ns ? ns : "raw", fmt_ns[fi]) || (phase && !strncmp(phase, "rb-", 3)) ||
+	    write != (phase && !strcmp(phase, "write")))
 		return;
-	fprintf(f, "%s\n", cmd);
-	fclose(f);
+	perf_send(path, cmd);
+}
+
+/* The same for redis-benchmark's runs: $KVG4_PERF_PHASE rb-get or rb-set
+ * brackets its GETs or SETs (every value size). */
+static void rb_perf_ctl(const char *test, const char *cmd)
+{
+	const char *path = getenv("KVG4_PERF_FIFO"), *phase = getenv("KVG4_PERF_PHASE");
+
+	if (!path || !phase || strncmp(phase, "rb-", 3) || strcmp(phase + 3, test))
+		return;
+	perf_send(path, cmd);
 }
 
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
@@ -339,6 +533,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	 * G2; --passes times, the same hashes. */
 	for (unsigned p = 0; p < passes; p++) {
 		uint64_t t0, t_ev, t_dm = 0, t1;
+		struct cpu ca, cb;
 
 		if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
 			die("alloc of %zu blocks: %s", n, kvc_last_error(c));
@@ -351,6 +546,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			die("release: %s", kvc_last_error(c));
 		g4_settled(fmt_ns[fi], &g0);
 		perf_ctl(fi, p ? 1 : -1, "enable");
+		cpu_snap(&ca, &daemon_, &cluster);
 		t0 = rb_now_ns();
 		evict_g1(c);
 		t_ev = rb_now_ns();
@@ -368,7 +564,10 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			usleep(500);
 		}
 		t1 = rb_now_ns();
+		cpu_snap(&cb, &daemon_, &cluster);
 		perf_ctl(fi, p ? 1 : -1, "disable");
+		if (p || passes == 1)
+			cpu_acc(&fr->wcpu, &ca, &cb, t1 - t0, g1.bytes_out - g0.bytes_out);
 		if (g1.writes - g0.writes != n || g1.dropped != g0.dropped ||
 		    g1.write_errors != g0.write_errors)
 			die("%s: %llu G4 writes of %zu blocks, %llu dropped, %llu failed",
@@ -423,16 +622,20 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	fr->passes = passes;
 	for (unsigned p = 0; p < passes; p++) {
 		uint64_t t0, t1;
+		struct cpu ca, cb;
 		int k;
 
 		check_g4_only(pool);
 		g4_settled(fmt_ns[fi], &g0);
 		perf_ctl(fi, 0, "enable");
+		cpu_snap(&ca, &daemon_, &cluster);
 		t0 = rb_now_ns();
 		k = kvc_lookup(c, pool, h, n, b);
 		t1 = rb_now_ns();
+		cpu_snap(&cb, &daemon_, &cluster);
 		perf_ctl(fi, 0, "disable");
 		g4_settled(fmt_ns[fi], &g1);
+		cpu_acc(&fr->rcpu, &ca, &cb, t1 - t0, g1.bytes_in - g0.bytes_in);
 		if (k != (int)n)
 			die("%s, %zu-byte blocks: the lookup found %d of %zu blocks (%s)", fmt_ns[fi],
 			    bb, k, n, k < 0 ? kvc_last_error(c) : "G4 misses");
@@ -442,6 +645,8 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			    (unsigned long long)(g1.sum_fail - g0.sum_fail));
 		fr->value_bytes = (size_t)((g1.bytes_in - g0.bytes_in) / n);
 		fr->fetches += g1.fetches - g0.fetches;
+		fr->direct += g1.direct - g0.direct;
+		fr->hits += g1.hits - g0.hits;
 		fr->lookup_ms[p] = (double)(t1 - t0) / 1e6;
 		fr->gbs[p] = (double)(n * bb) / ((double)(t1 - t0) / 1e9) / GB;
 		for (size_t i = 0; i < n; i++) {
@@ -511,6 +716,7 @@ int main(int argc, char **argv)
 	struct {
 		size_t size;
 		struct rb_result r, set;
+		struct cpu rcpu, wcpu;
 	} rbv[MAX_SIZES * NFMT];
 	size_t nrbv = 0;
 	uint16_t *values;
@@ -615,7 +821,8 @@ int main(int argc, char **argv)
 			       fr->lookup_ms[0], (double)fr->fetches / passes);
 			if (fr->dequant_gbs > 0)
 				printf("; the dequantizer alone %.2f GB/s", fr->dequant_gbs);
-			printf("\n");
+			printf("; %llu of %llu values read straight into G2 slots\n",
+			       (unsigned long long)fr->direct, (unsigned long long)fr->hits);
 			{
 				double lo, hi, med = median(fr->wstored_gbs, passes, &lo, &hi);
 
@@ -647,7 +854,8 @@ int main(int argc, char **argv)
 		rb_label(&rbc, label, sizeof(label));
 		for (size_t s = 0; s < nsizes; s++) {
 			for (int fi = 0; fi < NFMT; fi++) {
-				size_t vs = row[s].f[fi].value_bytes, per_tag, reqs;
+				size_t vs = row[s].f[fi].value_bytes, per_tag, reqs, reqs_sent;
+				struct cpu ca, cb;
 				int seen = 0;
 
 				for (size_t k = 0; k < nrbv; k++)
@@ -663,7 +871,17 @@ int main(int argc, char **argv)
 				rb_flush_all(&cluster);
 				rb_fill(rc, tags, per_tag, vs);
 				rbv[nrbv].size = vs;
+				memset(&rbv[nrbv].rcpu, 0, sizeof(rbv[nrbv].rcpu));
+				memset(&rbv[nrbv].wcpu, 0, sizeof(rbv[nrbv].wcpu));
+				rb_perf_ctl("get", "enable");
+				cpu_snap(&ca, NULL, &cluster);
 				rb_run(&cluster, port, &rbc, "get", vs, reqs, per_tag, &rbv[nrbv].r);
+				cpu_snap(&cb, NULL, &cluster);
+				rb_perf_ctl("get", "disable");
+				reqs_sent = (reqs + (size_t)rbc.pipeline - 1) / (size_t)rbc.pipeline *
+					    (size_t)rbc.pipeline;
+				cpu_acc(&rbv[nrbv].rcpu, &ca, &cb,
+					(uint64_t)(rbv[nrbv].r.wall_s * 1e9), reqs_sent * vs);
 				printf("redis-benchmark %s -d %zu: %.0f GET/s, %.2f GB/s, p50 %.3f ms; "
 				       "keyspace hits %llu, misses %llu\n", label, vs, rbv[nrbv].r.rps,
 				       rbv[nrbv].r.gbs, rbv[nrbv].r.p50_ms, rbv[nrbv].r.hits,
@@ -673,8 +891,14 @@ int main(int argc, char **argv)
 				 * passes made (the first pass creates the keys, as the
 				 * tier's first pass did), at least 512 MiB. */
 				rb_flush_all(&cluster);
+				rb_perf_ctl("set", "enable");
+				cpu_snap(&ca, NULL, &cluster);
 				rb_run(&cluster, port, &rbc, "set", vs, reqs, per_tag,
 				       &rbv[nrbv].set);
+				cpu_snap(&cb, NULL, &cluster);
+				rb_perf_ctl("set", "disable");
+				cpu_acc(&rbv[nrbv].wcpu, &ca, &cb,
+					(uint64_t)(rbv[nrbv].set.wall_s * 1e9), reqs_sent * vs);
 				printf("redis-benchmark %s -t set -d %zu: %.0f SET/s, %.2f GB/s, "
 				       "p50 %.3f ms\n", label, vs, rbv[nrbv].set.rps, rbv[nrbv].set.gbs,
 				       rbv[nrbv].set.p50_ms);
@@ -756,6 +980,45 @@ int main(int argc, char **argv)
 			}
 			printf("\n");
 		}
+	}
+	/* Where the CPU went, per GB of G4 values moved: raw pool only. */
+	printf("\n| path | value bytes |");
+	for (int i = 0; i < CPU_N; i++)
+		printf(" %s ms/GB |", cpu_name[i]);
+	printf(" all ms/GB | CPUs busy | GB/s | 2 CPUs / cost, GB/s |\n|---|---|");
+	for (int i = 0; i < CPU_N + 4; i++)
+		printf("---|");
+	printf("\n");
+	for (size_t s = 0; s < nsizes; s++) {
+		const struct fmt_row *fr = &row[s].f[0];
+
+		cpu_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->value_bytes)
+				cpu_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
+		cpu_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->wvalue_bytes)
+				cpu_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
+	}
+	printf("\n| path | value bytes |");
+	for (int i = 0; i < CPU_N; i++)
+		printf(" %s sleeps / read+write calls, per 1000 values |", cpu_name[i]);
+	printf("\n|---|---|");
+	for (int i = 0; i < CPU_N; i++)
+		printf("---|");
+	printf("\n");
+	for (size_t s = 0; s < nsizes; s++) {
+		const struct fmt_row *fr = &row[s].f[0];
+
+		cpu_sw_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->value_bytes)
+				cpu_sw_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
+		cpu_sw_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->wvalue_bytes)
+				cpu_sw_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
 	}
 	{
 		FILE *f = fopen("/proc/loadavg", "r");

@@ -1520,6 +1520,63 @@ static size_t rc_direct_take(struct kv_rc *rc, struct rc_node *node, size_t n)
 	return took;
 }
 
+/* Takes the whole GET values the reader holds next, each with a
+ * destination that fits it, without the reader: copied into the
+ * destination (the one copy), the reader's position moved past them.
+ * hiredis' redisReaderGetReply() moves the unread rest of its buffer to
+ * the front after every reply once 1 KiB of it is consumed (sdsrange()),
+ * so a read that held several 16 KiB values moved each one's successors
+ * again, about as many bytes as the values themselves (issue 38, fifth
+ * pass: half of the read threads' memmove); the buffer is now moved once a
+ * read, by the next redisReaderGetReply(). Only a length of plain digits,
+ * not 0 (a GETRANGE's miss), within the destination and max_value, with the
+ * whole value and its CRLF here, is taken here; anything else is the
+ * reader's, with its rules, as before. A value not followed by CRLF fails
+ * the node, as in rc_direct_take(). */
+static void rc_fast(struct kv_rc *rc, struct rc_node *node)
+{
+	redisReader *r = node->c->reader;
+
+	while (node->state == RC_UP && !r->err && !r->reply &&
+	       (r->ridx == -1 || (r->ridx == 0 && r->rstack[0].type == -1))) {
+		const char *p = r->buf + r->pos, *e;
+		size_t have = r->len - r->pos, len = 0, cap = 0, hdr;
+		const struct kv_rc_dst *d;
+		struct rc_reply *rep;
+		int digits = 1;
+
+		if (have < 4 || p[0] != '$' || !(d = rc_reply_dst(node)))
+			return;
+		e = memchr(p + 1, '\r', have - 1 < 21 ? have - 1 : 21);
+		if (!e || e == p + 1 || (size_t)(e - p) + 2 > have || e[1] != '\n')
+			return;
+		for (const char *q = p + 1; q < e && digits; q++) {
+			if (*q < '0' || *q > '9' || len > (SIZE_MAX - 9) / 10)
+				digits = 0;
+			else
+				len = len * 10 + (size_t)(*q - '0');
+		}
+		for (unsigned i = 0; i < d->nparts; i++)
+			cap += d->part[i].len;
+		hdr = (size_t)(e - p) + 2;
+		if (!digits || !len || len > cap || len > rc->lim.max_value || have - hdr < len + 2)
+			return;
+		if (p[hdr + len] != '\r' || p[hdr + len + 1] != '\n') {
+			rc_node_fail(rc, node, "reply: a value not followed by CRLF");
+			return;
+		}
+		if (!(rep = calloc(1, sizeof(*rep)))) {
+			rc_node_fail(rc, node, "out of memory");
+			return;
+		}
+		rep->type = REDIS_REPLY_STRING;
+		rep->len = len;
+		rep->dst = rc_dst_write(d, p + hdr, len);
+		r->pos += hdr + len + 2;
+		rc_reply(rc, node, rep);
+	}
+}
+
 /* Hands on every whole reply the reader holds, then lets a value begun
  * be read straight into its destination. */
 static void rc_parse(struct kv_rc *rc, struct rc_node *node)
@@ -1528,6 +1585,9 @@ static void rc_parse(struct kv_rc *rc, struct rc_node *node)
 	void *r;
 
 	while (node->state == RC_UP) {
+		rc_fast(rc, node);
+		if (node->state != RC_UP)
+			return;
 		r = NULL;
 		if (redisReaderGetReply(reader, &r) != REDIS_OK) {
 			rc_node_fail(rc, node, "reply: %s", reader->errstr);

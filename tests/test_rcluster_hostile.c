@@ -260,6 +260,9 @@ static int reply_get(int fd, const char *key, size_t klen)
 		puts_fd(fd, "cde");
 		nanosleep(&ts, NULL);
 		puts_fd(fd, IS("split") ? "fg\r\n" : "fgXY");
+	} else if (IS("wholebad")) {
+		/* A value whole in one send whose terminator is not CRLF. */
+		puts_fd(fd, "$7\r\nabcdefgXY");
 	} else if (IS("splitcr")) {
 		/* The value and half its CRLF, then the other half. */
 		struct timespec ts = { 0, 20000000L };
@@ -806,6 +809,16 @@ static void test_into(void)
 		CHECK(out[0].status == KV_RC_ERROR);
 		CHECK(strstr(kv_rc_last_error(rc), "not followed by CRLF"));
 		CHECK(dst_holds(1, "", 0));
+		expect_hit(rc, "hit", "abc", 3);
+		/* The same whole in one read (rcluster.c, rc_fast(): before,
+		 * hiredis took it and skipped the two bytes unread, a hit):
+		 * an error, nothing written. */
+		sk[0] = (struct kv_rc_key){ "wholebad", 8 };
+		dst_init(d, 1);
+		CHECK_EQ(kv_rc_get_into(rc, 1, sk, d, NULL, NULL, out), 0);
+		CHECK(out[0].status == KV_RC_ERROR);
+		CHECK(strstr(kv_rc_last_error(rc), "not followed by CRLF"));
+		CHECK(dst_holds(0, "", 0));
 		expect_hit(rc, "hit", "abc", 3);
 	}
 	/* Bad destinations are refused before anything is sent. */

@@ -28,6 +28,14 @@
  * docs/benchmarks.md). */
 #define FETCH_BYTES (4u << 20)
 #define WRITE_BATCH 256       /* writes one job sends */
+/* Writes one seal job of the tier's worker sums (remote_write.c), and such
+ * jobs in flight at once: one wakeup of the worker and one of the loop per
+ * batch, not per value (issue 38: at 16 KiB, an eventfd write and a loop
+ * wakeup per value), while a second batch keeps the worker busy as the loop
+ * takes the first; small enough that the write thread gets the first values
+ * of a demotion within a few microseconds of CRC32C. */
+#define SEAL_BATCH 32
+#define SEAL_JOBS 2
 #define KEY_MAX 200
 #define WPOOL_CLASSES 8       /* value lengths the write pool keeps buffers of */
 #define G4_READERS_MAX 16     /* remote_readers at most */
@@ -36,9 +44,7 @@
  * job holds it (the worker's seal job, the write thread's batch). */
 struct g4_write {
 	struct g4_write *next;
-	struct kv_job job;        /* the seal job of a write made from G2 */
-	struct kv_tiers *t;
-	const uint8_t *mac_key;   /* for that job */
+	const uint8_t *mac_key;   /* for its seal job */
 	uint32_t cl;              /* the client (user) it goes out with */
 	char key[KEY_MAX];
 	size_t keylen;
@@ -55,6 +61,15 @@ struct g4_write {
 	uint8_t head[sizeof(struct slot_hdr)];
 	uint8_t tag[KV_G4MAC_TAG_BYTES];
 	uint8_t sealed;           /* the worker made head (and tag): it may go out */
+};
+
+/* A seal job: up to SEAL_BATCH writes made from G2, summed (and tagged) on
+ * the tier's worker, then handed to their clients' pending lists on the
+ * loop (remote_write.c). list NULL: free. */
+struct g4_sjob {
+	struct kv_job job;
+	struct kv_tiers *t;
+	struct g4_write *list;
 };
 
 struct g4_fetch {
@@ -161,6 +176,12 @@ struct kv_g4 {
 	struct g4_wclass wpool[WPOOL_CLASSES];
 	uint64_t wpool_bytes, wpool_tick;  /* idle bytes in it */
 	uint64_t held;             /* G2 copies held BUSY_G4 (tier_remote_put() to write_done()) */
+	/* Writes made from G2 waiting for a seal job, in order; the jobs
+	 * (sealing of them in flight on the tier's worker). */
+	struct g4_write *seal_q, **seal_tail;
+	struct g4_sjob sj[SEAL_JOBS];
+	uint32_t sealing;
+	int seal_flushing;         /* seal_flush() is on the stack */
 	struct kv_g4_stats st;
 };
 
@@ -221,5 +242,8 @@ static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
 void tier_g4_wclass_drop(struct kv_g4 *g, struct g4_wclass *c);
 /* Loop, at the stop: frees a write never sent, its G2 slot released. */
 void tier_g4_write_free(struct kv_tiers *t, struct g4_write *x);
+/* Loop, at the stop (the worker idle, its done()s run): frees the writes
+ * still waiting for a seal job, their G2 slots released. */
+void tier_g4_seal_drop(struct kv_tiers *t);
 
 #endif

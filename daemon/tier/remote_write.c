@@ -347,16 +347,16 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 
 /* A write made from a G2 slot (remote_write = demote, a block G2 drops
  * without G3, a flush without G3): its checksums and tag are the tier's
- * worker's (w->job). At demotion the value is not copied at all (issue 38:
- * the copy was the loop's, 45% of its time in the profile of kvg4rate's
- * writes, then the worker's): the worker sums the payload where it lies in
- * the slot, which BUSY_G4 holds until the SET is answered (write_done()),
- * and makes the header and tag the write thread sends around it; otherwise
- * the loop copied it into w->buf, and the tblock may be gone by then. A
- * buffer whose tag fails is freed on the worker (see tier_remote_copy()). */
-static void seal_run(struct kv_job *j)
+ * worker's, in a seal job of up to SEAL_BATCH writes (seal_flush()). At
+ * demotion the value is not copied at all (issue 38: the copy was the
+ * loop's, 45% of its time in the profile of kvg4rate's writes, then the
+ * worker's): the worker sums the payload where it lies in the slot, which
+ * BUSY_G4 holds until the SET is answered (write_done()), and makes the
+ * header and tag the write thread sends around it; otherwise the loop
+ * copied it into w->buf, and the tblock may be gone by then. A buffer whose
+ * tag fails is freed on the worker (see tier_remote_copy()). */
+static void seal_one(struct g4_write *w)
 {
-	struct g4_write *w = kv_container_of(j, struct g4_write, job);
 	struct slot_hdr h;
 	size_t body;
 
@@ -380,23 +380,95 @@ static void seal_run(struct kv_job *j)
 	w->sealed = 1;
 }
 
+static void seal_run(struct kv_job *j)
+{
+	struct g4_sjob *s = kv_container_of(j, struct g4_sjob, job);
+
+	for (struct g4_write *w = s->list; w; w = w->next)
+		seal_one(w);
+}
+
+static void seal_flush(struct kv_tiers *t);
+
+/* Loop: each write of the batch joins its client's pending writes, or is
+ * dropped (its tag failed, or the stop). */
 static void seal_done(struct kv_job *j)
 {
-	struct g4_write *w = kv_container_of(j, struct g4_write, job);
-	struct kv_tiers *t = w->t;
+	struct g4_sjob *s = kv_container_of(j, struct g4_sjob, job);
+	struct kv_tiers *t = s->t;
+	struct kv_g4 *g = t->g4;
+	struct g4_write *list = s->list;
+
+	s->list = NULL;
+	g->sealing--;
+	while (list) {
+		struct g4_write *w = list;
+
+		list = w->next;
+		w->next = NULL;
+		if (!w->sealed || t->stopping) {
+			g->inflight -= w->len;
+			write_release(t, w);
+			wbuf_put(g, w->buf, w->len);
+			g->st.dropped++;
+			free(w);
+			continue;
+		}
+		*g->cl[w->cl].pending_tail = w;
+		g->cl[w->cl].pending_tail = &w->next;
+	}
+	for (uint32_t cl = 0; cl < g->ncl; cl++)
+		write_flush(t, cl);
+	seal_flush(t);
+}
+
+/* Hands the writes waiting to be sealed to the tier's worker, SEAL_BATCH
+ * to a job, while fewer than SEAL_JOBS are in flight: one at once when
+ * the worker is idle (no wait for a batch to fill), the rest batched
+ * behind it. */
+static void seal_flush(struct kv_tiers *t)
+{
 	struct kv_g4 *g = t->g4;
 
-	if (!w->sealed || t->stopping) {
-		g->inflight -= w->len;
-		write_release(t, w);
-		wbuf_put(g, w->buf, w->len);
-		g->st.dropped++;
-		free(w);
-		return;
+	if (g->seal_flushing)
+		return;   /* a job run at once (tier_offload() without a worker) */
+	g->seal_flushing = 1;
+	while (g->seal_q && g->sealing < SEAL_JOBS && !t->stopping) {
+		struct g4_sjob *s = &g->sj[0];
+		struct g4_write **tail = &g->seal_q;
+		uint32_t n = 0;
+
+		for (uint32_t k = 1; s->list && k < SEAL_JOBS; k++)
+			s = &g->sj[k];
+		kv_assert(!s->list);
+		while (*tail && n < SEAL_BATCH) {
+			tail = &(*tail)->next;
+			n++;
+		}
+		s->t = t;
+		s->list = g->seal_q;
+		g->seal_q = *tail;
+		*tail = NULL;
+		if (!g->seal_q)
+			g->seal_tail = &g->seal_q;
+		g->sealing++;
+		tier_offload(t, &s->job, seal_run, seal_done);
 	}
-	*g->cl[w->cl].pending_tail = w;
-	g->cl[w->cl].pending_tail = &w->next;
-	write_flush(t, w->cl);
+	g->seal_flushing = 0;
+}
+
+void tier_g4_seal_drop(struct kv_tiers *t)
+{
+	struct kv_g4 *g = t->g4;
+
+	while (g->seal_q) {
+		struct g4_write *w = g->seal_q;
+
+		g->seal_q = w->next;
+		g->inflight -= w->len;
+		tier_g4_write_free(t, w);   /* its held G2 slot, if any, released */
+	}
+	g->seal_tail = &g->seal_q;
 }
 
 uint64_t tier_remote_held(const struct kv_tiers *t)
@@ -442,8 +514,9 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->len = len;
 	w->cl = tier_g4_client_of(t, tb->pool->ns);
 	tb->g4_ok = 1;   /* written once */
-	w->t = t;
 	w->mac_key = tb->g4_key;
-	tier_offload(t, &w->job, seal_run, seal_done);
+	*g->seal_tail = w;
+	g->seal_tail = &w->next;
+	seal_flush(t);
 	return 1;
 }
