@@ -704,6 +704,34 @@ static void usage(void)
 	exit(2);
 }
 
+/* redis-benchmark's figures at one value size. */
+struct rb_size {
+	size_t size;
+	struct rb_result r, set;
+	struct cpu rcpu, wcpu;
+};
+
+/* The rows of one raw-pool CPU table (row_fn() prints one): each size's
+ * lookup and write, each followed by redis-benchmark's GET or SET at its
+ * value size. */
+static void cpu_rows(void (*row_fn)(const char *, size_t, const struct cpu *),
+		     const struct size_row *row, size_t nsizes, const struct rb_size *rbv,
+		     size_t nrbv)
+{
+	for (size_t s = 0; s < nsizes; s++) {
+		const struct fmt_row *fr = &row[s].f[0];
+
+		row_fn("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->value_bytes)
+				row_fn("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
+		row_fn("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
+		for (size_t k = 0; k < nrbv; k++)
+			if (rbv[k].size == fr->wvalue_bytes)
+				row_fn("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static char bin_buf[4096], conf_arg[200];
@@ -713,11 +741,7 @@ int main(int argc, char **argv)
 	unsigned passes = 5;
 	char tag_rows[RB_MASTERS][8], tags[RB_MASTERS * 8], port[16], err[256], label[64];
 	char pool_arg[40], tier_arg[40];
-	struct {
-		size_t size;
-		struct rb_result r, set;
-		struct cpu rcpu, wcpu;
-	} rbv[MAX_SIZES * NFMT];
+	struct rb_size rbv[MAX_SIZES * NFMT];
 	size_t nrbv = 0;
 	uint16_t *values;
 	uint8_t *want, *got;
@@ -989,18 +1013,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < CPU_N + 4; i++)
 		printf("---|");
 	printf("\n");
-	for (size_t s = 0; s < nsizes; s++) {
-		const struct fmt_row *fr = &row[s].f[0];
-
-		cpu_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
-		for (size_t k = 0; k < nrbv; k++)
-			if (rbv[k].size == fr->value_bytes)
-				cpu_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
-		cpu_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
-		for (size_t k = 0; k < nrbv; k++)
-			if (rbv[k].size == fr->wvalue_bytes)
-				cpu_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
-	}
+	cpu_rows(cpu_row, row, nsizes, rbv, nrbv);
 	printf("\n| path | value bytes |");
 	for (int i = 0; i < CPU_N; i++)
 		printf(" %s sleeps / read+write calls, per 1000 values |", cpu_name[i]);
@@ -1008,18 +1021,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < CPU_N; i++)
 		printf("---|");
 	printf("\n");
-	for (size_t s = 0; s < nsizes; s++) {
-		const struct fmt_row *fr = &row[s].f[0];
-
-		cpu_sw_row("G4 -> G1 (lookup)", fr->value_bytes, &fr->rcpu);
-		for (size_t k = 0; k < nrbv; k++)
-			if (rbv[k].size == fr->value_bytes)
-				cpu_sw_row("redis-benchmark GET", rbv[k].size, &rbv[k].rcpu);
-		cpu_sw_row("demotion -> G4 (write)", fr->wvalue_bytes, &fr->wcpu);
-		for (size_t k = 0; k < nrbv; k++)
-			if (rbv[k].size == fr->wvalue_bytes)
-				cpu_sw_row("redis-benchmark SET", rbv[k].size, &rbv[k].wcpu);
-	}
+	cpu_rows(cpu_sw_row, row, nsizes, rbv, nrbv);
 	{
 		FILE *f = fopen("/proc/loadavg", "r");
 		char la[64] = "?";
