@@ -244,3 +244,32 @@ def start_child(script, args, env=None, user=None, roles=None):
     os.close(pipes[1][1])
     os.close(pipes[2][1])
     return Child(pid, pipes[0][1], pipes[1][0], pipes[2][0])
+
+
+def preload(modules):
+    """Imports modules in this process, the one children are forked from,
+    so that each child has them without importing them again (they start no
+    thread and run no torch op at import)."""
+    import importlib
+    for m in modules:
+        importlib.import_module(m)
+
+
+def run(script, args, log, what, timeout=600, env=None, user=None, roles=None):
+    """Runs `script --child ARGS...` (start_child) to its end; returns its
+    last RESULT line decoded and its stdout. Fails the test with the child's
+    output and the daemon's log (log) when it exits non-zero, prints no
+    RESULT line or runs past timeout seconds (then killed); what names it,
+    with its pid, there."""
+    import json
+
+    import kvt
+    c = start_child(script, args, env=env, user=user, roles=roles)
+    rc, o, e = c.finish(timeout)
+    res = [ln[7:] for ln in o.splitlines() if ln.startswith("RESULT ")]
+    what = "%s (pid %d%s)" % (what, c.pid, "" if c.forked else ", exec")
+    if rc != 0 or not res:
+        sys.stderr.write(o[-4000:] + e[-8000:])
+        kvt.fail("%s failed (exit %s%s)" % (what, rc, ", killed after %d s" % timeout
+                                               if rc is None else ""), log)
+    return json.loads(res[-1]), o, what

@@ -161,32 +161,23 @@ PRELOAD = ["torch", "torch.distributed", "sglang.srt.mem_cache.memory_pool",
 
 
 def preload():
-    """Imports in this process what the children would each import (no
-    thread started, no torch op run: they are forked from it)."""
-    import importlib
-    for m in PRELOAD:
-        importlib.import_module(m)
+    """forkchild.preload(PRELOAD)."""
+    import forkchild
+    forkchild.preload(PRELOAD)
 
 
 def run_child(script, args, env, log, roles=None, timeout=600):
-    """`script --child ARGS...` in a process of its own (forkchild: forked
-    from this one, running roles[ARGS[0]], when it can); its "ok:" lines
-    printed; fails the test with its output and the daemon's log (log) when
-    it exits non-zero, prints no RESULT line or runs past timeout seconds.
-    Returns its last RESULT line decoded."""
+    """`script --child ARGS...` in a process of its own (forkchild.run:
+    forked from this one, running roles[ARGS[0]], when it can); its "ok:"
+    lines printed; fails the test with its output and the daemon's log (log)
+    when it exits non-zero, prints no RESULT line or runs past timeout
+    seconds. Returns its last RESULT line decoded."""
     import sys
 
     import forkchild
-    import kvt
-    c = forkchild.start_child(script, args, env=env, roles=roles)
-    rc, o, e = c.finish(timeout)
+    res, o, _ = forkchild.run(script, args, log, args[0], timeout=timeout, env=env, roles=roles)
     sys.stdout.write("".join(ln + "\n" for ln in o.splitlines() if ln.startswith("ok:")))
-    res = [ln[7:] for ln in o.splitlines() if ln.startswith("RESULT ")]
-    if rc != 0 or not res:
-        sys.stderr.write(o[-3000:] + e[-8000:])
-        kvt.fail(f"{args[0]} (pid {c.pid}{'' if c.forked else ', exec'}) failed (exit {rc}"
-                 f"{', killed after %d s' % timeout if rc is None else ''})", log)
-    return json.loads(res[-1])
+    return res
 
 
 def write_then_read(script, roles):

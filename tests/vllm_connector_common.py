@@ -357,11 +357,8 @@ PRELOAD = ["torch", "vllm", "vllm.config", "vllm.lora.request", "vllm.utils.hash
 
 
 def preload():
-    """Imports in this process what the children would each import (no
-    thread started, no torch op run: they are forked from it)."""
-    import importlib
-    for m in PRELOAD:
-        importlib.import_module(m)
+    """forkchild.preload(PRELOAD)."""
+    forkchild.preload(PRELOAD)
 
 
 def out(**kw):
@@ -378,19 +375,12 @@ def run_child(script, args, log, timeout=600, env=None, what=None, user=None):
     """Runs `script --child ARGS...` (start_child: its own process, as uid
     and gid user when given) and returns its last RESULT line decoded; fails
     the test with the child's output and the daemon's log (log) when it
-    exits non-zero, prints none or runs past timeout seconds."""
-    import kvt
-    c = forkchild.start_child(script, args, env=env, user=user)
-    rc, o, e = c.finish(timeout)
-    res = [ln[7:] for ln in o.splitlines() if ln.startswith("RESULT ")]
-    what = what or " ".join(args[:1])[:200]
-    what += " (pid %d%s)" % (c.pid, "" if c.forked else ", exec")
-    if rc != 0 or not res:
-        sys.stderr.write(o[-4000:] + e[-8000:])
-        kvt.fail(f"instance {what} failed (exit {rc}%s)" %
-                 (", killed after %d s" % timeout if rc is None else ""), log)
-    print(f"instance {what}: {res[-1][:300]}")
-    return json.loads(res[-1])
+    exits non-zero, prints none or runs past timeout seconds
+    (forkchild.run)."""
+    what = "instance " + (what or " ".join(args[:1])[:200])
+    res, _, what = forkchild.run(script, args, log, what, timeout=timeout, env=env, user=user)
+    print(f"{what}: {json.dumps(res)[:300]}")
+    return res
 
 
 def main_or_child(main, roles):
