@@ -360,7 +360,7 @@ void kv_blocks_unref_back(struct kv_block *const *blk, size_t n);
 /* 1 if n more references fit on b (n calls of kv_block_ref() would all
  * succeed), else 0: validates a batch before anything changes. A block
  * listed k times in a batch needs kv_block_ref_room(b, k). */
-int kv_block_ref_room(const struct kv_block *b, uint32_t n);
+static inline int kv_block_ref_room(const struct kv_block *b, uint32_t n);
 /* Drops a reference; at 0 a SEALED block becomes CACHED (newest in the LRU),
  * a WRITABLE one FREE. b must hold one (WRITABLE or SEALED). */
 void kv_block_unref(struct kv_block *b);
@@ -408,6 +408,32 @@ struct kv_run {
 static inline struct kv_pool *kv_block_pool(const struct kv_block *b)
 {
 	return b->run->pool;
+}
+
+static inline int kv_block_ref_room(const struct kv_block *b, uint32_t n)
+{
+	return b->ref <= KV_BLOCK_REF_MAX && n <= KV_BLOCK_REF_MAX - b->ref;
+}
+
+/* Asks for the line of b that the batch loops read and write (all but the
+ * index entry, which has the first line to itself), to write it: a pass
+ * over a batch calls it a few blocks ahead (issue 38). */
+static inline void kv_block_prefetch(const struct kv_block *b)
+{
+	__builtin_prefetch(&b->node, 1);
+}
+
+/* kv_block_prefetch() of the block handle h names when it is of near's run
+ * (what kv_block_lookup_near() of h then reads without a miss); nothing
+ * otherwise. Reads only near's run: a pass resolving a batch's handles
+ * asks a few handles ahead. */
+static inline void kv_block_prefetch_near(uint64_t h, const struct kv_block *near)
+{
+	const struct kv_run *run = near->run;
+
+	if (((h >> 12) & 0xfffff) == run->first_page && ((h >> 32) & 0xfff) == run->pool->id &&
+	    (h & 0xfff) < run->pool->blocks_per_run)
+		kv_block_prefetch(&run->blocks[h & 0xfff]);
 }
 
 /* kv_block_handle() a run at a time (issue 38: a reply of 1,000 handles):
