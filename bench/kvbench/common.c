@@ -87,7 +87,9 @@ void print_row(const struct row *r)
 		return;
 	if (r->req || r->resp)
 		snprintf(fr, sizeof(fr), "%u/%u", r->req, r->resp);
-	if (r->ops <= 0)
+	if (r->p10 > 0)
+		snprintf(rate, sizeof(rate), "p10 %.1f", r->p10);
+	else if (r->ops <= 0)
 		rate[0] = '\0';
 	else if (r->ops >= 1e6)
 		snprintf(rate, sizeof(rate), "%.2fM %s", r->ops / 1e6, r->ops_unit);
@@ -200,6 +202,7 @@ void cpu_row(char section, const char *name, struct samples *s)
 
 	snprintf(r->name, sizeof(r->name), "  daemon CPU, %s", name);
 	row_from(r, s, 1);
+	r->p10 = pct(s, 10);
 	r->ops = 0;
 	r->ops_unit = "";
 	print_row(r);

@@ -57,6 +57,7 @@ struct row {
 	char name[48];
 	uint32_t req, resp;          /* frame bytes with header; 0 = n/a */
 	double p50, p99;             /* microseconds */
+	double p10;                  /* the CPU rows' (cpu_row()); 0 = n/a */
 	double ops;                  /* per second */
 	const char *ops_unit;        /* "ops/s", "blocks/s", ... */
 	double floor_p50;            /* 0 = no comparison */
@@ -163,7 +164,9 @@ uint64_t daemon_cpu_ns(struct bench_conn *bc);
  * Returns false (nothing added) when daemon_cpu_ns() cannot read. */
 bool cycles_cpu(struct bench_conn *bc, uint32_t n, unsigned cycles, struct samples s[3]);
 /* Adds and prints a row "  daemon CPU, NAME" of s (microseconds, no floor,
- * no rate): what the daemon's loop spent per request. */
+ * no rate, its 10th percentile in the rate's column): what the daemon's
+ * loop spent per request. The p10 is the request whose lines the machine's
+ * other processes left in cache: what load moves least. */
 void cpu_row(char section, const char *name, struct samples *s);
 /* Runs cycles of n blocks for secs after a warm-up; s[0..2] get the alloc,
  * seal and release times, s[3] the whole cycle. */

@@ -69,7 +69,7 @@ void section_lookup(struct bench_conn *bc)
 	/* The daemon's CPU per lookup and per release: a pass of its own (the
 	 * reads between the requests stay out of the timed one). */
 	if (daemon_cpu_ns(bc)) {
-		for (unsigned i = 0; i < 1000; i++) {
+		for (unsigned i = 0; i < 3000; i++) {
 			uint64_t c0 = daemon_cpu_ns(bc), c1, c2;
 
 			k = kvc_lookup(bc->c, bc->pool, chain, CHAIN_LEN, held);
