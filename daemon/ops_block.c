@@ -148,7 +148,7 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 
 /* How many blocks ahead a pass over a batch asks for a block's line
  * (kv_block_prefetch()). */
-#define BLK_AHEAD 8
+#define BLK_AHEAD 16
 
 /* A value of b->check new to one pass over a request's blocks, which marks
  * each block it meets with it, so that a block listed twice is told by the

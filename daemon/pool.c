@@ -887,7 +887,7 @@ int kv_block_ref(struct kv_block *b)
 
 /* How many blocks ahead kv_blocks_ref() and kv_blocks_unref_back() ask for
  * the next block's line. */
-#define REF_AHEAD 8
+#define REF_AHEAD 16
 
 /* block_ref() in a batch (kv_blocks_ref()): the same transition, with
  * block_assert_state()'s checks of the block after it made on the block
