@@ -493,24 +493,21 @@ static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
  * (max_block_refs, kv_sessrefs_reserve()) the caller checked: a stretch at
  * a time, the blocks' references (kv_blocks_ref(): the counters once), the
  * session's counts on them and, with h, their reply handles into h[0..n)
- * (kv_op_handles()), while the stretch is in cache. The stretches go from
- * the tail back (each in order): the caller's last pass over the blocks
- * (Lookup's room check) went from the head and left the tail's lines in L1,
- * and Release, the request that follows a Lookup, begins at the head
- * (issue 38). The order changes nothing else: a block leaves its LRU
- * wherever its neighbours are, and each block is listed once or counted
- * per listing. */
+ * (kv_op_handles()), while the stretch is in cache (issue 38: Lookup's
+ * references and its reply were two passes over the chain). Head first:
+ * taken from the tail back, so that Lookup's room pass had left the
+ * stretches' lines in L1, a lookup of 1,000 measured 2-3 us slower (the
+ * sixth pass in docs/benchmarks.md). */
 static void take_refs(struct req *q, size_t n, uint64_t *h)
 {
-	for (size_t e = n; e > 0;) {
-		size_t i = e > REF_STRETCH ? e - REF_STRETCH : 0;
+	for (size_t i = 0; i < n; i += REF_STRETCH) {
+		size_t e = n - i < REF_STRETCH ? n : i + REF_STRETCH;
 
 		kv_blocks_ref(q->blk + i, e - i);
 		for (size_t j = i; j < e; j++)
 			kv_sessrefs_add(&q->ss->refs, q->blk[j]);
 		if (h)
 			kv_op_handles(q, q->blk + i, e - i, h + i);
-		e = i;
 	}
 }
 
