@@ -531,25 +531,6 @@ struct kv_block *kv_block_lookup(struct kv_pools *ps, uint64_t h)
 	return (b->gen & GEN_MASK) == gen ? b : NULL;
 }
 
-struct kv_block *kv_block_lookup_near(struct kv_pools *ps, uint64_t h, const struct kv_block *near)
-{
-	const struct kv_run *run;
-	const struct kv_block *b;
-
-	/* near's run is alive (near is held or was just resolved) and owns
-	 * its pages: a handle naming its pool and first page names it, as
-	 * kv_block_lookup() would find through the pool and the page. */
-	if (!near)
-		return kv_block_lookup(ps, h);
-	run = near->run;
-	if (((h >> 12) & 0xfffff) != run->first_page || ((h >> 32) & 0xfff) != run->pool->id)
-		return kv_block_lookup(ps, h);
-	if ((h & 0xfff) >= run->pool->blocks_per_run)
-		return NULL;
-	b = &run->blocks[h & 0xfff];
-	return (b->gen & GEN_MASK) == (uint32_t)(h >> 44) ? (struct kv_block *)b : NULL;
-}
-
 /* ---- runs ---------------------------------------------------------------- */
 
 static int pool_run_new(struct kv_pool *p)
