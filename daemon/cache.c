@@ -12,9 +12,13 @@
 
 /* ---- lookup ------------------------------------------------------------- */
 
-/* Hashes a lookup probes the index for at once (kv_index_find_many()): a
- * chain that misses early wastes at most this many probes. */
+/* Hashes a lookup probes the index for at once (kv_index_find_many()): at
+ * first LOOKUP_STEP, so that a chain that misses early wastes at most this
+ * many probes; then twice as many each time, up to LOOKUP_STEP_MAX, so that
+ * a long chain's probes overlap across fewer restarts (each step's first
+ * compares wait for their lines; issue 38). */
 #define LOOKUP_STEP 32
+#define LOOKUP_STEP_MAX 256
 
 /* Drops pins [from, to) of ss; the rest keep their order. */
 static void unpin_range(struct kv_session *ss, uint32_t from, uint32_t to)
@@ -72,7 +76,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	uint32_t oldest = c ? ss->lk_oldest : 0;
 	uint64_t born = c ? ss->pins[oldest]->ix.born_ms : 0;
 	int parked = 0, expired = 0, gap = 0, run = 1, started = 0, ttl = kv_pool_has_ttl(p);
-	size_t k, g, walked;
+	size_t k, g, walked, step = LOOKUP_STEP;
 
 	ss->lk_done = 0;
 	*old_pins = old;
@@ -91,10 +95,10 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	 * pins (blk[c..g)): a chain all in G1 is a hit that starts nothing,
 	 * and would drop the pins as soon as taken (below). One index probe
 	 * a block, which the walks below reuse. */
-	for (g = c; g < n;) {
-		struct kv_index_entry *ie[LOOKUP_STEP];
-		uint64_t key[LOOKUP_STEP];
-		size_t m = n - g < LOOKUP_STEP ? n - g : LOOKUP_STEP, j;
+	for (g = c; g < n; step = step < LOOKUP_STEP_MAX ? 2 * step : step) {
+		struct kv_index_entry *ie[LOOKUP_STEP_MAX];
+		uint64_t key[LOOKUP_STEP_MAX];
+		size_t m = n - g < step ? n - g : step, j;
 
 		kv_index_find_many(kv_pools_index(d->pools), p->id, hashes + g * KV_HASH_BYTES, m,
 				   key, ie);

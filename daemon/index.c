@@ -13,7 +13,10 @@
 
 #include "kvassert.h"
 
-uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
+/* Inlined into kv_index_find_many()'s loops (issue 38: called, the key and
+ * the compare were two calls a hash of a lookup of 1,000). */
+static inline __attribute__((always_inline)) uint64_t ix_key(const struct kv_index *ix,
+							     uint32_t pool, const uint8_t *hash)
 {
 	/* The pool goes into the seed rather than the input: XXH3 of 32
 	 * bytes is two 16-byte mixes, of 36 four (issue 38's second profile:
@@ -21,6 +24,22 @@ uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *h
 	 * keyed by the daemon's secret seed; each pool's keys by another. */
 	return XXH3_64bits_withSeed(hash, KV_HASH_BYTES,
 				    ix->seed ^ ((uint64_t)pool + 1) * 0x9e3779b97f4a7c15ull);
+}
+
+static inline __attribute__((always_inline)) struct kv_index_entry *
+ix_find(const struct kv_index *ix, uint64_t key, uint32_t pool, const uint8_t *hash)
+{
+	struct kv_index_entry *e = ix->buckets[key & (ix->nbuckets - 1)];
+
+	for (; e; e = e->next)
+		if (e->pool == pool && !memcmp(e->hash, hash, KV_HASH_BYTES))
+			return e;
+	return NULL;
+}
+
+uint64_t kv_index_key(const struct kv_index *ix, uint32_t pool, const uint8_t *hash)
+{
+	return ix_key(ix, pool, hash);
 }
 
 /* From a huge page on, the bucket array is a mapping of its own in huge
@@ -74,12 +93,7 @@ struct kv_index_entry *kv_index_find(const struct kv_index *ix, uint32_t pool, c
 struct kv_index_entry *kv_index_find_key(const struct kv_index *ix, uint64_t key, uint32_t pool,
 					 const uint8_t *hash)
 {
-	struct kv_index_entry *e = ix->buckets[key & (ix->nbuckets - 1)];
-
-	for (; e; e = e->next)
-		if (e->pool == pool && !memcmp(e->hash, hash, KV_HASH_BYTES))
-			return e;
-	return NULL;
+	return ix_find(ix, key, pool, hash);
 }
 
 /* How many hashes ahead of the one compared kv_index_find_many() has its
@@ -95,7 +109,7 @@ void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t 
 	/* Keys first, each bucket's line asked for as soon as its key is
 	 * known; then each chain's head a few hashes ahead of its compare. */
 	for (i = 0; i < n; i++) {
-		key[i] = kv_index_key(ix, pool, hashes + i * KV_HASH_BYTES);
+		key[i] = ix_key(ix, pool, hashes + i * KV_HASH_BYTES);
 		__builtin_prefetch(&ix->buckets[key[i] & mask]);
 	}
 	for (i = 0; i < n && i < IX_AHEAD; i++) {
@@ -111,7 +125,7 @@ void kv_index_find_many(const struct kv_index *ix, uint32_t pool, const uint8_t 
 			if (h)
 				__builtin_prefetch(h->hash);
 		}
-		out[i] = kv_index_find_key(ix, key[i], pool, hashes + i * KV_HASH_BYTES);
+		out[i] = ix_find(ix, key[i], pool, hashes + i * KV_HASH_BYTES);
 	}
 }
 

@@ -146,6 +146,10 @@ void kv_op_register(struct req *q, const Kvcached__RegisterPool *m)
 		 p->run_pages, p->blocks_per_run);
 }
 
+/* How many blocks ahead a pass over a batch asks for a block's line
+ * (kv_block_prefetch()). */
+#define BLK_AHEAD 16
+
 /* A value of b->check new to one pass over a request's blocks, which marks
  * each block it meets with it, so that a block listed twice is told by the
  * stamp (lookup_room_fast(), resolve_once()). An odd step visits every value
@@ -184,6 +188,10 @@ static int resolve_once(struct req *q, struct kv_pool *p, const uint64_t *handle
 		struct kv_block *b = kv_block_lookup_near(q->d->pools, handles[i],
 							  i ? q->blk[i - 1] : NULL);
 
+		/* A batch's blocks are in L2 at best: the lines of those a
+		 * few handles ahead are asked for when of b's run. */
+		if (b && i + BLK_AHEAD < n)
+			kv_block_prefetch_near(handles[i + BLK_AHEAD], b);
 		if (!b || b->state == KV_BLOCK_FREE || kv_block_pool(b)->ns != q->ss->ns ||
 		    (p && kv_block_pool(b) != p) || b->check == stamp ||
 		    !kv_sessrefs_get(&q->ss->refs, b))
@@ -482,17 +490,24 @@ static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
 #define REF_STRETCH 64
 
 /* Takes one reference on each of q->blk[0..n) for q's session, whose room
- * (max_block_refs, kv_sessrefs_reserve()) the caller checked: the blocks'
- * a stretch at a time (kv_blocks_ref(): the counters once), then the
- * session's counts on them. */
-static void take_refs(struct req *q, size_t n)
+ * (max_block_refs, kv_sessrefs_reserve()) the caller checked: a stretch at
+ * a time, the blocks' references (kv_blocks_ref(): the counters once), the
+ * session's counts on them and, with h, their reply handles into h[0..n)
+ * (kv_op_handles()), while the stretch is in cache (issue 38: Lookup's
+ * references and its reply were two passes over the chain). Head first:
+ * taken from the tail back, so that Lookup's room pass had left the
+ * stretches' lines in L1, a lookup of 1,000 measured 2-3 us slower (the
+ * sixth pass in docs/benchmarks.md). */
+static void take_refs(struct req *q, size_t n, uint64_t *h)
 {
 	for (size_t i = 0; i < n; i += REF_STRETCH) {
-		size_t m = n - i < REF_STRETCH ? n - i : REF_STRETCH;
+		size_t e = n - i < REF_STRETCH ? n : i + REF_STRETCH;
 
-		kv_blocks_ref(q->blk + i, m);
-		for (size_t j = i; j < i + m; j++)
+		kv_blocks_ref(q->blk + i, e - i);
+		for (size_t j = i; j < e; j++)
 			kv_sessrefs_add(&q->ss->refs, q->blk[j]);
+		if (h)
+			kv_op_handles(q, q->blk + i, e - i, h + i);
 	}
 }
 
@@ -500,31 +515,48 @@ static void take_refs(struct req *q, size_t n)
  * two (issue 38): no block listed twice and each with room for one more
  * reference (ref - mine[i] < max_block_refs, ref < KV_BLOCK_REF_MAX). A
  * repeat is told by a stamp of this pass in b->check (every other use of
- * check sets it before reading it). 1: all have room; 0: the exact check
- * decides (a repeat, a block without room, or a stamp left over from an
- * earlier pass of the same value: only slower, never wrong). */
-static int lookup_room_fast(struct req *q, size_t k, const uint32_t *mine)
+ * check sets it before reading it). The same pass lists in first[] the
+ * first block of each stretch of one run, which is all that
+ * kv_op_want_segments() reads of the others (their segment is their run's):
+ * *nfirst of them. 1: all have room; 0: the exact check decides (a repeat,
+ * a block without room, or a stamp left over from an earlier pass of the
+ * same value: only slower, never wrong). */
+static int lookup_room_fast(struct req *q, size_t k, const uint32_t *mine,
+			    struct kv_block **first, size_t *nfirst)
 {
 	uint32_t max = q->d->cfg.max_block_refs, stamp = check_stamp();
+	const struct kv_run *run = NULL;
+	size_t f = 0;
 
 	if (max > KV_BLOCK_REF_MAX)
 		max = KV_BLOCK_REF_MAX;
 	for (size_t i = 0; i < k; i++) {
 		struct kv_block *b = q->blk[i];
 
+		/* A chain's blocks are in L2 at best: their lines are asked
+		 * for a few blocks ahead. */
+		if (i + BLK_AHEAD < k)
+			kv_block_prefetch(q->blk[i + BLK_AHEAD]);
 		if (b->check == stamp || b->ref - (mine ? mine[i] : 0) >= max ||
 		    b->ref >= KV_BLOCK_REF_MAX)
 			return 0;
 		b->check = stamp;
+		if (b->run != run) {
+			run = b->run;
+			first[f++] = b;
+		}
 	}
+	*nfirst = f;
 	return 1;
 }
 
 void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 {
 	struct kv_pool *p = kv_op_pool(q, m->pool_id);
-	size_t n = m->hashes.len / HASH, k;
+	size_t n = m->hashes.len / HASH, k, nfirst = 0;
 	uint32_t old_pins, *mine = NULL;
+	struct kv_block **first = NULL, **segs;
+	uint64_t *h;
 	uint8_t *tiers = NULL;
 	Kvcached__Tier *tv = NULL;
 	int r;
@@ -564,7 +596,13 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		}
 		kv_cache_lookup_held(q->ss, q->blk, k, old_pins, mine);
 	}
-	if (!lookup_room_fast(q, k, mine)) {
+	if (k && !(first = q_alloc(q, k * sizeof(*first)))) {
+		kv_cache_lookup_done(q->ss, old_pins);
+		return;
+	}
+	if (lookup_room_fast(q, k, mine, first, &nfirst)) {
+		segs = first;
+	} else {
 		for (size_t i = 0; i < k; i++)
 			q->blk[i]->check = 0;
 		for (size_t i = 0; i < k; i++)
@@ -573,8 +611,10 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 				kv_cache_lookup_done(q->ss, old_pins);
 				return;
 			}
+		segs = q->blk;
+		nfirst = k;
 	}
-	if (kv_op_want_segments(q, q->blk, k) < 0) {
+	if (kv_op_want_segments(q, segs, nfirst) < 0) {
 		/* A held lookup keeps its pins for when it runs again. */
 		if (q->out != KV_OP_HOLD)
 			kv_cache_lookup_done(q->ss, old_pins);
@@ -588,10 +628,12 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	}
 	if (tiers && k && !(tv = q_alloc(q, k * sizeof(*tv))))
 		return;
-	take_refs(q, k);
+	if (!(h = q_alloc(q, (k ? k : 1) * sizeof(*h))))
+		return;
+	take_refs(q, k, h);
 	kv_cache_lookup_done(q->ss, old_pins);
 	kv_cache_count_lookup(q->d, p, n, k);
-	kv_op_reply_blocks(q, k);
+	kv_op_reply_handles(q, h, k);
 	if (tv && q->rs->result_case == KVCACHED__RESPONSE__RESULT_BLOCKS) {
 		for (size_t i = 0; i < k; i++)
 			tv[i] = (Kvcached__Tier)tiers[i];
@@ -636,7 +678,7 @@ void kv_op_fork(struct req *q, const Kvcached__Fork *m)
 		return;
 	}
 	/* The blocks are held: their segments are the session's already. */
-	take_refs(q, m->n_blocks);
+	take_refs(q, m->n_blocks, NULL);
 	kv_op_reply_blocks(q, m->n_blocks);
 }
 

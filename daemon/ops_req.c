@@ -201,31 +201,35 @@ int kv_op_want_segments(struct req *q, struct kv_block *const *blocks, size_t n)
 	return 0;
 }
 
-void kv_op_reply_blocks(struct req *q, size_t n)
+void kv_op_handles(struct req *q, struct kv_block *const *blk, size_t n, uint64_t *h)
 {
-	struct kv_backend *be = q->d->be;
-	Kvcached__BlockList *bl = q_alloc(q, sizeof(*bl));
-	uint64_t *h = q_alloc(q, (n ? n : 1) * sizeof(uint64_t));
-	Kvcached__Segment **segs = NULL;
 	uint64_t base = 0;
-	size_t i;
 
-	if (!bl || !h)
-		return;
-	if (q->nsegs && !(segs = q_alloc(q, q->nsegs * sizeof(*segs))))
-		return;
-	kvcached__block_list__init(bl);
-	for (i = 0; i < n; i++) {
-		const struct kv_block *b = q->blk[i];
+	for (size_t i = 0; i < n; i++) {
+		const struct kv_block *b = blk[i];
 		uint32_t dev, seg;
 
-		if (!i || b->run != q->blk[i - 1]->run) {
+		if (!i || b->run != blk[i - 1]->run) {
 			kv_block_where(b, &dev, &seg);
 			kv_assert(kv_session_has_segment(q->ss, dev, seg));
 			base = kv_run_handle_base(b->run);
 		}
 		h[i] = kv_block_handle_in(b, base);
 	}
+}
+
+void kv_op_reply_handles(struct req *q, uint64_t *h, size_t n)
+{
+	struct kv_backend *be = q->d->be;
+	Kvcached__BlockList *bl = q_alloc(q, sizeof(*bl));
+	Kvcached__Segment **segs = NULL;
+	size_t i;
+
+	if (!bl)
+		return;
+	if (q->nsegs && !(segs = q_alloc(q, q->nsegs * sizeof(*segs))))
+		return;
+	kvcached__block_list__init(bl);
 	for (i = 0; i < q->nsegs; i++) {
 		if (!(segs[i] = q_alloc(q, sizeof(**segs))))
 			return;
@@ -241,6 +245,16 @@ void kv_op_reply_blocks(struct req *q, size_t n)
 	q->rs->segments = segs;
 	q->rs->result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
 	q->rs->blocks = bl;
+}
+
+void kv_op_reply_blocks(struct req *q, size_t n)
+{
+	uint64_t *h = q_alloc(q, (n ? n : 1) * sizeof(uint64_t));
+
+	if (!h)
+		return;
+	kv_op_handles(q, q->blk, n, h);
+	kv_op_reply_handles(q, h, n);
 }
 
 int kv_op_resolve(struct req *q, struct kv_pool *p, const uint64_t *handles, size_t n,

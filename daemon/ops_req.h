@@ -85,6 +85,13 @@ int kv_op_fds_room(struct req *q, uint64_t n);
  * kv_op_want_segments() queued; every block's segment must be the
  * session's. */
 void kv_op_reply_blocks(struct req *q, size_t n);
+/* kv_op_reply_blocks() in two parts, for a handler that writes the handles
+ * while it has the blocks in cache (issue 38: Lookup's references and its
+ * reply in one pass over the chain): the handle of each of blk[0..n) into
+ * h[0..n) (any stretch at a time; each block's segment the session's), then
+ * the reply of h (the caller's q_alloc(), all n written) and the segments. */
+void kv_op_handles(struct req *q, struct kv_block *const *blk, size_t n, uint64_t *h);
+void kv_op_reply_handles(struct req *q, uint64_t *h, size_t n);
 
 /* Takes back every fd q queued, last first (a reply that carries no
  * blocks sends none). */

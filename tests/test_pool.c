@@ -526,6 +526,29 @@ static void test_asserts(void)
 	CHECK_ABORTS({ b[1]->slot = KV_MAX_RUN_BLOCKS; kv_block_handle(b[1]); });  /* slot out of range */
 	CHECK_ABORTS({ b[1]->ref = 0; kv_block_assert_state(b[1]); });  /* SEALED, ref 0 */
 	CHECK_ABORTS({ b[3]->run->nused = 0; kv_block_unref(b[3]); });   /* nused underflow */
+	/* The batch transitions (kv_blocks_ref(), kv_blocks_unref_back())
+	 * check each block on its fields before they change it (issue 38):
+	 * every broken state that kv_block_assert_state() catches after a
+	 * single-block transition, they catch too. */
+	CHECK_ABORTS(kv_blocks_ref(&b[0], 1));                               /* FREE */
+	CHECK_ABORTS({ b[1]->ref = 0; kv_blocks_ref(&b[1], 1); });           /* SEALED, ref 0 */
+	CHECK_ABORTS({ b[1]->ref = KV_BLOCK_REF_MAX; kv_blocks_ref(&b[1], 1); });  /* no room */
+	CHECK_ABORTS({ b[1]->ix.pprev = NULL; kv_blocks_ref(&b[1], 1); });   /* SEALED, unindexed */
+	CHECK_ABORTS({ b[3]->ix.pprev = &b[3]->ix.next; kv_blocks_ref(&b[3], 1); });  /* WRITABLE, indexed */
+	CHECK_ABORTS({ b[1]->demoting = 1; kv_blocks_ref(&b[1], 1); });      /* SEALED, demoting */
+	CHECK_ABORTS({ kv_list_push_front(&p->lru, &b[1]->node); kv_blocks_ref(&b[1], 1); });  /* SEALED, listed */
+	CHECK_ABORTS({ kv_list_del(&b[2]->node); kv_blocks_ref(&b[2], 1); });  /* CACHED, on no list */
+	CHECK_ABORTS({ b[2]->ref = 1; kv_blocks_ref(&b[2], 1); });           /* CACHED, ref 1 */
+	CHECK_ABORTS({ b[1]->slot = (uint16_t)p->blocks_per_run; kv_blocks_ref(&b[1], 1); });  /* slot */
+	CHECK_ABORTS({ b[1]->own = 2; b[1]->owner = 9; kv_blocks_ref(&b[1], 1); });  /* own > ref */
+	CHECK_ABORTS({ b[1]->own = 0; b[1]->owner = 0; b[1]->own = 1; kv_blocks_ref(&b[1], 1); });  /* own, no owner */
+	CHECK_ABORTS(kv_blocks_unref_back(&b[0], 1));                        /* FREE */
+	CHECK_ABORTS(kv_blocks_unref_back(&b[2], 1));                        /* CACHED */
+	CHECK_ABORTS({ b[1]->ix.pprev = NULL; kv_blocks_unref_back(&b[1], 1); });  /* last ref, unindexed */
+	CHECK_ABORTS({ b[1]->demoting = 1; kv_blocks_unref_back(&b[1], 1); });    /* last ref, demoting */
+	CHECK_ABORTS({ kv_list_push_front(&p->lru, &b[1]->node); kv_blocks_unref_back(&b[1], 1); });
+	CHECK_ABORTS({ b[1]->own = 1; b[1]->owner = 9; kv_blocks_unref_back(&b[1], 1); });  /* owner's ref left */
+	CHECK_ABORTS({ b[1]->slot = (uint16_t)p->blocks_per_run; kv_blocks_unref_back(&b[1], 1); });
 	/* The children changed nothing here. */
 	must_be_consistent(e.ps);
 	env_free(&e);

@@ -13,7 +13,7 @@
 
 /* --- output --------------------------------------------------------------- */
 
-struct row rows[64];
+struct row rows[96];
 size_t nrows;
 
 void die(const char *fmt, ...)
@@ -87,7 +87,11 @@ void print_row(const struct row *r)
 		return;
 	if (r->req || r->resp)
 		snprintf(fr, sizeof(fr), "%u/%u", r->req, r->resp);
-	if (r->ops >= 1e6)
+	if (r->p10 > 0)
+		snprintf(rate, sizeof(rate), "p10 %.1f", r->p10);
+	else if (r->ops <= 0)
+		rate[0] = '\0';
+	else if (r->ops >= 1e6)
 		snprintf(rate, sizeof(rate), "%.2fM %s", r->ops / 1e6, r->ops_unit);
 	else if (r->ops >= 1e4)
 		snprintf(rate, sizeof(rate), "%.1fk %s", r->ops / 1e3, r->ops_unit);
@@ -190,6 +194,18 @@ void row_from(struct row *r, struct samples *s, double per)
 	r->p50 = pct(s, 50);
 	r->p99 = pct(s, 99);
 	r->ops = t > 0 ? (double)s->n * per / t : 0;
+}
+
+void cpu_row(char section, const char *name, struct samples *s)
+{
+	struct row *r = add_row(section, "");
+
+	snprintf(r->name, sizeof(r->name), "  daemon CPU, %s", name);
+	row_from(r, s, 1);
+	r->p10 = pct(s, 10);
+	r->ops = 0;
+	r->ops_unit = "";
+	print_row(r);
 }
 
 /* --- synthetic hashes ----------------------------------------------------- */

@@ -3,7 +3,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "kvbench.h"
 
@@ -28,6 +32,18 @@ void bc_open(struct bench_conn *bc, size_t cap, const char *name, bool with_pool
 	if (r < 0)
 		die("cannot connect to kvcached at %s: %s", sock_path, kvc_strerror(r));
 	bc->pool = -1;
+	bc->cpu_fd = -1;
+	{
+		struct ucred uc;
+		socklen_t len = sizeof(uc);
+		char path[64];
+
+		if (getsockopt(kvc_conn_fd(bc->c), SOL_SOCKET, SO_PEERCRED, &uc, &len) == 0 &&
+		    uc.pid > 0) {
+			snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)uc.pid);
+			bc->cpu_fd = open(path, O_RDONLY | O_CLOEXEC);
+		}
+	}
 	if (with_pool) {
 		/* A model name: a pool without one publishes no KV events
 		 * (docs/events.md), and scripts/bench-events.sh measures them. */
@@ -46,10 +62,52 @@ void bc_open(struct bench_conn *bc, size_t cap, const char *name, bool with_pool
 void bc_close(struct bench_conn *bc)
 {
 	kvc_close(bc->c);
+	if (bc->cpu_fd >= 0)
+		close(bc->cpu_fd);
 	free(bc->h);
 	free(bc->b);
 	free(bc->o);
 	memset(bc, 0, sizeof(*bc));
+	bc->cpu_fd = -1;
+}
+
+uint64_t daemon_cpu_ns(struct bench_conn *bc)
+{
+	char buf[128];
+	ssize_t k;
+
+	if (bc->cpu_fd < 0)
+		return 0;
+	k = pread(bc->cpu_fd, buf, sizeof(buf) - 1, 0);
+	if (k <= 0)
+		return 0;
+	buf[k] = '\0';
+	return strtoull(buf, NULL, 10);
+}
+
+bool cycles_cpu(struct bench_conn *bc, uint32_t n, unsigned cycles, struct samples s[3])
+{
+	uint64_t c[4];
+	int r;
+
+	if (!daemon_cpu_ns(bc))
+		return false;
+	for (unsigned i = 0; i < cycles; i++) {
+		fresh_hashes(bc->h, n);
+		c[0] = daemon_cpu_ns(bc);
+		r = kvc_alloc(bc->c, bc->pool, n, bc->b);
+		c[1] = daemon_cpu_ns(bc);
+		check(bc->c, r, "alloc");
+		r = kvc_seal(bc->c, bc->pool, bc->b, bc->h, n, bc->o);
+		c[2] = daemon_cpu_ns(bc);
+		check(bc->c, r, "seal");
+		r = kvc_release(bc->c, bc->o, n);
+		c[3] = daemon_cpu_ns(bc);
+		check(bc->c, r, "release");
+		for (int j = 0; j < 3; j++)
+			sample_add(&s[j], c[j + 1] - c[j]);
+	}
+	return true;
 }
 
 void cycle(struct bench_conn *bc, uint32_t n, uint64_t t[4])

@@ -57,6 +57,7 @@ struct row {
 	char name[48];
 	uint32_t req, resp;          /* frame bytes with header; 0 = n/a */
 	double p50, p99;             /* microseconds */
+	double p10;                  /* the CPU rows' (cpu_row()); 0 = n/a */
 	double ops;                  /* per second */
 	const char *ops_unit;        /* "ops/s", "blocks/s", ... */
 	double floor_p50;            /* 0 = no comparison */
@@ -65,7 +66,7 @@ struct row {
 	double evicted;              /* % of the allocs that evicted; NAN = n/a */
 };
 
-extern struct row rows[64];
+extern struct row rows[96];
 extern size_t nrows;
 
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -141,6 +142,7 @@ struct bench_conn {
 	kvc_hash *h;
 	kvc_block *b, *o;
 	size_t cap;
+	int cpu_fd;                       /* the daemon's /proc/PID/schedstat, or -1 */
 };
 
 /* Connects; registers the 4 KiB pool unless with_pool is false (section g
@@ -150,6 +152,22 @@ void bc_close(struct bench_conn *bc);
 /* One alloc+seal+release of n blocks with fresh hashes; t[0..3] get the
  * times before alloc, seal, release and after. */
 void cycle(struct bench_conn *bc, uint32_t n, uint64_t t[4]);
+/* The CPU time (ns) the daemon's main thread, its event loop, has run so
+ * far: /proc/PID/schedstat of the socket's peer (SO_PEERCRED), which the
+ * kernel brings up to date when read. 0 when it cannot be read (another
+ * pid namespace, another user): the CPU rows are left out then. Load on
+ * the machine moves it far less than a latency (issue 38: benchmarks on a
+ * shared machine). */
+uint64_t daemon_cpu_ns(struct bench_conn *bc);
+/* The daemon's CPU per op of an alloc+seal+release cycle of n blocks, over
+ * `cycles` cycles, into s[0..2] (ns), each op's read before and after it.
+ * Returns false (nothing added) when daemon_cpu_ns() cannot read. */
+bool cycles_cpu(struct bench_conn *bc, uint32_t n, unsigned cycles, struct samples s[3]);
+/* Adds and prints a row "  daemon CPU, NAME" of s (microseconds, no floor,
+ * no rate, its 10th percentile in the rate's column): what the daemon's
+ * loop spent per request. The p10 is the request whose lines the machine's
+ * other processes left in cache: what load moves least. */
+void cpu_row(char section, const char *name, struct samples *s);
 /* Runs cycles of n blocks for secs after a warm-up; s[0..2] get the alloc,
  * seal and release times, s[3] the whole cycle. */
 void cycles_run(struct bench_conn *bc, uint32_t n, double secs, struct samples s[4]);

@@ -97,6 +97,8 @@ static void print_json(const struct utsname *u, long ncpu)
 		       r->resp, r->n);
 		json_num("p50_us", r->p50);
 		json_num("p99_us", r->p99);
+		if (r->p10 > 0)
+			json_num("p10_us", r->p10);
 		json_num("rate", r->ops);
 		printf(", \"rate_unit\": ");
 		json_str(r->ops_unit);
