@@ -33,13 +33,86 @@
  * is dropped and counted, as an allocation failure is. */
 #include "remote_int.h"
 
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "fault.h"
 #include "g4mac.h"
+#include "kvclock.h"
 #include "log.h"
+
+/* ---- the writes' timeline (KVCACHED_G4_TRACE; bench/kvg4rate --trace) --- */
+
+/* With $KVCACHED_G4_TRACE naming a file, every step of a write is stamped
+ * into it (issue 38: where a 16 KiB write pass waits): a header whose first
+ * 8 bytes count the events, then TRACE_MAX events of struct g4_tev, shared
+ * mapped, so a reader sees them as they come; past TRACE_MAX nothing more
+ * is stamped. A developer's instrument: off (one branch per step) unless
+ * the variable is set at start; the file is made by whoever starts the
+ * daemon, never by a client. The loop and the write thread both stamp (an
+ * atomic count). */
+#define TRACE_MAX (1u << 20)
+#define TRACE_HDR 64
+
+enum { TEV_PUT = 1, TEV_SEAL_SUB, TEV_SEAL_DONE, TEV_W_SUB, TEV_W_START, TEV_W_END,
+       TEV_W_DONE };
+
+struct g4_tev {
+	uint64_t ns;
+	uint32_t kind, n;
+};
+
+static struct {
+	int state;                 /* 0: not looked; 1: on; -1: off */
+	_Atomic uint64_t *count;
+	struct g4_tev *ev;
+} trace;
+
+/* Loop: opens the trace file the first time (before any write job exists,
+ * so the write thread sees trace.ev set by the job's hand-off). */
+static void trace_open(void)
+{
+	const char *path = getenv("KVCACHED_G4_TRACE");
+	size_t len = TRACE_HDR + (size_t)TRACE_MAX * sizeof(struct g4_tev);
+	void *m;
+	int fd;
+
+	trace.state = -1;
+	if (!path || !path[0])
+		return;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0 ||
+	    (m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		kv_warn("KVCACHED_G4_TRACE %s: cannot map it; no trace", path);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	close(fd);
+	trace.count = m;
+	trace.ev = (struct g4_tev *)((uint8_t *)m + TRACE_HDR);
+	trace.state = 1;
+	kv_info("G4: the writes' timeline goes to %s", path);
+}
+
+static void tev(uint32_t kind, uint32_t n)
+{
+	uint64_t i;
+
+	if (!trace.ev)
+		return;
+	i = atomic_load_explicit(trace.count, memory_order_relaxed);
+	if (i >= TRACE_MAX)
+		return;
+	i = atomic_fetch_add(trace.count, 1);
+	if (i < TRACE_MAX)
+		trace.ev[i] = (struct g4_tev){ kv_mono_ns(), kind, n };
+}
 
 /* ---- the write pool (loop only) ------------------------------------------ */
 
@@ -223,6 +296,7 @@ static void write_run(struct kv_job *j)
 	struct g4_write *x;
 	uint32_t i = 0;
 
+	tev(TEV_W_START, w->n);
 	for (x = w->list; x; x = x->next, i++) {
 		struct kv_rc_dst *d = &w->vals[i];
 
@@ -242,6 +316,7 @@ static void write_run(struct kv_job *j)
 	if (kv_rc_set_parts(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
 		for (i = 0; i < w->n; i++)
 			w->ok += w->status[i] == KV_RC_OK;
+	tev(TEV_W_END, w->n);
 	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
 	if (w->ok < w->n)   /* on the write thread: its client's error, before the next job */
 		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr));
@@ -274,6 +349,7 @@ static void write_done(struct kv_job *j)
 	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
 	struct kv_g4 *g = w->t->g4;
 
+	tev(TEV_W_DONE, w->n);
 	g->st.writes += w->ok;
 	g->st.write_errors += w->n - w->ok;
 	g->cl[w->cl].wr_st = w->rc;
@@ -318,6 +394,7 @@ static void write_flush(struct kv_tiers *t, uint32_t cl)
 	c->writing = 1;
 	w->job.run = write_run;
 	w->job.done = write_done;
+	tev(TEV_W_SUB, w->n);
 	kv_worker_submit(&t->g4->ww, &w->job);
 }
 
@@ -327,6 +404,8 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	uint64_t len = tier_g4_value_len(tb->pool, tb->g4_key);
 	struct g4_write *w;
 
+	if (!trace.state)
+		trace_open();
 	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
 		g->inflight -= len;
 		wbuf_put(g, tb->g4_buf, len);
@@ -401,6 +480,7 @@ static void seal_done(struct kv_job *j)
 
 	s->list = NULL;
 	g->sealing--;
+	tev(TEV_SEAL_DONE, 0);
 	while (list) {
 		struct g4_write *w = list;
 
@@ -452,6 +532,7 @@ static void seal_flush(struct kv_tiers *t)
 		if (!g->seal_q)
 			g->seal_tail = &g->seal_q;
 		g->sealing++;
+		tev(TEV_SEAL_SUB, n);
 		tier_offload(t, &s->job, seal_run, seal_done);
 	}
 	g->seal_flushing = 0;
@@ -486,6 +567,8 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	/* At demotion it stays in G2: sent from its slot, held. */
 	int held = when == KV_G4W_DEMOTE && !tb->busy;
 
+	if (!trace.state)
+		trace_open();
 	if (!tb->run[L2] || !remote_want(t, tb, when, !held))
 		return 0;
 	len = tier_g4_value_len(tb->pool, tb->g4_key);
@@ -517,6 +600,7 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->mac_key = tb->g4_key;
 	*g->seal_tail = w;
 	g->seal_tail = &w->next;
+	tev(TEV_PUT, 1);
 	seal_flush(t);
 	return 1;
 }
