@@ -552,55 +552,69 @@ static uint64_t trace_now(void)
 
 /* One timed write pass's timeline, events [from, to) of the trace, t0 the
  * Evict call, t1 the poll that saw every write answered: when the blocks
- * came to G4 (demotion), how long the write thread was in its calls (and
- * the rate there), and where the time between its calls went: the loop's
- * turn from a call's end to its done() on the loop, waiting there for
- * sealed writes (done() to the next job), the write thread's wakeup (the
- * job handed over to its start). */
+ * came to G4 (demotion), how long the write threads were in their calls
+ * (one at least, and two at once), the rate while one was, and where each
+ * thread's time between its calls went: the loop's turn from a call's end
+ * to its done() on the loop, waiting there for sealed writes (done() to
+ * the next job), the thread's wakeup (the job handed over to its start). */
+#define TR_WRITERS 8
 static void trace_pass(const char *sz, unsigned p, uint64_t from, uint64_t to, uint64_t t0,
 		       uint64_t t1, size_t vbytes)
 {
-	uint64_t put0 = 0, put1 = 0, sub = 0, start = 0, end = 0, done = 0, first = 0, last = 0;
-	uint64_t in_call = 0, turn = 0, wait = 0, wake = 0, puts = 0, vals = 0, calls = 0;
-	uint64_t in_call_dm = 0;
+	uint64_t sub[TR_WRITERS] = { 0 }, start[TR_WRITERS] = { 0 }, end[TR_WRITERS] = { 0 };
+	uint64_t done[TR_WRITERS] = { 0 };
+	uint64_t put0 = 0, put1 = 0, first = 0, last = 0, turn = 0, wait = 0, wake = 0;
+	uint64_t puts = 0, vals = 0, calls = 0, any = 0, two = 0, since = 0;
+	unsigned in = 0, writers = 0;
 
 	for (uint64_t i = from; i < to; i++) {
 		const struct tr_ev *e = &tr_ev[i];
+		unsigned k = e->n >> 24;
+		uint32_t n = e->n & 0xffffff;
 
-		if (e->ns < t0 || e->ns > t1)
+		if (e->ns < t0 || e->ns > t1 || k >= TR_WRITERS)
 			continue;
 		switch (e->kind) {
 		case TR_PUT:
 			put0 = put0 ? put0 : e->ns;
 			put1 = e->ns;
-			puts += e->n;
+			puts += n;
 			break;
 		case TR_W_SUB:
-			sub = e->ns;
-			if (done)
-				wait += sub - done;
+			sub[k] = e->ns;
+			if (done[k])
+				wait += sub[k] - done[k];
 			break;
 		case TR_W_START:
-			start = e->ns;
-			first = first ? first : start;
-			if (sub)
-				wake += start - sub;
+			start[k] = e->ns;
+			first = first ? first : e->ns;
+			if (sub[k])
+				wake += start[k] - sub[k];
+			if (in >= 1)
+				any += e->ns - since;
+			if (in >= 2)
+				two += e->ns - since;
+			since = e->ns;
+			in++;
+			writers |= 1u << k;
 			break;
 		case TR_W_END:
-			if (!start)
+			if (!start[k] || !in)
 				break;
-			end = last = e->ns;
-			in_call += end - start;
-			if (put1 && start < put1)   /* the demotion still coming in */
-				in_call_dm += (end < put1 ? end : put1) - start;
-			vals += e->n;
+			end[k] = last = e->ns;
+			any += e->ns - since;
+			if (in >= 2)
+				two += e->ns - since;
+			since = e->ns;
+			in--;
+			vals += n;
 			calls++;
 			break;
 		case TR_W_DONE:
-			if (!end)
+			if (!end[k])
 				break;
-			done = e->ns;
-			turn += done - end;
+			done[k] = e->ns;
+			turn += done[k] - end[k];
 			break;
 		}
 	}
@@ -609,14 +623,16 @@ static void trace_pass(const char *sz, unsigned p, uint64_t from, uint64_t to, u
 		return;
 	}
 	printf("trace %s pass %u: %.1f ms; blocks to G4 (%llu) from %.2f to %.2f ms; write calls "
-	       "%llu (%.0f values each) from %.2f to %.2f ms: in calls %.1f ms (%.1f of them while "
-	       "blocks still came), %.2f GB/s there; between calls: loop's turn %.1f ms, waiting "
-	       "for sealed writes %.1f ms, the write thread's wakeup %.1f ms; after the last "
-	       "%.2f ms\n", sz, p, (double)(t1 - t0) / 1e6, (unsigned long long)puts,
+	       "%llu (%.0f values each) on %d threads from %.2f to %.2f ms: one at least in a "
+	       "call %.1f ms, two at once %.1f ms, %.2f GB/s while one was; each thread between "
+	       "its calls: the loop's turn %.1f ms, waiting for sealed writes %.1f ms, the "
+	       "wakeup %.1f ms (summed); after the last %.2f ms\n", sz, p,
+	       (double)(t1 - t0) / 1e6, (unsigned long long)puts,
 	       put0 ? (double)(put0 - t0) / 1e6 : 0, put1 ? (double)(put1 - t0) / 1e6 : 0,
-	       (unsigned long long)calls, (double)vals / (double)calls, (double)(first - t0) / 1e6,
-	       (double)(last - t0) / 1e6, (double)in_call / 1e6, (double)in_call_dm / 1e6,
-	       in_call ? (double)vals * (double)vbytes / (double)in_call : 0, (double)turn / 1e6,
+	       (unsigned long long)calls, (double)vals / (double)calls,
+	       __builtin_popcount(writers), (double)(first - t0) / 1e6, (double)(last - t0) / 1e6,
+	       (double)any / 1e6, (double)two / 1e6,
+	       any ? (double)vals * (double)vbytes / (double)any : 0, (double)turn / 1e6,
 	       (double)wait / 1e6, (double)wake / 1e6, (double)(t1 - last) / 1e6);
 }
 
@@ -937,9 +953,13 @@ int main(int argc, char **argv)
 	snprintf(pool_arg, sizeof(pool_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
 	snprintf(tier_arg, sizeof(tier_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
 	if (getenv("KVG4_TRACE")) {
-		char path[96];
+		char path[200];
 
-		snprintf(path, sizeof(path), "%s/g4trace", tmp);
+		/* "1": in the run's directory, removed at the end; else kept there. */
+		if (strcmp(getenv("KVG4_TRACE"), "1"))
+			snprintf(path, sizeof(path), "%s", getenv("KVG4_TRACE"));
+		else
+			snprintf(path, sizeof(path), "%s/g4trace", tmp);
 		trace_map(path);
 		setenv("KVCACHED_G4_TRACE", path, 1);
 	}

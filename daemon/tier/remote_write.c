@@ -46,7 +46,7 @@
 #include "kvclock.h"
 #include "log.h"
 
-/* ---- the writes' timeline (KVCACHED_G4_TRACE; bench/kvg4rate --trace) --- */
+/* ---- the writes' timeline (KVCACHED_G4_TRACE; kvg4rate's KVG4_TRACE) ---- */
 
 /* With $KVCACHED_G4_TRACE naming a file, every step of a write is stamped
  * into it (issue 38: where a 16 KiB write pass waits): a header whose first
@@ -54,8 +54,9 @@
  * mapped, so a reader sees them as they come; past TRACE_MAX nothing more
  * is stamped. A developer's instrument: off (one branch per step) unless
  * the variable is set at start; the file is made by whoever starts the
- * daemon, never by a client. The loop and the write thread both stamp (an
- * atomic count). */
+ * daemon, never by a client. The loop and the write threads all stamp (an
+ * atomic count); a write job's events carry its write thread in n's top
+ * 8 bits. */
 #define TRACE_MAX (1u << 20)
 #define TRACE_HDR 64
 
@@ -296,7 +297,7 @@ static void write_run(struct kv_job *j)
 	struct g4_write *x;
 	uint32_t i = 0;
 
-	tev(TEV_W_START, w->n);
+	tev(TEV_W_START, w->k << 24 | w->n);
 	for (x = w->list; x; x = x->next, i++) {
 		struct kv_rc_dst *d = &w->vals[i];
 
@@ -313,13 +314,13 @@ static void write_run(struct kv_job *j)
 						 .nparts = x->mac_key ? 3 : 2 };
 		}
 	}
-	if (kv_rc_set_parts(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
+	if (kv_rc_set_parts(g->cl[w->cl].wr[w->k], w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
 		for (i = 0; i < w->n; i++)
 			w->ok += w->status[i] == KV_RC_OK;
-	tev(TEV_W_END, w->n);
-	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
+	tev(TEV_W_END, w->k << 24 | w->n);
+	kv_rc_stats(g->cl[w->cl].wr[w->k], &w->rc);
 	if (w->ok < w->n)   /* on the write thread: its client's error, before the next job */
-		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr));
+		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr[w->k]));
 }
 
 static void write_flush(struct kv_tiers *t, uint32_t cl);
@@ -349,10 +350,10 @@ static void write_done(struct kv_job *j)
 	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
 	struct kv_g4 *g = w->t->g4;
 
-	tev(TEV_W_DONE, w->n);
+	tev(TEV_W_DONE, w->k << 24 | w->n);
 	g->st.writes += w->ok;
 	g->st.write_errors += w->n - w->ok;
-	g->cl[w->cl].wr_st = w->rc;
+	g->cl[w->cl].wr_st[w->k] = w->rc;
 	if (w->ok < w->n)
 		kv_debug("G4: %u of a batch of %u writes failed; the cluster client's first error: %s",
 			 w->n - w->ok, w->n, w->why);
@@ -366,36 +367,41 @@ static void write_done(struct kv_job *j)
 		wbuf_put(g, x->buf, x->len);
 		free(x);
 	}
-	g->cl[w->cl].writing = 0;
+	g->cl[w->cl].writing &= ~(1u << w->k);
 	write_flush(w->t, w->cl);
 }
 
-/* Hands what client cl has pending to the write thread, one job of it at a
- * time, so that its writes wait in one list and go out together. */
+/* Hands what client cl has pending to the write threads, a job of up to
+ * WRITE_BATCH to each that has none of this client's, so that its writes
+ * wait in one list and go out together, and its next batch goes out while
+ * the one before waits for its last replies (G4_WRITERS). */
 static void write_flush(struct kv_tiers *t, uint32_t cl)
 {
 	struct g4_client *c = &t->g4->cl[cl];
-	struct g4_wjob *w;
-	struct g4_write **tail;
 
-	if (c->writing || !c->pending || t->stopping)
-		return;
-	w = c->wj;
-	w->t = t;
-	w->cl = cl;
-	w->n = w->ok = 0;
-	w->list = c->pending;
-	for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
-		w->n++;
-	c->pending = *tail;
-	*tail = NULL;
-	if (!c->pending)
-		c->pending_tail = &c->pending;
-	c->writing = 1;
-	w->job.run = write_run;
-	w->job.done = write_done;
-	tev(TEV_W_SUB, w->n);
-	kv_worker_submit(&t->g4->ww, &w->job);
+	for (uint32_t k = 0; k < G4_WRITERS && c->pending && !t->stopping; k++) {
+		struct g4_wjob *w = c->wj[k];
+		struct g4_write **tail;
+
+		if (c->writing & (1u << k))
+			continue;
+		w->t = t;
+		w->cl = cl;
+		w->k = k;
+		w->n = w->ok = 0;
+		w->list = c->pending;
+		for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
+			w->n++;
+		c->pending = *tail;
+		*tail = NULL;
+		if (!c->pending)
+			c->pending_tail = &c->pending;
+		c->writing |= 1u << k;
+		w->job.run = write_run;
+		w->job.done = write_done;
+		tev(TEV_W_SUB, k << 24 | w->n);
+		kv_worker_submit(&t->g4->ww[k], &w->job);
+	}
 }
 
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
