@@ -70,6 +70,12 @@
  * redis-benchmark) per GB of values over the timed parts, how many CPUs
  * that kept busy, and each process's sleeps and read/write system calls per
  * 1,000 values (docs/benchmarks.md, "G4 small values, fifth pass").
+ * $KVG4_TRACE (1: a file of the run's, removed; else the file to keep)
+ * has the daemon stamp its writes' steps there ($KVCACHED_G4_TRACE,
+ * daemon/tier/remote_write.c) and prints, per timed write of the raw pool,
+ * when the blocks came to G4, the write threads' time in their calls (one
+ * at least, two at once) and between them (docs/benchmarks.md, "G4
+ * writes, sixth pass").
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
 #include <dirent.h>
