@@ -86,7 +86,7 @@ static void trace_open(void)
 	trace.state = -1;
 	if (!path || !path[0])
 		return;
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0 || ftruncate(fd, (off_t)len) < 0 ||
 	    (m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
 		kv_warn("KVCACHED_G4_TRACE %s: cannot map it; no trace", path);
