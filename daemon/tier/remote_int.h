@@ -34,6 +34,13 @@
  * with everything sent, waiting for the servers, and the servers waited
  * between its calls). */
 #define G4_WRITERS 2
+/* ... but a second batch goes out beside one in flight only while both
+ * are under this many bytes: short batches (at 16 KiB, 256 values are 4
+ * MiB, a few ms) lose a large share of each call to its last replies; a
+ * batch of large values already keeps the masters busy, and a second one
+ * beside it only took CPU from them (kvg4rate at 64-256 KiB: no gain, or
+ * less; docs/benchmarks.md, "G4 writes, sixth pass"). */
+#define WRITE_PIPE_BYTES (8u << 20)
 /* Writes one seal job of the tier's worker sums (remote_write.c), and such
  * jobs in flight at once: one wakeup of the worker and one of the loop per
  * batch, not per value (issue 38: at 16 KiB, an eventfd write and a loop
@@ -125,6 +132,7 @@ struct g4_wjob {
 	uint32_t k;               /* its write thread, and the client's wr[k] */
 	struct g4_write *list;
 	uint32_t n, ok;
+	uint64_t bytes;           /* of its values */
 	struct kv_rc_stats rc;
 	struct kv_rc_key keys[WRITE_BATCH];
 	struct kv_rc_dst vals[WRITE_BATCH];   /* a buffer, or header, G2 slot, tag */

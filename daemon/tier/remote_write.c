@@ -371,10 +371,22 @@ static void write_done(struct kv_job *j)
 	write_flush(w->t, w->cl);
 }
 
+/* Whether a job of bytes may go out beside client c's jobs in flight: none
+ * is, or it and each of them are under WRITE_PIPE_BYTES. */
+static int write_pipe_ok(const struct g4_client *c, uint64_t bytes)
+{
+	for (uint32_t k = 0; k < G4_WRITERS; k++)
+		if ((c->writing & (1u << k)) && (c->wj[k]->bytes >= WRITE_PIPE_BYTES ||
+						 bytes >= WRITE_PIPE_BYTES))
+			return 0;
+	return 1;
+}
+
 /* Hands what client cl has pending to the write threads, a job of up to
  * WRITE_BATCH to each that has none of this client's, so that its writes
  * wait in one list and go out together, and its next batch goes out while
- * the one before waits for its last replies (G4_WRITERS). */
+ * the one before waits for its last replies (G4_WRITERS, while the batches
+ * are short: WRITE_PIPE_BYTES). */
 static void write_flush(struct kv_tiers *t, uint32_t cl)
 {
 	struct g4_client *c = &t->g4->cl[cl];
@@ -382,16 +394,24 @@ static void write_flush(struct kv_tiers *t, uint32_t cl)
 	for (uint32_t k = 0; k < G4_WRITERS && c->pending && !t->stopping; k++) {
 		struct g4_wjob *w = c->wj[k];
 		struct g4_write **tail;
+		uint32_t n = 0;
+		uint64_t bytes = 0;
 
 		if (c->writing & (1u << k))
 			continue;
+		for (tail = &c->pending; *tail && n < WRITE_BATCH; tail = &(*tail)->next) {
+			bytes += (*tail)->len;
+			n++;
+		}
+		if (!write_pipe_ok(c, bytes))
+			return;
 		w->t = t;
 		w->cl = cl;
 		w->k = k;
-		w->n = w->ok = 0;
+		w->n = n;
+		w->ok = 0;
+		w->bytes = bytes;
 		w->list = c->pending;
-		for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
-			w->n++;
 		c->pending = *tail;
 		*tail = NULL;
 		if (!c->pending)
