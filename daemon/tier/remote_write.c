@@ -8,8 +8,10 @@
  * tier's worker thread while the slot is busy, copies header and payload
  * into that buffer (remote_copy()); back on the loop the buffer joins the
  * pending writes, which go out as one batch per write job (pipelined to
- * every master at once), one job at a time per client, in the client's own
- * job (fixed arrays: nothing allocated per batch). A write made from a G2
+ * every master at once), a job per write thread per client (G4_WRITERS:
+ * the next batch goes out while one waits for its last replies, while both
+ * are under WRITE_PIPE_BYTES), in the client's own jobs (fixed arrays:
+ * nothing allocated per batch). A write made from a G2
  * slot (remote_put()) is sealed on the worker: at demotion sent from the
  * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
  * of the pool; issue 38), otherwise copied into a buffer on the loop.
