@@ -70,6 +70,12 @@
  * redis-benchmark) per GB of values over the timed parts, how many CPUs
  * that kept busy, and each process's sleeps and read/write system calls per
  * 1,000 values (docs/benchmarks.md, "G4 small values, fifth pass").
+ * $KVG4_TRACE (1: a file of the run's, removed; else the file to keep)
+ * has the daemon stamp its writes' steps there ($KVCACHED_G4_TRACE,
+ * daemon/tier/remote_write.c) and prints, per timed write of the raw pool,
+ * when the blocks came to G4, the write threads' time in their calls (one
+ * at least, two at once) and between them (docs/benchmarks.md, "G4
+ * writes, sixth pass").
  * Without redis-server or redis-cli it says it skipped and exits 0; without
  * redis-benchmark it measures the tier alone. */
 #include <dirent.h>
@@ -79,6 +85,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -510,6 +518,130 @@ static void rb_perf_ctl(const char *test, const char *cmd)
 	perf_send(path, cmd);
 }
 
+/* ---- the writes' timeline ($KVG4_TRACE) ---- */
+
+/* The daemon's trace of its G4 writes (daemon/tier/remote_write.c,
+ * $KVCACHED_G4_TRACE: a count, then events of { ns, kind, n }), mapped
+ * read-only here; NULL without $KVG4_TRACE. */
+#define TR_HDR 64
+#define TR_MAX (1u << 20)
+enum { TR_PUT = 1, TR_SEAL_SUB, TR_SEAL_DONE, TR_W_SUB, TR_W_START, TR_W_END, TR_W_DONE };
+
+struct tr_ev {
+	uint64_t ns;
+	uint32_t kind, n;
+};
+
+static const volatile uint64_t *tr_count;
+static const struct tr_ev *tr_ev;
+
+static void trace_map(const char *path)
+{
+	size_t len = TR_HDR + (size_t)TR_MAX * sizeof(struct tr_ev);
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	void *m;
+
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0 ||
+	    (m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+		die("KVG4_TRACE: cannot map %s", path);
+	close(fd);
+	tr_count = m;
+	tr_ev = (const struct tr_ev *)((const uint8_t *)m + TR_HDR);
+}
+
+static uint64_t trace_now(void)
+{
+	uint64_t n = tr_count ? *tr_count : 0;
+
+	return n < TR_MAX ? n : TR_MAX;
+}
+
+/* One timed write pass's timeline, events [from, to) of the trace, t0 the
+ * Evict call, t1 the poll that saw every write answered: when the blocks
+ * came to G4 (demotion), how long the write threads were in their calls
+ * (one at least, and two at once), the rate while one was, and where each
+ * thread's time between its calls went: the loop's turn from a call's end
+ * to its done() on the loop, waiting there for sealed writes (done() to
+ * the next job), the thread's wakeup (the job handed over to its start). */
+#define TR_WRITERS 8
+static void trace_pass(const char *sz, unsigned p, uint64_t from, uint64_t to, uint64_t t0,
+		       uint64_t t1, size_t vbytes)
+{
+	uint64_t sub[TR_WRITERS] = { 0 }, start[TR_WRITERS] = { 0 }, end[TR_WRITERS] = { 0 };
+	uint64_t done[TR_WRITERS] = { 0 };
+	uint64_t put0 = 0, put1 = 0, first = 0, last = 0, turn = 0, wait = 0, wake = 0;
+	uint64_t puts = 0, vals = 0, calls = 0, any = 0, two = 0, since = 0;
+	unsigned in = 0, writers = 0;
+
+	for (uint64_t i = from; i < to; i++) {
+		const struct tr_ev *e = &tr_ev[i];
+		unsigned k = e->n >> 24;
+		uint32_t n = e->n & 0xffffff;
+
+		if (e->ns < t0 || e->ns > t1 || k >= TR_WRITERS)
+			continue;
+		switch (e->kind) {
+		case TR_PUT:
+			put0 = put0 ? put0 : e->ns;
+			put1 = e->ns;
+			puts += n;
+			break;
+		case TR_W_SUB:
+			sub[k] = e->ns;
+			if (done[k])
+				wait += sub[k] - done[k];
+			break;
+		case TR_W_START:
+			start[k] = e->ns;
+			first = first ? first : e->ns;
+			if (sub[k])
+				wake += start[k] - sub[k];
+			if (in >= 1)
+				any += e->ns - since;
+			if (in >= 2)
+				two += e->ns - since;
+			since = e->ns;
+			in++;
+			writers |= 1u << k;
+			break;
+		case TR_W_END:
+			if (!start[k] || !in)
+				break;
+			end[k] = last = e->ns;
+			any += e->ns - since;
+			if (in >= 2)
+				two += e->ns - since;
+			since = e->ns;
+			in--;
+			vals += n;
+			calls++;
+			break;
+		case TR_W_DONE:
+			if (!end[k])
+				break;
+			done[k] = e->ns;
+			turn += done[k] - end[k];
+			break;
+		}
+	}
+	if (!calls) {
+		printf("trace %s pass %u: no write call in the window\n", sz, p);
+		return;
+	}
+	printf("trace %s pass %u: %.1f ms; blocks to G4 (%llu) from %.2f to %.2f ms; write calls "
+	       "%llu (%.0f values each) on %d threads from %.2f to %.2f ms: one at least in a "
+	       "call %.1f ms, two at once %.1f ms, %.2f GB/s while one was; each thread between "
+	       "its calls: the loop's turn %.1f ms, waiting for sealed writes %.1f ms, the "
+	       "wakeup %.1f ms (summed); after the last %.2f ms\n", sz, p,
+	       (double)(t1 - t0) / 1e6, (unsigned long long)puts,
+	       put0 ? (double)(put0 - t0) / 1e6 : 0, put1 ? (double)(put1 - t0) / 1e6 : 0,
+	       (unsigned long long)calls, (double)vals / (double)calls,
+	       __builtin_popcount(writers), (double)(first - t0) / 1e6, (double)(last - t0) / 1e6,
+	       (double)any / 1e6, (double)two / 1e6,
+	       any ? (double)vals * (double)vbytes / (double)any : 0, (double)turn / 1e6,
+	       (double)wait / 1e6, (double)wake / 1e6, (double)(t1 - last) / 1e6);
+}
+
 static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_t *want,
 		    uint8_t *got, uint64_t base, unsigned passes)
 {
@@ -532,7 +664,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 	/* 1: into G1, sealed, demoted (written to G4: timed), dropped from
 	 * G2; --passes times, the same hashes. */
 	for (unsigned p = 0; p < passes; p++) {
-		uint64_t t0, t_ev, t_dm = 0, t1;
+		uint64_t t0, t_ev, t_dm = 0, t1, tr0;
 		struct cpu ca, cb;
 
 		if (kvc_alloc(c, pool, (uint32_t)n, b) != (int)n)
@@ -547,6 +679,7 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 		g4_settled(fmt_ns[fi], &g0);
 		perf_ctl(fi, p ? 1 : -1, "enable");
 		cpu_snap(&ca, &daemon_, &cluster);
+		tr0 = trace_now();
 		t0 = rb_now_ns();
 		evict_g1(c);
 		t_ev = rb_now_ns();
@@ -575,6 +708,12 @@ static void measure(struct size_row *row, int fi, const uint16_t *values, uint8_
 			    (unsigned long long)(g1.dropped - g0.dropped),
 			    (unsigned long long)(g1.write_errors - g0.write_errors));
 		fr->wvalue_bytes = (size_t)((g1.bytes_out - g0.bytes_out) / n);
+		if (tr_ev && fi == 0) {
+			char sz[24];
+
+			rb_size_str(bb, sz, sizeof(sz));
+			trace_pass(sz, p, tr0, trace_now(), t0, t1, fr->wvalue_bytes);
+		}
 		fr->wms[p] = (double)(t1 - t0) / 1e6;
 		fr->evict_ms[p] = (double)(t_ev - t0) / 1e6;
 		fr->demoted_ms[p] = (double)((t_dm ? t_dm : t1) - t0) / 1e6;
@@ -819,6 +958,17 @@ int main(int argc, char **argv)
 	 * the promotion copies them); no G3. */
 	snprintf(pool_arg, sizeof(pool_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
 	snprintf(tier_arg, sizeof(tier_arg), "%zuMiB", 2 * (max_bytes >> 20) + 64);
+	if (getenv("KVG4_TRACE")) {
+		char path[200];
+
+		/* "1": in the run's directory, removed at the end; else kept there. */
+		if (strcmp(getenv("KVG4_TRACE"), "1"))
+			snprintf(path, sizeof(path), "%s", getenv("KVG4_TRACE"));
+		else
+			snprintf(path, sizeof(path), "%s/g4trace", tmp);
+		trace_map(path);
+		setenv("KVCACHED_G4_TRACE", path, 1);
+	}
 	kvt_start(&daemon_, conf_arg, "--pool-size", pool_arg, "--host-tier-size", tier_arg,
 		  NULL);
 	printf("kvg4rate: %d masters, loopback; one kvcached (host backend, G2 %s, no G3); "
@@ -1040,6 +1190,8 @@ int main(int argc, char **argv)
 		char path[200];
 
 		snprintf(path, sizeof(path), "%s/kvcached.conf", tmp);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/g4trace", tmp);
 		unlink(path);
 		rmdir(tmp);
 	}

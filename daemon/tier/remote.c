@@ -69,14 +69,17 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 
 	snprintf(cl->ns, sizeof(cl->ns), "%s", ns);
 	cl->pending_tail = &cl->pending;
-	if (!(cl->wj = calloc(1, sizeof(*cl->wj)))) {
-		snprintf(err, errlen, "G4: out of memory");
-		return -ENOMEM;
-	}
+	for (uint32_t k = 0; k < G4_WRITERS; k++)
+		if (!(cl->wj[k] = calloc(1, sizeof(*cl->wj[k])))) {
+			snprintf(err, errlen, "G4: out of memory");
+			return -ENOMEM;
+		}
 	if (file && file[0] && (r = read_password(file, pw, sizeof(pw), err, errlen)) < 0)
 		return r;
-	r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
-		      (unsigned)c->remote_timeout_ms, &cl->wr, e, sizeof(e));
+	r = 0;
+	for (uint32_t k = 0; r == 0 && k < G4_WRITERS; k++)
+		r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
+			      (unsigned)c->remote_timeout_ms, &cl->wr[k], e, sizeof(e));
 	for (uint32_t k = 0; r == 0 && k < t->g4->nreaders; k++)
 		r = kv_rc_new(c->remote_seeds, user && user[0] ? user : NULL, pw[0] ? pw : NULL,
 			      (unsigned)c->remote_timeout_ms, &cl->rd[k], e, sizeof(e));
@@ -91,22 +94,24 @@ static int client_open(struct kv_tiers *t, uint32_t i, const char *ns, const cha
 	 * remote_write_timeout, whatever the cluster sends (a node that
 	 * answered just above the rate floor held the write thread, and the
 	 * writes queued behind it, for as long as it liked). The readers share
-	 * their nodes' backoffs: a node one of them found slow or down costs
-	 * the others nothing while its backoff lasts. */
-	for (uint32_t k = 0; k <= t->g4->nreaders; k++) {
-		struct kv_rc *rc = k < t->g4->nreaders ? cl->rd[k] : cl->wr;
+	 * their nodes' backoffs, and the writers theirs: a node one of them
+	 * found slow or down costs the others nothing while its backoff lasts. */
+	for (uint32_t k = 0; k < t->g4->nreaders + G4_WRITERS; k++) {
+		int wr = k >= t->g4->nreaders;
+		struct kv_rc *rc = wr ? cl->wr[k - t->g4->nreaders] : cl->rd[k];
 		struct kv_rc_limits l;
 
 		kv_rc_get_limits(rc, &l);
 		l.min_rate = (size_t)c->remote_min_rate;
-		l.call_ms = (unsigned)(rc == cl->wr ? c->remote_write_timeout_ms
-						   : c->remote_fetch_timeout_ms);
+		l.call_ms = (unsigned)(wr ? c->remote_write_timeout_ms
+					  : c->remote_fetch_timeout_ms);
 		if ((r = kv_rc_set_limits(rc, &l)) < 0) {
 			snprintf(err, errlen, "remote_min_rate, remote_fetch_timeout, "
 				 "remote_write_timeout: out of range");
 			return r;
 		}
-		if (k && k < t->g4->nreaders && (r = kv_rc_share_backoff(rc, cl->rd[0])) < 0) {
+		if (k && k != t->g4->nreaders &&
+		    (r = kv_rc_share_backoff(rc, wr ? cl->wr[0] : cl->rd[0])) < 0) {
 			snprintf(err, errlen, "G4: out of memory");
 			return r;
 		}
@@ -191,11 +196,16 @@ int tier_remote_open(struct kv_tiers *t, char *err, size_t errlen)
 		snprintf(name, sizeof(name), "kvd-g4read%u", (unsigned)k);
 		thread_name(&g->rw[k], name);
 	}
-	if ((r = kv_worker_start(&g->ww, t->disk.efd)) < 0) {
-		snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
-		return r;
+	for (uint32_t k = 0; k < G4_WRITERS; k++) {
+		char name[16];
+
+		if ((r = kv_worker_start(&g->ww[k], t->disk.efd)) < 0) {
+			snprintf(err, errlen, "G4: cannot start its threads: %s", strerror(-r));
+			return r;
+		}
+		snprintf(name, sizeof(name), "kvd-g4write%u", (unsigned)k);
+		thread_name(&g->ww[k], name);
 	}
-	thread_name(&g->ww, "kvd-g4write");
 	kv_info("G4: Redis Cluster at %s, keys %s:*, ttl %us, %u namespace%s with a user of its "
 		"own, %u with authenticated values, %u readers, reads within %llu ms, writes within "
 		"%llu ms, nodes at %llu bytes/s at least", c->remote_seeds, c->remote_prefix,
@@ -228,11 +238,13 @@ void tier_remote_close(struct kv_tiers *t)
 	for (uint32_t i = 0; i < g->ncl; i++) {
 		for (uint32_t k = 0; k < g->nreaders; k++)
 			kv_rc_cancel(g->cl[i].rd[k]);
-		kv_rc_cancel(g->cl[i].wr);
+		for (uint32_t k = 0; k < G4_WRITERS; k++)
+			kv_rc_cancel(g->cl[i].wr[k]);
 	}
 	for (uint32_t k = 0; k < g->nreaders; k++)
 		kv_worker_stop(&g->rw[k]);
-	kv_worker_stop(&g->ww);
+	for (uint32_t k = 0; k < G4_WRITERS; k++)
+		kv_worker_stop(&g->ww[k]);
 	for (uint32_t ns = 0; ns <= KV_MAX_NS; ns++)
 		while (g->fq[ns]) {
 			struct g4_fetch *f = g->fq[ns];
@@ -257,8 +269,10 @@ void tier_remote_close(struct kv_tiers *t)
 		}
 		for (uint32_t k = 0; k < g->nreaders; k++)
 			kv_rc_free(cl->rd[k]);
-		kv_rc_free(cl->wr);
-		free(cl->wj);
+		for (uint32_t k = 0; k < G4_WRITERS; k++) {
+			kv_rc_free(cl->wr[k]);
+			free(cl->wj[k]);
+		}
 	}
 	for (unsigned i = 0; i < WPOOL_CLASSES; i++)
 		tier_g4_wclass_drop(g, &g->wpool[i]);
@@ -272,7 +286,8 @@ void tier_remote_reap(struct kv_tiers *t)
 	if (t->g4) {
 		for (uint32_t k = 0; k < t->g4->nreaders; k++)
 			kv_worker_reap(&t->g4->rw[k]);
-		kv_worker_reap(&t->g4->ww);
+		for (uint32_t k = 0; k < G4_WRITERS; k++)
+			kv_worker_reap(&t->g4->ww[k]);
 	}
 }
 
@@ -286,9 +301,11 @@ int kv_tiers_remote_stats(const struct kv_tiers *t, struct kv_g4_stats *st)
 	for (uint32_t i = 0; i < t->g4->ncl; i++) {
 		const struct g4_client *c = &t->g4->cl[i];
 
-		st->redirects += c->wr_st.redirects_moved + c->wr_st.redirects_ask;
-		st->reconnects += c->wr_st.reconnects;
-		st->connect_failures += c->wr_st.connect_failures;
+		for (uint32_t k = 0; k < G4_WRITERS; k++) {
+			st->redirects += c->wr_st[k].redirects_moved + c->wr_st[k].redirects_ask;
+			st->reconnects += c->wr_st[k].reconnects;
+			st->connect_failures += c->wr_st[k].connect_failures;
+		}
 		for (uint32_t k = 0; k < t->g4->nreaders; k++) {
 			st->redirects += c->rd_st[k].redirects_moved + c->rd_st[k].redirects_ask;
 			st->reconnects += c->rd_st[k].reconnects;

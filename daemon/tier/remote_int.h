@@ -28,6 +28,19 @@
  * docs/benchmarks.md). */
 #define FETCH_BYTES (4u << 20)
 #define WRITE_BATCH 256       /* writes one job sends */
+/* Write threads, each with its own client per user: a client's next batch
+ * goes out on one while the other waits for its batch's last replies
+ * (issue 38: with one, the write thread spent 20-60% of its calls at 16 KiB
+ * with everything sent, waiting for the servers, and the servers waited
+ * between its calls). */
+#define G4_WRITERS 2
+/* ... but a second batch goes out beside one in flight only while both
+ * are under this many bytes: short batches (at 16 KiB, 256 values are 4
+ * MiB, a few ms) lose a large share of each call to its last replies; a
+ * batch of large values already keeps the masters busy, and a second one
+ * beside it only took CPU from them (kvg4rate at 64-256 KiB: no gain, or
+ * less; docs/benchmarks.md, "G4 writes, sixth pass"). */
+#define WRITE_PIPE_BYTES (8u << 20)
 /* Writes one seal job of the tier's worker sums (remote_write.c), and such
  * jobs in flight at once: one wakeup of the worker and one of the loop per
  * batch, not per value (issue 38: at 16 KiB, an eventfd write and a loop
@@ -109,14 +122,17 @@ struct g4_fetch {
 	char why[160];            /* the client's first error of this job ("": none) */
 };
 
-/* A client's write job, one at a time: the loop's while its client's
- * writing is 0, the write thread's from kv_worker_submit() to write_done(). */
+/* A client's write job, one per write thread: the loop's while its bit in
+ * the client's writing is 0, write thread k's from kv_worker_submit() to
+ * write_done(). */
 struct g4_wjob {
 	struct kv_job job;
 	struct kv_tiers *t;
 	uint32_t cl;
+	uint32_t k;               /* its write thread, and the client's wr[k] */
 	struct g4_write *list;
 	uint32_t n, ok;
+	uint64_t bytes;           /* of its values */
 	struct kv_rc_stats rc;
 	struct kv_rc_key keys[WRITE_BATCH];
 	struct kv_rc_dst vals[WRITE_BATCH];   /* a buffer, or header, G2 slot, tag */
@@ -129,13 +145,13 @@ struct g4_wjob {
  * thread, and its writes go out in jobs of their own. */
 struct g4_client {
 	char ns[64];              /* "" for the daemon's */
-	/* Each used by its own thread only: rd[r] by reader r, wr by the
-	 * write thread. */
-	struct kv_rc *rd[G4_READERS_MAX], *wr;
+	/* Each used by its own thread only: rd[r] by reader r, wr[k] by
+	 * write thread k. */
+	struct kv_rc *rd[G4_READERS_MAX], *wr[G4_WRITERS];
 	struct g4_write *pending, **pending_tail;
-	int writing;              /* wj is under way */
-	struct g4_wjob *wj;       /* its write job, made at start */
-	struct kv_rc_stats rd_st[G4_READERS_MAX], wr_st;  /* the clients' last counters */
+	unsigned writing;         /* bit k: wj[k] is under way */
+	struct g4_wjob *wj[G4_WRITERS];  /* its write jobs, made at start */
+	struct kv_rc_stats rd_st[G4_READERS_MAX], wr_st[G4_WRITERS];  /* the clients' last counters */
 };
 
 /* The write pool's buffers of one length (the loop's: see remote_write.c's
@@ -168,7 +184,7 @@ struct kv_g4 {
 	uint32_t fq_waiting;
 	uint32_t nreaders, nreading;
 	struct g4_fetch *cur[G4_READERS_MAX];  /* being read by reader r; NULL: idle */
-	struct kv_worker rw[G4_READERS_MAX], ww;
+	struct kv_worker rw[G4_READERS_MAX], ww[G4_WRITERS];
 	unsigned ttl_s;
 	uint64_t max_inflight, inflight;  /* write bytes reserved, pending or under way */
 	uint64_t tokens, tokens_ms;  /* remote_write_rate's bucket */

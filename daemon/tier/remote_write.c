@@ -8,8 +8,10 @@
  * tier's worker thread while the slot is busy, copies header and payload
  * into that buffer (remote_copy()); back on the loop the buffer joins the
  * pending writes, which go out as one batch per write job (pipelined to
- * every master at once), one job at a time per client, in the client's own
- * job (fixed arrays: nothing allocated per batch). A write made from a G2
+ * every master at once), a job per write thread per client (G4_WRITERS:
+ * the next batch goes out while one waits for its last replies, while both
+ * are under WRITE_PIPE_BYTES), in the client's own jobs (fixed arrays:
+ * nothing allocated per batch). A write made from a G2
  * slot (remote_put()) is sealed on the worker: at demotion sent from the
  * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
  * of the pool; issue 38), otherwise copied into a buffer on the loop.
@@ -33,13 +35,87 @@
  * is dropped and counted, as an allocation failure is. */
 #include "remote_int.h"
 
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "fault.h"
 #include "g4mac.h"
+#include "kvclock.h"
 #include "log.h"
+
+/* ---- the writes' timeline (KVCACHED_G4_TRACE; kvg4rate's KVG4_TRACE) ---- */
+
+/* With $KVCACHED_G4_TRACE naming a file, every step of a write is stamped
+ * into it (issue 38: where a 16 KiB write pass waits): a header whose first
+ * 8 bytes count the events, then TRACE_MAX events of struct g4_tev, shared
+ * mapped, so a reader sees them as they come; past TRACE_MAX nothing more
+ * is stamped. A developer's instrument: off (one branch per step) unless
+ * the variable is set at start; the file is made by whoever starts the
+ * daemon, never by a client. The loop and the write threads all stamp (an
+ * atomic count); a write job's events carry its write thread in n's top
+ * 8 bits. */
+#define TRACE_MAX (1u << 20)
+#define TRACE_HDR 64
+
+enum { TEV_PUT = 1, TEV_SEAL_SUB, TEV_SEAL_DONE, TEV_W_SUB, TEV_W_START, TEV_W_END,
+       TEV_W_DONE };
+
+struct g4_tev {
+	uint64_t ns;
+	uint32_t kind, n;
+};
+
+static struct {
+	int state;                 /* 0: not looked; 1: on; -1: off */
+	_Atomic uint64_t *count;
+	struct g4_tev *ev;
+} trace;
+
+/* Loop: opens the trace file the first time (before any write job exists,
+ * so the write thread sees trace.ev set by the job's hand-off). */
+static void trace_open(void)
+{
+	const char *path = getenv("KVCACHED_G4_TRACE");
+	size_t len = TRACE_HDR + (size_t)TRACE_MAX * sizeof(struct g4_tev);
+	void *m;
+	int fd;
+
+	trace.state = -1;
+	if (!path || !path[0])
+		return;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0 ||
+	    (m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		kv_warn("KVCACHED_G4_TRACE %s: cannot map it; no trace", path);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	close(fd);
+	trace.count = m;
+	trace.ev = (struct g4_tev *)((uint8_t *)m + TRACE_HDR);
+	trace.state = 1;
+	kv_info("G4: the writes' timeline goes to %s", path);
+}
+
+static void tev(uint32_t kind, uint32_t n)
+{
+	uint64_t i;
+
+	if (!trace.ev)
+		return;
+	i = atomic_load_explicit(trace.count, memory_order_relaxed);
+	if (i >= TRACE_MAX)
+		return;
+	i = atomic_fetch_add(trace.count, 1);
+	if (i < TRACE_MAX)
+		trace.ev[i] = (struct g4_tev){ kv_mono_ns(), kind, n };
+}
 
 /* ---- the write pool (loop only) ------------------------------------------ */
 
@@ -223,6 +299,7 @@ static void write_run(struct kv_job *j)
 	struct g4_write *x;
 	uint32_t i = 0;
 
+	tev(TEV_W_START, w->k << 24 | w->n);
 	for (x = w->list; x; x = x->next, i++) {
 		struct kv_rc_dst *d = &w->vals[i];
 
@@ -239,12 +316,13 @@ static void write_run(struct kv_job *j)
 						 .nparts = x->mac_key ? 3 : 2 };
 		}
 	}
-	if (kv_rc_set_parts(g->cl[w->cl].wr, w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
+	if (kv_rc_set_parts(g->cl[w->cl].wr[w->k], w->n, w->keys, w->vals, g->ttl_s, w->status) >= 0)
 		for (i = 0; i < w->n; i++)
 			w->ok += w->status[i] == KV_RC_OK;
-	kv_rc_stats(g->cl[w->cl].wr, &w->rc);
+	tev(TEV_W_END, w->k << 24 | w->n);
+	kv_rc_stats(g->cl[w->cl].wr[w->k], &w->rc);
 	if (w->ok < w->n)   /* on the write thread: its client's error, before the next job */
-		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr));
+		snprintf(w->why, sizeof(w->why), "%s", kv_rc_last_error(g->cl[w->cl].wr[w->k]));
 }
 
 static void write_flush(struct kv_tiers *t, uint32_t cl);
@@ -274,9 +352,10 @@ static void write_done(struct kv_job *j)
 	struct g4_wjob *w = kv_container_of(j, struct g4_wjob, job);
 	struct kv_g4 *g = w->t->g4;
 
+	tev(TEV_W_DONE, w->k << 24 | w->n);
 	g->st.writes += w->ok;
 	g->st.write_errors += w->n - w->ok;
-	g->cl[w->cl].wr_st = w->rc;
+	g->cl[w->cl].wr_st[w->k] = w->rc;
 	if (w->ok < w->n)
 		kv_debug("G4: %u of a batch of %u writes failed; the cluster client's first error: %s",
 			 w->n - w->ok, w->n, w->why);
@@ -290,35 +369,61 @@ static void write_done(struct kv_job *j)
 		wbuf_put(g, x->buf, x->len);
 		free(x);
 	}
-	g->cl[w->cl].writing = 0;
+	g->cl[w->cl].writing &= ~(1u << w->k);
 	write_flush(w->t, w->cl);
 }
 
-/* Hands what client cl has pending to the write thread, one job of it at a
- * time, so that its writes wait in one list and go out together. */
+/* Whether a job of bytes may go out beside client c's jobs in flight: none
+ * is, or it and each of them are under WRITE_PIPE_BYTES. */
+static int write_pipe_ok(const struct g4_client *c, uint64_t bytes)
+{
+	for (uint32_t k = 0; k < G4_WRITERS; k++)
+		if ((c->writing & (1u << k)) && (c->wj[k]->bytes >= WRITE_PIPE_BYTES ||
+						 bytes >= WRITE_PIPE_BYTES))
+			return 0;
+	return 1;
+}
+
+/* Hands what client cl has pending to the write threads, a job of up to
+ * WRITE_BATCH to each that has none of this client's, so that its writes
+ * wait in one list and go out together, and its next batch goes out while
+ * the one before waits for its last replies (G4_WRITERS, while the batches
+ * are short: WRITE_PIPE_BYTES). */
 static void write_flush(struct kv_tiers *t, uint32_t cl)
 {
 	struct g4_client *c = &t->g4->cl[cl];
-	struct g4_wjob *w;
-	struct g4_write **tail;
 
-	if (c->writing || !c->pending || t->stopping)
-		return;
-	w = c->wj;
-	w->t = t;
-	w->cl = cl;
-	w->n = w->ok = 0;
-	w->list = c->pending;
-	for (tail = &c->pending; *tail && w->n < WRITE_BATCH; tail = &(*tail)->next)
-		w->n++;
-	c->pending = *tail;
-	*tail = NULL;
-	if (!c->pending)
-		c->pending_tail = &c->pending;
-	c->writing = 1;
-	w->job.run = write_run;
-	w->job.done = write_done;
-	kv_worker_submit(&t->g4->ww, &w->job);
+	for (uint32_t k = 0; k < G4_WRITERS && c->pending && !t->stopping; k++) {
+		struct g4_wjob *w = c->wj[k];
+		struct g4_write **tail;
+		uint32_t n = 0;
+		uint64_t bytes = 0;
+
+		if (c->writing & (1u << k))
+			continue;
+		for (tail = &c->pending; *tail && n < WRITE_BATCH; tail = &(*tail)->next) {
+			bytes += (*tail)->len;
+			n++;
+		}
+		if (!write_pipe_ok(c, bytes))
+			return;
+		w->t = t;
+		w->cl = cl;
+		w->k = k;
+		w->n = n;
+		w->ok = 0;
+		w->bytes = bytes;
+		w->list = c->pending;
+		c->pending = *tail;
+		*tail = NULL;
+		if (!c->pending)
+			c->pending_tail = &c->pending;
+		c->writing |= 1u << k;
+		w->job.run = write_run;
+		w->job.done = write_done;
+		tev(TEV_W_SUB, k << 24 | w->n);
+		kv_worker_submit(&t->g4->ww[k], &w->job);
+	}
 }
 
 void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
@@ -327,6 +432,8 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 	uint64_t len = tier_g4_value_len(tb->pool, tb->g4_key);
 	struct g4_write *w;
 
+	if (!trace.state)
+		trace_open();
 	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
 		g->inflight -= len;
 		wbuf_put(g, tb->g4_buf, len);
@@ -401,6 +508,7 @@ static void seal_done(struct kv_job *j)
 
 	s->list = NULL;
 	g->sealing--;
+	tev(TEV_SEAL_DONE, 0);
 	while (list) {
 		struct g4_write *w = list;
 
@@ -452,6 +560,7 @@ static void seal_flush(struct kv_tiers *t)
 		if (!g->seal_q)
 			g->seal_tail = &g->seal_q;
 		g->sealing++;
+		tev(TEV_SEAL_SUB, n);
 		tier_offload(t, &s->job, seal_run, seal_done);
 	}
 	g->seal_flushing = 0;
@@ -486,6 +595,8 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	/* At demotion it stays in G2: sent from its slot, held. */
 	int held = when == KV_G4W_DEMOTE && !tb->busy;
 
+	if (!trace.state)
+		trace_open();
 	if (!tb->run[L2] || !remote_want(t, tb, when, !held))
 		return 0;
 	len = tier_g4_value_len(tb->pool, tb->g4_key);
@@ -517,6 +628,7 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->mac_key = tb->g4_key;
 	*g->seal_tail = w;
 	g->seal_tail = &w->next;
+	tev(TEV_PUT, 1);
 	seal_flush(t);
 	return 1;
 }
