@@ -27,23 +27,6 @@ static void tb_wake_waiters(struct kv_tiers *t, struct tblock *tb, int flag, int
 	tb_busy_clear(t, tb, BUSY_WAKE);
 }
 
-/* tb's promotion is done (sealed in G1, or beaten by a seal of its hash):
- * its waiters, each holding the G1 block (w->hold), go to t->up_waiters,
- * and run once kv_tiers_copies_done() has applied every completion it
- * reaped (tier.c), so that a lookup runs once per round of completions,
- * not once per block of its chain. */
-static void tb_wake_later(struct kv_tiers *t, struct tblock *tb)
-{
-	kv_assert((tb->busy & BUSY_UP) && !(tb->busy & BUSY_WAKE));
-	while (!kv_list_empty(&tb->waiters)) {
-		struct kv_list *n = kv_list_front(&tb->waiters);
-
-		kv_list_del(n);
-		kv_list_push_back(&t->up_waiters, n);
-	}
-	tb_busy_clear(t, tb, BUSY_UP);
-}
-
 static void promote_failed(struct kv_tiers *t, struct tblock *tb, int flag)
 {
 	kv_debug("promotion of a block of pool '%s' failed", tb->pool->name);
@@ -185,7 +168,7 @@ void tier_promote_done(struct kv_tiers *t, struct copyop *op, int res)
 		tb->dead = 1;
 		t->g1.promotions++;
 	}
-	tb_wake_later(t, tb);
+	tb_wake_waiters(t, tb, BUSY_UP, 0);
 }
 
 /* Starts reading tb's G3 copy into a new G2 slot. Returns 0 or -ENOSPC (no

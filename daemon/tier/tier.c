@@ -41,12 +41,6 @@ void kv_tiers_copies_done(struct kv_tiers *t)
 			free(op);
 		}
 	}
-	/* The lookups whose promotions ended above run now, each once, with
-	 * every completion reaped so far applied: run at the first of a
-	 * batch's completions, a lookup parked again on the next block of its
-	 * chain, already copied but not yet sealed, and ran again at once
-	 * (one rerun per reap instead of one per batch). */
-	tier_wake_all(&t->up_waiters);
 	/* Lookups waiting for staging room first: demotion must not take
 	 * the slots that promotions just gave back. */
 	tier_wake_all(&t->space_waiters);
@@ -91,7 +85,6 @@ int kv_tiers_create(struct kv_pools *ps, struct kv_backend *be, uint64_t page_by
 	}
 	kv_list_init(&t->swaps);
 	kv_list_init(&t->space_waiters);
-	kv_list_init(&t->up_waiters);
 	/* Swap ids start anywhere below 2^52 (exact in a double, for JSON):
 	 * a client that reconnected to a new daemon must not find its old
 	 * ids naming the new daemon's swaps (one connection, shared by

@@ -298,10 +298,6 @@ struct kv_tiers {
 	struct kv_list swaps;
 	struct kv_list space_waiters;  /* requests waiting for a copy to end: lookups for
 					G2 staging room, allocations for demotions */
-	/* Lookups whose promotion ended well, run once the round of copy
-	 * completions that ended it is applied (kv_tiers_copies_done()):
-	 * empty outside that call. */
-	struct kv_list up_waiters;
 	uint64_t entries;          /* tblocks in the index */
 	uint64_t tick, next_swap;
 	uint64_t down_bytes[KV_MAX_DEVICES];  /* demotion copies in flight */
