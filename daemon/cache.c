@@ -50,8 +50,8 @@ static uint64_t resume_sum(const uint8_t *hashes, uint32_t c)
 }
 
 /* How many blocks at the head of the chain a rerun of a parked lookup need
- * not look up again: those its last run found in G1 and left pinned, in chain
- * order, at pins[0..c) (ss->lk_done). What is pinned has a reference,
+ * not look up again: those its last run found in G1 and left pinned, in
+ * chain order, at pins[0..c) (ss->lk_done). What is pinned has a reference,
  * so it is SEALED: in the index under its hash until its last reference
  * goes (pool.h), never evicted, demoted or dropped as expired (only CACHED
  * blocks are), and its born_ms does not change. While the request is

@@ -357,8 +357,8 @@ static void fetch_reserve(struct kv_tiers *t, struct g4_fetch *f)
 	if (!t->lv[L2].on)
 		return;
 	/* The index probed for all of them at once (kv_index_find_many():
-	 * the cache misses overlapped; one after another they were a sixth
-	 * of the loop's time at 16 KiB). Nothing below changes the index. */
+	 * the cache misses overlapped; one after another they were up to a
+	 * sixth of the loop's time at 16 KiB). Nothing below changes the index. */
 	kv_index_find_many(kv_pools_index(t->ps), f->pool->id, f->hash[0], f->n, key, ie);
 	for (uint32_t i = 0; i < f->n; i++) {
 		struct tblock *tb;
