@@ -452,13 +452,15 @@ void kv_op_seal(struct req *q, const Kvcached__Seal *m)
 /* The session's record of the tiers lookup m (n hashes of pool p) found
  * its blocks in (kv_cache_lookup()): kept from the lookup's earlier runs
  * (it parked or was held), else zeroed (G1) for a new lookup, told apart by
- * pool, length and an XXH3 of its hashes. NULL: no memory (KV_OP_NOMEM). */
+ * the session's count of finished frames (unchanged: the same frame run
+ * again, session.h), pool and length. It was an XXH3 of all its hashes,
+ * twice per rerun. NULL: no memory (KV_OP_NOMEM). */
 static uint8_t *lookup_tiers(struct req *q, const struct kv_pool *p,
 			     const Kvcached__Lookup *m, size_t n)
 {
 	struct kv_session *ss = q->ss;
 	int again = ss->lk_tier_n == n && ss->lk_tier_pool == p &&
-		    ss->lk_tier_sum == XXH3_64bits(m->hashes.data, m->hashes.len);
+		    ss->lk_tier_req == ss->requests;
 
 	ss->lk_tier_n = 0;
 	if (n > ss->lk_tier_cap) {
@@ -477,12 +479,11 @@ static uint8_t *lookup_tiers(struct req *q, const struct kv_pool *p,
 }
 
 /* Lookup m runs again later (parked, held): its tiers so far are kept. */
-static void lookup_tiers_keep(struct req *q, const struct kv_pool *p,
-			      const Kvcached__Lookup *m, size_t n)
+static void lookup_tiers_keep(struct req *q, const struct kv_pool *p, size_t n)
 {
 	q->ss->lk_tier_n = (uint32_t)n;
 	q->ss->lk_tier_pool = p;
-	q->ss->lk_tier_sum = XXH3_64bits(m->hashes.data, m->hashes.len);
+	q->ss->lk_tier_req = q->ss->requests;
 }
 
 /* Blocks whose references a batch takes or drops at once: a stretch still
@@ -576,7 +577,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 	if (r == -EINPROGRESS) {
 		q->out = KV_OP_PARK;
 		if (tiers)
-			lookup_tiers_keep(q, p, m, n);
+			lookup_tiers_keep(q, p, n);
 		return;
 	}
 	if (r < 0) {
@@ -619,7 +620,7 @@ void kv_op_lookup(struct req *q, const Kvcached__Lookup *m)
 		if (q->out != KV_OP_HOLD)
 			kv_cache_lookup_done(q->ss, old_pins);
 		else if (tiers)
-			lookup_tiers_keep(q, p, m, n);
+			lookup_tiers_keep(q, p, n);
 		return;
 	}
 	if (kv_sessrefs_reserve(&q->ss->refs, k) < 0) {

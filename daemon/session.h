@@ -50,19 +50,21 @@ struct kv_session {
 	/* Where the parked lookup resumes (cache.c): blocks 0..lk_done-1 of
 	 * its chain of lk_n in pool lk_pool are G1 blocks it pinned, in chain
 	 * order, at pins[0..lk_done); pins[lk_oldest] is the oldest of them
-	 * (born_ms); lk_sum is XXH3 of the chain's first lk_done hashes.
-	 * lk_done 0: none (set only while the lookup is parked). */
+	 * (born_ms); lk_req is requests when it parked (the rerun is the same
+	 * frame: none ended since), lk_sum XXH3 of the last at most 32 of
+	 * those hashes. lk_done 0: none (set only while the lookup is parked). */
 	const struct kv_pool *lk_pool;
 	uint32_t lk_n, lk_done, lk_oldest;
-	uint64_t lk_sum;
+	uint64_t lk_sum, lk_req;
 	/* The tiers a parked or held lookup found its blocks in so far
 	 * (ops_block.c: lk_tier[0..lk_tier_n) for the lookup of lk_tier_n
-	 * hashes in lk_tier_pool whose XXH3 is lk_tier_sum; lk_tier_n 0:
-	 * none), for its reply's BlockList.tiers. */
+	 * hashes in lk_tier_pool, kept while requests is lk_tier_req: the
+	 * same frame run again; lk_tier_n 0: none), for its reply's
+	 * BlockList.tiers. */
 	uint8_t *lk_tier;
 	uint32_t lk_tier_n, lk_tier_cap;
 	const struct kv_pool *lk_tier_pool;
-	uint64_t lk_tier_sum;
+	uint64_t lk_tier_req;
 	struct kv_swap_owner swaps;  /* swapped-out sequences (tier.h) */
 	/* The ids of the pools it registered, each holding its pool (pool.h):
 	 * a pool lives at least as long as a session that registered it. */
@@ -79,7 +81,12 @@ struct kv_session {
 	struct kv_budget_uid *bu;
 	uint32_t *seg_sent[KV_MAX_DEVICES];  /* backend epoch of each segment sent, 0 = none */
 	struct kv_sessrefs refs;   /* the block references it holds */
-	uint64_t connected_ms, requests;
+	uint64_t connected_ms;
+	/* Frames finished (the transport counts them: conn.c). Not counted
+	 * while one is parked or held, which runs again before any other: a
+	 * lookup that finds it unchanged since it parked is that frame's rerun
+	 * (cache.c, ops_block.c), and its hashes the same bytes. */
+	uint64_t requests;
 };
 
 /* Opens ss (zeroed by the caller) for a peer with cred: NEW (it must say Hello

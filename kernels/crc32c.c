@@ -22,17 +22,23 @@
 #error "crc32c.c assumes a little-endian machine"
 #endif
 
-/* Bytes per stream in the three-stream loop: 3 x 2 KiB per round. */
+/* Bytes per stream in the three-stream loop: 3 x 2 KiB per round, then
+ * rounds of 3 x 256 bytes for what is left, so that at most 767 bytes go
+ * through one stream (whose crc32 waits on the one before: a third of the
+ * rate). A 16 KiB payload (a G4 value's, a G2 slot's) was two long rounds
+ * and 4 KiB in one stream, about 3,070 cycles; now about 2,150. */
 #define LANE 2048
+#define SHORT 256
 
 static uint32_t table[8][256];   /* slicing-by-8 */
 static uint32_t x2n[32];         /* x^(2^k) mod P */
 static uint32_t shift_lane[4][256];  /* r -> r * x^(8 LANE) mod P, by byte */
+static uint32_t shift_short[4][256]; /* r -> r * x^(8 SHORT) mod P, by byte */
 static int have_sse42;
 
 __attribute__((constructor)) static void crc_init(void)
 {
-	uint32_t xl;
+	uint32_t xl, xs;
 	unsigned i, k;
 
 	for (i = 0; i < 256; i++)
@@ -42,9 +48,12 @@ __attribute__((constructor)) static void crc_init(void)
 			table[k][i] = (table[k - 1][i] >> 8) ^ table[0][table[k - 1][i] & 0xff];
 	kv_crc_x2n_init(x2n);
 	xl = kv_crc_shift(1u << 31, LANE, x2n);  /* x^(8 LANE) */
+	xs = kv_crc_shift(1u << 31, SHORT, x2n);
 	for (k = 0; k < 4; k++)
-		for (i = 0; i < 256; i++)
+		for (i = 0; i < 256; i++) {
 			shift_lane[k][i] = kv_crc_multmodp(xl, i << (8 * k));
+			shift_short[k][i] = kv_crc_multmodp(xs, i << (8 * k));
+		}
 #if KV_CRC_X86
 	__builtin_cpu_init();
 	have_sse42 = __builtin_cpu_supports("sse4.2");
@@ -88,10 +97,10 @@ uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t n)
 }
 
 #if KV_CRC_X86
-static inline uint32_t shift_by_lane(uint32_t r)
+static inline uint32_t shift_by(const uint32_t (*tab)[256], uint32_t r)
 {
-	return shift_lane[0][r & 0xff] ^ shift_lane[1][(r >> 8) & 0xff] ^
-	       shift_lane[2][(r >> 16) & 0xff] ^ shift_lane[3][r >> 24];
+	return tab[0][r & 0xff] ^ tab[1][(r >> 8) & 0xff] ^ tab[2][(r >> 16) & 0xff] ^
+	       tab[3][r >> 24];
 }
 
 /* The crc32 instruction has a latency of 3 cycles and a throughput of 1:
@@ -115,9 +124,23 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 			b = _mm_crc32_u64(b, load64(p + LANE + i));
 			d = _mm_crc32_u64(d, load64(p + 2 * LANE + i));
 		}
-		c = shift_by_lane(shift_by_lane((uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
+		c = shift_by(shift_lane, shift_by(shift_lane, (uint32_t)a) ^ (uint32_t)b) ^
+		    (uint32_t)d;
 		p += 3 * LANE;
 		n -= 3 * LANE;
+	}
+	while (n >= 3 * SHORT) {
+		uint64_t a = c, b = 0, d = 0;
+
+		for (i = 0; i < SHORT; i += 8) {
+			a = _mm_crc32_u64(a, load64(p + i));
+			b = _mm_crc32_u64(b, load64(p + SHORT + i));
+			d = _mm_crc32_u64(d, load64(p + 2 * SHORT + i));
+		}
+		c = shift_by(shift_short, shift_by(shift_short, (uint32_t)a) ^ (uint32_t)b) ^
+		    (uint32_t)d;
+		p += 3 * SHORT;
+		n -= 3 * SHORT;
 	}
 	while (n >= 8) {
 		c = _mm_crc32_u64(c, load64(p));

@@ -1,7 +1,8 @@
 /* CRC32C: the standard check value, the RFC 3720 (iSCSI) vectors, and the
  * SSE4.2 path against the table path and a bitwise definition on random
- * buffers at every alignment, around the three-stream boundaries, and
- * chained and combined in pieces. */
+ * buffers at every alignment, around the three-stream boundaries (the 6 KiB
+ * rounds and the 768-byte ones after them), at random lengths and
+ * alignments, and chained and combined in pieces. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,7 +101,9 @@ int main(void)
 		buf[i] = (uint8_t)rnd();
 	/* Every alignment, lengths around the 6 KiB rounds of the SSE path. */
 	for (off = 0; off < 9; off++) {
-		size_t lens[] = { 0, 1, 7, 8, 9, 63, 4096, 6143, 6144, 6145, 12288 + 5, big };
+		size_t lens[] = { 0,    1,    7,    8,     9,     63,    767,   768,
+				  769,  1535, 1536, 4096, 6143,  6144,  6145,  6144 + 767,
+				  6144 + 768, 12288 + 5, 16384, 16384 + 80, big };
 
 		for (i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
 			uint32_t want = crc_bitwise(0, buf + off, lens[i]);
@@ -110,6 +113,16 @@ int main(void)
 			CHECK_EQ(kv_crc32c_sw(0, buf + off, n), want);
 			CHECK_EQ(crc_kernel_sim(buf + off, n), want);
 		}
+	}
+	/* Random lengths at random alignments: every mix of long rounds, short
+	 * rounds and the single stream. */
+	for (i = 0; i < 3000; i++) {
+		size_t o = (size_t)(rnd() % 16), len = (size_t)(rnd() % (big + 1 - o));
+		uint32_t seed = i & 1 ? (uint32_t)rnd() : 0;
+
+		CHECK_EQ(kv_crc32c(seed, buf + o, len), kv_crc32c_sw(seed, buf + o, len));
+		if (i % 100 == 0)
+			CHECK_EQ(kv_crc32c(seed, buf + o, len), crc_bitwise(seed, buf + o, len));
 	}
 	/* Chained in pieces, and combined from independent pieces. */
 	for (i = 0; i < 200; i++) {

@@ -235,14 +235,18 @@ static inline size_t tier_g4_value_len(const struct kv_pool *p, const uint8_t *m
 	       (mac_key ? KV_G4MAC_TAG_BYTES : 0);
 }
 
-/* Writes block hash's key of pool p into key (KEY_MAX bytes); returns its length. */
-static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
-				     const uint8_t *hash, char *key)
+/* Writes the part of pool p's keys before the hash into key (KEY_MAX
+ * bytes); returns its length, which may be KEY_MAX - 1 or more (cut). */
+static inline int tier_g4_key_prefix(struct kv_tiers *t, const struct kv_pool *p, char *key)
 {
-	int n = snprintf(key, KEY_MAX, "%s:%s:%016llx:", t->cfg.remote_prefix,
-			 kv_pools_ns_name(t->ps, p->ns),
-			 (unsigned long long)t->layout_id[p->id]);
+	return snprintf(key, KEY_MAX, "%s:%s:%016llx:", t->cfg.remote_prefix,
+			kv_pools_ns_name(t->ps, p->ns), (unsigned long long)t->layout_id[p->id]);
+}
 
+/* Ends the key whose first n bytes tier_g4_key_prefix() wrote (n its answer)
+ * with the hash; returns the key's length. */
+static inline size_t tier_g4_key_hash(char *key, int n, const uint8_t *hash)
+{
 	/* The hash in hex by hand: a fetch makes 64 keys on the loop, and
 	 * snprintf() per byte was a tenth of the loop's time at 16 KiB. */
 	for (int i = 0; i < KV_HASH_BYTES && n + 2 < KEY_MAX; i++) {
@@ -251,6 +255,13 @@ static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
 	}
 	key[n < KEY_MAX ? n : KEY_MAX - 1] = 0;
 	return (size_t)n;
+}
+
+/* Writes block hash's key of pool p into key (KEY_MAX bytes); returns its length. */
+static inline size_t tier_g4_key_of(struct kv_tiers *t, const struct kv_pool *p,
+				     const uint8_t *hash, char *key)
+{
+	return tier_g4_key_hash(key, tier_g4_key_prefix(t, p, key), hash);
 }
 
 /* remote_write.c */

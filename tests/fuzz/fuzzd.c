@@ -166,6 +166,7 @@ Kvcached__Response *fz_run(int i, Kvcached__Request *rq)
 		if (tries > 1000)
 			fz_finding("a request parked or held 1,000 times");
 	}
+	fz_s[i].requests++;   /* a frame finished, as conn.c counts it (session.h) */
 	kv_session_fds_sent(&fz_s[i], fz_s[i].nfds);
 	kv_session_fds_read(&fz_s[i]);
 	kv_tiers_kick(fz_d.tiers);
