@@ -148,12 +148,16 @@ class Daemon:
             return missing
         fail("no %s in kvctl metrics" % name, self.log)
 
-    def rss(self):
-        """The daemon's resident memory in bytes (0 once it has gone)."""
+    def rss(self, field="VmRSS"):
+        """The daemon's resident memory in bytes (0 once it has gone).
+        field="RssAnon": its own heap and stacks only, without the pool's
+        shared pages, which a worker thread of the host backend populates
+        (MADV_POPULATE_WRITE) at its own pace after the pool is made: a
+        bound on what requests grow is checked on this one."""
         try:
             with open("/proc/%d/status" % self.proc.pid) as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field + ":"):
                         return int(line.split()[1]) * 1024
         except OSError:
             pass

@@ -11,7 +11,11 @@ goes. What is dropped is counted.
 Real daemon, real worker (tests/kvt_worker tpool/tchain), a real SUB socket in
 a process stopped with SIGSTOP once subscribed (nothing reads, not even ZMQ's
 I/O thread). Figures (RSS before/during/after) are printed; the checks are
-on bytes. KVT_BEFORE=1 KVCACHED_BIN=... runs it against a kvcached without
+on bytes. RSS here is RssAnon, the daemon's heap: the pool's shared pages are
+populated by a worker thread at their own pace after the pool is made (13 MiB
+of the 16 MiB pool came in between 'before' and 'after', and as much as
+16 MiB when 'before' was read earlier under load: a 'not back' failure in
+the suite at +34.1 MiB against a 32.1 MiB bound). KVT_BEFORE=1 KVCACHED_BIN=... runs it against a kvcached without
 these bounds and only prints the figures. Exit 77 without python3-zmq or a
 daemon built with events."""
 import os
@@ -91,11 +95,11 @@ def main():
     os.kill(sub.pid, signal.SIGSTOP)
     ok(w, "tchain %d %d" % (seed, BLOCKS))   # one Seal at the limit first: buffers grown
     seed += 1
-    base = daemon.rss()
+    base = daemon.rss("RssAnon")
     for _ in range(SEALS):
         ok(w, "tchain %d %d" % (seed, BLOCKS))
         seed += 1
-    during = daemon.rss()
+    during = daemon.rss("RssAnon")
     ring = metric(daemon, "kvcached_events_buffered_bytes")
     held = metric(daemon, "kvcached_events_subscriber_bytes")
     dropped = metric(daemon, "kvcached_events_dropped_total")
@@ -127,8 +131,8 @@ def main():
     if not BEFORE:
         kvt.check(kvt.wait_for(lambda: metric(daemon, "kvcached_events_subscriber_bytes") == 0,
                                30), "the gone subscriber's batches are still held", daemon.log)
-    kvt.wait_for(lambda: daemon.rss() - base < RING_MAX + known + 4 * MIB, 10)
-    after = daemon.rss()
+    kvt.wait_for(lambda: daemon.rss("RssAnon") - base < RING_MAX + known + 4 * MIB, 10)
+    after = daemon.rss("RssAnon")
     print("after the subscriber went: RSS %.1f MiB (+%.1f)" % (after / MIB, (after - base) / MIB))
     if not BEFORE and not SANITIZED:
         kvt.check(after - base < RING_MAX + known + 8 * MIB, "RSS not back: +%.1f MiB" %
