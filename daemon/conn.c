@@ -617,13 +617,17 @@ static int conn_frames(struct kv_conn *c)
 		if (c->in_len - off < KV_FRAME_HDR + len)
 			break;
 		t0 = kv_hist_now_ns();
-		{
+		/* A Lookup in its packer's form: its hashes read in place, two
+		 * structs of the arena (no bound on the decode needed). */
+		fast = kv_req_unpack_lookup(&d->arena, c->in + off + KV_FRAME_HDR, len);
+		if (!fast) {
 			long long max = (long long)len * DECODE_FACTOR + DECODE_SLACK;
 			long long cost = kv_pb_decode_cost(&kvcached__request__descriptor,
 							   c->in + off + KV_FRAME_HDR, len,
 							   (unsigned long long)max);
 
 			if (cost > max) {
+				kv_arena_reset(&d->arena);
 				snprintf(why, sizeof(why),
 					 "frame of %u bytes would decode to more than %lld bytes "
 					 "(%d x its size + 1 MiB)", len, max, DECODE_FACTOR);
@@ -631,8 +635,6 @@ static int conn_frames(struct kv_conn *c)
 				return -1;
 			}
 		}
-		/* A Lookup in its packer's form: its hashes read in place. */
-		fast = kv_req_unpack_lookup(&d->arena, c->in + off + KV_FRAME_HDR, len);
 		rq = fast ? fast
 			  : kvcached__request__unpack(kv_arena_pb(&d->arena), len,
 						      c->in + off + KV_FRAME_HDR);
