@@ -365,14 +365,17 @@ static int wait_fd(kvc_conn *c, short events)
 /* --- sending ------------------------------------------------------------- */
 
 /* Without a deadline a blocking sendmsg; with one, a non-blocking one after
- * poll() says there is room. */
-static int send_all(kvc_conn *c, const uint8_t *p, size_t len)
+ * poll() says there is room. Sends iov[0..niov) whole (iov is consumed). */
+static int send_allv(kvc_conn *c, struct iovec *iov, int niov)
 {
 	bool bounded = c->deadline_ns != NO_DEADLINE;
 
-	while (len > 0) {
-		struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-		ssize_t n = kv_sendmsg_fds(c->fd, &iov, 1, NULL, 0, bounded ? MSG_DONTWAIT : 0);
+	while (niov > 0 && !iov->iov_len) {
+		iov++;
+		niov--;
+	}
+	while (niov > 0) {
+		ssize_t n = kv_sendmsg_fds(c->fd, iov, niov, NULL, 0, bounded ? MSG_DONTWAIT : 0);
 
 		if (n == -EAGAIN && bounded) {
 			int r = wait_fd(c, POLLOUT);
@@ -385,10 +388,97 @@ static int send_all(kvc_conn *c, const uint8_t *p, size_t len)
 			return (int)n;
 		if (n == 0)
 			return -EPIPE;
-		p += n;
-		len -= (size_t)n;
+		while (niov > 0 && (size_t)n >= iov->iov_len) {
+			n -= (ssize_t)iov->iov_len;
+			iov++;
+			niov--;
+		}
+		if (niov > 0) {
+			iov->iov_base = (uint8_t *)iov->iov_base + n;
+			iov->iov_len -= (size_t)n;
+		}
+		while (niov > 0 && !iov->iov_len) {
+			iov++;
+			niov--;
+		}
 	}
 	return 0;
+}
+
+static int send_all(kvc_conn *c, const uint8_t *p, size_t len)
+{
+	struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
+
+	return send_allv(c, &iov, 1);
+}
+
+/* A varint of v at p; returns its length. */
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		p[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
+static size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static uint32_t frame_max(const kvc_conn *c);
+
+/* Sends Lookup request req as protobuf-c would pack it, byte for byte (the
+ * fields in order, proto3 defaults left out), with the caller's hashes sent
+ * from where they are (issue 38: packing copied a chain's 32 bytes a block
+ * into the send buffer first, the largest part of a lookup of 1,000's time
+ * in this library). Returns what send_request() does. */
+static int send_lookup(kvc_conn *c, const Kvcached__Request *req)
+{
+	const Kvcached__Lookup *m = req->lookup;
+	uint8_t pre[KV_FRAME_HDR + 40], *p = pre + KV_FRAME_HDR, post[2];
+	size_t hl = m->hashes.len;
+	uint64_t sub = (m->pool_id ? 1 + varint_len(m->pool_id) : 0) +
+		       (hl ? 1 + varint_len(hl) + hl : 0) + (m->tiers ? 2 : 0);
+	uint64_t len = (req->id ? 1 + varint_len(req->id) : 0) + 1 + varint_len(sub) + sub;
+	struct iovec iov[3];
+
+	if (len > frame_max(c)) {
+		set_err(c, "request of %llu bytes exceeds max_frame %u", (unsigned long long)len,
+			frame_max(c));
+		return KVC_E2BIG;
+	}
+	kv_frame_hdr_encode(pre, (uint32_t)len, 0);
+	if (req->id) {
+		*p++ = 0x08;   /* id = 1, varint */
+		p += put_varint(p, req->id);
+	}
+	*p++ = 0x72;           /* lookup = 14, length-delimited */
+	p += put_varint(p, sub);
+	if (m->pool_id) {
+		*p++ = 0x08;   /* pool_id = 1, varint */
+		p += put_varint(p, m->pool_id);
+	}
+	if (hl) {
+		*p++ = 0x12;   /* hashes = 2, length-delimited */
+		p += put_varint(p, hl);
+	}
+	post[0] = 0x18;        /* tiers = 3, varint */
+	post[1] = 1;
+	iov[0] = (struct iovec){ .iov_base = pre, .iov_len = (size_t)(p - pre) };
+	iov[1] = (struct iovec){ .iov_base = hl ? m->hashes.data : NULL, .iov_len = hl };
+	iov[2] = (struct iovec){ .iov_base = post, .iov_len = m->tiers ? 2 : 0 };
+	return send_allv(c, iov, 3);
 }
 
 static uint32_t frame_max(const kvc_conn *c)
@@ -401,7 +491,11 @@ static uint32_t frame_max(const kvc_conn *c)
 /* Returns 0, KVC_E2BIG (nothing sent, c intact) or -errno (c broken). */
 static int send_request(kvc_conn *c, const Kvcached__Request *req)
 {
-	size_t len = kvcached__request__get_packed_size(req);
+	size_t len;
+
+	if (req->op_case == KVCACHED__REQUEST__OP_LOOKUP && req->lookup)
+		return send_lookup(c, req);
+	len = kvcached__request__get_packed_size(req);
 
 	if (len > frame_max(c)) {
 		set_err(c, "request of %zu bytes exceeds max_frame %u", len, frame_max(c));

@@ -103,5 +103,9 @@ void kv_conns_refresh_fds(struct kv_daemon *d);
 /* What waits in the connections now (struct kv_queue_stats): one walk over
  * them, for a scrape. */
 void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q);
+/* A request frame's body buf[0..len) decoded when it is a Lookup in the
+ * form a packer writes, its hashes pointing into buf (conn.c); NULL
+ * otherwise (protobuf-c decodes it). Structs from arena a. */
+struct Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, size_t len);
 
 #endif

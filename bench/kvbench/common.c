@@ -198,9 +198,14 @@ void row_from(struct row *r, struct samples *s, double per)
 
 void cpu_row(char section, const char *name, struct samples *s)
 {
+	cpu_row_of(section, "daemon", name, s);
+}
+
+void cpu_row_of(char section, const char *who, const char *name, struct samples *s)
+{
 	struct row *r = add_row(section, "");
 
-	snprintf(r->name, sizeof(r->name), "  daemon CPU, %s", name);
+	snprintf(r->name, sizeof(r->name), "  %s CPU, %s", who, name);
 	row_from(r, s, 1);
 	r->p10 = pct(s, 10);
 	r->ops = 0;

@@ -168,6 +168,8 @@ bool cycles_cpu(struct bench_conn *bc, uint32_t n, unsigned cycles, struct sampl
  * loop spent per request. The p10 is the request whose lines the machine's
  * other processes left in cache: what load moves least. */
 void cpu_row(char section, const char *name, struct samples *s);
+/* The same row for another process's or thread's CPU (who: "client"). */
+void cpu_row_of(char section, const char *who, const char *name, struct samples *s);
 /* Runs cycles of n blocks for secs after a warm-up; s[0..2] get the alloc,
  * seal and release times, s[3] the whole cycle. */
 void cycles_run(struct bench_conn *bc, uint32_t n, double secs, struct samples s[4]);

@@ -1,0 +1,205 @@
+/* conn.c's decoder of a Lookup frame with its hashes in place
+ * (kv_req_unpack_lookup(), issue 38) against protobuf-c's: every frame a
+ * packer writes is taken by it, and every frame it takes, among packed ones,
+ * hand-made odd forms and random mutations of both, protobuf-c decodes to
+ * the same id, pool, hashes and tiers. Exit 0 pass, 1 fail. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "conn.h"
+#include "kvcached.pb-c.h"
+
+static int fails;
+
+#define FAIL(...)                                                            \
+	do {                                                                 \
+		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
+		fprintf(stderr, __VA_ARGS__);                                \
+		fprintf(stderr, "\n");                                       \
+		fails++;                                                     \
+	} while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static int same(const Kvcached__Request *a, const Kvcached__Request *b)
+{
+	const Kvcached__Lookup *x = a->lookup, *y = b->lookup;
+
+	if (a->id != b->id || a->op_case != b->op_case || a->op_case != KVCACHED__REQUEST__OP_LOOKUP)
+		return 0;
+	if (!x || !y || x->pool_id != y->pool_id || x->tiers != y->tiers ||
+	    x->hashes.len != y->hashes.len || !x->hashes.data != !y->hashes.data)
+		return 0;
+	return !x->hashes.len || !memcmp(x->hashes.data, y->hashes.data, x->hashes.len);
+}
+
+/* 1: the fast decoder took buf; 0: it left it to protobuf-c. Either way,
+ * what it took must be what protobuf-c makes of it. */
+static int compare(struct kv_arena *ar, const uint8_t *buf, size_t len, const char *what)
+{
+	Kvcached__Request *f = kv_req_unpack_lookup(ar, buf, len), *p;
+	int took = f != NULL;
+
+	if (f) {
+		p = kvcached__request__unpack(NULL, len, buf);
+		if (!p)
+			FAIL("%s: taken by the fast decoder, refused by protobuf-c (%zu bytes)", what,
+			     len);
+		else if (!same(f, p))
+			FAIL("%s: decoded otherwise than protobuf-c (%zu bytes)", what, len);
+		if (p)
+			kvcached__request__free_unpacked(p, NULL);
+		/* The hashes are read in place. */
+		if (f->lookup->hashes.len &&
+		    (f->lookup->hashes.data < buf || f->lookup->hashes.data >= buf + len))
+			FAIL("%s: hashes not in the frame", what);
+	}
+	kv_arena_reset(ar);
+	return took;
+}
+
+static size_t pack(uint64_t id, uint32_t pool, size_t nhash, int tiers, uint8_t *hb, uint8_t *out)
+{
+	Kvcached__Request rq = KVCACHED__REQUEST__INIT;
+	Kvcached__Lookup m = KVCACHED__LOOKUP__INIT;
+
+	m.pool_id = pool;
+	m.hashes.len = nhash;
+	m.hashes.data = nhash ? hb : NULL;
+	m.tiers = tiers;
+	rq.id = id;
+	rq.op_case = KVCACHED__REQUEST__OP_LOOKUP;
+	rq.lookup = &m;
+	return kvcached__request__pack(&rq, out);
+}
+
+int main(void)
+{
+	static const uint64_t ids[] = { 0, 1, 127, 128, 300, 1ull << 32, (1ull << 63) + 5,
+					UINT64_MAX };
+	static const uint32_t pools[] = { 0, 1, 127, 128, 70000, UINT32_MAX };
+	static const size_t lens[] = { 0, 1, 5, 32, 64, 4096, 32000 };
+	uint8_t *hb = malloc(32000), *buf = malloc(40000), *mut = malloc(40000);
+	struct kv_arena ar;
+	size_t packed = 0, taken = 0, mtaken = 0;
+
+	if (!hb || !buf || !mut)
+		return 1;
+	kv_arena_init(&ar);
+	for (size_t i = 0; i < 32000; i++)
+		hb[i] = (uint8_t)rnd();
+	/* Every packed Lookup is taken, and decodes the same. */
+	for (size_t a = 0; a < sizeof(ids) / sizeof(ids[0]); a++)
+		for (size_t b = 0; b < sizeof(pools) / sizeof(pools[0]); b++)
+			for (size_t c = 0; c < sizeof(lens) / sizeof(lens[0]); c++)
+				for (int t = 0; t < 2; t++) {
+					size_t n = pack(ids[a], pools[b], lens[c], t, hb, buf);
+
+					packed++;
+					if (compare(&ar, buf, n, "packed"))
+						taken++;
+					else
+						FAIL("packed lookup (id %llu pool %u %zu bytes tiers %d) "
+						     "not taken",
+						     (unsigned long long)ids[a], pools[b], lens[c], t);
+				}
+	/* Forms a packer does not write: refused, or decoded the same. */
+	{
+		static const struct {
+			const char *what;
+			uint8_t b[24];
+			size_t n;
+			int take;   /* 1: must be taken; 0: must be left; -1: either */
+		} odd[] = {
+			{ "empty frame", { 0 }, 0, 0 },
+			{ "id only", { 0x08, 0x05 }, 2, 0 },
+			{ "empty lookup", { 0x72, 0x00 }, 2, 1 },
+			{ "pool 2^32 (protobuf-c cuts it to 0)",
+			  { 0x72, 0x06, 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 }, 8, 0 },
+			{ "pool in 6 bytes", { 0x72, 0x07, 0x08, 0x81, 0x80, 0x80, 0x80, 0x80, 0x00 }, 9, 0 },
+			{ "pool 0 in 2 bytes", { 0x72, 0x03, 0x08, 0x80, 0x00 }, 5, -1 },
+			{ "tiers 2 (protobuf-c: true)", { 0x72, 0x02, 0x18, 0x02 }, 4, 0 },
+			{ "tiers in 2 bytes", { 0x72, 0x03, 0x18, 0x81, 0x00 }, 5, 0 },
+			{ "tiers 1", { 0x72, 0x02, 0x18, 0x01 }, 4, 1 },
+			{ "pool twice", { 0x72, 0x04, 0x08, 0x01, 0x08, 0x02 }, 6, 0 },
+			{ "hashes twice", { 0x72, 0x06, 0x12, 0x01, 0xaa, 0x12, 0x01, 0xbb }, 8, 0 },
+			{ "tiers before pool", { 0x72, 0x04, 0x18, 0x01, 0x08, 0x02 }, 6, 0 },
+			{ "unknown field in lookup", { 0x72, 0x02, 0x20, 0x01 }, 4, 0 },
+			{ "lookup then id", { 0x72, 0x00, 0x08, 0x01 }, 4, 0 },
+			{ "lookup twice", { 0x72, 0x02, 0x08, 0x01, 0x72, 0x02, 0x08, 0x02 }, 8, 0 },
+			{ "id twice", { 0x08, 0x01, 0x08, 0x02, 0x72, 0x00 }, 6, 0 },
+			{ "lookup past the end", { 0x72, 0x05, 0x08, 0x01 }, 4, 0 },
+			{ "hashes past the lookup", { 0x72, 0x03, 0x12, 0x05, 0xaa, 0xbb }, 6, 0 },
+			{ "hashes length cut", { 0x72, 0x02, 0x12, 0x80 }, 4, 0 },
+			{ "id cut", { 0x08, 0x80 }, 2, 0 },
+			{ "id in 10 bytes",
+			  { 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x72, 0x00 },
+			  13, 1 },
+			{ "id in 11 bytes",
+			  { 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x81, 0x00, 0x72,
+			    0x00 },
+			  14, 0 },
+			{ "lookup as a varint", { 0x70, 0x01 }, 2, 0 },
+			{ "a release", { 0x7a, 0x00 }, 2, 0 },
+		};
+
+		for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+			int took = compare(&ar, odd[i].b, odd[i].n, odd[i].what);
+
+			if (odd[i].take >= 0 && took != odd[i].take)
+				FAIL("%s: %s", odd[i].what, took ? "taken" : "not taken");
+		}
+	}
+	/* Random mutations of packed frames: whatever is taken decodes the
+	 * same as protobuf-c's. */
+	for (int it = 0; it < 200000; it++) {
+		size_t n = pack(rnd() >> (rnd() & 63), (uint32_t)(rnd() >> (rnd() & 31)),
+				(size_t)(rnd() % 5) * 7, (int)(rnd() & 1), hb, buf);
+		int edits = 1 + (int)(rnd() % 3);
+
+		memcpy(mut, buf, n);
+		for (int e = 0; e < edits; e++) {
+			switch (rnd() % 4) {
+			case 0:   /* a byte changed */
+				if (n)
+					mut[rnd() % n] = (uint8_t)rnd();
+				break;
+			case 1:   /* a bit flipped */
+				if (n)
+					mut[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
+				break;
+			case 2:   /* cut */
+				if (n)
+					n = rnd() % n;
+				break;
+			default: { /* a byte put in */
+				size_t at = n ? rnd() % (n + 1) : 0;
+
+				memmove(mut + at + 1, mut + at, n - at);
+				mut[at] = (uint8_t)rnd();
+				n++;
+			}
+			}
+		}
+		mtaken += (size_t)compare(&ar, mut, n, "mutated");
+	}
+	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);
+	kv_arena_fini(&ar);
+	free(hb);
+	free(buf);
+	free(mut);
+	if (fails)
+		fprintf(stderr, "%d failures\n", fails);
+	return fails ? 1 : 0;
+}
