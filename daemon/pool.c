@@ -812,6 +812,50 @@ struct kv_block *kv_pool_find(struct kv_pool *p, const uint8_t *hash)
 	return e && e->kind == KV_ENTRY_BLOCK ? kv_container_of(e, struct kv_block, ix) : NULL;
 }
 
+/* A CACHED block (demoting or not, as told: the batch passes the field it
+ * loaded before its stores) becomes SEALED: off its LRU, or its demotion
+ * cancelled (the copy's completion sees it). block_ref()'s and
+ * block_ref_batch()'s common part. */
+static inline __attribute__((always_inline)) void block_cached_to_sealed(struct kv_pool *p,
+									 struct kv_block *b,
+									 int demoting)
+{
+	if (demoting) {
+		b->demoting = 0;
+		p->n.demoting--;
+		b->run->ndemoting--;
+		kv_list_del(&b->node);
+	} else {
+		/* The pool's heap is keyed by its LRU's back: only taking the
+		 * back (the oldest) off moves its key (issue 38: a lookup of a
+		 * chain takes a block off mid-list each time). */
+		int back = b->node.next == &p->lru;
+
+		b->run->nlru--;
+		kv_list_del(&b->node);
+		if (back)
+			pool_lru_changed(p);
+	}
+	b->state = KV_BLOCK_SEALED;
+}
+
+/* A SEALED block that lost its last reference becomes CACHED, the newest on
+ * its pool's LRU: block_unref()'s and block_unref_batch()'s common part. */
+static inline __attribute__((always_inline)) void block_sealed_to_cached(struct kv_pool *p,
+									 struct kv_block *b)
+{
+	/* At the front: the back, the heap's key, moves only when the LRU
+	 * was empty. */
+	int was_empty = kv_list_empty(&p->lru);
+
+	b->state = KV_BLOCK_CACHED;
+	b->tick = ++p->pools->tick;
+	kv_list_push_front(&p->lru, &b->node);
+	if (was_empty)
+		pool_lru_changed(p);
+	b->run->nlru++;
+}
+
 /* A reference on b (of p, not FREE, with room for it): a CACHED block leaves
  * its LRU (or its demotion) and becomes SEALED. Returns 1 when it did, for
  * the caller to count (p->n.sealed++, pool_cached_add(p, -1)): a batch
@@ -821,24 +865,7 @@ static inline __attribute__((always_inline)) int block_ref(struct kv_pool *p, st
 	int moved = 0;
 
 	if (b->state == KV_BLOCK_CACHED) {
-		if (b->demoting) {
-			/* Cancels the demotion: the copy's completion sees it. */
-			b->demoting = 0;
-			p->n.demoting--;
-			b->run->ndemoting--;
-			kv_list_del(&b->node);
-		} else {
-			/* The pool's heap is keyed by its LRU's back: only taking
-			 * the back (the oldest) off moves its key (issue 38: a
-			 * lookup of a chain takes a block off mid-list each time). */
-			int back = b->node.next == &p->lru;
-
-			b->run->nlru--;
-			kv_list_del(&b->node);
-			if (back)
-				pool_lru_changed(p);
-		}
-		b->state = KV_BLOCK_SEALED;
+		block_cached_to_sealed(p, b, b->demoting);
 		moved = 1;
 	}
 	b->ref++;
@@ -899,23 +926,7 @@ static inline __attribute__((always_inline)) int block_ref_batch(struct kv_pool 
 	b->ref = ref + 1;
 	if (!cached)
 		return 0;
-	if (demoting) {
-		/* Cancels the demotion: the copy's completion sees it. */
-		b->demoting = 0;
-		p->n.demoting--;
-		b->run->ndemoting--;
-		kv_list_del(&b->node);
-	} else {
-		/* The pool's heap is keyed by its LRU's back: only taking the
-		 * back (the oldest) off moves its key. */
-		int back = b->node.next == &p->lru;
-
-		b->run->nlru--;
-		kv_list_del(&b->node);
-		if (back)
-			pool_lru_changed(p);
-	}
-	b->state = KV_BLOCK_SEALED;
+	block_cached_to_sealed(p, b, demoting);
 	return 1;
 }
 
@@ -956,16 +967,7 @@ static inline __attribute__((always_inline)) int block_unref(struct kv_pool *p, 
 	if (--b->ref > 0)
 		return 0;
 	if (b->state == KV_BLOCK_SEALED) {
-		/* At the front: the back, the heap's key, moves only when the
-		 * LRU was empty. */
-		int was_empty = kv_list_empty(&p->lru);
-
-		b->state = KV_BLOCK_CACHED;
-		b->tick = ++p->pools->tick;
-		kv_list_push_front(&p->lru, &b->node);
-		if (was_empty)
-			pool_lru_changed(p);
-		b->run->nlru++;
+		block_sealed_to_cached(p, b);
 		block_assert_state(b);
 		return 1;
 	}
@@ -1000,7 +1002,6 @@ static inline __attribute__((always_inline)) int block_unref_batch(struct kv_poo
 {
 	uint32_t ref = b->ref;
 	uint8_t state = b->state;
-	int was_empty;
 
 	kv_assert(state == KV_BLOCK_WRITABLE || state == KV_BLOCK_SEALED);
 	kv_assert(ref > 0 && ref <= KV_BLOCK_REF_MAX);
@@ -1017,15 +1018,7 @@ static inline __attribute__((always_inline)) int block_unref_batch(struct kv_poo
 	kv_assert(!kv_list_linked(&b->node) && b->ix.pprev && !b->demoting);
 	kv_assert(b->slot < p->blocks_per_run);
 	kv_assert(b->own == 0);
-	/* At the front: the back, the heap's key, moves only when the LRU
-	 * was empty. */
-	was_empty = kv_list_empty(&p->lru);
-	b->state = KV_BLOCK_CACHED;
-	b->tick = ++p->pools->tick;
-	kv_list_push_front(&p->lru, &b->node);
-	if (was_empty)
-		pool_lru_changed(p);
-	b->run->nlru++;
+	block_sealed_to_cached(p, b);
 	return 1;
 }
 
