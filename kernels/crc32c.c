@@ -103,6 +103,32 @@ static inline uint32_t shift_by(const uint32_t (*tab)[256], uint32_t r)
 	       tab[3][r >> 24];
 }
 
+/* Rounds of three streams of lane bytes each over *p while *n holds one,
+ * joined by tab (x^(8 lane)); returns the register, *p and *n moved past
+ * them. Always inlined, so lane is a constant in each loop. */
+__attribute__((target("sse4.2"))) static inline __attribute__((always_inline)) uint64_t
+crc_rounds(uint64_t c, const uint8_t **pp, size_t *np, size_t lane, const uint32_t (*tab)[256])
+{
+	const uint8_t *p = *pp;
+	size_t n = *np;
+
+	while (n >= 3 * lane) {
+		uint64_t a = c, b = 0, d = 0;
+
+		for (size_t i = 0; i < lane; i += 8) {
+			a = _mm_crc32_u64(a, load64(p + i));
+			b = _mm_crc32_u64(b, load64(p + lane + i));
+			d = _mm_crc32_u64(d, load64(p + 2 * lane + i));
+		}
+		c = shift_by(tab, shift_by(tab, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
+		p += 3 * lane;
+		n -= 3 * lane;
+	}
+	*pp = p;
+	*np = n;
+	return c;
+}
+
 /* The crc32 instruction has a latency of 3 cycles and a throughput of 1:
  * three independent streams keep it busy; their registers are joined by
  * shifting (multiplying by x^(8 LANE)) and xoring. */
@@ -110,38 +136,13 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 							  size_t n)
 {
 	uint64_t c = ~crc;
-	size_t i;
 
 	while (n && ((uintptr_t)p & 7)) {
 		c = _mm_crc32_u8((uint32_t)c, *p++);
 		n--;
 	}
-	while (n >= 3 * LANE) {
-		uint64_t a = c, b = 0, d = 0;
-
-		for (i = 0; i < LANE; i += 8) {
-			a = _mm_crc32_u64(a, load64(p + i));
-			b = _mm_crc32_u64(b, load64(p + LANE + i));
-			d = _mm_crc32_u64(d, load64(p + 2 * LANE + i));
-		}
-		c = shift_by(shift_lane, shift_by(shift_lane, (uint32_t)a) ^ (uint32_t)b) ^
-		    (uint32_t)d;
-		p += 3 * LANE;
-		n -= 3 * LANE;
-	}
-	while (n >= 3 * SHORT) {
-		uint64_t a = c, b = 0, d = 0;
-
-		for (i = 0; i < SHORT; i += 8) {
-			a = _mm_crc32_u64(a, load64(p + i));
-			b = _mm_crc32_u64(b, load64(p + SHORT + i));
-			d = _mm_crc32_u64(d, load64(p + 2 * SHORT + i));
-		}
-		c = shift_by(shift_short, shift_by(shift_short, (uint32_t)a) ^ (uint32_t)b) ^
-		    (uint32_t)d;
-		p += 3 * SHORT;
-		n -= 3 * SHORT;
-	}
+	c = crc_rounds(c, &p, &n, LANE, shift_lane);
+	c = crc_rounds(c, &p, &n, SHORT, shift_short);
 	while (n >= 8) {
 		c = _mm_crc32_u64(c, load64(p));
 		p += 8;
