@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "pbvarint.h"
 #include "kvassert.h"
 #include "kvtext.h"
 
@@ -412,30 +413,6 @@ static int send_all(kvc_conn *c, const uint8_t *p, size_t len)
 	return send_allv(c, &iov, 1);
 }
 
-/* A varint of v at p; returns its length. */
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-
-	while (v >= 0x80) {
-		p[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	p[n++] = (uint8_t)v;
-	return n;
-}
-
-static size_t varint_len(uint64_t v)
-{
-	size_t n = 1;
-
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
-}
-
 static uint32_t frame_max(const kvc_conn *c);
 
 /* Sends Lookup request req as protobuf-c would pack it, byte for byte (the
@@ -448,9 +425,9 @@ static int send_lookup(kvc_conn *c, const Kvcached__Request *req)
 	const Kvcached__Lookup *m = req->lookup;
 	uint8_t pre[KV_FRAME_HDR + 40], *p = pre + KV_FRAME_HDR, post[2];
 	size_t hl = m->hashes.len;
-	uint64_t sub = (m->pool_id ? 1 + varint_len(m->pool_id) : 0) +
-		       (hl ? 1 + varint_len(hl) + hl : 0) + (m->tiers ? 2 : 0);
-	uint64_t len = (req->id ? 1 + varint_len(req->id) : 0) + 1 + varint_len(sub) + sub;
+	uint64_t sub = (m->pool_id ? 1 + kv_pb_varint_len(m->pool_id) : 0) +
+		       (hl ? 1 + kv_pb_varint_len(hl) + hl : 0) + (m->tiers ? 2 : 0);
+	uint64_t len = (req->id ? 1 + kv_pb_varint_len(req->id) : 0) + 1 + kv_pb_varint_len(sub) + sub;
 	struct iovec iov[3];
 
 	if (len > frame_max(c)) {
@@ -461,17 +438,17 @@ static int send_lookup(kvc_conn *c, const Kvcached__Request *req)
 	kv_frame_hdr_encode(pre, (uint32_t)len, 0);
 	if (req->id) {
 		*p++ = 0x08;   /* id = 1, varint */
-		p += put_varint(p, req->id);
+		p += kv_pb_varint_put(p, req->id);
 	}
 	*p++ = 0x72;           /* lookup = 14, length-delimited */
-	p += put_varint(p, sub);
+	p += kv_pb_varint_put(p, sub);
 	if (m->pool_id) {
 		*p++ = 0x08;   /* pool_id = 1, varint */
-		p += put_varint(p, m->pool_id);
+		p += kv_pb_varint_put(p, m->pool_id);
 	}
 	if (hl) {
 		*p++ = 0x12;   /* hashes = 2, length-delimited */
-		p += put_varint(p, hl);
+		p += kv_pb_varint_put(p, hl);
 	}
 	post[0] = 0x18;        /* tiers = 3, varint */
 	post[1] = 1;

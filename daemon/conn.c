@@ -21,6 +21,7 @@
 #include "log.h"
 #include "ops.h"
 #include "pbcheck.h"
+#include "pbvarint.h"
 
 /* The input buffer: READ_CHUNK when a frame starts, then grown by half of
  * what has arrived (so a frame announced as 4 MiB but never sent costs only
@@ -512,26 +513,6 @@ static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
 
 /* ---- input ------------------------------------------------------------ */
 
-/* A varint at *p (below end) of at most max bytes, decoded as protobuf-c
- * 1.4 does for uint64 (the bits past the 64th dropped). 0, or -1: longer,
- * or cut by end. */
-static int fast_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v,
-		       unsigned *nbytes)
-{
-	uint64_t r = 0;
-
-	for (unsigned i = 0; i < max && *p + i < end; i++) {
-		r |= (uint64_t)((*p)[i] & 0x7f) << (7 * i);
-		if (!((*p)[i] & 0x80)) {
-			*p += i + 1;
-			*v = r;
-			*nbytes = i + 1;
-			return 0;
-		}
-	}
-	return -1;
-}
-
 /* The Lookup request in buf[0..len) decoded with its hashes read in place
  * (issue 38: protobuf-c's copy of a chain's 32 bytes a block was 5% of a
  * lookup of 1,000's samples), or NULL: the frame is not in the one form
@@ -546,21 +527,20 @@ static int fast_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint
  * and a parked one is decoded again. The structs come from arena a. */
 Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, size_t len)
 {
-	const uint8_t *p = buf, *end = buf + len, *lend;
+	size_t off = 0;
 	Kvcached__Request *rq;
 	Kvcached__Lookup *m;
 	uint64_t id = 0, v;
-	unsigned nb;
 
-	if (p < end && *p == 0x08) {   /* id */
-		p++;
-		if (fast_varint(&p, end, 10, &id, &nb) < 0)
+	if (off < len && buf[off] == 0x08) {   /* id */
+		off++;
+		if (kv_pb_varint_get(buf, len, &off, 10, &id) < 0)
 			return NULL;
 	}
-	if (p >= end || *p++ != 0x72 || fast_varint(&p, end, 5, &v, &nb) < 0 ||
-	    v > (uint64_t)(end - p) || p + v != end)
+	/* lookup, the rest of the frame */
+	if (off >= len || buf[off++] != 0x72 || kv_pb_varint_get(buf, len, &off, 5, &v) < 0 ||
+	    v != len - off)
 		return NULL;
-	lend = end;
 	rq = kv_arena_alloc(a, sizeof(*rq));
 	m = kv_arena_alloc(a, sizeof(*m));
 	if (!rq || !m)
@@ -570,27 +550,27 @@ Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, 
 	rq->id = id;
 	rq->op_case = KVCACHED__REQUEST__OP_LOOKUP;
 	rq->lookup = m;
-	if (p < lend && *p == 0x08) {  /* pool_id */
-		p++;
-		if (fast_varint(&p, lend, 5, &v, &nb) < 0 || v > UINT32_MAX)
+	if (off < len && buf[off] == 0x08) {   /* pool_id */
+		off++;
+		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > UINT32_MAX)
 			return NULL;
 		m->pool_id = (uint32_t)v;
 	}
-	if (p < lend && *p == 0x12) {  /* hashes */
-		p++;
-		if (fast_varint(&p, lend, 5, &v, &nb) < 0 || v > (uint64_t)(lend - p))
+	if (off < len && buf[off] == 0x12) {   /* hashes */
+		off++;
+		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > len - off)
 			return NULL;
 		m->hashes.len = (size_t)v;
-		m->hashes.data = v ? (uint8_t *)p : NULL;
-		p += v;
+		m->hashes.data = v ? (uint8_t *)buf + off : NULL;
+		off += (size_t)v;
 	}
-	if (p < lend && *p == 0x18) {  /* tiers */
-		if (lend - p < 2 || p[1] > 1)
+	if (off < len && buf[off] == 0x18) {   /* tiers */
+		if (len - off < 2 || buf[off + 1] > 1)
 			return NULL;
-		m->tiers = p[1];
-		p += 2;
+		m->tiers = buf[off + 1];
+		off += 2;
 	}
-	return p == lend ? rq : NULL;
+	return off == len ? rq : NULL;
 }
 
 /* Handles every complete frame in the input buffer. Returns 0, or -1 when

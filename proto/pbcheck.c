@@ -5,23 +5,11 @@
 #include <string.h>
 
 #include "kvtext.h"
+#include "pbvarint.h"
 
 /* Nesting deeper than the protocol has is refused (protobuf-c unpacks
  * deeper, but kvcached.proto nests three levels at most). */
 #define DEPTH_MAX 16
-
-static int varint(const uint8_t *buf, size_t len, size_t *off, uint64_t *v)
-{
-	*v = 0;
-	for (unsigned shift = 0; shift < 64 && *off < len; shift += 7) {
-		uint8_t b = buf[(*off)++];
-
-		*v |= (uint64_t)(b & 0x7f) << shift;
-		if (!(b & 0x80))
-			return 0;
-	}
-	return -1;
-}
 
 /* 0: text; otherwise the offset + 1 of the first bad byte. */
 static size_t bad_text(const uint8_t *s, size_t n)
@@ -52,11 +40,11 @@ static int check(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, siz
 		uint64_t key, n;
 		size_t bad;
 
-		if (varint(buf, len, &off, &key) < 0)
+		if (kv_pb_varint_get(buf, len, &off, 10, &key) < 0)
 			goto trunc;
 		switch (key & 7) {
 		case 0:
-			if (varint(buf, len, &off, &n) < 0)
+			if (kv_pb_varint_get(buf, len, &off, 10, &n) < 0)
 				goto trunc;
 			continue;
 		case 1:
@@ -66,7 +54,7 @@ static int check(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, siz
 			n = 4;
 			break;
 		case 2:
-			if (varint(buf, len, &off, &n) < 0)
+			if (kv_pb_varint_get(buf, len, &off, 10, &n) < 0)
 				goto trunc;
 			break;
 		default:
@@ -170,7 +158,7 @@ static int cost(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size
 		uint64_t key, n = 0;
 		size_t at;
 
-		if (varint(buf, len, &off, &key) < 0)
+		if (kv_pb_varint_get(buf, len, &off, 10, &key) < 0)
 			return -1;
 		fields++;
 		/* Every 4096 fields: past the limit already? */
@@ -179,7 +167,7 @@ static int cost(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size
 		at = off;
 		switch (key & 7) {
 		case 0:
-			if (varint(buf, len, &off, &n) < 0)
+			if (kv_pb_varint_get(buf, len, &off, 10, &n) < 0)
 				return -1;
 			n = 0;
 			at = off;
@@ -191,7 +179,7 @@ static int cost(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size
 			n = 4;
 			break;
 		case 2:
-			if (varint(buf, len, &off, &n) < 0)
+			if (kv_pb_varint_get(buf, len, &off, 10, &n) < 0)
 				return -1;
 			at = off;
 			break;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "pbvarint.h"
 #include "harness.h"
 
 #define NKEYS 2000000u
@@ -153,18 +154,6 @@ static void hello(int fd)
 	kvcached__response__free_unpacked(rs, NULL);
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-
-	while (v >= 0x80) {
-		p[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	p[n++] = (uint8_t)v;
-	return n;
-}
-
 /* Request{id 2, seal{pool_id 0, NKEYS x extra_keys{}}}, framed, by hand (the
  * encoder would build every sub-message too). */
 static uint8_t *hostile_frame(size_t *n)
@@ -176,7 +165,7 @@ static uint8_t *hostile_frame(size_t *n)
 	b[o++] = 0x08;          /* Request.id */
 	b[o++] = 2;
 	b[o++] = 13 << 3 | 2;   /* Request.seal */
-	o += put_varint(b + o, seal_len);
+	o += kv_pb_varint_put(b + o, seal_len);
 	b[o++] = 0x08;          /* Seal.pool_id = 0 */
 	b[o++] = 0;
 	for (uint32_t i = 0; i < NKEYS; i++) {
