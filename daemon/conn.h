@@ -107,5 +107,8 @@ void kv_conns_queue_stats(const struct kv_daemon *d, struct kv_queue_stats *q);
  * form a packer writes, its hashes pointing into buf (conn.c); NULL
  * otherwise (protobuf-c decodes it). Structs from arena a. */
 struct Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, size_t len);
+/* The same of a Seal without KV-event fields: its hashes in buf, its
+ * handles copied into arena a (conn.c). */
+struct Kvcached__Request *kv_req_unpack_seal(struct kv_arena *a, const uint8_t *buf, size_t len);
 
 #endif

@@ -73,6 +73,57 @@ static void test_big(void)
 	free(x);
 }
 
+/* Every chain linked both ways, and ix->none (what an empty bucket's probe
+ * compares, whose pprev an insert or removal without a neighbour writes)
+ * in none of them, its next NULL and its pool no pool's (issue 38). */
+static void check_links(const struct kv_index *ix)
+{
+	size_t b, n = 0;
+
+	CHECK(ix->none.next == NULL && ix->none.pool == UINT32_MAX);
+	for (b = 0; b < ix->nbuckets; b++) {
+		const struct kv_index_entry *x = ix->buckets[b];
+
+		CHECK(!x || x->pprev == &ix->buckets[b]);
+		for (; x; x = x->next, n++) {
+			CHECK(x != &ix->none);
+			CHECK(!x->next || x->next->pprev == &x->next);
+		}
+	}
+	CHECK_EQ(n, ix->count);
+}
+
+/* A probe of an empty bucket compares ix->none and still misses, even for
+ * the one key that looks like it (pool UINT32_MAX, hash zero); that key,
+ * once inserted, is found as itself. */
+static void test_none(void)
+{
+	static struct kv_index_entry z, y;
+	static const uint8_t zero[KV_HASH_BYTES];
+	struct kv_index ix;
+
+	CHECK(kv_index_init(&ix, 9) == 0);
+	CHECK(kv_index_find(&ix, UINT32_MAX, zero) == NULL);
+	kv_index_find_many(&ix, UINT32_MAX, zero, 1, keys, found);
+	CHECK(found[0] == NULL);
+	z.pool = UINT32_MAX;   /* hash zero */
+	kv_index_insert(&ix, &z);
+	CHECK(kv_index_find(&ix, UINT32_MAX, zero) == &z);
+	kv_index_find_many(&ix, UINT32_MAX, zero, 1, keys, found);
+	CHECK(found[0] == &z);
+	/* A second entry in z's bucket ahead of it, then each removed. */
+	y.pool = 3;
+	kv_index_insert_key(&ix, &y, kv_index_key(&ix, UINT32_MAX, zero));
+	check_links(&ix);
+	kv_index_remove(&ix, &z);
+	check_links(&ix);
+	CHECK(kv_index_find(&ix, UINT32_MAX, zero) == NULL);
+	kv_index_remove(&ix, &y);
+	check_links(&ix);
+	CHECK(kv_index_find(&ix, 3, zero) == NULL);
+	kv_index_fini(&ix);
+}
+
 int main(void)
 {
 	struct kv_index ix;
@@ -86,6 +137,7 @@ int main(void)
 	}
 	CHECK_EQ(ix.count, N);
 	CHECK(ix.nbuckets >= N);
+	check_links(&ix);
 	for (i = 0; i < N; i++)
 		CHECK(kv_index_find(&ix, e[i].pool, e[i].hash) == &e[i]);
 	/* Same hash, another pool: a miss. */
@@ -97,10 +149,12 @@ int main(void)
 	for (i = 0; i < N; i += 2)
 		kv_index_remove(&ix, &e[i]);
 	CHECK_EQ(ix.count, N / 2);
+	check_links(&ix);
 	for (i = 0; i < N; i++)
 		CHECK((kv_index_find(&ix, e[i].pool, e[i].hash) == &e[i]) == (i % 2 == 1));
 	check_many(&ix, 2);
 	kv_index_fini(&ix);
 	test_big();
+	test_none();
 	return 0;
 }
