@@ -74,6 +74,8 @@ struct g4_write {
 	uint8_t head[sizeof(struct slot_hdr)];
 	uint8_t tag[KV_G4MAC_TAG_BYTES];
 	uint8_t sealed;           /* the worker made head (and tag): it may go out */
+	uint8_t summed;           /* head sealed with the CRC32C the demotion's copy
+	                           * summed (tier_remote_put_sum()): no second pass */
 };
 
 /* A seal job: up to SEAL_BATCH writes made from G2, summed (and tagged) on

@@ -469,8 +469,10 @@ static void seal_one(struct g4_write *w)
 
 	if (!w->buf) {
 		memcpy(&h, w->head, sizeof(h));
-		slot_hdr_seal(&h, kv_crc32c(0, w->slot, h.payload_len));
-		memcpy(w->head, &h, sizeof(h));
+		if (!w->summed) {
+			slot_hdr_seal(&h, kv_crc32c(0, w->slot, h.payload_len));
+			memcpy(w->head, &h, sizeof(h));
+		}
 		w->sealed = !w->mac_key || kv_g4mac_tag2(w->mac_key, w->head, sizeof(h), w->slot,
 							  h.payload_len, w->tag) == 0;
 		return;
@@ -585,7 +587,23 @@ uint64_t tier_remote_held(const struct kv_tiers *t)
 	return t->g4 ? t->g4->held : 0;
 }
 
+int tier_remote_demotes(struct kv_tiers *t, const struct kv_pool *p)
+{
+	struct kv_ns *m;
+
+	if (!t->g4 || t->stopping)
+		return 0;
+	m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
+	return m && m->lim.remote &&
+	       (m->lim.remote_write ? m->lim.remote_write : t->g4->mode) == KV_G4W_DEMOTE;
+}
+
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	return tier_remote_put_sum(t, tb, when, NULL);
+}
+
+int tier_remote_put_sum(struct kv_tiers *t, struct tblock *tb, int when, const uint32_t *crc)
 {
 	struct kv_g4 *g = t->g4;
 	struct g4_write *w;
@@ -616,6 +634,10 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 		g->held++;
 		w->tb = tb;
 		w->slot = slot;
+		if (crc) {   /* summed by the demotion's copy */
+			slot_hdr_seal(&h, *crc);
+			w->summed = 1;
+		}
 		memcpy(w->head, &h, sizeof(h));
 	} else {
 		memcpy(w->buf, &h, sizeof(h));
@@ -626,9 +648,17 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->cl = tier_g4_client_of(t, tb->pool->ns);
 	tb->g4_ok = 1;   /* written once */
 	w->mac_key = tb->g4_key;
+	tev(TEV_PUT, 1);
+	if (w->summed && !w->mac_key) {
+		/* Nothing for the worker: straight to its client's writes. */
+		w->sealed = 1;
+		*g->cl[w->cl].pending_tail = w;
+		g->cl[w->cl].pending_tail = &w->next;
+		write_flush(t, w->cl);
+		return 1;
+	}
 	*g->seal_tail = w;
 	g->seal_tail = &w->next;
-	tev(TEV_PUT, 1);
 	seal_flush(t);
 	return 1;
 }
