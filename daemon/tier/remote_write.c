@@ -14,7 +14,10 @@
  * nothing allocated per batch). A write made from a G2
  * slot (remote_put()) is sealed on the worker: at demotion sent from the
  * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
- * of the pool; issue 38), otherwise copied into a buffer on the loop.
+ * of the pool; issue 38), otherwise copied into a buffer on the loop. At
+ * demotion on the host backend the copy into the slot summed it already
+ * (tier_remote_put_sum()): the worker only tags it, or, without a tag, it
+ * goes to its write thread with no seal job.
  *
  * Write buffers (issue 28): a value's buffer goes back to the write pool
  * when its SET is answered (or the write is dropped), and the next write
@@ -209,7 +212,7 @@ static void wbuf_put(struct kv_g4 *g, uint8_t *buf, size_t len)
  * loop a calloc() and free() per write (issue 38: with the structs of a
  * pass freed at its end, glibc gave the heap's top back to the kernel and
  * the next pass faulted it in again: _int_malloc and the page faults were
- * a quarter of the loop's samples in kvg4rate's 16 KiB writes). */
+ * about a third of the loop's samples in kvg4rate's 16 KiB writes). */
 static struct g4_write *write_new(struct kv_g4 *g)
 {
 	struct g4_write *w = g->wfree;
