@@ -176,10 +176,12 @@ static int bind_at(int fd, const char *path, gid_t gid, unsigned mode, struct st
 	}
 	/* Listening before the rename: a client that sees the path can
 	 * connect (test_alerts once saw ECONNREFUSED from a daemon whose
-	 * socket file was there and not yet listened on). */
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 512) < 0 ||
+	 * socket file was there and not yet listened on); bound at path
+	 * itself, only once its group and mode are set. */
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    (gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1, gid) < 0) ||
-	    chmod(sa.sun_path, mode) < 0 || (tmpdir[0] && rename(sa.sun_path, path) < 0) ||
+	    chmod(sa.sun_path, mode) < 0 || listen(fd, 512) < 0 ||
+	    (tmpdir[0] && rename(sa.sun_path, path) < 0) ||
 	    stat(path, st) < 0)
 		r = -errno;
 	if (tmpdir[0]) {
