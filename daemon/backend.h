@@ -44,6 +44,12 @@ struct kv_copy {
 	 * bytes of format qfmt of elements of type qdtype; KV_QFMT_RAW (0):
 	 * len raw bytes. */
 	uint8_t qfmt, qdtype;
+	/* D2H on a backend with crc set: NULL, or where the CRC32C (crc32c.h,
+	 * from 0) of the bytes written at host goes, summed by the copy while
+	 * they are in cache (issue 38: a G4 value's sum, not a second pass
+	 * over the slot on another thread). Written before the batch's
+	 * completion is reaped; a failed batch leaves it undefined. */
+	uint32_t *crc;
 };
 
 /* Whether copy c of a dir batch asks for a format a quantizing backend does:
@@ -121,6 +127,9 @@ struct kv_backend {
 	 * when a device could not load its kernels), and no pool's tier copies
 	 * are compressed. */
 	int quant;
+	/* copy_async fills kv_copy.crc of D2H copies: host; 0: it does not
+	 * (cuda), and the tiers sum the bytes themselves. */
+	int crc;
 	/* cuda: each device's UUID (cuDeviceGetUuid), which Hello sends so that
 	 * a worker with its own CUDA_VISIBLE_DEVICES finds its GPU; host: none. */
 	int has_uuid;

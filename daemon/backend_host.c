@@ -52,6 +52,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "fault.h"
 #include "kvassert.h"
 #include "list.h"
@@ -97,6 +98,7 @@ struct hbatch {
 		uint8_t *dst;
 		const uint8_t *src;
 		uint64_t len;        /* raw: the bytes; quantized: the device side's */
+		uint32_t *crc;       /* D2H: kv_copy.crc */
 		uint8_t qfmt, qdtype, dir;
 	} m[];
 };
@@ -295,12 +297,17 @@ static void hbatch_run(struct kv_job *j)
 		enum kv_dtype t = (enum kv_dtype)m->qdtype;
 
 		/* The formats were checked when the batch was made: no failure. */
-		if (!f)
+		if (!f && m->crc) {
+			*m->crc = kv_crc32c_copy(0, m->dst, m->src, m->len);
+		} else if (!f) {
 			memcpy(m->dst, m->src, m->len);
-		else if (m->dir == KV_COPY_D2H)
+		} else if (m->dir == KV_COPY_D2H) {
 			(void)kv_qfmt_quant(f, t, m->src, n, KV_QUANT_GROUP, m->dst, q);
-		else
+			if (m->crc)   /* the q bytes just written, in cache */
+				*m->crc = kv_crc32c(0, m->dst, q);
+		} else {
 			(void)kv_qfmt_dequant(f, t, m->src, q, n, KV_QUANT_GROUP, m->dst);
+		}
 	}
 }
 
@@ -397,6 +404,7 @@ static int host_copy_async(struct kv_backend *be, uint32_t dev, enum kv_copy_dir
 		m->qdtype = c[i].qdtype;
 		m->dir = (uint8_t)dir;
 		m->len = c[i].len;
+		m->crc = dir == KV_COPY_D2H ? c[i].crc : NULL;
 		if (res == KV_FAULT_SHORT) {
 			/* Half of the smaller side, raw: a torn copy either way. */
 			if (m->qfmt && kv_quant_bytes(m->len / 2, KV_QUANT_GROUP) < m->len)
@@ -517,6 +525,7 @@ int kv_backend_host_create(uint64_t seg_bytes, uint32_t nseg, struct kv_backend 
 	h->be.ops = &host_ops;
 	h->be.name = "host";
 	h->be.quant = 1;
+	h->be.crc = 1;
 	h->be.devices = 1;
 	h->be.segment_bytes = seg_bytes;
 	h->be.segments[0] = nseg;

@@ -147,7 +147,7 @@ static int listener_live(const struct sockaddr_un *sa, pid_t *pid)
 	return live;
 }
 
-/* Binds fd at path, then sets its group and mode; or, where a private
+/* Binds fd at path and listens, then sets its group and mode; or, where a private
  * directory beside path can hold it (the path is short enough), binds it
  * there first and renames it over path, so that it is never reachable
  * with the mode the umask gave it. *st: the bound file. Returns 0 or -errno. */
@@ -174,9 +174,14 @@ static int bind_at(int fd, const char *path, gid_t gid, unsigned mode, struct st
 		tmpdir[0] = 0;
 		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
 	}
+	/* Listening before the rename: a client that sees the path can
+	 * connect (test_alerts once saw ECONNREFUSED from a daemon whose
+	 * socket file was there and not yet listened on); bound at path
+	 * itself, only once its group and mode are set. */
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    (gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1, gid) < 0) ||
-	    chmod(sa.sun_path, mode) < 0 || (tmpdir[0] && rename(sa.sun_path, path) < 0) ||
+	    chmod(sa.sun_path, mode) < 0 || listen(fd, 512) < 0 ||
+	    (tmpdir[0] && rename(sa.sun_path, path) < 0) ||
 	    stat(path, st) < 0)
 		r = -errno;
 	if (tmpdir[0]) {
@@ -231,7 +236,7 @@ int kv_listener_bind(struct kv_listener *l, const char *path, unsigned mode, con
 		goto err;
 	}
 	unlink(path);   /* a socket file of a daemon that died: bind wants none */
-	if ((r = bind_at(fd, path, gid, mode, &st)) < 0 || (listen(fd, 512) < 0 && (r = -errno))) {
+	if ((r = bind_at(fd, path, gid, mode, &st)) < 0) {
 		kv_err("cannot listen on %s: %s", path, strerror(-r));
 		close(fd);
 		goto err;

@@ -152,6 +152,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 		c = _mm_crc32_u8((uint32_t)c, *p++);
 	return ~(uint32_t)c;
 }
+
 #endif
 
 uint32_t kv_crc32c(uint32_t crc, const void *p, size_t n)
@@ -161,6 +162,32 @@ uint32_t kv_crc32c(uint32_t crc, const void *p, size_t n)
 		return crc_hw(crc, p, n);
 #endif
 	return kv_crc32c_sw(crc, p, n);
+}
+
+/* Chunks of COPY_CHUNK: each summed right after its memcpy, from L1 (a
+ * fused loop, each 8 or 32 bytes summed as they were stored, was measured
+ * no faster than this on this machine's Zen 3: glibc's copy is the better
+ * copy, and the sum of a chunk just written costs 40-60 ms per GB against
+ * 100-110 for the same bytes cold). */
+#ifndef COPY_CHUNK
+#define COPY_CHUNK 8192
+#endif
+
+uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t n)
+{
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+
+	while (n) {
+		size_t k = n < COPY_CHUNK ? n : COPY_CHUNK;
+
+		memcpy(d, s, k);
+		crc = kv_crc32c(crc, d, k);
+		d += k;
+		s += k;
+		n -= k;
+	}
+	return crc;
 }
 
 const char *kv_crc32c_impl(void)

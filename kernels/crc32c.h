@@ -28,6 +28,13 @@ uint32_t kv_crc32c(uint32_t crc, const void *p, size_t n);
  * kv_crc32c(0, B) and len_b = |B|, without reading the bytes. */
 uint32_t kv_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
+/* Copies n bytes from src to dst (which must not overlap) and returns
+ * kv_crc32c(crc, src, n), in one pass over the bytes where the CPU has the
+ * crc32 instruction (each 8 bytes summed as they are stored: the demotion's
+ * copy of a block whose G4 value needs its sum; issue 38), else a memcpy
+ * and the table path over dst. */
+uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t n);
+
 /* The slicing-by-8 path alone, whatever the CPU has (tests compare both). */
 uint32_t kv_crc32c_sw(uint32_t crc, const void *p, size_t n);
 

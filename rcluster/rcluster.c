@@ -1037,6 +1037,37 @@ static size_t rc_out_left(const struct rc_node *node)
 	return sdslen(node->c->obuf) - node->obuf_off + node->ext_left;
 }
 
+/* Writes c, n in decimal and CRLF at w; returns the end (at most 23 bytes). */
+static char *rc_put_len(char *w, char c, size_t n)
+{
+	char d[20];
+	int k = 0;
+
+	do {
+		d[k++] = (char)('0' + n % 10);
+		n /= 10;
+	} while (n);
+	*w++ = c;
+	while (k)
+		*w++ = d[--k];
+	*w++ = '\r';
+	*w++ = '\n';
+	return w;
+}
+
+/* Sets sds s's length to len (within its room) and its NUL: sdsIncrLen()
+ * takes an int. */
+static void rc_sds_setlen(sds s, size_t len)
+{
+	size_t cur = sdslen(s);
+
+	while (len - cur > INT_MAX) {
+		sdsIncrLen(s, INT_MAX);
+		cur += INT_MAX;
+	}
+	sdsIncrLen(s, (int)(len - cur));
+}
+
 /* Appends a command to the node's output buffer, formatted in place: one
  * copy of each argument, no buffer per command (hiredis' AppendCommandArgv
  * formats into a malloc'd command, then copies that into the buffer).
@@ -1049,10 +1080,10 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 			  int ext, const struct kv_rc_dst *vp)
 {
 	struct kv_rc_dst one = { .nparts = 1 };
-	char hdr[32];
 	size_t total = 0;
+	char *base, *w;
 	sds o;
-	int i, n;
+	int i;
 
 	if (ext >= 0 && !vp) {
 		one.part[0].p = (void *)argv[ext];
@@ -1081,13 +1112,18 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 	if (!(o = sdsMakeRoomFor(node->c->obuf, total + 16)))
 		return -ENOMEM;
 	node->c->obuf = o;
-	n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
-	o = sdscatlen(o, hdr, (size_t)n);
+	/* Written where the room was made, the lengths in decimal by hand,
+	 * then the length set once (issue 38: snprintf() per argument and an
+	 * sdscatlen() per piece were a tenth of the write thread's own time
+	 * in kvg4rate's 16 KiB writes). */
+	base = o;
+	w = o + sdslen(o);
+	w = rc_put_len(w, '*', (size_t)argc);
 	for (i = 0; i < argc; i++) {
-		n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
-		o = sdscatlen(o, hdr, (size_t)n);
+		w = rc_put_len(w, '$', lens[i]);
 		if (i != ext) {
-			o = sdscatlen(o, argv[i], lens[i]);
+			memcpy(w, argv[i], lens[i]);
+			w += lens[i];
 		} else {
 			for (unsigned k = 0; k < vp->nparts; k++) {
 				const char *p = vp->part[k].p;
@@ -1096,18 +1132,20 @@ static int rc_append_argv(struct rc_node *node, int argc, const char **argv, con
 				if (!l)
 					continue;
 				if (l < RC_EXT_MIN || node->next >= RC_EXT_MAX) {
-					o = sdscatlen(o, p, l);
+					memcpy(w, p, l);
+					w += l;
 					continue;
 				}
-				node->ext[node->next].at = sdslen(o);
+				node->ext[node->next].at = (size_t)(w - base);
 				node->ext[node->next].p = p;
 				node->ext[node->next++].len = l;
 				node->ext_left += l;
 			}
 		}
-		o = sdscatlen(o, "\r\n", 2);
+		*w++ = '\r';
+		*w++ = '\n';
 	}
-	kv_assert(o == node->c->obuf);   /* the room was made above */
+	rc_sds_setlen(o, (size_t)(w - base));
 	return 0;
 }
 

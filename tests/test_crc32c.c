@@ -124,6 +124,33 @@ int main(void)
 		if (i % 100 == 0)
 			CHECK_EQ(kv_crc32c(seed, buf + o, len), crc_bitwise(seed, buf + o, len));
 	}
+	/* The copy that sums (kv_crc32c_copy): the same sum, every byte
+	 * copied, none outside dst, at every mix of alignments and rounds. */
+	{
+		uint8_t *dst = malloc(big + 64);
+
+		CHECK(dst != NULL);
+		for (i = 0; i < 2000; i++) {
+			size_t o = (size_t)(rnd() % 16), od = 8 + (size_t)(rnd() % 16);
+			size_t len = i < 64 ? i * 97 % (big - 16) : (size_t)(rnd() % (big + 1 - o));
+			uint32_t seed = i & 1 ? (uint32_t)rnd() : 0;
+
+			if (i % 7 == 0)
+				len = (size_t)(rnd() % 4) * 6144 + (size_t)(rnd() % 3) * 768 +
+				      (size_t)(rnd() % 17);
+			if (len + o > big)
+				len = big - o;
+			memset(dst, 0xA5, big + 64);
+			CHECK_EQ(kv_crc32c_copy(seed, dst + od, buf + o, len),
+				 kv_crc32c_sw(seed, buf + o, len));
+			CHECK(memcmp(dst + od, buf + o, len) == 0);
+			for (size_t k = 0; k < od; k++)
+				CHECK_EQ(dst[k], 0xA5);
+			for (size_t k = od + len; k < big + 64; k++)
+				CHECK_EQ(dst[k], 0xA5);
+		}
+		free(dst);
+	}
 	/* Chained in pieces, and combined from independent pieces. */
 	for (i = 0; i < 200; i++) {
 		size_t cut = (size_t)(rnd() % big), len = big;

@@ -7,6 +7,8 @@
 
 #include "log.h"
 
+_Static_assert(BATCH <= 64, "copyop.sum has a bit per copy");
+
 /* Frees tb, whose demotion did not complete: its G2 slot was never counted
  * as a block, dirty or not (tb_free() would take it off those counts). */
 static void demote_discard(struct kv_tiers *t, struct tblock *tb)
@@ -43,6 +45,10 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 	 * Evict (only set) tries anyway, as it would drop the blocks else. */
 	if (!only && tier_io_held(t, BO_COPY))
 		return 0;
+	/* The pool of the block before, and whether its blocks go to G4 now. */
+	const struct kv_pool *last = NULL;
+	int sum = 0;
+
 	while (started < want) {
 		struct kv_copy c[BATCH];
 		struct copyop *op = calloc(1, sizeof(*op));
@@ -79,6 +85,14 @@ uint64_t tier_demote(struct kv_tiers *t, uint32_t dev, struct kv_pool *only, uin
 				.host = tier_g2_addr(t, tb->run[L2], tb->slot[L2]) + HDR_BYTES,
 				.len = tb->pool->block_bytes, .qfmt = tb->pool->qfmt,
 				.qdtype = tb->pool->qdtype };
+			if (tb->pool != last) {
+				last = tb->pool;
+				sum = t->be->crc && tier_remote_demotes(t, last);
+			}
+			if (sum) {   /* the copy sums it for its G4 value */
+				c[op->n].crc = &op->crc[op->n];
+				op->sum |= 1ull << op->n;
+			}
 			op->tb[op->n] = tb;
 			op->h[op->n] = kv_block_handle(b);
 			op->bytes += tb->pool->block_bytes;
@@ -129,7 +143,9 @@ void tier_demote_done(struct kv_tiers *t, struct copyop *op, int res)
 			g2_dirty_add(t, tb, 1);
 			t->lv[L2].st.demotions++;
 			tb_busy_clear(t, tb, BUSY_DOWN);
-			tier_remote_put(t, tb, KV_G4W_DEMOTE);   /* idle now: may hold it */
+			/* idle now: may hold it */
+			tier_remote_put_sum(t, tb, KV_G4W_DEMOTE,
+					    op->sum >> i & 1 ? &op->crc[i] : NULL);
 		} else {
 			/* A lookup took the block meanwhile (or the copy failed):
 			 * the block stays in G1, the copy goes. */

@@ -276,6 +276,7 @@ void tier_remote_close(struct kv_tiers *t)
 	}
 	for (unsigned i = 0; i < WPOOL_CLASSES; i++)
 		tier_g4_wclass_drop(g, &g->wpool[i]);
+	tier_g4_wfree_drop(g);
 	free(g);
 	t->g4 = NULL;
 	t->g2_dropping = NULL;

@@ -14,7 +14,10 @@
  * nothing allocated per batch). A write made from a G2
  * slot (remote_put()) is sealed on the worker: at demotion sent from the
  * slot itself, held BUSY_G4 until the SET is answered (no copy, no buffer
- * of the pool; issue 38), otherwise copied into a buffer on the loop.
+ * of the pool; issue 38), otherwise copied into a buffer on the loop. At
+ * demotion on the host backend the copy into the slot summed it already
+ * (tier_remote_put_sum()): the worker only tags it, or, without a tag, it
+ * goes to its write thread with no seal job.
  *
  * Write buffers (issue 28): a value's buffer goes back to the write pool
  * when its SET is answered (or the write is dropped), and the next write
@@ -202,6 +205,48 @@ static void wbuf_put(struct kv_g4 *g, uint8_t *buf, size_t len)
 	kv_assert(g->wpool_bytes + g->inflight <= g->max_inflight);
 }
 
+/* ---- the writes' structs (loop only) ------------------------------------ */
+
+/* A write's struct, zeroed: an idle one of the loop's list, else a new
+ * one; NULL when there is none. The list (at most WFREE_MAX) spares the
+ * loop a calloc() and free() per write (issue 38: with the structs of a
+ * pass freed at its end, glibc gave the heap's top back to the kernel and
+ * the next pass faulted it in again: _int_malloc and the page faults were
+ * about a third of the loop's samples in kvg4rate's 16 KiB writes). */
+static struct g4_write *write_new(struct kv_g4 *g)
+{
+	struct g4_write *w = g->wfree;
+
+	if (!w)
+		return calloc(1, sizeof(*w));
+	g->wfree = w->next;
+	g->nwfree--;
+	*w = (struct g4_write){ 0 };
+	return w;
+}
+
+static void write_put(struct kv_g4 *g, struct g4_write *w)
+{
+	if (g->nwfree >= WFREE_MAX) {
+		free(w);
+		return;
+	}
+	w->next = g->wfree;
+	g->wfree = w;
+	g->nwfree++;
+}
+
+void tier_g4_wfree_drop(struct kv_g4 *g)
+{
+	while (g->wfree) {
+		struct g4_write *w = g->wfree;
+
+		g->wfree = w->next;
+		free(w);
+	}
+	g->nwfree = 0;
+}
+
 /* ---- writes ------------------------------------------------------------- */
 
 /* Whether len bytes may go out now under remote_write_rate (a token bucket
@@ -367,7 +412,7 @@ static void write_done(struct kv_job *j)
 		g->inflight -= x->len;
 		write_release(w->t, x);
 		wbuf_put(g, x->buf, x->len);
-		free(x);
+		write_put(g, x);
 	}
 	g->cl[w->cl].writing &= ~(1u << w->k);
 	write_flush(w->t, w->cl);
@@ -434,7 +479,7 @@ void tier_remote_queue(struct kv_tiers *t, struct tblock *tb)
 
 	if (!trace.state)
 		trace_open();
-	if (!tb->g4_buf || t->stopping || !(w = calloc(1, sizeof(*w)))) {
+	if (!tb->g4_buf || t->stopping || !(w = write_new(g))) {
 		g->inflight -= len;
 		wbuf_put(g, tb->g4_buf, len);
 		tb->g4_buf = NULL;
@@ -469,8 +514,10 @@ static void seal_one(struct g4_write *w)
 
 	if (!w->buf) {
 		memcpy(&h, w->head, sizeof(h));
-		slot_hdr_seal(&h, kv_crc32c(0, w->slot, h.payload_len));
-		memcpy(w->head, &h, sizeof(h));
+		if (!w->summed) {
+			slot_hdr_seal(&h, kv_crc32c(0, w->slot, h.payload_len));
+			memcpy(w->head, &h, sizeof(h));
+		}
 		w->sealed = !w->mac_key || kv_g4mac_tag2(w->mac_key, w->head, sizeof(h), w->slot,
 							  h.payload_len, w->tag) == 0;
 		return;
@@ -519,7 +566,7 @@ static void seal_done(struct kv_job *j)
 			write_release(t, w);
 			wbuf_put(g, w->buf, w->len);
 			g->st.dropped++;
-			free(w);
+			write_put(g, w);
 			continue;
 		}
 		*g->cl[w->cl].pending_tail = w;
@@ -585,7 +632,23 @@ uint64_t tier_remote_held(const struct kv_tiers *t)
 	return t->g4 ? t->g4->held : 0;
 }
 
+int tier_remote_demotes(struct kv_tiers *t, const struct kv_pool *p)
+{
+	struct kv_ns *m;
+
+	if (!t->g4 || t->stopping)
+		return 0;
+	m = kv_ns_get(kv_pools_nstab(t->ps), p->ns);
+	return m && m->lim.remote &&
+	       (m->lim.remote_write ? m->lim.remote_write : t->g4->mode) == KV_G4W_DEMOTE;
+}
+
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
+{
+	return tier_remote_put_sum(t, tb, when, NULL);
+}
+
+int tier_remote_put_sum(struct kv_tiers *t, struct tblock *tb, int when, const uint32_t *crc)
 {
 	struct kv_g4 *g = t->g4;
 	struct g4_write *w;
@@ -600,7 +663,7 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	if (!tb->run[L2] || !remote_want(t, tb, when, !held))
 		return 0;
 	len = tier_g4_value_len(tb->pool, tb->g4_key);
-	if (!(w = calloc(1, sizeof(*w)))) {
+	if (!(w = write_new(g))) {
 		g->inflight -= len;
 		wbuf_put(g, tb->g4_buf, len);
 		tb->g4_buf = NULL;
@@ -616,6 +679,10 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 		g->held++;
 		w->tb = tb;
 		w->slot = slot;
+		if (crc) {   /* summed by the demotion's copy */
+			slot_hdr_seal(&h, *crc);
+			w->summed = 1;
+		}
 		memcpy(w->head, &h, sizeof(h));
 	} else {
 		memcpy(w->buf, &h, sizeof(h));
@@ -626,9 +693,17 @@ int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when)
 	w->cl = tier_g4_client_of(t, tb->pool->ns);
 	tb->g4_ok = 1;   /* written once */
 	w->mac_key = tb->g4_key;
+	tev(TEV_PUT, 1);
+	if (w->summed && !w->mac_key) {
+		/* Nothing for the worker: straight to its client's writes. */
+		w->sealed = 1;
+		*g->cl[w->cl].pending_tail = w;
+		g->cl[w->cl].pending_tail = &w->next;
+		write_flush(t, w->cl);
+		return 1;
+	}
 	*g->seal_tail = w;
 	g->seal_tail = &w->next;
-	tev(TEV_PUT, 1);
 	seal_flush(t);
 	return 1;
 }

@@ -178,6 +178,10 @@ struct copyop {
 	struct kv_swap *sw;
 	struct tblock *tb[BATCH];
 	uint64_t h[BATCH];
+	/* A demotion: the CRC32C of tb[i]'s payload where the copy summed it
+	 * (sum bit i: its block goes to G4 at once; kv_copy.crc). */
+	uint64_t sum;
+	uint32_t crc[BATCH];
 };
 
 /* A swap: one session's blocks, parked in G2 slots that are not in the index
@@ -497,6 +501,15 @@ int tier_remote_want(struct kv_tiers *t, struct tblock *tb, int when);
  * copies it and the worker sums the copy. Returns 1 when a write is under
  * way. */
 int tier_remote_put(struct kv_tiers *t, struct tblock *tb, int when);
+/* tier_remote_put() with crc NULL, or the CRC32C of tb's payload in its G2
+ * slot as the demotion's copy summed it (kv_copy.crc): the worker does
+ * not read it again, and without a tag the write goes to its write thread
+ * with no seal job (issue 38). */
+int tier_remote_put_sum(struct kv_tiers *t, struct tblock *tb, int when, const uint32_t *crc);
+/* Whether a block of pool p demoted now goes to G4 at once (G4 on, its
+ * namespace remote with remote_write = demote): its demotion's copy sums
+ * it then. */
+int tier_remote_demotes(struct kv_tiers *t, const struct kv_pool *p);
 /* Whether a G4 value of len bytes at data is the block want describes
  * (want: the header it must carry, hash included, CRCs aside): its length
  * (header, want->payload_len, and a tag when mac_key), header and CRC32Cs,
