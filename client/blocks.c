@@ -472,6 +472,7 @@ struct many_item {
 	Kvcached__Request req;
 	Kvcached__Lookup l;
 	struct expect e;
+	struct fast_blocks f;   /* its reply read in place (take_fast()) */
 };
 
 /* Returns nchains or a negative error (see kvcache.h). */
@@ -479,6 +480,7 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 			       size_t nchains, kvc_block *out, uint8_t *tiers, int *found)
 {
 	struct many_item *it = NULL;
+	struct kvc_fast *fast = NULL;
 	Kvcached__Request **reqs = NULL;
 	Kvcached__Response **resps = NULL;
 	const void **args = NULL;
@@ -501,12 +503,13 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 	}
 	if (k) {
 		it = calloc(k, sizeof(*it));
+		fast = calloc(k, sizeof(*fast));
 		reqs = calloc(k, sizeof(*reqs));
 		resps = calloc(k, sizeof(*resps));
 		args = calloc(k, sizeof(*args));
 		at = calloc(k, sizeof(*at));
 		rc = calloc(k, sizeof(*rc));
-		if (!it || !reqs || !resps || !args || !at || !rc) {
+		if (!it || !fast || !reqs || !resps || !args || !at || !rc) {
 			r = -ENOMEM;
 			goto out;
 		}
@@ -528,11 +531,13 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 		m->req.lookup = &m->l;
 		m->e = (struct expect){ .kind = REPLY_UPTO, .n = n[i], .pool = &m->l.pool_id,
 					.lookup = true, .tiers = tiers ? tiers + off : NULL };
+		m->f = (struct fast_blocks){ .e = &m->e, .out = out + off };
+		fast[k] = (struct kvc_fast){ .take = take_fast, .arg = &m->f };
 		reqs[k] = &m->req;
 		args[k] = &m->e;
 		at[k++] = off;
 	}
-	r = kvc_call_many(c, reqs, k, check_blocks, args, resps, rc);
+	r = kvc_call_many_fast(c, reqs, k, fast, check_blocks, args, resps, rc);
 	if (r < 0)
 		goto out;
 	for (i = 0, k = 0; i < nchains; i++) {
@@ -540,13 +545,16 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 			found[i] = 0;
 			continue;
 		}
-		found[i] = rc[k] < 0 ? rc[k] : (int)take_blocks(resps[k], &it[k].e, out + at[k]);
+		found[i] = rc[k] < 0 ? rc[k]
+			   : !resps[k] ? (int)it[k].f.n   /* read in place */
+				       : (int)take_blocks(resps[k], &it[k].e, out + at[k]);
 		kvcached__response__free_unpacked(resps[k], NULL);
 		k++;
 	}
 	r = (int)nchains;
 out:
 	free(it);
+	free(fast);
 	free(reqs);
 	free(resps);
 	free(args);

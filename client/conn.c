@@ -615,11 +615,6 @@ static int rbuf_take_fast(kvc_conn *c, const struct kvc_fast *fast, uint64_t id,
 	return 1;
 }
 
-static int rbuf_take(kvc_conn *c, Kvcached__Response **out, size_t *need)
-{
-	return rbuf_take_fast(c, NULL, 0, out, need);
-}
-
 /* One recvmsg into c->rbuf, with room for need bytes from rpos made first
  * (flags: MSG_DONTWAIT or 0). Returns the bytes read, -EAGAIN, -ECONNRESET
  * (the daemon closed the connection), -EPROTO or -errno. */
@@ -849,11 +844,11 @@ static int pack_behind(kvc_conn *c, const Kvcached__Request *req, size_t *soff, 
 	return 0;
 }
 
-/* n requests and their responses on c, pipelined (see kvc_call_many()); the
- * caller holds c's lock and c is not broken. */
+/* n requests and their responses on c, pipelined (see kvc_call_many_fast());
+ * the caller holds c's lock and c is not broken. */
 static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
-			    kvc_check_fn *check, const void *const *args,
-			    Kvcached__Response **resps, int *rc)
+			    const struct kvc_fast *fast, kvc_check_fn *check,
+			    const void *const *args, Kvcached__Response **resps, int *rc)
 {
 	size_t packed = 0, got = 0, soff = 0, slen = 0, need = KV_FRAME_HDR, i;
 	int r = 0, send_err = 0;
@@ -904,7 +899,8 @@ static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t 
 		}
 		for (;;) {
 			Kvcached__Response *resp = NULL;
-			int e = rbuf_take(c, &resp, &need);
+			int e = rbuf_take_fast(c, fast ? &fast[got] : NULL, reqs[got]->id, &resp,
+					       &need);
 
 			if (e < 0) {
 				r = e;
@@ -913,6 +909,12 @@ static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t 
 			if (e == 0)
 				break;
 			progress = true;
+			if (!resp) {   /* fast[got] took it */
+				rc[got++] = 0;
+				if (got == n)
+					break;
+				continue;
+			}
 			e = resp_judge(c, reqs[got]->id, resp, check, args ? args[got] : NULL, &brk);
 			if (e < 0) {
 				kvcached__response__free_unpacked(resp, NULL);
@@ -1029,6 +1031,13 @@ static void pools_to_daemon(kvc_conn *c, Kvcached__Request *const *reqs, const u
 int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
 		  const void *const *args, Kvcached__Response **resps, int *rc)
 {
+	return kvc_call_many_fast(c, reqs, n, NULL, check, args, resps, rc);
+}
+
+int kvc_call_many_fast(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
+		       const struct kvc_fast *fast, kvc_check_fn *check, const void *const *args,
+		       Kvcached__Response **resps, int *rc)
+{
 	uint32_t *apps, *id;
 	size_t i;
 	int r;
@@ -1046,13 +1055,13 @@ int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_che
 	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
 		goto out;
 	pools_to_daemon(c, reqs, apps, n);
-	r = call_many_locked(c, reqs, n, check, args, resps, rc);
+	r = call_many_locked(c, reqs, n, fast, check, args, resps, rc);
 	if (r < 0 && r != -ETIMEDOUT && c->gone && c->reconnect && c->next_try_ms == 0) {
 		/* As kvc_call_check(): the whole batch once more on the next
 		 * daemon (what the first one answered went with it). */
 		if ((r = reconnect(c)) == 0) {
 			pools_to_daemon(c, reqs, apps, n);
-			r = call_many_locked(c, reqs, n, check, args, resps, rc);
+			r = call_many_locked(c, reqs, n, fast, check, args, resps, rc);
 		}
 	}
 out:

@@ -119,6 +119,13 @@ int kvc_call_fast(kvc_conn *c, Kvcached__Request *req, const struct kvc_fast *fa
 int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
 		  const void *const *args, Kvcached__Response **resps, int *rc);
 
+/* kvc_call_many() with fast[i] (fast NULL: none) tried on request i's
+ * response first: rc[i] 0 with resps[i] NULL when it took it. A take that
+ * wrote its outputs stays written if a later response breaks the batch. */
+int kvc_call_many_fast(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
+		       const struct kvc_fast *fast, kvc_check_fn *check, const void *const *args,
+		       Kvcached__Response **resps, int *rc);
+
 /* Registers pool d (checked by the caller) and remembers it: for
  * kvc_block_ptr() and kvc_pool_block_bytes(), and to register it again after
  * a reconnection. Returns the caller's id for it (the daemon's id, unless a

@@ -663,7 +663,9 @@ enum violation { V_WRONG_ID, V_OVERSIZE, V_MISSING_FD, V_BAD_SEGMENT, V_DAEMON_E
 		  * checks must see: a lookup (of one hash, with tiers asked),
 		  * an alloc of one, a release. */
 		 V_LOOKUP_MORE, V_LOOKUP_WRONG_ID, V_LOOKUP_WRONG_POOL, V_LOOKUP_TIERS_SHORT,
-		 V_LOOKUP_TIER_VALUE, V_ALLOC_FEWER, V_ALLOC_TIERS, V_RELEASE_BLOCKS };
+		 V_LOOKUP_TIER_VALUE, V_ALLOC_FEWER, V_ALLOC_TIERS, V_RELEASE_BLOCKS,
+		 /* the same, through kvc_lookup_many() (one chain of one) */
+		 V_MANY_MORE, V_MANY_WRONG_POOL };
 
 /* A reply of n blocks with n tiers (tiers != NULL) or none. */
 static void reply_tiers(int fd, uint64_t id, const kvc_block *b, size_t n,
@@ -765,6 +767,13 @@ static void violation_srv(int fd, void *arg)
 	case V_RELEASE_BLOCKS:
 		reply_tiers(fd, req->id, b, 1, NULL, 0);
 		break;
+	case V_MANY_MORE:
+		reply_tiers(fd, req->id, two, 2, NULL, 0);
+		break;
+	case V_MANY_WRONG_POOL:
+		b[0] = mkblock(1, 6, 0, 0);
+		reply_tiers(fd, req->id, b, 1, NULL, 0);
+		break;
 	}
 	kvcached__request__free_unpacked(req, NULL);
 	if (v != V_EOF) {
@@ -779,6 +788,8 @@ static void test_violation(enum violation v, int want)
 	kvc_block b[1] = { 42 }, in[1] = { mkblock(1, 5, 0, 0) };
 	kvc_hash h[1] = { { { 7 } } };
 	uint8_t tiers[1] = { 42 };
+	size_t one = 1;
+	int found = 42;
 	struct srv s;
 	kvc_conn *c;
 	int r;
@@ -791,6 +802,8 @@ static void test_violation(enum violation v, int want)
 		r = kvc_lookup_tiers(c, 5, h, 1, b, tiers);
 	else if (v == V_RELEASE_BLOCKS)
 		r = kvc_release(c, in, 1);
+	else if (v >= V_MANY_MORE)
+		r = kvc_lookup_many(c, 5, h, &one, 1, b, NULL, &found);
 	else
 		r = kvc_alloc(c, 5, 1, b);
 	if (r != want)
@@ -799,6 +812,7 @@ static void test_violation(enum violation v, int want)
 	CHECK(r == want);
 	CHECK(b[0] == 42);
 	CHECK(tiers[0] == 42);
+	CHECK(found == 42);
 	CHECK(kvc_conn_broken(c));
 	CHECK(kvc_alloc(c, 5, 1, b) == -EPIPE);
 	kvc_close(c);
@@ -1074,7 +1088,7 @@ int main(void)
 	test_violation(V_EOF, -ECONNRESET);
 	test_violation(V_WRONG_POOL, -EPROTO);
 	test_violation(V_FORK_OTHER, -EPROTO);
-	for (enum violation v = V_LOOKUP_MORE; v <= V_RELEASE_BLOCKS; v++)
+	for (enum violation v = V_LOOKUP_MORE; v <= V_MANY_WRONG_POOL; v++)
 		test_violation(v, -EPROTO);
 	test_max_frame();
 	test_threads();
