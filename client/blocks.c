@@ -133,6 +133,8 @@ int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v)
 		if (kv_pb_varint_get(frame, len, &off, 10, &v->id) < 0)
 			return 0;
 	}
+	if (off == len)   /* no result (a Release's reply) */
+		return 2;
 	/* blocks (the result), the rest of the frame */
 	if (off >= len || frame[off++] != 0x62 || kv_pb_varint_get(frame, len, &off, 5, &x) < 0 ||
 	    x != len - off)
@@ -181,12 +183,19 @@ static int take_fast(const uint8_t *frame, size_t len, uint64_t id, void *arg)
 	struct kvc_blocks_view v;
 	uint64_t bad = 0;
 	size_t i;
+	int form;
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 	return 0;   /* the handles are little-endian on the wire */
 #endif
-	if (e->same || e->same_pool || !kvc_blocks_view(frame, len, &v) || v.id != id)
+	if (e->same || e->same_pool || !(form = kvc_blocks_view(frame, len, &v)) || v.id != id)
 		return 0;
+	if (form == 2) {   /* no result: no blocks, where that is an answer */
+		if (e->kind == REPLY_EXACT)
+			return 0;
+		f->n = 0;
+		return 1;
+	}
 	if (e->kind == REPLY_EXACT ? v.n != e->n : e->kind == REPLY_UPTO ? v.n > e->n : v.n != 0)
 		return 0;
 	if (v.ntiers && (!e->lookup || v.ntiers != v.n))

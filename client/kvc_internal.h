@@ -166,7 +166,10 @@ struct kvc_blocks_view {
 	size_t ntiers;
 };
 
-/* 1 and *v when frame[0..len) is in that form, else 0 (*v then meaningless). */
+/* 1 and *v when frame[0..len) is in that form; 2 and v->id when it holds an
+ * id (at most once) and nothing else, which protobuf-c decodes to that id
+ * with no error, no segments and no result (a Release's reply); else 0
+ * (*v then meaningless). */
 int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v);
 
 /* --- map.c ---------------------------------------------------------------

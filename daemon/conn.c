@@ -457,14 +457,19 @@ static void on_writable(struct kv_loop_watch *w, int res, int more)
 	conn_free_if_done(c);
 }
 
-size_t kv_resp_blocks_size(const Kvcached__Response *rs)
+int kv_resp_blocks_size(const Kvcached__Response *rs, size_t *len)
 {
 	const Kvcached__BlockList *bl = rs->blocks;
-	size_t in = 0, len;
+	size_t in = 0;
 	unsigned hi = 0;
 
-	if (rs->error || rs->n_segments || rs->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS ||
-	    !bl || bl->base.n_unknown_fields || rs->base.n_unknown_fields)
+	if (rs->error || rs->n_segments || rs->base.n_unknown_fields)
+		return 0;
+	*len = rs->id ? 1 + kv_pb_varint_len(rs->id) : 0;
+	if (rs->result_case == KVCACHED__RESPONSE__RESULT__NOT_SET)   /* a Release's */
+		return 1;
+	if (rs->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS || !bl ||
+	    bl->base.n_unknown_fields)
 		return 0;
 	for (size_t i = 0; i < bl->n_tiers; i++)
 		hi |= (unsigned)bl->tiers[i];
@@ -474,10 +479,8 @@ size_t kv_resp_blocks_size(const Kvcached__Response *rs)
 		in += 1 + kv_pb_varint_len(8 * (uint64_t)bl->n_blocks) + 8 * bl->n_blocks;
 	if (bl->n_tiers)
 		in += 1 + kv_pb_varint_len(bl->n_tiers) + bl->n_tiers;
-	len = 1 + kv_pb_varint_len(in) + in;
-	if (rs->id)
-		len += 1 + kv_pb_varint_len(rs->id);
-	return len;
+	*len += 1 + kv_pb_varint_len(in) + in;
+	return 1;
 }
 
 void kv_resp_blocks_pack(const Kvcached__Response *rs, uint8_t *out)
@@ -489,6 +492,8 @@ void kv_resp_blocks_pack(const Kvcached__Response *rs, uint8_t *out)
 		*out++ = 0x08;
 		out += kv_pb_varint_put(out, rs->id);
 	}
+	if (rs->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS)
+		return;
 	if (bl->n_blocks)
 		in += 1 + kv_pb_varint_len(8 * (uint64_t)bl->n_blocks) + 8 * bl->n_blocks;
 	if (bl->n_tiers)
@@ -518,11 +523,15 @@ void kv_resp_blocks_pack(const Kvcached__Response *rs, uint8_t *out)
 /* Appends one frame holding rs. Returns 0 or -ENOMEM. */
 static int conn_reply(struct kv_conn *c, const Kvcached__Response *rs)
 {
-	/* A reply of blocks and nothing else (Lookup, Alloc, Seal...) packed
-	 * by hand: protobuf-c's walk of the descriptors was a tenth of the
-	 * reply's cost in a lookup of 1,000 (issue 38). */
-	size_t fast = kv_resp_blocks_size(rs);
-	size_t len = fast ? fast : kvcached__response__get_packed_size(rs);
+	/* A reply of blocks and nothing else (Lookup, Alloc, Seal...), or of
+	 * nothing (Release), packed by hand: protobuf-c's walk of the
+	 * descriptors was a tenth of the reply's cost in a lookup of 1,000
+	 * (issue 38). */
+	size_t len;
+	int fast = kv_resp_blocks_size(rs, &len);
+
+	if (!fast)
+		len = kvcached__response__get_packed_size(rs);
 
 	if (out_reserve(c, KV_FRAME_HDR + len) < 0)
 		return -ENOMEM;

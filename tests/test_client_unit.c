@@ -663,7 +663,7 @@ enum violation { V_WRONG_ID, V_OVERSIZE, V_MISSING_FD, V_BAD_SEGMENT, V_DAEMON_E
 		  * checks must see: a lookup (of one hash, with tiers asked),
 		  * an alloc of one, a release. */
 		 V_LOOKUP_MORE, V_LOOKUP_WRONG_ID, V_LOOKUP_WRONG_POOL, V_LOOKUP_TIERS_SHORT,
-		 V_LOOKUP_TIER_VALUE, V_ALLOC_FEWER, V_ALLOC_TIERS, V_RELEASE_BLOCKS,
+		 V_LOOKUP_TIER_VALUE, V_ALLOC_FEWER, V_ALLOC_TIERS, V_ALLOC_NOTHING, V_RELEASE_BLOCKS,
 		 /* the same, through kvc_lookup_many() (one chain of one) */
 		 V_MANY_MORE, V_MANY_WRONG_POOL };
 
@@ -764,6 +764,13 @@ static void violation_srv(int fd, void *arg)
 	case V_ALLOC_TIERS:
 		reply_tiers(fd, req->id, b, 1, t1, 1);
 		break;
+	case V_ALLOC_NOTHING: {   /* the id alone, as a Release is answered */
+		Kvcached__Response resp = KVCACHED__RESPONSE__INIT;
+
+		resp.id = req->id;
+		srv_send(fd, &resp, NULL, 0, 0);
+		break;
+	}
 	case V_RELEASE_BLOCKS:
 		reply_tiers(fd, req->id, b, 1, NULL, 0);
 		break;

@@ -37,13 +37,17 @@ static uint64_t rnd(void)
 	return rng;
 }
 
-/* Whether the view v of buf[0..len) says what protobuf-c's p says. */
-static int same(const struct kvc_blocks_view *v, const Kvcached__Response *p)
+/* Whether the view v of buf[0..len) (of form 1: blocks, 2: no result) says
+ * what protobuf-c's p says. */
+static int same(int form, const struct kvc_blocks_view *v, const Kvcached__Response *p)
 {
 	const Kvcached__BlockList *l = p->blocks;
 
-	if (p->id != v->id || p->error || p->n_segments ||
-	    p->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS || !l)
+	if (p->id != v->id || p->error || p->n_segments)
+		return 0;
+	if (form == 2)
+		return p->result_case == KVCACHED__RESPONSE__RESULT__NOT_SET;
+	if (p->result_case != KVCACHED__RESPONSE__RESULT_BLOCKS || !l)
 		return 0;
 	if (l->n_blocks != v->n || l->n_tiers != v->ntiers)
 		return 0;
@@ -96,22 +100,24 @@ static int compare(const uint8_t *frame, size_t len, const char *what)
 	took = kvc_blocks_view(buf, len, &v);
 	Kvcached__Response *p;
 
-	if (took != 0 && took != 1)
+	if (took < 0 || took > 2)
 		FAIL("%s: returned %d", what, took);
 	if (!took)
 		return 0;
 	p = kvcached__response__unpack(NULL, len, buf);
 	if (!p)
 		FAIL("%s: taken in place, refused by protobuf-c (%zu bytes)", what, len);
-	else if (!same(&v, p))
+	else if (!same(took, &v, p))
 		FAIL("%s: read otherwise than protobuf-c decodes it (%zu bytes)", what, len);
 	if (p)
 		kvcached__response__free_unpacked(p, NULL);
+	if (took == 2)
+		return took;
 	if (v.n && (v.blocks < buf || v.blocks + 8 * v.n > buf + len))
 		FAIL("%s: blocks outside the frame", what);
 	if (v.ntiers && (v.tiers < buf || v.tiers + v.ntiers > buf + len))
 		FAIL("%s: tiers outside the frame", what);
-	return 1;
+	return took;
 }
 
 /* A reply of n blocks as the daemon packs it (ops_req.c's
@@ -158,12 +164,25 @@ int main(void)
 				size_t n = pack(ids[a], blocks, counts[c], t ? tiers : NULL, buf);
 
 				packed++;
-				if (compare(buf, n, "packed"))
+				if (compare(buf, n, "packed") == 1)
 					taken++;
 				else
 					FAIL("packed reply (id %llu, %zu blocks, tiers %d) not taken",
 					     (unsigned long long)ids[a], counts[c], t);
 			}
+	/* A reply of nothing but its id, as the daemon packs a Release's. */
+	for (size_t a = 0; a < sizeof(ids) / sizeof(ids[0]); a++) {
+		Kvcached__Response rs = KVCACHED__RESPONSE__INIT;
+		size_t n;
+
+		rs.id = ids[a];
+		n = kvcached__response__pack(&rs, buf);
+		packed++;
+		if (compare(buf, n, "packed, no result") == 2)
+			taken++;
+		else
+			FAIL("packed reply of id %llu alone not taken", (unsigned long long)ids[a]);
+	}
 	/* Forms the daemon does not write: left to protobuf-c, or read the
 	 * same. */
 	{
@@ -171,10 +190,14 @@ int main(void)
 			const char *what;
 			uint8_t b[40];
 			size_t n;
-			int take;   /* 1: must be taken; 0: must be left; -1: either */
+			int take;   /* 1: taken, 2: taken as no result; 0: left; -1: either */
 		} odd[] = {
-			{ "empty frame", { 0 }, 0, 0 },
-			{ "id only (a Release's reply)", { 0x08, 0x05 }, 2, 0 },
+			{ "empty frame", { 0 }, 0, 2 },
+			{ "id only (a Release's reply)", { 0x08, 0x05 }, 2, 2 },
+			{ "id in 10 bytes alone",
+			  { 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 }, 11, 2 },
+			{ "id twice alone", { 0x08, 0x01, 0x08, 0x02 }, 4, 0 },
+			{ "an error alone", { 0x12, 0x02, 0x08, 0x05 }, 4, 0 },
 			{ "empty block list", { 0x62, 0x00 }, 2, 1 },
 			{ "id, empty block list", { 0x08, 0x07, 0x62, 0x00 }, 4, 1 },
 			{ "empty packed blocks", { 0x62, 0x02, 0x0a, 0x00 }, 4, 1 },
@@ -240,7 +263,7 @@ int main(void)
 			int took = compare(odd[i].b, odd[i].n, odd[i].what);
 
 			if (odd[i].take >= 0 && took != odd[i].take)
-				FAIL("%s: %s", odd[i].what, took ? "taken" : "not taken");
+				FAIL("%s: returned %d", odd[i].what, took);
 		}
 	}
 	/* Random mutations of packed replies: whatever is taken reads as
@@ -275,7 +298,7 @@ int main(void)
 			}
 			}
 		}
-		mtaken += (size_t)compare(mut, n, "mutated");
+		mtaken += compare(mut, n, "mutated") != 0;
 	}
 	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);
 	free(blocks);

@@ -91,15 +91,15 @@ static size_t pack(uint64_t id, uint32_t pool, size_t nhash, int tiers, uint8_t 
  * rs; what it takes must be protobuf-c's bytes, no more. */
 static void compare_pack(const Kvcached__Response *rs, int take, const char *what)
 {
-	size_t want = kvcached__response__get_packed_size(rs);
-	size_t got = kv_resp_blocks_size(rs);
+	size_t want = kvcached__response__get_packed_size(rs), got = 0;
+	int took = kv_resp_blocks_size(rs, &got);
 	uint8_t *a = malloc(want + 1), *b = malloc(want + 17);
 
 	if (!a || !b)
 		exit(1);
-	if (!!got != take)
-		FAIL("%s: %s by the hand packer", what, got ? "taken" : "not taken");
-	if (got) {
+	if (took != take)
+		FAIL("%s: %s by the hand packer", what, took ? "taken" : "not taken");
+	if (took) {
 		kvcached__response__pack(rs, a);
 		memset(b, 0xee, want + 17);
 		kv_resp_blocks_pack(rs, b);
@@ -175,8 +175,15 @@ static void replies(void)
 	/* Anything else is protobuf-c's. */
 	rs = (Kvcached__Response)KVCACHED__RESPONSE__INIT;
 	bl = (Kvcached__BlockList)KVCACHED__BLOCK_LIST__INIT;
+	compare_pack(&rs, 1, "nothing at all");
 	rs.id = 5;
-	compare_pack(&rs, 0, "no result (a Release's reply)");
+	compare_pack(&rs, 1, "an id alone (a Release's reply)");
+	rs.id = UINT64_MAX;
+	compare_pack(&rs, 1, "a long id alone");
+	rs.id = 5;
+	rs.error = &err;
+	compare_pack(&rs, 0, "an id and an error");
+	rs.error = NULL;
 	rs.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
 	rs.blocks = &bl;
 	bl.n_blocks = 2;
