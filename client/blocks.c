@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kvtext.h"
+#include "pbvarint.h"
 
 enum reply_kind {
 	REPLY_EXACT,   /* BlockList of exactly n blocks */
@@ -121,18 +122,122 @@ static size_t take_blocks(const Kvcached__Response *resp, const struct expect *e
 	return n;
 }
 
+int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v)
+{
+	size_t off = 0;
+	uint64_t x;
+
+	*v = (struct kvc_blocks_view){ 0 };
+	if (off < len && frame[off] == 0x08) {   /* id */
+		off++;
+		if (kv_pb_varint_get(frame, len, &off, 10, &v->id) < 0)
+			return 0;
+	}
+	if (off == len)   /* no result (a Release's reply) */
+		return 2;
+	/* blocks (the result), the rest of the frame */
+	if (off >= len || frame[off++] != 0x62 || kv_pb_varint_get(frame, len, &off, 5, &x) < 0 ||
+	    x != len - off)
+		return 0;
+	if (off < len && frame[off] == 0x0a) {   /* BlockList.blocks */
+		off++;
+		if (kv_pb_varint_get(frame, len, &off, 5, &x) < 0 || x > len - off || x % 8)
+			return 0;
+		v->blocks = frame + off;
+		v->n = (size_t)x / 8;
+		off += (size_t)x;
+	}
+	if (off < len && frame[off] == 0x12) {   /* BlockList.tiers */
+		uint8_t hi = 0;
+
+		off++;
+		if (kv_pb_varint_get(frame, len, &off, 5, &x) < 0 || x > len - off)
+			return 0;
+		for (size_t i = 0; i < x; i++)
+			hi |= frame[off + i];
+		if (hi & 0x80)   /* a tier in more than one byte */
+			return 0;
+		v->tiers = frame + off;
+		v->ntiers = (size_t)x;
+		off += (size_t)x;
+	}
+	return off == len;
+}
+
+/* What call_blocks() hands take_fast(), and what it gets back. */
+struct fast_blocks {
+	const struct expect *e;
+	kvc_block *out;
+	size_t n;
+};
+
+/* kvc_fast's take for a reply of blocks: the frame read in place, checked as
+ * check_blocks() checks a decoded one, and the blocks copied once into the
+ * caller's array (and the tiers into theirs). Anything it does not take,
+ * including every reply check_blocks() would refuse, goes to protobuf-c and
+ * check_blocks(), which say what is wrong. */
+static int take_fast(const uint8_t *frame, size_t len, uint64_t id, void *arg)
+{
+	struct fast_blocks *f = arg;
+	const struct expect *e = f->e;
+	struct kvc_blocks_view v;
+	uint64_t bad = 0;
+	size_t i;
+	int form;
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+	return 0;   /* the handles are little-endian on the wire */
+#endif
+	if (e->same || e->same_pool || !(form = kvc_blocks_view(frame, len, &v)) || v.id != id)
+		return 0;
+	if (form == 2) {   /* no result: no blocks, where that is an answer */
+		if (e->kind == REPLY_EXACT)
+			return 0;
+		f->n = 0;
+		return 1;
+	}
+	if (e->kind == REPLY_EXACT ? v.n != e->n : e->kind == REPLY_UPTO ? v.n > e->n : v.n != 0)
+		return 0;
+	if (v.ntiers && (!e->lookup || v.ntiers != v.n))
+		return 0;
+	for (i = 0; i < v.ntiers; i++)
+		bad |= v.tiers[i] > KVC_TIER_G4;
+	if (e->pool) {
+		uint64_t want = *e->pool;
+
+		for (i = 0; i < v.n; i++) {
+			uint64_t b;
+
+			memcpy(&b, v.blocks + i * sizeof(b), sizeof(b));
+			bad |= KVC_BLOCK_POOL(b) ^ want;
+		}
+	}
+	if (bad)
+		return 0;
+	if (v.n && f->out)
+		memcpy(f->out, v.blocks, v.n * sizeof(*f->out));
+	for (i = 0; e->tiers && i < v.n; i++)
+		e->tiers[i] = v.ntiers ? v.tiers[i] : KVC_TIER_UNKNOWN;
+	f->n = v.n;
+	return 1;
+}
+
 /* Sends req expecting blocks; copies them to out (may be NULL for none).
  * Returns the number of blocks or a negative error. */
 static int call_blocks(kvc_conn *c, Kvcached__Request *req, const struct expect *e,
 		       kvc_block *out)
 {
 	Kvcached__Response *resp = NULL;
+	struct fast_blocks f = { .e = e, .out = out };
+	const struct kvc_fast fast = { .take = take_fast, .arg = &f };
 	size_t n = 0;
 	int r;
 
-	r = kvc_call_check(c, req, check_blocks, e, &resp);
+	r = kvc_call_fast(c, req, &fast, check_blocks, e, &resp);
 	if (r < 0)
 		return r;
+	if (!resp)   /* read in place */
+		return (int)f.n;
 	n = take_blocks(resp, e, out);
 	kvcached__response__free_unpacked(resp, NULL);
 	return (int)n;
@@ -376,6 +481,7 @@ struct many_item {
 	Kvcached__Request req;
 	Kvcached__Lookup l;
 	struct expect e;
+	struct fast_blocks f;   /* its reply read in place (take_fast()) */
 };
 
 /* Returns nchains or a negative error (see kvcache.h). */
@@ -383,6 +489,7 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 			       size_t nchains, kvc_block *out, uint8_t *tiers, int *found)
 {
 	struct many_item *it = NULL;
+	struct kvc_fast *fast = NULL;
 	Kvcached__Request **reqs = NULL;
 	Kvcached__Response **resps = NULL;
 	const void **args = NULL;
@@ -405,12 +512,13 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 	}
 	if (k) {
 		it = calloc(k, sizeof(*it));
+		fast = calloc(k, sizeof(*fast));
 		reqs = calloc(k, sizeof(*reqs));
 		resps = calloc(k, sizeof(*resps));
 		args = calloc(k, sizeof(*args));
 		at = calloc(k, sizeof(*at));
 		rc = calloc(k, sizeof(*rc));
-		if (!it || !reqs || !resps || !args || !at || !rc) {
+		if (!it || !fast || !reqs || !resps || !args || !at || !rc) {
 			r = -ENOMEM;
 			goto out;
 		}
@@ -432,11 +540,13 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 		m->req.lookup = &m->l;
 		m->e = (struct expect){ .kind = REPLY_UPTO, .n = n[i], .pool = &m->l.pool_id,
 					.lookup = true, .tiers = tiers ? tiers + off : NULL };
+		m->f = (struct fast_blocks){ .e = &m->e, .out = out + off };
+		fast[k] = (struct kvc_fast){ .take = take_fast, .arg = &m->f };
 		reqs[k] = &m->req;
 		args[k] = &m->e;
 		at[k++] = off;
 	}
-	r = kvc_call_many(c, reqs, k, check_blocks, args, resps, rc);
+	r = kvc_call_many_fast(c, reqs, k, fast, check_blocks, args, resps, rc);
 	if (r < 0)
 		goto out;
 	for (i = 0, k = 0; i < nchains; i++) {
@@ -444,13 +554,16 @@ KVC_PUBLIC int kvc_lookup_many(kvc_conn *c, int pool, const kvc_hash *chains, co
 			found[i] = 0;
 			continue;
 		}
-		found[i] = rc[k] < 0 ? rc[k] : (int)take_blocks(resps[k], &it[k].e, out + at[k]);
+		found[i] = rc[k] < 0 ? rc[k]
+			   : !resps[k] ? (int)it[k].f.n   /* read in place */
+				       : (int)take_blocks(resps[k], &it[k].e, out + at[k]);
 		kvcached__response__free_unpacked(resps[k], NULL);
 		k++;
 	}
 	r = (int)nchains;
 out:
 	free(it);
+	free(fast);
 	free(reqs);
 	free(resps);
 	free(args);

@@ -571,9 +571,11 @@ static int rbuf_reserve(kvc_conn *c, size_t need)
 }
 
 /* Takes one complete response frame out of c->rbuf and decodes it: 1 and
- * *out, or 0 when the frame is not all there yet (*need: the bytes it needs
+ * *out (NULL when fast, if given, took the frame as the answer to request
+ * id), or 0 when the frame is not all there yet (*need: the bytes it needs
  * from rpos), or -EPROTO. Reads nothing. */
-static int rbuf_take(kvc_conn *c, Kvcached__Response **out, size_t *need)
+static int rbuf_take_fast(kvc_conn *c, const struct kvc_fast *fast, uint64_t id,
+			  Kvcached__Response **out, size_t *need)
 {
 	uint32_t len;
 	int r;
@@ -593,6 +595,14 @@ static int rbuf_take(kvc_conn *c, Kvcached__Response **out, size_t *need)
 	*need = KV_FRAME_HDR + (size_t)len;
 	if (c->rlen < *need)
 		return 0;
+	if (fast && fast->take(c->rbuf + c->rpos + KV_FRAME_HDR, len, id, fast->arg)) {
+		*out = NULL;
+		c->rpos += *need;
+		c->rlen -= *need;
+		if (c->rlen == 0)
+			c->rpos = 0;
+		return 1;
+	}
 	*out = kvcached__response__unpack(NULL, len, c->rbuf + c->rpos + KV_FRAME_HDR);
 	c->rpos += *need;
 	c->rlen -= *need;
@@ -635,14 +645,16 @@ static int rbuf_fill(kvc_conn *c, size_t need, int flags)
 	return n > INT_MAX ? INT_MAX : (int)n;
 }
 
-/* Reads one response frame and decodes it. Returns 0 or -EPROTO/-errno. */
-static int recv_response(kvc_conn *c, Kvcached__Response **out)
+/* Reads one response frame and decodes it (fast first, if given: *out NULL
+ * when it took the frame). Returns 0 or -EPROTO/-errno. */
+static int recv_response(kvc_conn *c, const struct kvc_fast *fast, uint64_t id,
+			 Kvcached__Response **out)
 {
 	bool bounded = c->deadline_ns != NO_DEADLINE;
 
 	for (;;) {
 		size_t need;
-		int r = rbuf_take(c, out, &need);
+		int r = rbuf_take_fast(c, fast, id, out, &need);
 
 		if (r != 0)
 			return r < 0 ? r : 0;
@@ -765,9 +777,9 @@ static void call_broke(kvc_conn *c, int r)
 }
 
 /* One request and its response on c, whose lock the caller holds and which
- * is not broken. Returns what kvc_call_check() returns. */
-static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
-		       const void *arg, Kvcached__Response **out)
+ * is not broken. Returns what kvc_call_fast() returns. */
+static int call_locked(kvc_conn *c, Kvcached__Request *req, const struct kvc_fast *fast,
+		       kvc_check_fn *check, const void *arg, Kvcached__Response **out)
 {
 	Kvcached__Response *resp = NULL;
 	bool brk = true;
@@ -780,14 +792,17 @@ static int call_locked(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check,
 	if (r == -EPIPE || r == -ECONNRESET) {
 		/* The daemon may have said why before it closed (a connection
 		 * over its limits is told so at once): that is the answer. */
-		if ((r = recv_response(c, &resp)) < 0 || resp->id != 0 || !resp->error) {
+		if ((r = recv_response(c, NULL, 0, &resp)) < 0 || resp->id != 0 || !resp->error) {
 			if (r >= 0)
 				r = -EPIPE;
 			goto out;
 		}
 	} else if (r < 0) {
 		goto out;
-	} else if ((r = recv_response(c, &resp)) < 0) {
+	} else if ((r = recv_response(c, fast, req->id, &resp)) < 0) {
+		goto out;
+	} else if (!resp) {
+		*out = NULL;   /* fast took it */
 		goto out;
 	}
 	r = resp_judge(c, req->id, resp, check, arg, &brk);
@@ -829,11 +844,11 @@ static int pack_behind(kvc_conn *c, const Kvcached__Request *req, size_t *soff, 
 	return 0;
 }
 
-/* n requests and their responses on c, pipelined (see kvc_call_many()); the
- * caller holds c's lock and c is not broken. */
+/* n requests and their responses on c, pipelined (see kvc_call_many_fast());
+ * the caller holds c's lock and c is not broken. */
 static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
-			    kvc_check_fn *check, const void *const *args,
-			    Kvcached__Response **resps, int *rc)
+			    const struct kvc_fast *fast, kvc_check_fn *check,
+			    const void *const *args, Kvcached__Response **resps, int *rc)
 {
 	size_t packed = 0, got = 0, soff = 0, slen = 0, need = KV_FRAME_HDR, i;
 	int r = 0, send_err = 0;
@@ -884,7 +899,8 @@ static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t 
 		}
 		for (;;) {
 			Kvcached__Response *resp = NULL;
-			int e = rbuf_take(c, &resp, &need);
+			int e = rbuf_take_fast(c, fast ? &fast[got] : NULL, reqs[got]->id, &resp,
+					       &need);
 
 			if (e < 0) {
 				r = e;
@@ -893,6 +909,12 @@ static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t 
 			if (e == 0)
 				break;
 			progress = true;
+			if (!resp) {   /* fast[got] took it */
+				rc[got++] = 0;
+				if (got == n)
+					break;
+				continue;
+			}
 			e = resp_judge(c, reqs[got]->id, resp, check, args ? args[got] : NULL, &brk);
 			if (e < 0) {
 				kvcached__response__free_unpacked(resp, NULL);
@@ -958,8 +980,8 @@ static void pool_to_daemon(kvc_conn *c, uint32_t *id, uint32_t app)
 			      ? (uint32_t)d : app;
 }
 
-int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
-		   Kvcached__Response **out)
+int kvc_call_fast(kvc_conn *c, Kvcached__Request *req, const struct kvc_fast *fast,
+		  kvc_check_fn *check, const void *arg, Kvcached__Response **out)
 {
 	uint32_t *id, app = 0;
 	int r;
@@ -973,19 +995,25 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
 	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
 		goto out;
 	pool_to_daemon(c, id, app);
-	r = call_locked(c, req, check, arg, out);
+	r = call_locked(c, req, fast, check, arg, out);
 	if (r < 0 && r != -ETIMEDOUT && c->gone && c->reconnect && c->next_try_ms == 0) {
 		/* The daemon went away, before or while it served req: all it
 		 * held is gone with it, so req may run again on the next one
 		 * (its handles, if any, are stale there). Once per call. */
 		if ((r = reconnect(c)) == 0) {
 			pool_to_daemon(c, id, app);
-			r = call_locked(c, req, check, arg, out);
+			r = call_locked(c, req, fast, check, arg, out);
 		}
 	}
 out:
 	err_unlock(c);
 	return r;
+}
+
+int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
+		   Kvcached__Response **out)
+{
+	return kvc_call_fast(c, req, NULL, check, arg, out);
 }
 
 int kvc_call(kvc_conn *c, Kvcached__Request *req, Kvcached__Response **out)
@@ -1002,6 +1030,13 @@ static void pools_to_daemon(kvc_conn *c, Kvcached__Request *const *reqs, const u
 
 int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
 		  const void *const *args, Kvcached__Response **resps, int *rc)
+{
+	return kvc_call_many_fast(c, reqs, n, NULL, check, args, resps, rc);
+}
+
+int kvc_call_many_fast(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
+		       const struct kvc_fast *fast, kvc_check_fn *check, const void *const *args,
+		       Kvcached__Response **resps, int *rc)
 {
 	uint32_t *apps, *id;
 	size_t i;
@@ -1020,13 +1055,13 @@ int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_che
 	if (atomic_load(&c->broken) && (r = reconnect(c)) < 0)
 		goto out;
 	pools_to_daemon(c, reqs, apps, n);
-	r = call_many_locked(c, reqs, n, check, args, resps, rc);
+	r = call_many_locked(c, reqs, n, fast, check, args, resps, rc);
 	if (r < 0 && r != -ETIMEDOUT && c->gone && c->reconnect && c->next_try_ms == 0) {
 		/* As kvc_call_check(): the whole batch once more on the next
 		 * daemon (what the first one answered went with it). */
 		if ((r = reconnect(c)) == 0) {
 			pools_to_daemon(c, reqs, apps, n);
-			r = call_many_locked(c, reqs, n, check, args, resps, rc);
+			r = call_many_locked(c, reqs, n, fast, check, args, resps, rc);
 		}
 	}
 out:
@@ -1153,7 +1188,7 @@ static int open_session(kvc_conn *c)
 	/* A Hello reply that names segments is a protocol violation
 	 * (take_segments() refuses it). */
 	c->in_hello = true;
-	r = call_locked(c, &req, check_hello, NULL, &resp);
+	r = call_locked(c, &req, NULL, check_hello, NULL, &resp);
 	c->in_hello = false;
 	if (r < 0)
 		goto fail;
@@ -1248,7 +1283,7 @@ static int register_rec(kvc_conn *c, const struct pool_rec *rec)
 	rp.model = rec->model;
 	req.op_case = KVCACHED__REQUEST__OP_REGISTER_POOL;
 	req.register_pool = &rp;
-	r = call_locked(c, &req, check_register, NULL, &resp);
+	r = call_locked(c, &req, NULL, check_register, NULL, &resp);
 	if (r < 0)
 		return r;
 	r = (int)resp->register_pool->pool_id;

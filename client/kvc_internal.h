@@ -82,6 +82,27 @@ typedef const char *kvc_check_fn(const Kvcached__Response *resp, const void *arg
 int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, const void *arg,
 		   Kvcached__Response **resp);
 
+/* A decoder of one form of response straight from the receive buffer
+ * (issue 38: protobuf-c's unpack of a lookup of 1,000's reply, an 8 KB copy
+ * into a malloc'ed array and its free, was the largest part of the library's
+ * time in kvc_lookup() after the request's). take(frame, len, id, arg) sees
+ * the complete frame[0..len) (no header) of the response to request id and
+ * returns 1 when it is in its form, the answer to id and acceptable, having
+ * written its outputs; or 0, having written nothing, for any other frame,
+ * which protobuf-c then decodes and the call's check judges as before (so
+ * every error is reported as without it). Runs under the connection's mutex;
+ * must not call into c; reads nothing outside frame[0..len). */
+struct kvc_fast {
+	int (*take)(const uint8_t *frame, size_t len, uint64_t id, void *arg);
+	void *arg;
+};
+
+/* kvc_call_check() with fast tried on the response first (NULL: none).
+ * Returns 0 with *resp NULL when fast took it, else what kvc_call_check()
+ * returns. */
+int kvc_call_fast(kvc_conn *c, Kvcached__Request *req, const struct kvc_fast *fast,
+		  kvc_check_fn *check, const void *arg, Kvcached__Response **resp);
+
 /* n requests on c, pipelined: written while their responses are read (never
  * waiting for room to write while answers are unread, so that any number of
  * them fits through the sockets' buffers), under one deadline for the whole
@@ -97,6 +118,13 @@ int kvc_call_check(kvc_conn *c, Kvcached__Request *req, kvc_check_fn *check, con
  * as in kvc_call_check(). */
 int kvc_call_many(kvc_conn *c, Kvcached__Request *const *reqs, size_t n, kvc_check_fn *check,
 		  const void *const *args, Kvcached__Response **resps, int *rc);
+
+/* kvc_call_many() with fast[i] (fast NULL: none) tried on request i's
+ * response first: rc[i] 0 with resps[i] NULL when it took it. A take that
+ * wrote its outputs stays written if a later response breaks the batch. */
+int kvc_call_many_fast(kvc_conn *c, Kvcached__Request *const *reqs, size_t n,
+		       const struct kvc_fast *fast, kvc_check_fn *check, const void *const *args,
+		       Kvcached__Response **resps, int *rc);
 
 /* Registers pool d (checked by the caller) and remembers it: for
  * kvc_block_ptr() and kvc_pool_block_bytes(), and to register it again after
@@ -118,6 +146,31 @@ bool kvc_conn_broken(const kvc_conn *c);
 
 /* Whether segment index of device dev is mapped in this process. Lock-free. */
 bool kvc_conn_segment_mapped(const kvc_conn *c, uint32_t dev, uint32_t index);
+
+/* --- blocks.c ------------------------------------------------------------ */
+
+/* A Response frame in the one form the daemon's packer writes for a block
+ * list and nothing else (a success without segments): id (1, varint), at
+ * most once, then blocks (12) to the end of the frame, holding blocks (1,
+ * packed fixed64) and tiers (2, packed enum, each in one byte), each at most
+ * once, in that order, nothing else. Every length is checked against the
+ * frame, which the view points into (blocks: n little-endian fixed64s,
+ * unaligned; tiers: ntiers bytes, each below 0x80). What it takes,
+ * protobuf-c decodes to the same id, blocks and tiers with no error, no
+ * segments and the blocks' result (test_reply_unpack). */
+struct kvc_blocks_view {
+	uint64_t id;
+	const uint8_t *blocks;
+	size_t n;
+	const uint8_t *tiers;
+	size_t ntiers;
+};
+
+/* 1 and *v when frame[0..len) is in that form; 2 and v->id when it holds an
+ * id (at most once) and nothing else, which protobuf-c decodes to that id
+ * with no error, no segments and no result (a Release's reply); else 0
+ * (*v then meaningless). */
+int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v);
 
 /* --- map.c ---------------------------------------------------------------
  * Where segments live in this process: one virtual range of device_bytes per

@@ -110,5 +110,14 @@ struct Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t
 /* The same of a Seal without KV-event fields: its hashes in buf, its
  * handles copied into arena a (conn.c). */
 struct Kvcached__Request *kv_req_unpack_seal(struct kv_arena *a, const uint8_t *buf, size_t len);
+/* A Response of blocks and nothing else (an id, a BlockList of handles and
+ * tiers that each fit a byte; no error, no segments, no unknown fields), or
+ * of nothing but its id (a Release's), packed by hand, byte for byte as
+ * protobuf-c packs it (conn.c, test_req_unpack): kv_resp_blocks_size() is
+ * 1 and *len its packed size, or 0 for any other Response (protobuf-c packs
+ * it); kv_resp_blocks_pack() writes those *len bytes at out. */
+struct Kvcached__Response;
+int kv_resp_blocks_size(const struct Kvcached__Response *rs, size_t *len);
+void kv_resp_blocks_pack(const struct Kvcached__Response *rs, uint8_t *out);
 
 #endif

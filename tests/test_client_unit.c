@@ -657,14 +657,41 @@ static void test_errors(void)
 /* --- protocol violations, one connection each ----------------------------- */
 
 enum violation { V_WRONG_ID, V_OVERSIZE, V_MISSING_FD, V_BAD_SEGMENT, V_DAEMON_EPROTO,
-		 V_BAD_FLAGS, V_GARBAGE, V_EOF, V_WRONG_POOL, V_FORK_OTHER };
+		 V_BAD_FLAGS, V_GARBAGE, V_EOF, V_WRONG_POOL, V_FORK_OTHER,
+		 /* Replies of blocks in the form the library reads in place
+		  * (blocks.c take_fast(), issue 38), each wrong in one way its
+		  * checks must see: a lookup (of one hash, with tiers asked),
+		  * an alloc of one, a release. */
+		 V_LOOKUP_MORE, V_LOOKUP_WRONG_ID, V_LOOKUP_WRONG_POOL, V_LOOKUP_TIERS_SHORT,
+		 V_LOOKUP_TIER_VALUE, V_ALLOC_FEWER, V_ALLOC_TIERS, V_ALLOC_NOTHING, V_RELEASE_BLOCKS,
+		 /* the same, through kvc_lookup_many() (one chain of one) */
+		 V_MANY_MORE, V_MANY_WRONG_POOL };
+
+/* A reply of n blocks with n tiers (tiers != NULL) or none. */
+static void reply_tiers(int fd, uint64_t id, const kvc_block *b, size_t n,
+			const Kvcached__Tier *tiers, size_t ntiers)
+{
+	Kvcached__Response resp = KVCACHED__RESPONSE__INIT;
+	Kvcached__BlockList bl = KVCACHED__BLOCK_LIST__INIT;
+
+	resp.id = id;
+	bl.n_blocks = n;
+	bl.blocks = (uint64_t *)b;
+	bl.n_tiers = ntiers;
+	bl.tiers = (Kvcached__Tier *)tiers;
+	resp.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+	resp.blocks = &bl;
+	srv_send(fd, &resp, NULL, 0, 0);
+}
 
 static void violation_srv(int fd, void *arg)
 {
 	enum violation v = *(enum violation *)arg;
 	Kvcached__Segment seg = KVCACHED__SEGMENT__INIT, *segs[] = { &seg };
 	Kvcached__Request *req = srv_recv(fd);
-	kvc_block b[1] = { mkblock(1, 5, 0, 0) };
+	kvc_block b[1] = { mkblock(1, 5, 0, 0) }, two[2] = { mkblock(1, 5, 0, 0), mkblock(1, 5, 0, 1) };
+	const Kvcached__Tier t1[2] = { KVCACHED__TIER__TIER_G2, KVCACHED__TIER__TIER_G1 };
+	const Kvcached__Tier bad_tier[1] = { (Kvcached__Tier)(KVC_TIER_G4 + 1) };
 	uint8_t hdr[KV_FRAME_HDR];
 	int sfd;
 
@@ -715,6 +742,45 @@ static void violation_srv(int fd, void *arg)
 		b[0] = mkblock(2, 5, 0, 0);
 		reply_blocks(fd, req->id, b, 1, NULL, 0, NULL, 0);
 		break;
+	case V_LOOKUP_MORE:
+		reply_tiers(fd, req->id, two, 2, t1, 2);
+		break;
+	case V_LOOKUP_WRONG_ID:
+		reply_tiers(fd, req->id + 1, b, 1, t1, 1);
+		break;
+	case V_LOOKUP_WRONG_POOL:
+		b[0] = mkblock(1, 6, 0, 0);
+		reply_tiers(fd, req->id, b, 1, t1, 1);
+		break;
+	case V_LOOKUP_TIERS_SHORT:   /* one block, two tiers */
+		reply_tiers(fd, req->id, b, 1, t1, 2);
+		break;
+	case V_LOOKUP_TIER_VALUE:
+		reply_tiers(fd, req->id, b, 1, bad_tier, 1);
+		break;
+	case V_ALLOC_FEWER:
+		reply_tiers(fd, req->id, NULL, 0, NULL, 0);
+		break;
+	case V_ALLOC_TIERS:
+		reply_tiers(fd, req->id, b, 1, t1, 1);
+		break;
+	case V_ALLOC_NOTHING: {   /* the id alone, as a Release is answered */
+		Kvcached__Response resp = KVCACHED__RESPONSE__INIT;
+
+		resp.id = req->id;
+		srv_send(fd, &resp, NULL, 0, 0);
+		break;
+	}
+	case V_RELEASE_BLOCKS:
+		reply_tiers(fd, req->id, b, 1, NULL, 0);
+		break;
+	case V_MANY_MORE:
+		reply_tiers(fd, req->id, two, 2, NULL, 0);
+		break;
+	case V_MANY_WRONG_POOL:
+		b[0] = mkblock(1, 6, 0, 0);
+		reply_tiers(fd, req->id, b, 1, NULL, 0);
+		break;
 	}
 	kvcached__request__free_unpacked(req, NULL);
 	if (v != V_EOF) {
@@ -727,6 +793,10 @@ static void violation_srv(int fd, void *arg)
 static void test_violation(enum violation v, int want)
 {
 	kvc_block b[1] = { 42 }, in[1] = { mkblock(1, 5, 0, 0) };
+	kvc_hash h[1] = { { { 7 } } };
+	uint8_t tiers[1] = { 42 };
+	size_t one = 1;
+	int found = 42;
 	struct srv s;
 	kvc_conn *c;
 	int r;
@@ -735,6 +805,12 @@ static void test_violation(enum violation v, int want)
 	c = connect_to(&s);
 	if (v == V_FORK_OTHER)
 		r = kvc_fork(c, in, 1, b);
+	else if (v >= V_LOOKUP_MORE && v <= V_LOOKUP_TIER_VALUE)
+		r = kvc_lookup_tiers(c, 5, h, 1, b, tiers);
+	else if (v == V_RELEASE_BLOCKS)
+		r = kvc_release(c, in, 1);
+	else if (v >= V_MANY_MORE)
+		r = kvc_lookup_many(c, 5, h, &one, 1, b, NULL, &found);
 	else
 		r = kvc_alloc(c, 5, 1, b);
 	if (r != want)
@@ -742,6 +818,8 @@ static void test_violation(enum violation v, int want)
 			want);
 	CHECK(r == want);
 	CHECK(b[0] == 42);
+	CHECK(tiers[0] == 42);
+	CHECK(found == 42);
 	CHECK(kvc_conn_broken(c));
 	CHECK(kvc_alloc(c, 5, 1, b) == -EPIPE);
 	kvc_close(c);
@@ -1017,6 +1095,8 @@ int main(void)
 	test_violation(V_EOF, -ECONNRESET);
 	test_violation(V_WRONG_POOL, -EPROTO);
 	test_violation(V_FORK_OTHER, -EPROTO);
+	for (enum violation v = V_LOOKUP_MORE; v <= V_MANY_WRONG_POOL; v++)
+		test_violation(v, -EPROTO);
 	test_max_frame();
 	test_threads();
 	if (failures) {

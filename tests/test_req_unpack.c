@@ -4,7 +4,10 @@
  * hand-made odd forms and random mutations of both, protobuf-c decodes to
  * the same id, pool, hashes and tiers. The same of a Seal's
  * (kv_req_unpack_seal()): the same id, pool, handles and hashes, and no
- * Seal with KV-event fields taken. Exit 0 pass, 1 fail. */
+ * Seal with KV-event fields taken. And conn.c's packer of a reply of
+ * blocks (kv_resp_blocks_size(), kv_resp_blocks_pack()) against protobuf-c's
+ * pack: the same bytes for every reply it takes, and every other reply left
+ * to protobuf-c. Exit 0 pass, 1 fail. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +291,124 @@ static int seal_tests(struct kv_arena *ar, const uint8_t *hb, uint8_t *buf, uint
 	return 0;
 }
 
+/* The hand packer of rs against protobuf-c: take says whether it must take
+ * rs; what it takes must be protobuf-c's bytes, no more. */
+static void compare_pack(const Kvcached__Response *rs, int take, const char *what)
+{
+	size_t want = kvcached__response__get_packed_size(rs), got = 0;
+	int took = kv_resp_blocks_size(rs, &got);
+	uint8_t *a = malloc(want + 1), *b = malloc(want + 17);
+
+	if (!a || !b)
+		exit(1);
+	if (took != take)
+		FAIL("%s: %s by the hand packer", what, took ? "taken" : "not taken");
+	if (took) {
+		kvcached__response__pack(rs, a);
+		memset(b, 0xee, want + 17);
+		kv_resp_blocks_pack(rs, b);
+		if (got != want)
+			FAIL("%s: %zu bytes where protobuf-c packs %zu", what, got, want);
+		else if (memcmp(a, b, want))
+			FAIL("%s: other bytes than protobuf-c's (%zu)", what, want);
+		for (size_t i = got; i < want + 17 && got <= want; i++)
+			if (b[i] != 0xee) {
+				FAIL("%s: wrote past its %zu bytes", what, got);
+				break;
+			}
+	}
+	free(a);
+	free(b);
+}
+
+static void replies(void)
+{
+	static const uint64_t ids[] = { 0, 1, 127, 128, 300, 1ull << 32, UINT64_MAX };
+	static const size_t counts[] = { 0, 1, 2, 15, 16, 17, 255, 256, 1000, 4096 };
+	enum { MAXN = 4096 };
+	uint64_t *h = malloc(MAXN * sizeof(*h));
+	Kvcached__Tier *t = malloc(MAXN * sizeof(*t));
+	Kvcached__Response rs;
+	Kvcached__BlockList bl;
+	Kvcached__Error err = KVCACHED__ERROR__INIT;
+	Kvcached__Segment seg = KVCACHED__SEGMENT__INIT, *segs[1] = { &seg };
+	Kvcached__SwapOutReply so = KVCACHED__SWAP_OUT_REPLY__INIT;
+
+	if (!h || !t)
+		exit(1);
+	for (size_t i = 0; i < MAXN; i++) {
+		h[i] = rnd();
+		t[i] = (Kvcached__Tier)(rnd() % 4);
+	}
+	for (size_t a = 0; a < sizeof(ids) / sizeof(ids[0]); a++)
+		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+			for (int tiers = 0; tiers < 3; tiers++) {
+				rs = (Kvcached__Response)KVCACHED__RESPONSE__INIT;
+				bl = (Kvcached__BlockList)KVCACHED__BLOCK_LIST__INIT;
+				rs.id = ids[a];
+				rs.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+				rs.blocks = &bl;
+				bl.n_blocks = counts[c];
+				bl.blocks = h;
+				/* tiers: none, one per block, or a count of their
+				 * own (the packer does not judge it) */
+				bl.n_tiers = tiers == 0 ? 0 : tiers == 1 ? counts[c] : counts[c] / 2 + 3;
+				bl.tiers = t;
+				compare_pack(&rs, 1, "blocks");
+			}
+	/* Tiers at the edge of one byte, and past it. */
+	{
+		static const int tv[] = { 0, 3, 127, 128, 300, -1 };
+
+		for (size_t i = 0; i < sizeof(tv) / sizeof(tv[0]); i++) {
+			Kvcached__Tier one[3] = { KVCACHED__TIER__TIER_G1, (Kvcached__Tier)tv[i],
+						  KVCACHED__TIER__TIER_G2 };
+
+			rs = (Kvcached__Response)KVCACHED__RESPONSE__INIT;
+			bl = (Kvcached__BlockList)KVCACHED__BLOCK_LIST__INIT;
+			rs.id = 9;
+			rs.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+			rs.blocks = &bl;
+			bl.n_blocks = 3;
+			bl.blocks = h;
+			bl.n_tiers = 3;
+			bl.tiers = one;
+			compare_pack(&rs, tv[i] >= 0 && tv[i] < 128, "a tier at the edge");
+		}
+	}
+	/* Anything else is protobuf-c's. */
+	rs = (Kvcached__Response)KVCACHED__RESPONSE__INIT;
+	bl = (Kvcached__BlockList)KVCACHED__BLOCK_LIST__INIT;
+	compare_pack(&rs, 1, "nothing at all");
+	rs.id = 5;
+	compare_pack(&rs, 1, "an id alone (a Release's reply)");
+	rs.id = UINT64_MAX;
+	compare_pack(&rs, 1, "a long id alone");
+	rs.id = 5;
+	rs.error = &err;
+	compare_pack(&rs, 0, "an id and an error");
+	rs.error = NULL;
+	rs.result_case = KVCACHED__RESPONSE__RESULT_BLOCKS;
+	rs.blocks = &bl;
+	bl.n_blocks = 2;
+	bl.blocks = h;
+	rs.error = &err;
+	err.code = KVCACHED__ERROR_CODE__ENOSPC;
+	compare_pack(&rs, 0, "blocks and an error");
+	rs.error = NULL;
+	rs.n_segments = 1;
+	rs.segments = segs;
+	compare_pack(&rs, 0, "blocks and a segment");
+	rs.n_segments = 0;
+	rs.segments = NULL;
+	compare_pack(&rs, 1, "blocks again");
+	rs.result_case = KVCACHED__RESPONSE__RESULT_SWAP_OUT;
+	rs.swap_out = &so;
+	compare_pack(&rs, 0, "another result");
+	free(h);
+	free(t);
+}
+
 int main(void)
 {
 	static const uint64_t ids[] = { 0, 1, 127, 128, 300, 1ull << 32, (1ull << 63) + 5,
@@ -400,6 +521,7 @@ int main(void)
 	}
 	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);
 	seal_tests(&ar, hb, buf, mut);
+	replies();
 	kv_arena_fini(&ar);
 	free(hb);
 	free(buf);
