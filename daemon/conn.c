@@ -587,6 +587,60 @@ static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
 
 /* ---- input ------------------------------------------------------------ */
 
+/* The hand-packed forms kv_req_unpack_seal() and kv_req_unpack_lookup()
+ * take, read a field at a time from *off: each returns 0, or -1 for a frame
+ * not in that form (protobuf-c decodes it). */
+
+/* The frame's head: id (1, varint), then the op's field (tag), which holds
+ * the rest of the frame. */
+static int fast_head(const uint8_t *buf, size_t len, uint8_t tag, size_t *off, uint64_t *id)
+{
+	uint64_t v;
+
+	if (*off < len && buf[*off] == 0x08) {   /* id */
+		++*off;
+		if (kv_pb_varint_get(buf, len, off, 10, id) < 0)
+			return -1;
+	}
+	if (*off >= len || buf[(*off)++] != tag || kv_pb_varint_get(buf, len, off, 5, &v) < 0 ||
+	    v != len - *off)
+		return -1;
+	return 0;
+}
+
+/* An optional pool_id (1, varint) no wider than 32 bits, where protobuf-c
+ * would cut a wider one. */
+static int fast_pool(const uint8_t *buf, size_t len, size_t *off, uint32_t *pool)
+{
+	uint64_t v;
+
+	if (*off < len && buf[*off] == 0x08) {
+		++*off;
+		if (kv_pb_varint_get(buf, len, off, 5, &v) < 0 || v > UINT32_MAX)
+			return -1;
+		*pool = (uint32_t)v;
+	}
+	return 0;
+}
+
+/* An optional length-delimited field (tag): its bytes in place, *n of them,
+ * a multiple of unit. */
+static int fast_bytes(const uint8_t *buf, size_t len, size_t *off, uint8_t tag, size_t unit,
+		      const uint8_t **p, size_t *n)
+{
+	uint64_t v;
+
+	if (*off < len && buf[*off] == tag) {
+		++*off;
+		if (kv_pb_varint_get(buf, len, off, 5, &v) < 0 || v > len - *off || v % unit)
+			return -1;
+		*p = v ? buf + *off : NULL;
+		*n = (size_t)v;
+		*off += (size_t)v;
+	}
+	return 0;
+}
+
 /* The Seal request in buf[0..len) decoded with its hashes read in place
  * (issue 38: protobuf-c's walk of the frame, its copy of the hashes and its
  * bound on the decode were a tenth of a Seal of 256's time in the daemon),
@@ -602,21 +656,18 @@ static void conn_proto_error(struct kv_conn *c, uint64_t id, const char *what)
  * request as kv_req_unpack_lookup()'s do. The structs come from arena a. */
 Kvcached__Request *kv_req_unpack_seal(struct kv_arena *a, const uint8_t *buf, size_t len)
 {
-	size_t off = 0;
+	const uint8_t *blocks = NULL, *hashes = NULL;
+	size_t off = 0, nblocks = 0, nhashes = 0;
+	uint32_t pool = 0;
+	uint64_t id = 0;
 	Kvcached__Request *rq;
 	Kvcached__Seal *m;
-	uint64_t id = 0, v;
 
 	if (__BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__)
 		return NULL;   /* the handles are copied as they are */
-	if (off < len && buf[off] == 0x08) {   /* id */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 10, &id) < 0)
-			return NULL;
-	}
-	/* seal, the rest of the frame */
-	if (off >= len || buf[off++] != 0x6a || kv_pb_varint_get(buf, len, &off, 5, &v) < 0 ||
-	    v != len - off)
+	if (fast_head(buf, len, 0x6a, &off, &id) < 0 || fast_pool(buf, len, &off, &pool) < 0 ||
+	    fast_bytes(buf, len, &off, 0x12, 8, &blocks, &nblocks) < 0 ||
+	    fast_bytes(buf, len, &off, 0x1a, 1, &hashes, &nhashes) < 0 || off != len)
 		return NULL;
 	rq = kv_arena_alloc(a, sizeof(*rq));
 	m = kv_arena_alloc(a, sizeof(*m));
@@ -627,33 +678,16 @@ Kvcached__Request *kv_req_unpack_seal(struct kv_arena *a, const uint8_t *buf, si
 	rq->id = id;
 	rq->op_case = KVCACHED__REQUEST__OP_SEAL;
 	rq->seal = m;
-	if (off < len && buf[off] == 0x08) {   /* pool_id */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > UINT32_MAX)
+	m->pool_id = pool;
+	if (nblocks) {
+		if (!(m->blocks = kv_arena_alloc(a, nblocks)))
 			return NULL;
-		m->pool_id = (uint32_t)v;
+		memcpy(m->blocks, blocks, nblocks);
 	}
-	if (off < len && buf[off] == 0x12) {   /* blocks, packed */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > len - off || v % 8)
-			return NULL;
-		if (v) {
-			if (!(m->blocks = kv_arena_alloc(a, (size_t)v)))
-				return NULL;
-			memcpy(m->blocks, buf + off, (size_t)v);
-		}
-		m->n_blocks = (size_t)v / 8;
-		off += (size_t)v;
-	}
-	if (off < len && buf[off] == 0x1a) {   /* hashes */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > len - off)
-			return NULL;
-		m->hashes.len = (size_t)v;
-		m->hashes.data = v ? (uint8_t *)buf + off : NULL;
-		off += (size_t)v;
-	}
-	return off == len ? rq : NULL;
+	m->n_blocks = nblocks / 8;
+	m->hashes.len = nhashes;
+	m->hashes.data = (uint8_t *)hashes;
+	return rq;
 }
 
 /* The Lookup request in buf[0..len) decoded with its hashes read in place
@@ -670,19 +704,24 @@ Kvcached__Request *kv_req_unpack_seal(struct kv_arena *a, const uint8_t *buf, si
  * and a parked one is decoded again. The structs come from arena a. */
 Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, size_t len)
 {
-	size_t off = 0;
+	const uint8_t *hashes = NULL;
+	size_t off = 0, nhashes = 0;
+	uint32_t pool = 0;
+	uint64_t id = 0;
+	int tiers = 0;
 	Kvcached__Request *rq;
 	Kvcached__Lookup *m;
-	uint64_t id = 0, v;
 
-	if (off < len && buf[off] == 0x08) {   /* id */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 10, &id) < 0)
+	if (fast_head(buf, len, 0x72, &off, &id) < 0 || fast_pool(buf, len, &off, &pool) < 0 ||
+	    fast_bytes(buf, len, &off, 0x12, 1, &hashes, &nhashes) < 0)
+		return NULL;
+	if (off < len && buf[off] == 0x18) {   /* tiers */
+		if (len - off < 2 || buf[off + 1] > 1)
 			return NULL;
+		tiers = buf[off + 1];
+		off += 2;
 	}
-	/* lookup, the rest of the frame */
-	if (off >= len || buf[off++] != 0x72 || kv_pb_varint_get(buf, len, &off, 5, &v) < 0 ||
-	    v != len - off)
+	if (off != len)
 		return NULL;
 	rq = kv_arena_alloc(a, sizeof(*rq));
 	m = kv_arena_alloc(a, sizeof(*m));
@@ -693,27 +732,11 @@ Kvcached__Request *kv_req_unpack_lookup(struct kv_arena *a, const uint8_t *buf, 
 	rq->id = id;
 	rq->op_case = KVCACHED__REQUEST__OP_LOOKUP;
 	rq->lookup = m;
-	if (off < len && buf[off] == 0x08) {   /* pool_id */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > UINT32_MAX)
-			return NULL;
-		m->pool_id = (uint32_t)v;
-	}
-	if (off < len && buf[off] == 0x12) {   /* hashes */
-		off++;
-		if (kv_pb_varint_get(buf, len, &off, 5, &v) < 0 || v > len - off)
-			return NULL;
-		m->hashes.len = (size_t)v;
-		m->hashes.data = v ? (uint8_t *)buf + off : NULL;
-		off += (size_t)v;
-	}
-	if (off < len && buf[off] == 0x18) {   /* tiers */
-		if (len - off < 2 || buf[off + 1] > 1)
-			return NULL;
-		m->tiers = buf[off + 1];
-		off += 2;
-	}
-	return off == len ? rq : NULL;
+	m->pool_id = pool;
+	m->hashes.len = nhashes;
+	m->hashes.data = (uint8_t *)hashes;
+	m->tiers = tiers;
+	return rq;
 }
 
 /* Handles every complete frame in the input buffer. Returns 0, or -1 when
