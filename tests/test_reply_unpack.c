@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kvc_internal.h"
+#include "mutate.h"
 
 static int fails;
 
@@ -31,10 +32,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return kvt_rnd(&rng);
 }
 
 /* Whether the view v of buf[0..len) (of form 1: blocks, 2: no result) says
@@ -272,32 +270,9 @@ int main(void)
 		size_t n = pack(rnd() >> (rnd() & 63), blocks, (size_t)(rnd() % 6), (rnd() & 1) ? tiers
 										       : NULL,
 				buf);
-		int edits = 1 + (int)(rnd() % 3);
 
 		memcpy(mut, buf, n);
-		for (int e = 0; e < edits; e++) {
-			switch (rnd() % 4) {
-			case 0:   /* a byte changed */
-				if (n)
-					mut[rnd() % n] = (uint8_t)rnd();
-				break;
-			case 1:   /* a bit flipped */
-				if (n)
-					mut[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
-				break;
-			case 2:   /* cut */
-				if (n)
-					n = rnd() % n;
-				break;
-			default: { /* a byte put in */
-				size_t at = n ? rnd() % (n + 1) : 0;
-
-				memmove(mut + at + 1, mut + at, n - at);
-				mut[at] = (uint8_t)rnd();
-				n++;
-			}
-			}
-		}
+		n = kvt_mutate(mut, n, &rng);
 		mtaken += compare(mut, n, "mutated") != 0;
 	}
 	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);

@@ -16,6 +16,7 @@
 #include "arena.h"
 #include "conn.h"
 #include "kvcached.pb-c.h"
+#include "mutate.h"
 
 static int fails;
 
@@ -31,10 +32,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return kvt_rnd(&rng);
 }
 
 static int same(const Kvcached__Request *a, const Kvcached__Request *b)
@@ -258,32 +256,9 @@ static int seal_tests(struct kv_arena *ar, const uint8_t *hb, uint8_t *buf, uint
 		size_t n = seal_pack(rnd() >> (rnd() & 63), (uint32_t)(rnd() >> (rnd() & 31)), blk, nb,
 				     (size_t)(rnd() % 3) * 16, hb, (int)(rnd() % 8 < 6 ? 0 : 1 + rnd() % 5),
 				     buf);
-		int edits = 1 + (int)(rnd() % 3);
 
 		memcpy(mut, buf, n);
-		for (int e = 0; e < edits; e++) {
-			switch (rnd() % 4) {
-			case 0:
-				if (n)
-					mut[rnd() % n] = (uint8_t)rnd();
-				break;
-			case 1:
-				if (n)
-					mut[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
-				break;
-			case 2:
-				if (n)
-					n = rnd() % n;
-				break;
-			default: {
-				size_t at = n ? rnd() % (n + 1) : 0;
-
-				memmove(mut + at + 1, mut + at, n - at);
-				mut[at] = (uint8_t)rnd();
-				n++;
-			}
-			}
-		}
+		n = kvt_mutate(mut, n, &rng);
 		mtaken += (size_t)seal_compare(ar, mut, n, "mutated seal");
 	}
 	printf("seal packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed,
@@ -491,32 +466,9 @@ int main(void)
 	for (int it = 0; it < 200000; it++) {
 		size_t n = pack(rnd() >> (rnd() & 63), (uint32_t)(rnd() >> (rnd() & 31)),
 				(size_t)(rnd() % 5) * 7, (int)(rnd() & 1), hb, buf);
-		int edits = 1 + (int)(rnd() % 3);
 
 		memcpy(mut, buf, n);
-		for (int e = 0; e < edits; e++) {
-			switch (rnd() % 4) {
-			case 0:   /* a byte changed */
-				if (n)
-					mut[rnd() % n] = (uint8_t)rnd();
-				break;
-			case 1:   /* a bit flipped */
-				if (n)
-					mut[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
-				break;
-			case 2:   /* cut */
-				if (n)
-					n = rnd() % n;
-				break;
-			default: { /* a byte put in */
-				size_t at = n ? rnd() % (n + 1) : 0;
-
-				memmove(mut + at + 1, mut + at, n - at);
-				mut[at] = (uint8_t)rnd();
-				n++;
-			}
-			}
-		}
+		n = kvt_mutate(mut, n, &rng);
 		mtaken += (size_t)compare(&ar, mut, n, "mutated");
 	}
 	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);
