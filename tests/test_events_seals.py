@@ -39,7 +39,8 @@ SUB_MAX = 1 * MIB
 # What the daemon may hold besides the two bounds: a 4 MiB frame being read
 # and its decoded Seal, allocator slack.
 SLACK = 32 * MIB
-SANITIZED = bool(os.environ.get("ASAN_OPTIONS"))
+SANITIZED = (os.environ.get("KVT_SANITIZE", "none") != "none"
+             or bool(os.environ.get("ASAN_OPTIONS")))
 TOKENS = 4096      # a block's token ids: 20 KiB of msgpack
 BLOCKS = 190       # a Seal: 778,240 token ids, 3.9 MB in its frame
 SEALS = int(os.environ.get("KVT_SEALS", "60"))
