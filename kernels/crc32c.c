@@ -152,7 +152,6 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 		c = _mm_crc32_u8((uint32_t)c, *p++);
 	return ~(uint32_t)c;
 }
-
 #endif
 
 uint32_t kv_crc32c(uint32_t crc, const void *p, size_t n)

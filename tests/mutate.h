@@ -1,12 +1,25 @@
-/* tests/mutate.h: random edits of a packed frame, for the tests that check a
- * hand-written decoder against protobuf-c's on frames that are not quite
- * what a packer writes (test_req_unpack, test_reply_unpack). */
+/* tests/mutate.h: what the tests that check a hand-written decoder against
+ * protobuf-c's share (test_req_unpack, test_reply_unpack): a failure
+ * counted while the run goes on, and random edits of a packed frame, for
+ * frames that are not quite what a packer writes. */
 #ifndef KVT_MUTATE_H
 #define KVT_MUTATE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+
+/* The failures so far: the test exits 1 when there are any. */
+static int fails;
+
+#define FAIL(...)                                                            \
+	do {                                                                 \
+		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
+		fprintf(stderr, __VA_ARGS__);                                \
+		fprintf(stderr, "\n");                                       \
+		fails++;                                                     \
+	} while (0)
 
 /* xorshift64: the next number of state *s (not zero). */
 static inline uint64_t kvt_rnd(uint64_t *s)

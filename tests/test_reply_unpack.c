@@ -18,16 +18,6 @@
 #include "kvc_internal.h"
 #include "mutate.h"
 
-static int fails;
-
-#define FAIL(...)                                                            \
-	do {                                                                 \
-		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
-		fprintf(stderr, __VA_ARGS__);                                \
-		fprintf(stderr, "\n");                                       \
-		fails++;                                                     \
-	} while (0)
-
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint64_t rnd(void)
