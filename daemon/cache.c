@@ -84,6 +84,30 @@ static uint32_t resume_point(const struct kv_session *ss, const struct kv_pool *
 	return c;
 }
 
+/* blk[g..) taken from the slots after blk[g - 1], as far as they hold the
+ * chain's next hashes (kv_block_next_indexed(): what the index would give,
+ * for a chain sealed from one allocation); returns the first g they did not
+ * give. *expired when that one's slot held it past p's TTL (ttl: p has
+ * one), which the walks below then handle as an index probe's. */
+static size_t next_slots(const struct kv_pool *p, const uint8_t *hashes, size_t g, size_t n,
+			 struct kv_block **blk, int ttl, int *expired)
+{
+	const struct kv_block *end = kv_block_run_end(blk[g - 1]);
+	struct kv_block *nb;
+
+	for (; g < n; g++) {
+		nb = kv_block_next_indexed(blk[g - 1], end, p->id, hashes + g * KV_HASH_BYTES);
+		if (!nb)
+			break;
+		if (ttl && kv_pool_expired(p, &nb->ix)) {
+			*expired = 1;
+			break;
+		}
+		blk[g] = nb;
+	}
+	return g;
+}
+
 int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *p,
 		    const uint8_t *hashes, size_t n, struct kv_block **blk, uint32_t *old_pins,
 		    uint8_t *tiers)
@@ -110,12 +134,19 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	/* First the G1 blocks at the head of the rest of the chain, without
 	 * pins (blk[c..g)): a chain all in G1 is a hit that starts nothing,
 	 * and would drop the pins as soon as taken (below). One index probe
-	 * a block, which the walks below reuse. */
+	 * a block, or a compare of the slot after the last (next_slots()),
+	 * which the walks below reuse. */
 	for (g = c; g < n; step = step < LOOKUP_STEP_MAX ? 2 * step : step) {
 		struct kv_index_entry *ie[LOOKUP_STEP_MAX];
 		uint64_t key[LOOKUP_STEP_MAX];
-		size_t m = n - g < step ? n - g : step, j;
+		size_t m, j;
+		int past = 0;
 
+		if (g > c)
+			g = next_slots(p, hashes, g, n, blk, ttl, &past);
+		if (g == n || past)
+			break;
+		m = n - g < step ? n - g : step;
 		kv_index_find_many(kv_pools_index(d->pools), p->id, hashes + g * KV_HASH_BYTES, m,
 				   key, ie);
 		for (j = 0; j < m; j++, g++) {

@@ -1,6 +1,6 @@
 /* kvbench section d: lookup of a 1,000-block chain sealed and cached just
  * before (every hash hits), then the release of the references it took,
- * timed apart. */
+ * timed apart; and the same of a chain whose blocks are out of order. */
 #include <stdlib.h>
 #include <time.h>
 
@@ -15,23 +15,23 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void section_lookup(struct bench_conn *bc)
+/* The rows of a lookup of chain (CHAIN_LEN hashes, sealed and cached) and
+ * of the release of what it took, timed apart, and the daemon's and the
+ * client's CPU per lookup and per release. */
+struct lookup_names {
+	const char *lookup, *release;          /* the timed rows */
+	const char *cpu_lookup, *cpu_release;  /* the CPU rows */
+};
+
+static void lookup_rows(struct bench_conn *bc, const kvc_hash *chain, kvc_block *held,
+			const struct lookup_names *nm)
 {
-	kvc_hash *chain = calloc(CHAIN_LEN, sizeof(*chain));
-	kvc_block *held = calloc(CHAIN_LEN, sizeof(*held));
 	struct samples s = { 0 }, rel = { 0 }, cl = { 0 };
 	uint64_t warm_end, end, t0, t1, t2;
 	struct frames f = fr(OP_LOOKUP, CHAIN_LEN);
 	double fl = floor_op(OP_LOOKUP, CHAIN_LEN), flr = floor_op(OP_RELEASE, CHAIN_LEN);
 	struct row *r;
 	int k;
-
-	if (!chain || !held)
-		die("out of memory");
-	fresh_hashes(chain, CHAIN_LEN);
-	check(bc->c, kvc_alloc(bc->c, bc->pool, CHAIN_LEN, held), "alloc");
-	check(bc->c, kvc_seal(bc->c, bc->pool, held, chain, CHAIN_LEN, held), "seal");
-	check(bc->c, kvc_release(bc->c, held, CHAIN_LEN), "release");
 
 	warm_end = now_ns() + (uint64_t)(D.lookup * 0.15e9);
 	end = 0;
@@ -55,7 +55,7 @@ void section_lookup(struct bench_conn *bc)
 		if (t2 >= end)
 			break;
 	}
-	r = add_row('d', "lookup 1000 (all hit)");
+	r = add_row('d', nm->lookup);
 	row_from(r, &s, 1);
 	r->req = f.req;
 	r->resp = f.resp;
@@ -67,7 +67,7 @@ void section_lookup(struct bench_conn *bc)
 	r->p99 /= CHAIN_LEN;
 	r->ops_unit = "hashes/s";
 	print_row(r);
-	r = add_row('d', "release 1000 (after each lookup)");
+	r = add_row('d', nm->release);
 	row_from(r, &rel, 1);
 	f = fr(OP_RELEASE, CHAIN_LEN);
 	r->req = f.req;
@@ -76,8 +76,8 @@ void section_lookup(struct bench_conn *bc)
 	print_row(r);
 	sample_free(&s);
 	sample_free(&rel);
-	/* The daemon's CPU per lookup and per release: a pass of its own (the
-	 * reads between the requests stay out of the timed one). */
+	/* The CPU: a pass of its own (the reads between the requests stay
+	 * out of the timed one). */
 	if (daemon_cpu_ns(bc)) {
 		for (unsigned i = 0; i < 3000; i++) {
 			uint64_t c0 = daemon_cpu_ns(bc), c1, c2, u0, u1;
@@ -95,15 +95,52 @@ void section_lookup(struct bench_conn *bc)
 			sample_add(&rel, c2 - c1);
 			sample_add(&cl, u1 - u0);
 		}
-		cpu_row('d', "lookup 1000", &s);
-		cpu_row('d', "release 1000", &rel);
+		cpu_row('d', nm->cpu_lookup, &s);
+		cpu_row('d', nm->cpu_release, &rel);
 		/* kvbench's own thread in kvc_lookup(): the frames' encode and
 		 * decode, the reply's checks and the socket calls. */
-		cpu_row_of('d', "client", "lookup 1000", &cl);
+		cpu_row_of('d', "client", nm->cpu_lookup, &cl);
 		sample_free(&s);
 		sample_free(&rel);
 		sample_free(&cl);
 	}
+}
+
+/* A chain sealed from one allocation lies in consecutive slots, and the
+ * daemon's lookup asks each block's next slot before its index (issue 38).
+ * The second chain is sealed on its allocation's blocks in a random order,
+ * so that every hash takes the index: the lookup of a chain whose blocks
+ * came from many allocations. */
+void section_lookup(struct bench_conn *bc)
+{
+	kvc_hash *chain = calloc(CHAIN_LEN, sizeof(*chain));
+	kvc_block *held = calloc(CHAIN_LEN, sizeof(*held));
+	kvc_block *shuf = calloc(CHAIN_LEN, sizeof(*shuf));
+
+	if (!chain || !held || !shuf)
+		die("out of memory");
+	fresh_hashes(chain, CHAIN_LEN);
+	check(bc->c, kvc_alloc(bc->c, bc->pool, CHAIN_LEN, held), "alloc");
+	check(bc->c, kvc_seal(bc->c, bc->pool, held, chain, CHAIN_LEN, held), "seal");
+	check(bc->c, kvc_release(bc->c, held, CHAIN_LEN), "release");
+	lookup_rows(bc, chain, held, &(struct lookup_names){ "lookup 1000 (all hit)",
+		    "release 1000 (after each lookup)", "lookup 1000", "release 1000" });
+
+	fresh_hashes(chain, CHAIN_LEN);
+	check(bc->c, kvc_alloc(bc->c, bc->pool, CHAIN_LEN, shuf), "alloc");
+	for (size_t i = CHAIN_LEN - 1; i > 0; i--) {
+		size_t j = (size_t)(splitmix64(&(uint64_t){ i * 0x9e3779b97f4a7c15ull }) % (i + 1));
+		kvc_block t = shuf[i];
+
+		shuf[i] = shuf[j];
+		shuf[j] = t;
+	}
+	check(bc->c, kvc_seal(bc->c, bc->pool, shuf, chain, CHAIN_LEN, shuf), "seal");
+	check(bc->c, kvc_release(bc->c, shuf, CHAIN_LEN), "release");
+	lookup_rows(bc, chain, held, &(struct lookup_names){ "lookup 1000, blocks out of order",
+		    "release 1000 (after each)", "lookup 1000 out of order",
+		    "release 1000 out of order" });
 	free(chain);
 	free(held);
+	free(shuf);
 }
