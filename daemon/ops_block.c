@@ -510,8 +510,7 @@ static void take_refs(struct req *q, size_t n, uint64_t *h)
 		size_t e = n - i < REF_STRETCH ? n : i + REF_STRETCH;
 
 		kv_blocks_ref(q->blk + i, e - i);
-		for (size_t j = i; j < e; j++)
-			kv_sessrefs_add(&q->ss->refs, q->blk[j]);
+		kv_sessrefs_add_many(&q->ss->refs, q->blk + i, e - i);
 		if (h)
 			kv_op_handles(q, q->blk + i, e - i, h + i);
 	}
@@ -661,8 +660,7 @@ void kv_op_release(struct req *q, const Kvcached__Release *m)
 	for (i = m->n_blocks; i > 0;) {
 		size_t from = i > REF_STRETCH ? i - REF_STRETCH : 0;
 
-		for (size_t j = from; j < i; j++)
-			kv_sessrefs_sub(&q->ss->refs, q->blk[j]);
+		kv_sessrefs_sub_many(&q->ss->refs, q->blk + from, i - from);
 		kv_blocks_unref_back(q->blk + from, i - from);
 		i = from;
 	}

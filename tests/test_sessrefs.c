@@ -1,9 +1,9 @@
 /* A session's block references (daemon/sessrefs.c) on the real allocator and
  * host backend: the owner slot on the block, the map for blocks another
  * session owns, owned[] across frees and reuse of runs, its compaction, the
- * release at disconnect, and that the checker reports each broken invariant
- * (kv_pools_check() for the block's side, kv_sessrefs_each() and the counted
- * refs for the session's). */
+ * release at disconnect, the batches' add and sub, and that the checker
+ * reports each broken invariant (kv_pools_check() for the block's side,
+ * kv_sessrefs_each() and the counted refs for the session's). */
 #include <errno.h>
 #include <string.h>
 
@@ -173,6 +173,64 @@ static void test_owner_and_map(void)
 	env_free(&e);
 }
 
+/* kv_sessrefs_add_many() and kv_sessrefs_sub_many() (a Lookup's and a
+ * Release's batches): the same counts as one add or sub a block, over a
+ * batch that lists blocks twice, blocks another session owns (the map),
+ * and a block the session owns with none of its references (own 0). */
+static void test_many(void)
+{
+	struct env e;
+	struct kv_sessrefs a, b;
+	struct kv_block *x[4];
+	char why[512];
+
+	env_new(&e);
+	kv_sessrefs_init(&a, 1, e.ps);
+	kv_sessrefs_init(&b, 2, e.ps);
+	CHECK(kv_sessrefs_reserve(&a, 16) == 0 && kv_sessrefs_reserve(&b, 16) == 0);
+	CHECK(kv_pool_alloc(e.p, 4, x, why, sizeof(why)) == 0);
+	kv_sessrefs_add(&a, x[0]);
+	kv_sessrefs_add(&a, x[1]);
+	kv_sessrefs_add(&b, x[2]);
+	kv_sessrefs_add(&b, x[3]);
+	/* x[1]: b takes a reference (its map), a lets go of its own. */
+	CHECK(kv_block_ref(x[1]) == 0);
+	kv_sessrefs_add(&b, x[1]);
+	kv_sessrefs_sub(&a, x[1]);
+	kv_block_unref(x[1]);
+	/* (No check() here: its compaction would give x[1] up.) */
+	CHECK(x[1]->owner == 1 && x[1]->own == 0 && a.nowned == 1 && a.refs == 1);
+	{
+		struct kv_block *batch[7] = { x[0], x[2], x[1], x[0], x[3], x[2], x[1] };
+
+		for (int i = 0; i < 7; i++)
+			CHECK(kv_block_ref(batch[i]) == 0);
+		kv_sessrefs_add_many(&a, batch, 7);
+		CHECK_EQ(kv_sessrefs_get(&a, x[0]), 3);
+		CHECK_EQ(kv_sessrefs_get(&a, x[1]), 2);
+		CHECK_EQ(kv_sessrefs_get(&a, x[2]), 2);
+		CHECK_EQ(kv_sessrefs_get(&a, x[3]), 1);
+		CHECK(a.refs == 8 && a.nowned == 2 && a.map.used == 2);
+		CHECK(x[1]->owner == 1 && x[1]->own == 2);
+		CHECK(b.refs == 3 && b.nowned == 2);
+		CHECK_EQ(check(e.ps, &a, &b), 0);
+		kv_sessrefs_sub_many(&a, batch, 7);
+		for (int i = 0; i < 7; i++)
+			kv_block_unref(batch[i]);
+		CHECK_EQ(kv_sessrefs_get(&a, x[0]), 1);
+		CHECK_EQ(kv_sessrefs_get(&a, x[1]), 0);
+		CHECK_EQ(kv_sessrefs_get(&a, x[2]), 0);
+		CHECK(a.refs == 1 && a.nowned == 1 && a.map.used == 0);
+		CHECK_EQ(check(e.ps, &a, &b), 0);
+	}
+	kv_sessrefs_release(&a);
+	kv_sessrefs_release(&b);
+	kv_sessrefs_fini(&a);
+	kv_sessrefs_fini(&b);
+	CHECK(e.p->n.writable == 0);
+	env_free(&e);
+}
+
 /* owned[] across churn: blocks freed, runs given back and made again, the
  * same block owned again under a new generation. It stays O(blocks owned),
  * its stale handles never resolve to a block it does not own, and the
@@ -320,6 +378,7 @@ static void test_broken(void)
 int main(void)
 {
 	test_owner_and_map();
+	test_many();
 	test_churn();
 	test_broken();
 	return 0;
