@@ -8,7 +8,8 @@
  *     bytes still those of the chain, no longer in the index): the lookup
  *     stops before it, and never returns the new WRITABLE block;
  *  3. a chain across the ends of runs: every block found, each the one its
- *     hash was sealed on;
+ *     hash was sealed on (under ASan, a read past a run's last block is
+ *     reported: pool.c poisons the rest of a run's memory);
  *  4. the same hashes sealed in another pool, in the same namespace: each
  *     pool's lookup returns its own blocks;
  *  5. the next slot's block past its namespace's TTL: the lookup stops
