@@ -173,8 +173,9 @@ struct kvc_blocks_view {
 int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v);
 
 /* Whether KVC_BLOCK_POOL(b) == want for every handle b of blocks[0..n) (n
- * little-endian fixed64s, unaligned, as a view holds them): true for n 0,
- * else false for any want >= KVC_MAX_POOLS. Reads nothing else. */
+ * fixed64s in the machine's order, unaligned, as a view holds them on a
+ * little-endian machine, the only one take_fast() reads in place): true for
+ * n 0, else false for any want >= KVC_MAX_POOLS. Reads nothing else. */
 bool kvc_blocks_of_pool(const uint8_t *blocks, size_t n, uint64_t want);
 
 /* --- map.c ---------------------------------------------------------------
