@@ -192,7 +192,6 @@ void section_lookup(struct bench_conn *bc)
 		sample_free(&raw);
 		free(rb);
 	}
-
 	free(chain);
 	free(held);
 }
