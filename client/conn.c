@@ -115,7 +115,6 @@ struct kvc_conn {
 	_Atomic int timeout_ms;        /* > 0, or -1: no deadline (kvc_set_timeout()) */
 	uint64_t deadline_ns;          /* the current call's (CLOCK_MONOTONIC), NO_DEADLINE */
 	int call_ms;                   /* the current call's timeout (its message) */
-	int rcvtimeo_ms;               /* the SO_RCVTIMEO set on fd, 0: none (rcv_blocks()) */
 	atomic_bool broken;
 	bool gone;                     /* broken because the daemon went away */
 	bool in_hello;                 /* a Hello is in flight: no segments, the Hello's
@@ -617,9 +616,8 @@ static int rbuf_take_fast(kvc_conn *c, const struct kvc_fast *fast, uint64_t id,
 }
 
 /* One recvmsg into c->rbuf, with room for need bytes from rpos made first
- * (flags: MSG_DONTWAIT or 0). Returns the bytes read, -EAGAIN (nothing yet,
- * or a blocking one's SO_RCVTIMEO passed), -EINTR (a signal: nothing read),
- * -ECONNRESET (the daemon closed the connection), -EPROTO or -errno. */
+ * (flags: MSG_DONTWAIT or 0). Returns the bytes read, -EAGAIN, -ECONNRESET
+ * (the daemon closed the connection), -EPROTO or -errno. */
 static int rbuf_fill(kvc_conn *c, size_t need, int flags)
 {
 	int fds[KV_FRAME_MAX_FDS], nfds = 0, trunc = 0;
@@ -628,7 +626,7 @@ static int rbuf_fill(kvc_conn *c, size_t need, int flags)
 
 	if (r < 0)
 		return r;
-	n = kv_recvmsg_fds_once(c->fd, c->rbuf + c->rpos + c->rlen, c->rcap - c->rpos - c->rlen, fds,
+	n = kv_recvmsg_fds(c->fd, c->rbuf + c->rpos + c->rlen, c->rcap - c->rpos - c->rlen, fds,
 			   &nfds, KV_FRAME_MAX_FDS, flags, &trunc);
 	r = fdq_push(c, fds, nfds);
 	if (n < 0)
@@ -647,63 +645,25 @@ static int rbuf_fill(kvc_conn *c, size_t need, int flags)
 	return n > INT_MAX ? INT_MAX : (int)n;
 }
 
-/* Calls whose timeout is shorter wait for their reply in poll(). */
-#define RCV_BLOCK_MIN_MS 400
-/* What a blocking recvmsg() may overrun its SO_RCVTIMEO by, beyond a
- * quarter of it: the timeout is counted in jiffies, rounded up, and its
- * timer on the kernel's timer wheel fires up to an eighth late. */
-#define RCV_BLOCK_SLACK_MS 100
-
-/* Whether the call's reply may be waited for in a blocking recvmsg(): its
- * deadline then holds by the socket's SO_RCVTIMEO, half the call's timeout
- * (set here when that changes, a system call once per timeout, not per
- * call), which a read starts only with more than that and its slack left;
- * else (a short timeout, less time left, a failed setsockopt) poll() and a
- * recvmsg() that does not block. One system call a reply instead of two
- * (issue 38: poll()'s own entry, its wait queue and its hrtimer were the
- * largest part of a lookup of 1,000's CPU in this library beyond the floor's
- * socket calls). */
-static bool rcv_blocks(kvc_conn *c)
-{
-	int t = c->call_ms / 2;
-	uint64_t now, need;
-
-	if (c->call_ms < RCV_BLOCK_MIN_MS)
-		return false;
-	if (c->rcvtimeo_ms != t) {
-		struct timeval tv = { .tv_sec = t / 1000, .tv_usec = (t % 1000) * 1000 };
-
-		if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
-			return false;
-		c->rcvtimeo_ms = t;
-	}
-	now = mono_ns();
-	need = (uint64_t)(t + t / 4 + RCV_BLOCK_SLACK_MS) * 1000000u;
-	return now < c->deadline_ns && c->deadline_ns - now > need;
-}
-
 /* Reads one response frame and decodes it (fast first, if given: *out NULL
  * when it took the frame). Returns 0 or -EPROTO/-errno. */
 static int recv_response(kvc_conn *c, const struct kvc_fast *fast, uint64_t id,
 			 Kvcached__Response **out)
 {
+	bool bounded = c->deadline_ns != NO_DEADLINE;
+
 	for (;;) {
 		size_t need;
-		int r = rbuf_take_fast(c, fast, id, out, &need), flags = 0;
+		int r = rbuf_take_fast(c, fast, id, out, &need);
 
 		if (r != 0)
 			return r < 0 ? r : 0;
-		/* With a deadline: a blocking recvmsg() that SO_RCVTIMEO ends
-		 * in time, or poll() first (the reply is seldom there yet)
-		 * and a recvmsg that does not block. Without one, a blocking
-		 * recvmsg() (whose EAGAIN is an earlier call's SO_RCVTIMEO). */
-		if (c->deadline_ns != NO_DEADLINE && !rcv_blocks(c)) {
-			if ((r = wait_fd(c, POLLIN)) < 0)
-				return r;
-			flags = MSG_DONTWAIT;
-		}
-		r = rbuf_fill(c, need, flags);
-		if (r == -EAGAIN || r == -EINTR)
+		/* With a deadline: poll() first (the reply is seldom there
+		 * yet), then a recvmsg that does not block. */
+		if (bounded && (r = wait_fd(c, POLLIN)) < 0)
+			return r;
+		r = rbuf_fill(c, need, bounded ? MSG_DONTWAIT : 0);
+		if (r == -EAGAIN && bounded)
 			continue;
 		if (r < 0)
 			return r;
@@ -977,7 +937,7 @@ static int call_many_locked(kvc_conn *c, Kvcached__Request *const *reqs, size_t 
 			progress = true;
 		else if (r == -ECONNRESET && send_err)
 			r = send_err;
-		if (r < 0 && r != -EAGAIN && r != -EINTR)
+		if (r < 0 && r != -EAGAIN)
 			goto out;
 		r = 0;
 		if (progress)
@@ -1218,7 +1178,6 @@ static int open_session(kvc_conn *c)
 		close(fdq_pop(c));
 	c->rpos = c->rlen = 0;
 	c->fd = fd;
-	c->rcvtimeo_ms = 0;
 	atomic_store(&c->broken, false);
 	hello.min_version = KV_PROTO_VERSION;
 	hello.max_version = KV_PROTO_VERSION;
@@ -1292,7 +1251,6 @@ fail:
 	session_free(sess);
 	close(fd);
 	c->fd = oldfd;
-	c->rcvtimeo_ms = 0;   /* not known: set again before it counts */
 	atomic_store(&c->broken, true);
 	return r;
 }

@@ -70,17 +70,6 @@ ssize_t kv_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt,
 ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
 		       int maxfds, int flags, int *truncated)
 {
-	ssize_t n;
-
-	do
-		n = kv_recvmsg_fds_once(sock, buf, len, fds, nfds, maxfds, flags, truncated);
-	while (n == -EINTR);
-	return n;
-}
-
-ssize_t kv_recvmsg_fds_once(int sock, void *buf, size_t len, int *fds, int *nfds,
-			    int maxfds, int flags, int *truncated)
-{
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * KV_FRAME_MAX_FDS)];
 		struct cmsghdr align;
@@ -91,7 +80,9 @@ ssize_t kv_recvmsg_fds_once(int sock, void *buf, size_t len, int *fds, int *nfds
 	struct cmsghdr *c;
 	ssize_t n;
 
-	n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+	do
+		n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return -errno;
 	kv_assert(*nfds >= 0 && *nfds <= maxfds);

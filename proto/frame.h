@@ -46,12 +46,6 @@ ssize_t kv_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt,
 ssize_t kv_recvmsg_fds(int sock, void *buf, size_t len, int *fds, int *nfds,
                        int maxfds, int flags, int *truncated);
 
-/* kv_recvmsg_fds() that returns -EINTR when a signal interrupts it instead
- * of calling recvmsg() again (a blocking read under SO_RCVTIMEO, whose
- * timeout a repeated call would start over). */
-ssize_t kv_recvmsg_fds_once(int sock, void *buf, size_t len, int *fds, int *nfds,
-                            int maxfds, int flags, int *truncated);
-
 /* The socket path every program resolves the same way: $KVCACHED_SOCKET,
  * else $XDG_RUNTIME_DIR/kvcached.sock for a user other than root, else
  * /run/kvcached/kvcached.sock. Returns 0, or -ENAMETOOLONG if buf is too
