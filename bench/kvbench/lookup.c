@@ -104,7 +104,6 @@ void section_lookup(struct bench_conn *bc)
 		sample_free(&rel);
 		sample_free(&cl);
 	}
-	raw_lookup_rows(bc, chain, held);
 	free(chain);
 	free(held);
 }
