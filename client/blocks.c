@@ -164,6 +164,49 @@ int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v)
 	return off == len;
 }
 
+/* The bits of a handle that KVC_BLOCK_POOL() reads. */
+#define POOL_FIELD ((uint64_t)0xfffu << 32)
+_Static_assert(KVC_BLOCK_POOL(POOL_FIELD) == KVC_MAX_POOLS - 1 && KVC_BLOCK_POOL(~POOL_FIELD) == 0,
+	       "POOL_FIELD is KVC_BLOCK_POOL()'s field");
+
+/* The handles XORed with want in the pool's field and ORed together have
+ * nothing in that field: sixteen bytes at a time, in four accumulators
+ * (issue 38: a block at a time, its field shifted out and compared, the
+ * loop took 0.6 us of a lookup of 1,000, 0.1 us this way; gcc does not
+ * vectorize a loop of unknown count at -O2). */
+bool kvc_blocks_of_pool(const uint8_t *blocks, size_t n, uint64_t want)
+{
+	typedef uint64_t v2 __attribute__((vector_size(16)));
+	const uint64_t w = want << 32;
+	v2 wv = { w, w }, a0 = { 0, 0 }, a1 = a0, a2 = a0, a3 = a0;
+	uint64_t acc;
+	size_t i = 0;
+
+	if (want >= KVC_MAX_POOLS)   /* no handle's pool */
+		return n == 0;
+	for (; i + 8 <= n; i += 8) {
+		v2 x0, x1, x2, x3;
+
+		memcpy(&x0, blocks + i * 8, sizeof(x0));
+		memcpy(&x1, blocks + i * 8 + 16, sizeof(x1));
+		memcpy(&x2, blocks + i * 8 + 32, sizeof(x2));
+		memcpy(&x3, blocks + i * 8 + 48, sizeof(x3));
+		a0 |= x0 ^ wv;
+		a1 |= x1 ^ wv;
+		a2 |= x2 ^ wv;
+		a3 |= x3 ^ wv;
+	}
+	a0 |= a1 | a2 | a3;
+	acc = a0[0] | a0[1];
+	for (; i < n; i++) {
+		uint64_t b;
+
+		memcpy(&b, blocks + i * sizeof(b), sizeof(b));
+		acc |= b ^ w;
+	}
+	return !(acc & POOL_FIELD);
+}
+
 /* What call_blocks() hands take_fast(), and what it gets back. */
 struct fast_blocks {
 	const struct expect *e;
@@ -202,17 +245,7 @@ static int take_fast(const uint8_t *frame, size_t len, uint64_t id, void *arg)
 		return 0;
 	for (i = 0; i < v.ntiers; i++)
 		bad |= v.tiers[i] > KVC_TIER_G4;
-	if (e->pool) {
-		uint64_t want = *e->pool;
-
-		for (i = 0; i < v.n; i++) {
-			uint64_t b;
-
-			memcpy(&b, v.blocks + i * sizeof(b), sizeof(b));
-			bad |= KVC_BLOCK_POOL(b) ^ want;
-		}
-	}
-	if (bad)
+	if (bad || (e->pool && !kvc_blocks_of_pool(v.blocks, v.n, *e->pool)))
 		return 0;
 	if (v.n && f->out)
 		memcpy(f->out, v.blocks, v.n * sizeof(*f->out));

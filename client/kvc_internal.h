@@ -172,6 +172,12 @@ struct kvc_blocks_view {
  * (*v then meaningless). */
 int kvc_blocks_view(const uint8_t *frame, size_t len, struct kvc_blocks_view *v);
 
+/* Whether KVC_BLOCK_POOL(b) == want for every handle b of blocks[0..n) (n
+ * fixed64s in the machine's order, unaligned, as a view holds them on a
+ * little-endian machine, the only one take_fast() reads in place): true for
+ * n 0, else false for any want >= KVC_MAX_POOLS. Reads nothing else. */
+bool kvc_blocks_of_pool(const uint8_t *blocks, size_t n, uint64_t want);
+
 /* --- map.c ---------------------------------------------------------------
  * Where segments live in this process: one virtual range of device_bytes per
  * device, reserved the first time a segment of the device arrives, and

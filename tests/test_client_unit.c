@@ -826,6 +826,76 @@ static void test_violation(enum violation v, int want)
 	srv_stop(&s);
 }
 
+/* A lookup of MAX_BATCH hashes answered, in the form read in place, with as
+ * many blocks of its pool but one, at, whose pool differs in one bit of the
+ * field (at MAX_BATCH: none): the pool check runs on more handles than one
+ * (kvc_blocks_of_pool(), its vectors and its tail). */
+struct long_pool {
+	size_t at;
+	uint32_t bit;
+};
+
+static kvc_block long_pool_block(const struct long_pool *p, size_t i)
+{
+	return mkblock((uint32_t)i + 1, i == p->at ? 5 ^ p->bit : 5, (uint32_t)i, (uint32_t)i);
+}
+
+static void long_pool_srv(int fd, void *arg)
+{
+	const struct long_pool *p = arg;
+	Kvcached__Request *req = srv_recv(fd);
+	kvc_block b[MAX_BATCH];
+
+	if (!req)
+		return;
+	for (size_t i = 0; i < MAX_BATCH; i++)
+		b[i] = long_pool_block(p, i);
+	reply_tiers(fd, req->id, b, MAX_BATCH, NULL, 0);
+	kvcached__request__free_unpacked(req, NULL);
+	req = srv_recv(fd);   /* the close, or the break */
+	CHECK(req == NULL);
+	kvcached__request__free_unpacked(req, NULL);
+}
+
+static void test_long_pool(void)
+{
+	static const struct long_pool cases[] = {
+		{ MAX_BATCH, 0 }, { 0, 1 }, { 37, 0x800 }, { 31, 1 }, { 62, 0x800 },
+		{ MAX_BATCH - 1, 1 },
+	};
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		const struct long_pool *p = &cases[k];
+		kvc_hash h[MAX_BATCH] = { { { 0 } } };
+		kvc_block b[MAX_BATCH];
+		struct srv s;
+		kvc_conn *c;
+		size_t i;
+		int r;
+
+		for (i = 0; i < MAX_BATCH; i++)
+			b[i] = 42;
+		srv_start(&s, &std_hello, long_pool_srv, (void *)p);
+		c = connect_to(&s);
+		r = kvc_lookup(c, 5, h, MAX_BATCH, b);
+		if (p->at == MAX_BATCH) {
+			CHECK(r == (int)MAX_BATCH);
+			for (i = 0; i < MAX_BATCH; i++)
+				CHECK(b[i] == long_pool_block(p, i));
+			CHECK(!kvc_conn_broken(c));
+		} else {
+			if (r != -EPROTO)
+				fprintf(stderr, "long pool case %zu: got %d, want -EPROTO\n", k, r);
+			CHECK(r == -EPROTO);
+			for (i = 0; i < MAX_BATCH; i++)
+				CHECK(b[i] == 42);
+			CHECK(kvc_conn_broken(c));
+		}
+		kvc_close(c);
+		srv_stop(&s);
+	}
+}
+
 /* --- Hello ----------------------------------------------------------------- */
 
 static void test_hello(void)
@@ -1097,6 +1167,7 @@ int main(void)
 	test_violation(V_FORK_OTHER, -EPROTO);
 	for (enum violation v = V_LOOKUP_MORE; v <= V_MANY_WRONG_POOL; v++)
 		test_violation(v, -EPROTO);
+	test_long_pool();
 	test_max_frame();
 	test_threads();
 	if (failures) {

@@ -265,6 +265,36 @@ int main(void)
 		n = kvt_mutate(mut, n, &rng);
 		mtaken += compare(mut, n, "mutated") != 0;
 	}
+	/* The pool check of a view's handles (kvc_blocks_of_pool(), in
+	 * vectors and then one at a time) against KVC_BLOCK_POOL() of each:
+	 * every count up to 70 and some longer, handles of the pool with one
+	 * bit changed anywhere (in the pool's field or not) at any place or
+	 * none, pools at the field's ends and past it; read against the
+	 * fence, so that a read past the last handle faults. */
+	for (int it = 0; it < 100000; it++) {
+		static const uint64_t wants[] = { 0, 1, 5, KVC_MAX_POOLS - 1, KVC_MAX_POOLS,
+						  1ull << 32, UINT64_MAX };
+		static const size_t longer[] = { 255, 256, 257, 1000, 4096 };
+		size_t n = it % 8 ? (size_t)(rnd() % 71) : longer[rnd() % 5];
+		uint64_t want = rnd() & 1 ? wants[rnd() % 7] : rnd() % KVC_MAX_POOLS;
+		uint8_t *h = fence - 8 * n;
+		bool ok = true, got;
+
+		size_t at = n && rnd() % 2 ? (size_t)(rnd() % n) : n;   /* n: none */
+
+		for (size_t i = 0; i < n; i++) {
+			uint64_t b = (rnd() & ~((uint64_t)0xfff << 32)) | (want & 0xfff) << 32;
+
+			if (i == at)
+				b ^= 1ull << (rnd() % 64);
+			memcpy(h + 8 * i, &b, 8);
+			ok = ok && KVC_BLOCK_POOL(b) == want;
+		}
+		got = kvc_blocks_of_pool(h, n, want);
+		if (got != ok)
+			FAIL("pool check of %zu handles, pool %llu: %d, one at a time %d", n,
+			     (unsigned long long)want, got, ok);
+	}
 	printf("packed: %zu of %zu taken; mutated: %zu of 200000 taken\n", taken, packed, mtaken);
 	free(blocks);
 	free(tiers);

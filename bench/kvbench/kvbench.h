@@ -9,6 +9,7 @@
  *              pool's counters: what (b)-(f) share
  *   cycles.c   (b) and (c): cycles of 1, 16 and 256 blocks
  *   lookup.c   (d): lookup of a cached chain
+ *   rawlookup.c  (d): the client's floor, a lookup without libkvcache
  *   clients.c  (e): several client processes
  *   fill.c     (f): a pool full of cached blocks
  *   tiers.c    (g): tier throughput
@@ -194,6 +195,12 @@ double evicted_note(struct snap a, struct snap b);
  * of the same frames; target: the p50 ratio to reach, 0 = none. */
 void section_cycles(struct bench_conn *bc, char section, uint32_t n, double target);
 void section_lookup(struct bench_conn *bc);                  /* (d) */
+/* (d)'s floor of the client's CPU per lookup (rawlookup.c), after
+ * section_lookup(): the row "raw client CPU, lookup 1000", 3,000 lookups of
+ * a cached chain of CHAIN_LEN by hand on bc's socket, each released by the
+ * library. Nothing without access to the daemon's CPU (as the client's
+ * row). */
+void raw_lookup_rows(struct bench_conn *bc);
 void section_clients(struct bench_conn *bc, int nclients);   /* (e) */
 void section_fill(struct bench_conn *bc);                    /* (f) */
 void section_tiers(kvc_conn *c);                             /* (g) */

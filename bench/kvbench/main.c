@@ -329,6 +329,7 @@ int main(int argc, char **argv)
 	if (want('d')) {
 		print_section("(d) lookup of a cached 1,000-block chain");
 		section_lookup(&bc);
+		raw_lookup_rows(&bc);
 	}
 	if (want('e')) {
 		static const int n[] = { 1, 4, 16 };
