@@ -20,6 +20,12 @@
 #define LOOKUP_STEP 32
 #define LOOKUP_STEP_MAX 256
 
+/* Blocks found in a row in the slots after the last (next_slots()) from
+ * which the next batch of probes starts again at one hash: a probe alone
+ * waits on its lines where a batch overlaps them, so a stretch shorter
+ * than a few probes' worth of overlap pays less as a batch. */
+#define SLOTS_STRETCH 8
+
 /* Drops pins [from, to) of ss; the rest keep their order. */
 static void unpin_range(struct kv_session *ss, uint32_t from, uint32_t to)
 {
@@ -142,8 +148,18 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		size_t m, j;
 		int past = 0;
 
-		if (g > c)
+		if (g > c) {
+			size_t from = g;
+
 			g = next_slots(p, hashes, g, n, blk, ttl, &past);
+			/* A stretch of slots ended: the chain's next stretch
+			 * likely starts at the next hash (a full pool's
+			 * allocations are the LRU's oldest chains, a stretch
+			 * each), so it is probed alone, and the batches grow
+			 * again only while no stretch follows. */
+			if (g - from >= SLOTS_STRETCH)
+				step = 1;
+		}
 		if (g == n || past)
 			break;
 		m = n - g < step ? n - g : step;
