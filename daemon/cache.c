@@ -20,7 +20,7 @@
 #define LOOKUP_STEP 32
 #define LOOKUP_STEP_MAX 256
 
-/* Blocks found in a row in the slots after the last (next_slots()) from
+/* Blocks found in a row in the slots beside the last (slots_beside()) from
  * which the next batch of probes starts again at one hash: a probe alone
  * waits on its lines where a batch overlaps them, so a stretch shorter
  * than a few probes' worth of overlap pays less as a batch. */
@@ -90,26 +90,32 @@ static uint32_t resume_point(const struct kv_session *ss, const struct kv_pool *
 	return c;
 }
 
-/* blk[g..) taken from the slots after blk[g - 1], as far as they hold the
- * chain's next hashes (kv_block_next_indexed(): what the index would give,
- * for a chain sealed from one allocation); returns the first g they did not
+/* blk[g..) taken from the slots beside blk[g - 1] and on (kv_block_beside():
+ * what the index would give, for a chain sealed from one allocation), in
+ * the direction the last one went (*dir, 1 or -1), else the other, as far
+ * as they hold the chain's next hashes; returns the first g they did not
  * give. *expired when that one's slot held it past p's TTL (ttl: p has
  * one), which the walks below then handle as an index probe's. */
-static size_t next_slots(const struct kv_pool *p, const uint8_t *hashes, size_t g, size_t n,
-			 struct kv_block **blk, int ttl, int *expired)
+static size_t slots_beside(const struct kv_pool *p, const uint8_t *hashes, size_t g, size_t n,
+			   struct kv_block **blk, int ttl, int *dir, int *expired)
 {
-	const struct kv_block *end = kv_block_run_end(blk[g - 1]);
-	struct kv_block *nb;
+	struct kv_block *b = blk[g - 1], *nb;
+	const struct kv_block *first, *end;
 
+	kv_block_run_span(b, &first, &end);
 	for (; g < n; g++) {
-		nb = kv_block_next_indexed(blk[g - 1], end, p->id, hashes + g * KV_HASH_BYTES);
-		if (!nb)
-			break;
+		const uint8_t *h = hashes + g * KV_HASH_BYTES;
+
+		if (!(nb = kv_block_beside(b, *dir, first, end, p->id, h))) {
+			if (!(nb = kv_block_beside(b, -*dir, first, end, p->id, h)))
+				break;
+			*dir = -*dir;
+		}
 		if (ttl && kv_pool_expired(p, &nb->ix)) {
 			*expired = 1;
 			break;
 		}
-		blk[g] = nb;
+		blk[g] = b = nb;
 	}
 	return g;
 }
@@ -122,6 +128,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	uint32_t oldest = c ? ss->lk_oldest : 0;
 	uint64_t born = c ? ss->pins[oldest]->ix.born_ms : 0;
 	int parked = 0, expired = 0, gap = 0, run = 1, started = 0, ttl = kv_pool_has_ttl(p);
+	int dir = 1;   /* which way the chain's slots went last (slots_beside()) */
 	size_t k, g, walked, step = LOOKUP_STEP;
 
 	ss->lk_done = 0;
@@ -140,7 +147,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 	/* First the G1 blocks at the head of the rest of the chain, without
 	 * pins (blk[c..g)): a chain all in G1 is a hit that starts nothing,
 	 * and would drop the pins as soon as taken (below). One index probe
-	 * a block, or a compare of the slot after the last (next_slots()),
+	 * a block, or a compare of the slot beside the last (slots_beside()),
 	 * which the walks below reuse. */
 	for (g = c; g < n; step = step < LOOKUP_STEP_MAX ? 2 * step : step) {
 		struct kv_index_entry *ie[LOOKUP_STEP_MAX];
@@ -151,7 +158,7 @@ int kv_cache_lookup(struct kv_daemon *d, struct kv_session *ss, struct kv_pool *
 		if (g > c) {
 			size_t from = g;
 
-			g = next_slots(p, hashes, g, n, blk, ttl, &past);
+			g = slots_beside(p, hashes, g, n, blk, ttl, &dir, &past);
 			/* A stretch of slots ended: the chain's next stretch
 			 * likely starts at the next hash (a full pool's
 			 * allocations are the LRU's oldest chains, a stretch

@@ -427,29 +427,37 @@ static inline void kv_block_prefetch(const struct kv_block *b)
 	__builtin_prefetch(&b->node, 1);
 }
 
-/* One past the last block of b's run: where kv_block_next_indexed() stops,
- * read once for the blocks of a run that follow one another. */
-static inline const struct kv_block *kv_block_run_end(const struct kv_block *b)
+/* b's run's blocks, [*first, *end): the slots kv_block_beside() may give. */
+static inline void kv_block_run_span(const struct kv_block *b, const struct kv_block **first,
+				     const struct kv_block **end)
 {
-	return b->run->blocks + b->run->pool->blocks_per_run;
+	*first = b->run->blocks;
+	*end = *first + b->run->pool->blocks_per_run;
 }
 
-/* The block in the slot after b's, when there is one before end (b's
- * kv_block_run_end()) and it is in the index under hash (SEALED or CACHED),
- * else NULL: what a probe of the index for pool (b's pool's id) and hash
- * would find, since the index holds one entry per pool and hash. A chain
- * sealed from one allocation lies in consecutive slots of a run, so a
- * lookup asks the next slot before the index: a compare of the line after
- * the last block's, where a probe is a keyed hash and a random line (issue
- * 38: the index's probes were a third of the daemon's time in a lookup of
- * 1,000). Reads only the next block's index entry. */
-static inline struct kv_block *kv_block_next_indexed(const struct kv_block *b,
-						      const struct kv_block *end, uint32_t pool,
-						      const uint8_t *hash)
+/* The block in the slot beside b's (the one after it for dir 1, before it
+ * for -1) within [first, end) (kv_block_run_span(b)), when it is in the
+ * index under hash (SEALED or CACHED), else NULL: what a probe of the index
+ * for pool (b's pool's id) and hash would find, since the index holds one
+ * entry per pool and hash. A chain sealed from one allocation lies in
+ * consecutive slots of a run, or, from a full pool's evictions of its
+ * LRU's oldest chains, in stretches of them, ascending or descending (both
+ * seen in kvbench's section (d) after (b) and (c)), so a lookup
+ * asks the slot beside the last block before the index: a compare of the
+ * line next to the last one's, where a probe is a keyed hash and a random
+ * line (issue 38: the index's probes were a third of the daemon's time in a
+ * lookup of 1,000). Reads only that block's index entry. */
+static inline struct kv_block *kv_block_beside(const struct kv_block *b, int dir,
+						const struct kv_block *first,
+						const struct kv_block *end, uint32_t pool,
+						const uint8_t *hash)
 {
-	const struct kv_block *nb = b + 1;
+	const struct kv_block *nb;
 
-	if (nb >= end || !nb->ix.pprev || memcmp(nb->ix.hash, hash, KV_HASH_BYTES))
+	if (dir > 0 ? end - b <= 1 : b == first)
+		return NULL;
+	nb = b + dir;
+	if (!nb->ix.pprev || memcmp(nb->ix.hash, hash, KV_HASH_BYTES))
 		return NULL;
 	/* Of b's run, so of b's pool: the one the lookup asks of. */
 	kv_assert(nb->ix.pool == pool && nb->ix.kind == KV_ENTRY_BLOCK);

@@ -1,7 +1,8 @@
-/* A lookup asks the slot after the last block it found before the index
- * (kv_block_next_indexed(), cache.c): a chain sealed from one allocation
- * lies in consecutive slots. This tries to make that shortcut answer what
- * the index would not:
+/* A lookup asks the slot beside the last block it found before the index
+ * (kv_block_beside(), cache.c's slots_beside()): a chain sealed from one
+ * allocation lies in consecutive slots, ascending or descending. This tries
+ * to make that shortcut answer what the index would not, each chain both
+ * ways where the way matters:
  *  1. the next slot sealed under another hash, the chain's hash on a block
  *     elsewhere: the lookup returns the block elsewhere;
  *  2. the next slot's block evicted and allocated again (its entry's hash
@@ -41,6 +42,25 @@ static int adjacent(kvc_block a, kvc_block b)
 	return run_of(a) == run_of(b) && slot_of(b) == slot_of(a) + 1;
 }
 
+/* b[0..n) as an allocation gave them (ascending), reversed for desc. */
+static void order(kvc_block *b, int n, int desc)
+{
+	for (int i = 0; desc && i < n / 2; i++) {
+		kvc_block t = b[i];
+
+		b[i] = b[n - 1 - i];
+		b[n - 1 - i] = t;
+	}
+}
+
+/* The same, checked to be consecutive slots of one run. */
+static void chain_order(kvc_block *b, int n, int desc)
+{
+	order(b, n, desc);
+	for (int i = 1; i < n; i++)
+		CHECK(desc ? adjacent(b[i], b[i - 1]) : adjacent(b[i - 1], b[i]));
+}
+
 static void fill(kvc_conn *c, const kvc_block *b, int n, uint64_t seed)
 {
 	for (int i = 0; i < n; i++)
@@ -55,18 +75,17 @@ static void fill(kvc_conn *c, const kvc_block *b, int n, uint64_t seed)
 
 /* 1: N consecutive blocks, the one at T sealed under another hash, and the
  * chain's hash T on a block elsewhere: the lookup returns that one. */
-static void other_hash_next(kvc_conn *c, int pool)
+static void other_hash_next(kvc_conn *c, int pool, int desc)
 {
 	kvc_block b[N + 1], sealed[N + 1], got[N];
 	kvc_hash h[N + 1], chain[N];
 
 	for (int i = 0; i < N; i++)
-		h[i] = chain[i] = kvt_hash(100 + (uint64_t)i);
-	h[T] = kvt_hash(199);   /* what the slot after T - 1 holds */
-	h[N] = chain[T];        /* and where the chain's T is */
+		h[i] = chain[i] = kvt_hash(100 + 1000 * (uint64_t)desc + (uint64_t)i);
+	h[T] = kvt_hash(199 + 1000 * (uint64_t)desc);   /* the slot beside T - 1 */
+	h[N] = chain[T];                                /* where the chain's T is */
 	CHECK_EQ(kvc_alloc(c, pool, N + 1, b), N + 1);
-	for (int i = 1; i < N; i++)
-		CHECK(adjacent(b[i - 1], b[i]));   /* the shortcut's case */
+	chain_order(b, N, desc);   /* the shortcut's case */
 	fill(c, b, N + 1, 1000);
 	CHECK_EQ(kvc_seal(c, pool, b, h, N + 1, sealed), N + 1);
 	for (int i = 0; i <= N; i++)
@@ -149,7 +168,7 @@ static void evicted_next(kvc_conn *c, int pool)
 }
 
 /* 3: a chain of n blocks from one allocation that crosses a run's end. */
-static void across_runs(kvc_conn *c, int pool, int n)
+static void across_runs(kvc_conn *c, int pool, int n, int desc)
 {
 	kvc_block *b = calloc((size_t)n, sizeof(*b)), *got = calloc((size_t)n, sizeof(*got));
 	kvc_hash *h = calloc((size_t)n, sizeof(*h));
@@ -157,8 +176,9 @@ static void across_runs(kvc_conn *c, int pool, int n)
 
 	CHECK(b && got && h);
 	for (int i = 0; i < n; i++)
-		h[i] = kvt_hash(300000 + (uint64_t)i);
+		h[i] = kvt_hash(300000 + 1000 * (uint64_t)desc + (uint64_t)i);
 	CHECK_EQ(kvc_alloc(c, pool, (size_t)n, b), n);
+	order(b, n, desc);
 	/* A run ends after the lookup's first batch of probes. */
 	for (int i = 32; i < n; i++)
 		ends += run_of(b[i]) != run_of(b[i - 1]);
@@ -269,9 +289,11 @@ int main(void)
 	c = kvt_connect(NULL);
 	pool = kvt_pool(c, "p", BB);
 	other = kvt_pool(c, "q", BB);
-	other_hash_next(c, pool);
+	other_hash_next(c, pool, 0);
+	other_hash_next(c, pool, 1);
 	two_pools(c, pool, other);
-	across_runs(c, pool, 300);
+	across_runs(c, pool, 300, 0);
+	across_runs(c, pool, 300, 1);
 	CHECK_EQ(kvt_check(), 0);
 	kvc_close(c);
 	kvt_wait_sessions(0);
