@@ -106,6 +106,21 @@ static void lookup_rows(struct bench_conn *bc, const kvc_hash *chain, kvc_block 
 	}
 }
 
+/* How many of b[1..n) lie in the slot after the one before them (dir 1)
+ * or before it (-1); a handle names its run by its first page, bits
+ * 12-31, and its slot, bits 0-11. The daemon's lookup takes those without
+ * a probe of its index, so a chain's figures depend on them, and the
+ * pool's history decides them. */
+static size_t beside(const kvc_block *b, size_t n, int dir)
+{
+	size_t k = 0;
+
+	for (size_t i = 1; i < n; i++)
+		k += ((b[i] ^ b[i - 1]) & 0xfffff000u) == 0 &&
+		     (int64_t)(b[i] & 0xfff) - (int64_t)(b[i - 1] & 0xfff) == dir;
+	return k;
+}
+
 /* A chain sealed from one allocation lies in consecutive slots, and the
  * daemon's lookup asks each block's next slot before its index (issue 38).
  * The second chain is sealed on its allocation's blocks in a random order,
@@ -121,6 +136,9 @@ void section_lookup(struct bench_conn *bc)
 		die("out of memory");
 	fresh_hashes(chain, CHAIN_LEN);
 	check(bc->c, kvc_alloc(bc->c, bc->pool, CHAIN_LEN, held), "alloc");
+	note("  the chain: of its blocks after the first, %zu in the slot after the one before "
+	     "and %zu in the slot before it (the pool's free blocks and evictions decide)",
+	     beside(held, CHAIN_LEN, 1), beside(held, CHAIN_LEN, -1));
 	check(bc->c, kvc_seal(bc->c, bc->pool, held, chain, CHAIN_LEN, held), "seal");
 	check(bc->c, kvc_release(bc->c, held, CHAIN_LEN), "release");
 	lookup_rows(bc, chain, held, &(struct lookup_names){ "lookup 1000 (all hit)",
@@ -135,6 +153,8 @@ void section_lookup(struct bench_conn *bc)
 		shuf[i] = shuf[j];
 		shuf[j] = t;
 	}
+	note("  the second chain: %zu after, %zu before", beside(shuf, CHAIN_LEN, 1),
+	     beside(shuf, CHAIN_LEN, -1));
 	check(bc->c, kvc_seal(bc->c, bc->pool, shuf, chain, CHAIN_LEN, shuf), "seal");
 	check(bc->c, kvc_release(bc->c, shuf, CHAIN_LEN), "release");
 	lookup_rows(bc, chain, held, &(struct lookup_names){ "lookup 1000, blocks out of order",
