@@ -229,6 +229,11 @@ void kv_pools_destroy(struct kv_pools *ps)
 	for (i = 0; i < ps->ndev; i++) {
 		kv_pages_fini(&ps->dev[i]);
 		free(ps->heap[i]);
+		/* ASan keeps its poison on addresses, not on a mapping: a
+		 * later mapping at the same place (an io_uring ring of the
+		 * next daemon in one fuzzing process) would read as poisoned. */
+		if (ps->runmem[i])
+			RUNMEM_UNPOISON(ps->runmem[i], ps->runmem_bytes[i]);
 		kv_huge_unmap(ps->runmem[i], ps->runmem_bytes[i]);
 	}
 	free(ps->scratch);
