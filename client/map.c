@@ -15,20 +15,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kvsan.h"
+
 /* ThreadSanitizer takes an mmap() for a write of every byte it maps, which
  * retiring a map is not: kvcache.h lets a thread go on reading a block
  * through a pointer from before a restart while another thread's call
  * reconnects and the old daemon's memory turns into zero pages under it (it
  * reads the old bytes or zeros, a page at a time). With the thread's
  * accesses ignored, TSan forgets the range's history instead. */
-#if defined(__SANITIZE_THREAD__)
-#define KVC_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define KVC_TSAN 1
-#endif
-#endif
-#ifdef KVC_TSAN
+#if KV_TSAN
 void AnnotateIgnoreWritesBegin(const char *file, int line);
 void AnnotateIgnoreWritesEnd(const char *file, int line);
 #define NOT_A_WRITE_BEGIN() AnnotateIgnoreWritesBegin(__FILE__, __LINE__)

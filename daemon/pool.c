@@ -16,20 +16,13 @@
 #include "events.h"
 #include "hugemem.h"
 #include "kvassert.h"
+#include "kvsan.h"
 #include "kvtext.h"
 #include "refmap.h"
 
-/* ASan, told as GCC says it (__SANITIZE_ADDRESS__) and as clang does
- * (__has_feature): the CI's ASan build is clang's, and with GCC's test alone
- * the runs' memory was never poisoned there. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KV_POOL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KV_POOL_ASAN 1
-#endif
-#endif
-#ifdef KV_POOL_ASAN
+/* kvsan.h asks clang as well as GCC: the CI's ASan build is clang's, and
+ * with GCC's test alone the runs' memory was never poisoned there. */
+#if KV_ASAN
 #include <sanitizer/asan_interface.h>
 #define RUNMEM_POISON(a, n) ASAN_POISON_MEMORY_REGION((a), (n))
 #define RUNMEM_UNPOISON(a, n) ASAN_UNPOISON_MEMORY_REGION((a), (n))

@@ -28,22 +28,13 @@
 #include "frame.h"
 #include "pbvarint.h"
 #include "harness.h"
+#include "kvsan.h"
 
 #define NKEYS 2000000u
 #define NHOSTILE 20
 #define BLOCK 4096u
 
-#if defined(__SANITIZE_ADDRESS__)
-static const int asan = 1;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-static const int asan = 1;
-#else
-static const int asan = 0;
-#endif
-#else
-static const int asan = 0;
-#endif
+static const int asan = KV_ASAN;
 
 /* The bystander's pipes (below). */
 static int ready[2], stop[2];

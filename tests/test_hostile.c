@@ -45,6 +45,7 @@
 
 #include "frame.h"
 #include "harness.h"
+#include "kvsan.h"
 
 #define BLOCK 8192u
 
@@ -611,16 +612,7 @@ static void nap(void)
 /* Whether the daemon's RSS says anything about its buffers: not under
  * AddressSanitizer, whose allocator keeps freed memory in quarantine and
  * adds shadow and redzones (the same build compiles this test). */
-#if defined(__SANITIZE_ADDRESS__)
-#define RSS_MEANINGFUL 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define RSS_MEANINGFUL 0
-#endif
-#endif
-#ifndef RSS_MEANINGFUL
-#define RSS_MEANINGFUL 1
-#endif
+#define RSS_MEANINGFUL (!KV_ASAN)
 
 /* The daemon's resident memory, KiB. */
 static long rss_kib(void)

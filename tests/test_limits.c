@@ -12,22 +12,9 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvsan.h"
 
 #define BB 8192
-
-/* Built with AddressSanitizer (the daemon too, in the same build): its
- * quarantine keeps freed memory resident (256 MiB by default), so the
- * daemon's RSS says nothing about what it keeps. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KVT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVT_ASAN 1
-#endif
-#endif
-#ifndef KVT_ASAN
-#define KVT_ASAN 0
-#endif
 
 static int reg(kvc_conn *c, const char *name, const void *layout, size_t len)
 {
@@ -153,7 +140,10 @@ static void test_rss_bound(void)
 	bound = (long)NS * PER * (LAYOUT / 1024 + 1) + 8192;
 	fprintf(stderr, "rss: %ld KiB before, %ld KiB after 300 pools (bound: +%ld KiB)\n", before,
 		after, bound);
-	if (KVT_ASAN)
+	/* Built with AddressSanitizer (KV_ASAN: the daemon too, in the same
+	 * build), its quarantine keeps freed memory resident (256 MiB by
+	 * default), so the daemon's RSS says nothing about what it keeps. */
+	if (KV_ASAN)
 		fprintf(stderr, "rss: not checked under AddressSanitizer (its quarantine)\n");
 	else
 		CHECK(after - before <= bound);
