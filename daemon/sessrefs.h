@@ -75,37 +75,11 @@ static inline uint32_t kv_sessrefs_get(const struct kv_sessrefs *r, const struct
 
 void kv_sessrefs_add_slow(struct kv_sessrefs *r, struct kv_block *b);
 
-/* Records one more reference of r on b, which the caller has taken
- * (kv_block_ref(), an allocation): so b->ref >= the count. Room was made by
- * kv_sessrefs_reserve(). */
-static inline void kv_sessrefs_add(struct kv_sessrefs *r, struct kv_block *b)
-{
-	if (b->owner == r->id) {
-		kv_assert(b->own < b->ref);
-		if (b->own++ == 0)
-			r->nowned++;
-		r->refs++;
-		return;
-	}
-	kv_sessrefs_add_slow(r, b);
-}
-
-/* Forgets one reference of r on b, which r must hold (the caller checked with
- * kv_sessrefs_get()); the caller drops or passes on the block's reference. */
-static inline void kv_sessrefs_sub(struct kv_sessrefs *r, struct kv_block *b)
-{
-	kv_assert(r->refs > 0);
-	r->refs--;
-	if (b->owner == r->id && b->own > 0) {
-		if (--b->own == 0)
-			r->nowned--;   /* still the owner, listed: see above */
-		return;
-	}
-	(void)kv_refmap_sub(&r->map, b);
-}
-
-/* kv_sessrefs_add() of each of blk[0..n) in turn, with r's counts kept in
- * registers: the compiler cannot tell r's fields from the blocks' it writes
+/* Records one more reference of r on each of blk[0..n) in turn (a block
+ * listed twice gets two), which the caller has taken (kv_block_ref(), an
+ * allocation): so b->ref >= the count. Room was made by
+ * kv_sessrefs_reserve(). r's counts are kept in registers over the batch:
+ * the compiler cannot tell r's fields from the blocks' it writes
  * (-fno-strict-aliasing), and reloaded r->id and stored the counts once a
  * block (issue 38: the counts were a tenth of a lookup of 1,000). */
 static inline void kv_sessrefs_add_many(struct kv_sessrefs *r, struct kv_block *const *blk,
@@ -132,7 +106,15 @@ static inline void kv_sessrefs_add_many(struct kv_sessrefs *r, struct kv_block *
 	r->nowned += nowned;
 }
 
-/* kv_sessrefs_sub() of each of blk[0..n) in turn, the counts as above. */
+/* kv_sessrefs_add_many() of b alone. */
+static inline void kv_sessrefs_add(struct kv_sessrefs *r, struct kv_block *b)
+{
+	kv_sessrefs_add_many(r, &b, 1);
+}
+
+/* Forgets one reference of r on each of blk[0..n) in turn, which r must
+ * hold (the caller checked with kv_sessrefs_get()); the caller drops or
+ * passes on the blocks' references. The counts as above. */
 static inline void kv_sessrefs_sub_many(struct kv_sessrefs *r, struct kv_block *const *blk,
 					size_t n)
 {
@@ -144,12 +126,19 @@ static inline void kv_sessrefs_sub_many(struct kv_sessrefs *r, struct kv_block *
 	for (size_t i = 0; i < n; i++) {
 		struct kv_block *b = blk[i];
 
+		/* At own 0 r stays the owner, listed: see above. */
 		if (b->owner == id && b->own > 0)
 			gone += --b->own == 0;
 		else
 			(void)kv_refmap_sub(&r->map, b);
 	}
 	r->nowned -= gone;
+}
+
+/* kv_sessrefs_sub_many() of b alone. */
+static inline void kv_sessrefs_sub(struct kv_sessrefs *r, struct kv_block *b)
+{
+	kv_sessrefs_sub_many(r, &b, 1);
 }
 
 /* Calls fn(b, count, ctx) once for every block r holds references on (a
