@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vllm_connector_common as vc  # noqa: E402
@@ -254,8 +255,19 @@ def role_lostback(sock):
     assert not rec.at(logging.INFO, "back")
     print("LOST", flush=True)
     sys.stdin.readline()                  # a new daemon on the same socket
-    for i in range(3):
+    # Saves until one gets through: the connector retries no more often
+    # than retry_s, and the library's own reconnection backs off after the
+    # calls that failed while the daemon was dead, so how many saves that
+    # takes is the clock's, not a count (three were not always enough).
+    deadline, i = time.monotonic() + 60, 0
+    while not rec.at(logging.INFO, "back"):
+        assert time.monotonic() < deadline, "no save got through to the new daemon in 60 s"
         do_save(w, meta(saves=[_Save("s", hashes(f"lb-back{i}", 1), None, [7],
+                                     list(range(vc.BS)))]))
+        i += 1
+        time.sleep(0.01)
+    for j in range(2):                    # and more saves log nothing more
+        do_save(w, meta(saves=[_Save("s", hashes(f"lb-more{j}", 1), None, [7],
                                      list(range(vc.BS)))]))
     back = rec.at(logging.INFO, "back")
     assert len(back) == 1, f"INFOs for one return: {back}"
